@@ -1,0 +1,199 @@
+"""llamanix CLI commands: validate, argv, plan, render, probe, schema."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from llamanix import schema, systemd_analyze
+from llamanix.argv import instance_argv
+from llamanix.config import Config, load_config
+from llamanix.errors import Problem, UserError
+from llamanix.plan import plan_config
+from llamanix.probe import Capabilities, load_capabilities, probe_binary
+from llamanix.render import CapabilityMap, read_manifest, render_host, write_render
+
+CONFIG = click.argument("config", type=click.Path(path_type=Path, dir_okay=False))
+JSON_FLAG = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+
+
+def _capability_option(multiple: bool) -> Any:
+    help_text = (
+        "A saved probe (llamanix probe BINARY --json > FILE): every rendered flag must exist in "
+        "that binary."
+    )
+    if multiple:
+        help_text += " NAME=FILE applies it to one instance only; repeatable."
+    return click.option(
+        "--capabilities", "capabilities", multiple=multiple, metavar="[NAME=]FILE",
+        help=help_text,
+    )
+
+
+def _load_caps(specs: tuple[str, ...] | str | None, config: Config | None = None) -> CapabilityMap:
+    if not specs:
+        return {}
+    items = (specs,) if isinstance(specs, str) else specs
+    out: dict[str, Capabilities] = {}
+    for spec in items:
+        name, sep, path = spec.partition("=")
+        if not sep or "/" in name:  # a plain path (which may itself contain '=')
+            name, path = "*", spec
+        out[name] = load_capabilities(Path(path))
+    return out
+
+
+def _echo_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2))
+
+
+@click.command()
+@CONFIG
+@_capability_option(multiple=True)
+@JSON_FLAG
+def validate(config: Path, capabilities: tuple[str, ...], as_json: bool) -> None:
+    """Check CONFIG; exit 2 with one line per problem."""
+    caps = _load_caps(capabilities)
+    try:
+        cfg = load_config(config)
+        for host in cfg.hosts:
+            if cfg.instances_on(host):
+                render_host(cfg, host, caps)
+    except UserError as err:
+        if as_json:
+            _echo_json({"ok": False, "problems": [str(p) for p in err.problems]})
+            raise SystemExit(2) from None
+        raise
+    if as_json:
+        _echo_json({"ok": True, "instances": sorted(cfg.instances)})
+    else:
+        click.echo(f"{config}: ok ({len(cfg.instances)} instances on {len(cfg.hosts)} hosts)")
+
+
+@click.command("argv")
+@CONFIG
+@click.argument("instance")
+@click.option("--variant", help="Render for this variant instead (preview a flip).")
+@_capability_option(multiple=False)
+def argv_cmd(config: Path, instance: str, variant: str | None, capabilities: str | None) -> None:
+    """Print INSTANCE's exact llama-server argv as a JSON list, program first."""
+    caps = _load_caps(capabilities)
+    cfg = load_config(config)
+    click.echo(json.dumps(instance_argv(cfg, instance, variant, caps.get("*"))))
+
+
+@click.command()
+@CONFIG
+@click.option("--host", help="Only this host.")
+@_capability_option(multiple=True)
+@click.option("--no-security", is_flag=True, help="Skip the systemd-analyze exposure score.")
+@JSON_FLAG
+def plan(
+    config: Path, host: str | None, capabilities: tuple[str, ...], no_security: bool,
+    as_json: bool,
+) -> None:
+    """Per host: each instance's variant, address, speculation and command line."""
+    cfg = load_config(config)
+    result = plan_config(cfg, _load_caps(capabilities), host, security=not no_security)
+    if as_json:
+        _echo_json(result)
+        return
+    console = Console(soft_wrap=True)
+    for host_name, host_plan in result["hosts"].items():
+        table = Table(title=f"host {host_name} ({host_plan['kind']})")
+        for column in ("instance", "variant", "address", "speculative", "fit / ceiling",
+                       "exposure"):
+            table.add_column(column, no_wrap=column in ("instance", "address", "exposure"))
+        for row in host_plan["instances"]:
+            exposure = row["security_exposure"]
+            table.add_row(
+                row["name"], row["variant"], row["address"], row["speculative"],
+                row.get("fit") or "-", "-" if exposure is None else f"{exposure:.1f}",
+            )
+        console.print(table)
+        for row in host_plan["instances"]:
+            console.print(f"[bold]{row['name']}[/]: {shlex.join(row['argv'])}", highlight=False)
+            for warning in row["warnings"]:
+                console.print(f"  [yellow]warning[/]: {warning}", highlight=False)
+
+
+@click.command()
+@CONFIG
+@click.option("--out", "out", required=True, type=click.Path(path_type=Path, file_okay=False),
+              help="Directory for the units, argv files and manifest.json.")
+@click.option("--host", help="Host to render (may be left out when the config has one).")
+@click.option("--user", is_flag=True, help="Render systemd --user units.")
+@_capability_option(multiple=True)
+def render(
+    config: Path, out: Path, host: str | None, user: bool, capabilities: tuple[str, ...]
+) -> None:
+    """Write llamanix-NAME.service, NAME.argv.json and manifest.json for a host."""
+    cfg = load_config(config)
+    result = render_host(cfg, host, _load_caps(capabilities), user=True if user else None)
+    for path in write_render(result, out):
+        click.echo(str(path))
+
+
+@click.command()
+@click.argument("binary", type=click.Path(path_type=Path, dir_okay=False))
+@JSON_FLAG
+def probe(binary: Path, as_json: bool) -> None:
+    """Read a llama-server's version and every flag it accepts from --version and --help."""
+    caps = probe_binary(binary)
+    if as_json:
+        _echo_json(caps.to_json())
+        return
+    click.echo(f"binary:      {caps.binary}")
+    click.echo(f"version:     {caps.version}  build {caps.build}  commit {caps.commit}")
+    click.echo(f"cuda:        {'yes' if caps.cuda else 'no'}")
+    click.echo(f"flags:       {len(caps.flags)} (removed: {', '.join(caps.removed_flags) or '-'})")
+    click.echo(f"spec types:  {', '.join(caps.spec_types) or '?'}")
+    click.echo(f"-fa values:  {', '.join(caps.flash_attn_values) or '?'}")
+    click.echo(f"cache types: {', '.join(caps.cache_types) or '?'}")
+
+
+@click.command("schema")
+@JSON_FLAG
+def schema_cmd(as_json: bool) -> None:
+    """Print the config schema (what the NixOS module's options are made from)."""
+    if as_json:
+        click.echo(schema.schema_json_text(), nl=False)
+        return
+    for table, fields in (("hosts.NAME", schema.HOST_FIELDS),
+                          ("instances.NAME / defaults", schema.INSTANCE_FIELDS),
+                          ("instances.NAME.speculative", schema.SPECULATIVE_FIELDS)):
+        click.echo(f"[{table}]")
+        for f in fields:
+            default = "absent" if f.default is None else json.dumps(f.default)
+            click.echo(f"  {f.name:<18} {f.kind:<9} default {default:<12} {f.doc}")
+
+
+@click.command("units-check", hidden=True)
+@click.argument("out", type=click.Path(path_type=Path, file_okay=False))
+def units_check(out: Path) -> None:
+    """Verify and score the units of a render directory (used by CI and the Nix check)."""
+    manifest = read_manifest(out)
+    if not systemd_analyze.available():
+        raise UserError(Problem("systemd-analyze", "", "not installed", "install systemd"))
+    worst = 0.0
+    for entry in manifest["instances"].values():
+        unit = out / entry["unit"]
+        proc = systemd_analyze.verify(unit, user=manifest.get("kind") == "systemd-user")
+        exposure = systemd_analyze.security_exposure(unit)
+        click.echo(f"{unit.name}: verify rc={proc.returncode} exposure={exposure}")
+        if proc.returncode != 0:
+            click.echo(proc.stderr, err=True)
+            raise SystemExit(1)
+        worst = max(worst, exposure or 0.0)
+    click.echo(f"worst exposure: {worst:.1f}")
+
+
+def register(group: click.Group) -> None:
+    for command in (validate, argv_cmd, plan, render, probe, schema_cmd, units_check):
+        group.add_command(command)

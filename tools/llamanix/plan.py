@@ -1,0 +1,80 @@
+"""What a config would run: per host, each instance's command line, unit exposure and warnings."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from llamanix import systemd_analyze
+from llamanix.config import Config, Instance
+from llamanix.fsutil import atomic_write
+from llamanix.render import CapabilityMap, RenderedInstance, pick_host, render_host
+
+
+def speculative_summary(inst: Instance) -> str:
+    spec = inst.speculative
+    if not spec.enabled:
+        return "none"
+    parts = [spec.type]
+    for key in ("n_max", "n_min", "p_min"):
+        value = getattr(spec, key)
+        if value is not None:
+            parts.append(f"{key}={value:g}")
+    if spec.draft_model:
+        parts.append(f"draft={Path(spec.draft_model).name}")
+    return " ".join(parts)
+
+
+def warnings_for(inst: Instance) -> list[str]:
+    """Legal but probably not what the user meant."""
+    spec = inst.speculative
+    out: list[str] = []
+    if not spec.enabled:
+        if spec.draft_model:
+            out.append("draft_model set but speculative.type = none: the draft is not loaded")
+        stray = [k for k in ("n_max", "n_min", "p_min", "draft_gpu_layers")
+                 if getattr(spec, k) is not None]
+        if stray:
+            out.append(f"{', '.join(stray)} set but speculative.type = none: ignored")
+    if spec.type == "mtp" and spec.draft_model:
+        out.append("mtp with a draft_model: only right for a predictor-only companion GGUF")
+    if inst.listen not in ("127.0.0.1", "::1", "localhost") and inst.api_key_file is None:
+        out.append(f"listens on {inst.listen} without api_key_file: anyone who can reach it "
+                   "can use it")
+    return out
+
+
+def _exposure(rendered: RenderedInstance, tmp: Path) -> float | None:
+    unit = tmp / rendered.unit
+    atomic_write(unit, rendered.unit_text)
+    return systemd_analyze.security_exposure(unit)
+
+
+def plan_config(
+    config: Config, caps: CapabilityMap, host: str | None = None, security: bool = True
+) -> dict[str, Any]:
+    hosts = [pick_host(config, host)] if host else [
+        h for h in config.hosts if config.instances_on(h)
+    ]
+    measure = security and systemd_analyze.available()
+    out: dict[str, Any] = {"config": config.source, "hosts": {}}
+    with tempfile.TemporaryDirectory(prefix="llamanix-plan-") as tmp:
+        for name in hosts:
+            render = render_host(config, name, caps)
+            rows = []
+            for r in render.instances:
+                inst = config.instances[r.name]
+                rows.append({
+                    "name": r.name,
+                    "variant": r.variant,
+                    "address": f"{r.listen}:{r.port}",
+                    "speculative": speculative_summary(inst),
+                    "argv": r.argv,
+                    "unit": r.unit,
+                    "gpu": r.gpu,
+                    "security_exposure": _exposure(r, Path(tmp)) if measure else None,
+                    "warnings": warnings_for(inst),
+                })
+            out["hosts"][name] = {"kind": render.kind, "instances": rows}
+    return out

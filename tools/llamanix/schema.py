@@ -1,0 +1,172 @@
+"""The one source of truth for the config schema.
+
+llamanix.toml, the NixOS module's options (modules/llamanix.nix reads ``data/schema.json``,
+which ``llamanix schema --json`` regenerates and a test keeps current) and the README's config
+reference are all made from the tables below.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+# Field kinds. Each maps to a TOML value check here and to a lib.types type in the module.
+STR = "str"
+INT = "int"
+FLOAT = "float"
+BOOL = "bool"
+PATH = "path"  # an absolute path, as a string
+ENUM = "enum"
+LAYERS = "layers"  # integer >= 0, "all" or "auto"
+LIST_STR = "list_str"
+DICT_STR = "dict_str"
+
+
+@dataclass(frozen=True)
+class Field:
+    name: str
+    kind: str
+    doc: str
+    default: Any = None  # None: absent, the binary's own default applies
+    values: tuple[str, ...] = ()
+    required: bool = False
+    example: Any = None
+    minimum: float | None = None
+    maximum: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"type": self.kind, "doc": self.doc, "default": self.default}
+        if self.values:
+            out["values"] = list(self.values)
+        if self.required:
+            out["required"] = True
+        if self.example is not None:
+            out["example"] = self.example
+        if self.minimum is not None:
+            out["minimum"] = self.minimum
+        if self.maximum is not None:
+            out["maximum"] = self.maximum
+        return out
+
+
+HOST_KINDS = ("nixos", "systemd", "systemd-user")
+FLASH_ATTN = ("on", "off", "auto")
+# The cache types every variant shares; a variant may add more (ik: q6_0, q8_KV).
+CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+SPEC_TYPES = (
+    "none",
+    "draft",
+    "mtp",
+    "dflash",
+    "eagle3",
+    "ngram-simple",
+    "ngram-mod",
+    "ngram-cache",
+    "ngram-map-k",
+)
+# Speculative types that need a separate draft model file.
+SPEC_TYPES_WITH_DRAFT_MODEL = ("draft", "dflash", "eagle3")
+
+HOST_FIELDS: tuple[Field, ...] = (
+    Field("kind", ENUM, "How units are installed on this host.", "nixos", HOST_KINDS),
+    Field(
+        "target",
+        STR,
+        "ssh target (user@host) for remote hosts; absent means this machine.",
+        example="root@gpu1",
+    ),
+    Field(
+        "gpu",
+        STR,
+        "GPU model, a name from the GPU table (`llamanix ceiling --list`).",
+        example="rtx5090",
+    ),
+    Field(
+        "cuda_archs",
+        LIST_STR,
+        'CUDA compute capabilities this host\'s builds are compiled for, e.g. ["8.6", "12.0"].',
+        example=["12.0"],
+    ),
+    Field(
+        "binaries",
+        DICT_STR,
+        "Path of llama-server per variant on systemd hosts (NixOS hosts use the flake's packages).",
+        example={"upstream": "/opt/llama.cpp/bin/llama-server"},
+    ),
+)
+
+INSTANCE_FIELDS: tuple[Field, ...] = (
+    Field("host", STR, "Name of the host (a [hosts.NAME] table) this instance runs on."),
+    Field(
+        "variant",
+        ENUM,
+        "Which llama.cpp build serves this instance.",
+        "upstream",
+        ("nixpkgs", "upstream", "ik", "mtp"),
+    ),
+    Field(
+        "binary",
+        PATH,
+        "Explicit llama-server path; overrides the host's `binaries` entry for the variant.",
+    ),
+    Field("model", PATH, "Absolute path of the GGUF model.", required=True),
+    Field("alias", STR, "Model name the OpenAI API reports and accepts (-a).", example="qwen"),
+    Field("listen", STR, "Address to listen on.", "127.0.0.1"),
+    Field("port", INT, "TCP port.", 8080, minimum=1, maximum=65535),
+    Field("context", INT, "Context size in tokens (-c).", example=131072, minimum=1),
+    Field("gpu_layers", LAYERS, 'Layers offloaded to the GPU (-ngl): integer, "all" or "auto".'),
+    Field("flash_attn", ENUM, "Flash attention (-fa).", values=FLASH_ATTN),
+    Field("cache_type_k", ENUM, "K cache type (-ctk).", values=CACHE_TYPES),
+    Field("cache_type_v", ENUM, "V cache type (-ctv); quantized V needs flash attention.",
+          values=CACHE_TYPES),
+    Field("parallel", INT, "Server slots (-np).", minimum=1),
+    Field("batch", INT, "Logical batch size (-b).", minimum=1),
+    Field("ubatch", INT, "Physical batch size (-ub).", minimum=1),
+    Field("threads", INT, "CPU threads (-t).", minimum=1),
+    Field(
+        "jinja",
+        BOOL,
+        "Use the model's jinja chat template (needed for tool calls). Rendered explicitly "
+        "where a variant's default differs (ik defaults to off).",
+        True,
+    ),
+    Field("reasoning_budget", INT, "Reasoning token budget (-1 unrestricted).", minimum=-1),
+    Field("metrics", BOOL, "Expose Prometheus /metrics.", True),
+    Field(
+        "api_key_file",
+        PATH,
+        "File holding the API key; passed as a systemd credential, never in argv or unit text.",
+    ),
+    Field("extra_args", LIST_STR, "Arguments appended verbatim (checked against a probe).", []),
+    Field("environment", DICT_STR, "Extra environment variables for the service.", {}),
+)
+
+SPECULATIVE_FIELDS: tuple[Field, ...] = (
+    Field("type", ENUM, "Speculative decoding mode.", "none", SPEC_TYPES),
+    Field("draft_model", PATH, "Absolute path of the draft GGUF (draft, dflash, eagle3)."),
+    Field("draft_gpu_layers", LAYERS, 'Draft layers on the GPU: integer, "all" or "auto".'),
+    Field("n_max", INT, "Maximum tokens drafted per step.", minimum=0),
+    Field("n_min", INT, "Minimum tokens drafted per step.", minimum=0),
+    Field("p_min", FLOAT, "Minimum draft probability to keep drafting.", minimum=0.0, maximum=1.0),
+)
+
+HOSTS = {f.name: f for f in HOST_FIELDS}
+INSTANCE = {f.name: f for f in INSTANCE_FIELDS}
+SPECULATIVE = {f.name: f for f in SPECULATIVE_FIELDS}
+# Keys an instance table may hold besides its fields.
+INSTANCE_TABLES = ("speculative",)
+TOP_LEVEL = ("defaults", "hosts", "instances")
+
+
+def schema_json() -> dict[str, Any]:
+    """The schema as data: what ``data/schema.json`` holds and the NixOS module reads."""
+    return {
+        "hosts": {f.name: f.to_json() for f in HOST_FIELDS},
+        "instances": {f.name: f.to_json() for f in INSTANCE_FIELDS},
+        "speculative": {f.name: f.to_json() for f in SPECULATIVE_FIELDS},
+    }
+
+
+def schema_json_text() -> str:
+    return json.dumps(schema_json(), indent=2, sort_keys=False) + "\n"
