@@ -48,7 +48,10 @@ def instance_args(
     """The command line as (field, tokens) pieces, program first."""
     d = variant.dialect
     f = d.flags
-    args = [Arg("binary", (program_for(inst, host, variant),)), Arg("model", (f["model"], inst.model))]
+    args = [
+        Arg("binary", (program_for(inst, host, variant),)),
+        Arg("model", (f["model"], inst.model)),
+    ]
 
     def opt(name: str, value: object | None) -> None:
         if value is not None:
@@ -122,7 +125,9 @@ def resolve_variant(inst: Instance, variant: str | None, source: str) -> Variant
     name = variant or inst.variant
     if name not in VARIANTS:
         raise UserError(
-            Problem(source, "--variant", f"unknown variant '{name}'", suggest(name, tuple(VARIANTS)))
+            Problem(
+                source, "--variant", f"unknown variant '{name}'", suggest(name, tuple(VARIANTS))
+            )
         )
     return VARIANTS[name]
 
@@ -137,15 +142,23 @@ def instance_arg_pieces(
     """Checked argv pieces; raises UserError when the variant or the probed binary can't do it."""
     if name not in config.instances:
         raise UserError(
-            Problem(config.source, f"instances.{name}", "no such instance",
-                    suggest(name, tuple(config.instances)))
+            Problem(
+                config.source,
+                f"instances.{name}",
+                "no such instance",
+                suggest(name, tuple(config.instances)),
+            )
         )
     inst = config.instances[name]
     host = config.host_of(inst)
     chosen = resolve_variant(inst, variant, config.source)
     problems = [
-        Problem(config.source, f"instances.{name}.{where}" if where else f"instances.{name}",
-                message, fix)
+        Problem(
+            config.source,
+            f"instances.{name}.{where}" if where else f"instances.{name}",
+            message,
+            fix,
+        )
         for where, message, fix in check_instance(inst, host, chosen.name)
     ]
     if problems:

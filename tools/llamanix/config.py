@@ -151,8 +151,10 @@ class _Checker:
                 return None
             return self._bounds(where, f, value)
         if kind == schema.FLOAT:
-            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(
-                value
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not math.isfinite(value)
             ):
                 self.add(where, f"must be a number, got {_describe(value)}")
                 return None
@@ -171,7 +173,7 @@ class _Checker:
                 return value
             self.add(
                 where,
-                f"must be a non-negative integer, \"all\" or \"auto\", got {_describe(value)}",
+                f'must be a non-negative integer, "all" or "auto", got {_describe(value)}',
             )
             return None
         if kind == schema.LIST_STR:
@@ -230,15 +232,24 @@ def load_config(path: Path) -> Config:
             data = json.loads(text)
         except json.JSONDecodeError as err:
             raise UserError(
-                Problem(source, "", f"JSON syntax error at line {err.lineno}, column {err.colno}: "
-                        f"{err.msg}")
+                Problem(
+                    source,
+                    "",
+                    f"JSON syntax error at line {err.lineno}, column {err.colno}: {err.msg}",
+                )
             ) from None
     else:
         try:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as err:
-            raise UserError(Problem(source, "", f"TOML syntax error: {err}",
-                                    "fix the syntax at that line and column")) from None
+            raise UserError(
+                Problem(
+                    source,
+                    "",
+                    f"TOML syntax error: {err}",
+                    "fix the syntax at that line and column",
+                )
+            ) from None
     if not isinstance(data, dict):
         raise UserError(Problem(source, "", "the top level must be a table"))
     return parse_config(data, source)
@@ -265,16 +276,20 @@ def parse_config(data: dict[str, Any], source: str) -> Config:
 
     instances: dict[str, Instance] = {}
     for name, raw in instances_raw.items():
-        inst = _parse_instance(c, name, defaults, c.table(f"instances.{name}", raw), hosts,
-                               variants)
+        inst = _parse_instance(
+            c, name, defaults, c.table(f"instances.{name}", raw), hosts, variants
+        )
         if inst is not None:
             instances[name] = inst
 
     _check_ports(c, instances)
     for inst in instances.values():
         for where, message, fix in check_instance(inst, hosts[inst.host]):
-            c.add(f"instances.{inst.name}.{where}" if where else f"instances.{inst.name}",
-                  message, fix)
+            c.add(
+                f"instances.{inst.name}.{where}" if where else f"instances.{inst.name}",
+                message,
+                fix,
+            )
     if c.problems:
         raise UserError(c.problems)
     return Config(source=source, hosts=hosts, instances=instances, raw=data)
@@ -301,16 +316,25 @@ def _parse_hosts(c: _Checker, raw: dict[str, Any]) -> dict[str, Host]:
         archs = values.get("cuda_archs") or ()
         for arch in archs:
             if not _CUDA_ARCH.match(arch):
-                c.add(f"{where}.cuda_archs", f"'{arch}' is not a compute capability",
-                      'write it like "8.6" or "12.0"')
+                c.add(
+                    f"{where}.cuda_archs",
+                    f"'{arch}' is not a compute capability",
+                    'write it like "8.6" or "12.0"',
+                )
         binaries = values.get("binaries") or {}
         for variant, path in binaries.items():
             if variant not in VARIANTS:
-                c.add(f"{where}.binaries.{variant}", "unknown variant",
-                      suggest(variant, tuple(VARIANTS)))
+                c.add(
+                    f"{where}.binaries.{variant}",
+                    "unknown variant",
+                    suggest(variant, tuple(VARIANTS)),
+                )
             elif not path.startswith("/"):
-                c.add(f"{where}.binaries.{variant}", f"'{path}' is a relative path",
-                      "use an absolute path")
+                c.add(
+                    f"{where}.binaries.{variant}",
+                    f"'{path}' is a relative path",
+                    "use an absolute path",
+                )
         hosts[name] = Host(
             name=name,
             kind=values.get("kind") or "nixos",
@@ -364,7 +388,7 @@ def _parse_instance(
     model = values.get("model")
     if model is None:
         if "model" not in merged:
-            c.add(f"{where}.model", "missing", "set model = \"/abs/path/to/model.gguf\"")
+            c.add(f"{where}.model", "missing", 'set model = "/abs/path/to/model.gguf"')
         return None
     if any(values.get(k) is None for k in values):
         return None  # the bad values are already reported
@@ -375,18 +399,25 @@ def _parse_instance(
         if not _ENV_NAME.match(env_key):
             c.add(f"{where}.environment.{env_key}", "is not a valid environment variable name")
         elif env_key in _SECRET_ENV:
-            c.add(f"{where}.environment.{env_key}", "would put the API key into the unit text",
-                  "use api_key_file instead")
+            c.add(
+                f"{where}.environment.{env_key}",
+                "would put the API key into the unit text",
+                "use api_key_file instead",
+            )
     for arg in values.get("extra_args", ()):
         if arg == "--api-key" or arg.startswith("--api-key="):
-            c.add(f"{where}.extra_args", "--api-key would put the key into argv",
-                  "use api_key_file instead")
+            c.add(
+                f"{where}.extra_args",
+                "--api-key would put the key into argv",
+                "use api_key_file instead",
+            )
 
     spec = Speculative(**spec_values)
     given = frozenset(k for k in merged if k != "speculative")
     fields = {k: v for k, v in values.items() if k != "model"}
-    return Instance(name=name, model=model, speculative=spec, given=given,
-                    **{**fields, "host": host})
+    return Instance(
+        name=name, model=model, speculative=spec, given=given, **{**fields, "host": host}
+    )
 
 
 def _check_ports(c: _Checker, instances: dict[str, Instance]) -> None:
@@ -394,8 +425,10 @@ def _check_ports(c: _Checker, instances: dict[str, Instance]) -> None:
     for inst in instances.values():
         key = (inst.host, inst.port)
         if key in seen:
-            c.add(f"instances.{inst.name}.port",
-                  f"port {inst.port} on host '{inst.host}' is already used by "
-                  f"instance '{seen[key]}'", "give each instance on a host its own port")
+            c.add(
+                f"instances.{inst.name}.port",
+                f"port {inst.port} on host '{inst.host}' is already used by instance '{seen[key]}'",
+                "give each instance on a host its own port",
+            )
         else:
             seen[key] = inst.name

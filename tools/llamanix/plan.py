@@ -33,15 +33,19 @@ def warnings_for(inst: Instance) -> list[str]:
     if not spec.enabled:
         if spec.draft_model:
             out.append("draft_model set but speculative.type = none: the draft is not loaded")
-        stray = [k for k in ("n_max", "n_min", "p_min", "draft_gpu_layers")
-                 if getattr(spec, k) is not None]
+        stray = [
+            k
+            for k in ("n_max", "n_min", "p_min", "draft_gpu_layers")
+            if getattr(spec, k) is not None
+        ]
         if stray:
             out.append(f"{', '.join(stray)} set but speculative.type = none: ignored")
     if spec.type == "mtp" and spec.draft_model:
         out.append("mtp with a draft_model: only right for a predictor-only companion GGUF")
     if inst.listen not in ("127.0.0.1", "::1", "localhost") and inst.api_key_file is None:
-        out.append(f"listens on {inst.listen} without api_key_file: anyone who can reach it "
-                   "can use it")
+        out.append(
+            f"listens on {inst.listen} without api_key_file: anyone who can reach it can use it"
+        )
     return out
 
 
@@ -54,9 +58,9 @@ def _exposure(rendered: RenderedInstance, tmp: Path) -> float | None:
 def plan_config(
     config: Config, caps: CapabilityMap, host: str | None = None, security: bool = True
 ) -> dict[str, Any]:
-    hosts = [pick_host(config, host)] if host else [
-        h for h in config.hosts if config.instances_on(h)
-    ]
+    hosts = (
+        [pick_host(config, host)] if host else [h for h in config.hosts if config.instances_on(h)]
+    )
     measure = security and systemd_analyze.available()
     out: dict[str, Any] = {"config": config.source, "hosts": {}}
     with tempfile.TemporaryDirectory(prefix="llamanix-plan-") as tmp:
@@ -65,16 +69,24 @@ def plan_config(
             rows = []
             for r in render.instances:
                 inst = config.instances[r.name]
-                rows.append({
-                    "name": r.name,
-                    "variant": r.variant,
-                    "address": f"{r.listen}:{r.port}",
-                    "speculative": speculative_summary(inst),
-                    "argv": r.argv,
-                    "unit": r.unit,
-                    "gpu": r.gpu,
-                    "security_exposure": _exposure(r, Path(tmp)) if measure else None,
-                    "warnings": warnings_for(inst),
-                })
+                rows.append(
+                    {
+                        "name": r.name,
+                        "variant": r.variant,
+                        "address": f"{r.listen}:{r.port}",
+                        "speculative": speculative_summary(inst),
+                        "argv": r.argv,
+                        "unit": r.unit,
+                        "gpu": r.gpu,
+                        "security_exposure": _exposure(r, Path(tmp)) if measure else None,
+                        "warnings": warnings_for(inst),
+                    }
+                )
             out["hosts"][name] = {"kind": render.kind, "instances": rows}
+            if render.kind == "systemd-user":
+                # systemd-analyze --offline scores any unit as a system service running as
+                # root; user units run unprivileged, so their score reads worse than it is.
+                out["hosts"][name]["security_note"] = (
+                    "user units are scored as if they ran as root (systemd-analyze --offline)"
+                )
     return out

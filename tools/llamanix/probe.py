@@ -63,30 +63,59 @@ class Capabilities:
         out: list[tuple[str, str, str]] = []
         for arg in args[1:]:
             tokens = arg.tokens
-            flags = [t for t in tokens if _FLAG.fullmatch(t)] if arg.field == "extra_args" else [
-                tokens[0]
-            ]
+            flags = (
+                [t for t in tokens if _FLAG.fullmatch(t)]
+                if arg.field == "extra_args"
+                else [tokens[0]]
+            )
             for flag in flags:
                 if flag not in known:
-                    hint = (f"{flag} was removed from this build" if flag in self.removed_flags
-                            else f"{flag} is not accepted by this build")
-                    out.append((arg.field, f"{hint}: {self.describe()}",
-                                "choose the variant that matches this binary, or re-probe it"))
+                    hint = (
+                        f"{flag} was removed from this build"
+                        if flag in self.removed_flags
+                        else f"{flag} is not accepted by this build"
+                    )
+                    out.append(
+                        (
+                            arg.field,
+                            f"{hint}: {self.describe()}",
+                            "choose the variant that matches this binary, or re-probe it",
+                        )
+                    )
             if arg.field == "speculative.type" and self.spec_types:
                 stage = tokens[1].split(":", 1)[0]
                 if stage not in self.spec_types:
-                    out.append((arg.field, f"--spec-type {stage} is not known to {self.describe()}",
-                                "it knows: " + ", ".join(self.spec_types)))
-            if arg.field == "flash_attn" and self.flash_attn_values and (
-                tokens[1] not in self.flash_attn_values
+                    out.append(
+                        (
+                            arg.field,
+                            f"--spec-type {stage} is not known to {self.describe()}",
+                            "it knows: " + ", ".join(self.spec_types),
+                        )
+                    )
+            if (
+                arg.field == "flash_attn"
+                and self.flash_attn_values
+                and (tokens[1] not in self.flash_attn_values)
             ):
-                out.append((arg.field, f"-fa {tokens[1]} is not accepted by {self.describe()}",
-                            "use one of: " + ", ".join(self.flash_attn_values)))
-            if arg.field in ("cache_type_k", "cache_type_v") and self.cache_types and (
-                tokens[1] not in self.cache_types
+                out.append(
+                    (
+                        arg.field,
+                        f"-fa {tokens[1]} is not accepted by {self.describe()}",
+                        "use one of: " + ", ".join(self.flash_attn_values),
+                    )
+                )
+            if (
+                arg.field in ("cache_type_k", "cache_type_v")
+                and self.cache_types
+                and (tokens[1] not in self.cache_types)
             ):
-                out.append((arg.field, f"cache type {tokens[1]} is not known to {self.describe()}",
-                            "use one of: " + ", ".join(self.cache_types)))
+                out.append(
+                    (
+                        arg.field,
+                        f"cache type {tokens[1]} is not known to {self.describe()}",
+                        "use one of: " + ", ".join(self.cache_types),
+                    )
+                )
         return out
 
 
@@ -98,7 +127,7 @@ def parse_help(text: str) -> tuple[list[str], list[str], dict[str, tuple[str, st
         if m and not line.lstrip().startswith("- "):
             names = _FLAG.findall(m.group(1))
             hint = m.group(2) or ""
-            rest = line[m.end():].strip()
+            rest = line[m.end() :].strip()
             entries.append((names, hint, [rest] if rest else []))
         elif entries:
             entries[-1][2].append(line.strip())
@@ -161,8 +190,9 @@ def run_binary(binary: str, arg: str, timeout: float = 60) -> str:
             [binary, arg], capture_output=True, text=True, timeout=timeout, check=False
         )
     except (FileNotFoundError, PermissionError, OSError) as err:
-        raise UserError(Problem(binary, "", f"cannot run: {err}",
-                                "give the path of a llama-server binary")) from None
+        raise UserError(
+            Problem(binary, "", f"cannot run: {err}", "give the path of a llama-server binary")
+        ) from None
     except subprocess.TimeoutExpired:
         raise UserError(Problem(binary, "", f"'{arg}' did not finish in {timeout:g} s")) from None
     return proc.stdout + proc.stderr
@@ -181,12 +211,30 @@ def load_capabilities(path: Path) -> Capabilities:
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError:
-        raise UserError(Problem(source, "", "no such probe file",
-                                "make one with: llamanix probe BINARY --json > FILE")) from None
+        raise UserError(
+            Problem(
+                source,
+                "",
+                "no such probe file",
+                "make one with: llamanix probe BINARY --json > FILE",
+            )
+        ) from None
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise UserError(Problem(source, "", f"not a probe JSON file: {err}",
-                                "make one with: llamanix probe BINARY --json > FILE")) from None
+        raise UserError(
+            Problem(
+                source,
+                "",
+                f"not a probe JSON file: {err}",
+                "make one with: llamanix probe BINARY --json > FILE",
+            )
+        ) from None
     if not isinstance(data, dict) or not isinstance(data.get("flags"), list):
-        raise UserError(Problem(source, "flags", "missing; this is not a llamanix probe",
-                                "make one with: llamanix probe BINARY --json > FILE"))
+        raise UserError(
+            Problem(
+                source,
+                "flags",
+                "missing; this is not a llamanix probe",
+                "make one with: llamanix probe BINARY --json > FILE",
+            )
+        )
     return Capabilities.from_json(data, source)

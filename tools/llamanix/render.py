@@ -126,13 +126,25 @@ def _template() -> jinja2.Template:
 def pick_host(config: Config, host: str | None) -> str:
     if host is not None:
         if host not in config.hosts:
-            raise UserError(Problem(config.source, "--host", f"no host '{host}' in the config",
-                                    suggest(host, tuple(config.hosts))))
+            raise UserError(
+                Problem(
+                    config.source,
+                    "--host",
+                    f"no host '{host}' in the config",
+                    suggest(host, tuple(config.hosts)),
+                )
+            )
         return host
     if len(config.hosts) == 1:
         return next(iter(config.hosts))
-    raise UserError(Problem(config.source, "--host", "the config has several hosts",
-                            "name one with --host: " + ", ".join(config.hosts)))
+    raise UserError(
+        Problem(
+            config.source,
+            "--host",
+            "the config has several hosts",
+            "name one with --host: " + ", ".join(config.hosts),
+        )
+    )
 
 
 CapabilityMap = Mapping[str, Capabilities]
@@ -205,8 +217,14 @@ def render_host(
     caps = caps or {}
     for key in caps:
         if key != "*" and key not in config.instances:
-            raise UserError(Problem(config.source, "--capabilities", f"no instance '{key}'",
-                                    suggest(key, tuple(config.instances))))
+            raise UserError(
+                Problem(
+                    config.source,
+                    "--capabilities",
+                    f"no instance '{key}'",
+                    suggest(key, tuple(config.instances)),
+                )
+            )
     problems: list[Problem] = []
     rendered: list[RenderedInstance] = []
     for inst in config.instances_on(name):
@@ -218,8 +236,9 @@ def render_host(
             problems.extend(err.problems)
     if problems:
         raise UserError(problems)
-    return Render(host=name, kind="systemd-user" if as_user else kind, config_hash=digest,
-                  instances=rendered)
+    return Render(
+        host=name, kind="systemd-user" if as_user else kind, config_hash=digest, instances=rendered
+    )
 
 
 def write_render(render: Render, out: Path) -> list[Path]:
@@ -271,8 +290,9 @@ def read_manifest(out: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError:
-        raise UserError(Problem(str(path), "", "no render here",
-                                "run llamanix render CONFIG --out DIR first")) from None
+        raise UserError(
+            Problem(str(path), "", "no render here", "run llamanix render CONFIG --out DIR first")
+        ) from None
     except json.JSONDecodeError as err:
         raise UserError(Problem(str(path), "", f"not a llamanix manifest: {err}")) from None
     if not isinstance(data, dict):

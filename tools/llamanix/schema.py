@@ -118,8 +118,12 @@ INSTANCE_FIELDS: tuple[Field, ...] = (
     Field("gpu_layers", LAYERS, 'Layers offloaded to the GPU (-ngl): integer, "all" or "auto".'),
     Field("flash_attn", ENUM, "Flash attention (-fa).", values=FLASH_ATTN),
     Field("cache_type_k", ENUM, "K cache type (-ctk).", values=CACHE_TYPES),
-    Field("cache_type_v", ENUM, "V cache type (-ctv); quantized V needs flash attention.",
-          values=CACHE_TYPES),
+    Field(
+        "cache_type_v",
+        ENUM,
+        "V cache type (-ctv); quantized V needs flash attention.",
+        values=CACHE_TYPES,
+    ),
     Field("parallel", INT, "Server slots (-np).", minimum=1),
     Field("batch", INT, "Logical batch size (-b).", minimum=1),
     Field("ubatch", INT, "Physical batch size (-ub).", minimum=1),
@@ -170,3 +174,42 @@ def schema_json() -> dict[str, Any]:
 
 def schema_json_text() -> str:
     return json.dumps(schema_json(), indent=2, sort_keys=False) + "\n"
+
+
+def _markdown_default(f: Field) -> str:
+    if f.default is None:
+        return "absent"
+    return "`" + json.dumps(f.default) + "`"
+
+
+def _markdown_type(f: Field) -> str:
+    if f.kind == ENUM:
+        return " \\| ".join(f"`{v}`" for v in f.values) if f.name != "variant" else ("variant name")
+    return {
+        STR: "string",
+        INT: "integer",
+        FLOAT: "number",
+        BOOL: "boolean",
+        PATH: "absolute path",
+        LAYERS: 'integer, `"all"`, `"auto"`',
+        LIST_STR: "list of strings",
+        DICT_STR: "table of strings",
+    }[f.kind]
+
+
+def schema_markdown() -> str:
+    """The config reference table in the README (a test keeps the two equal)."""
+    out: list[str] = []
+    for title, fields in (
+        ("`[hosts.NAME]`", HOST_FIELDS),
+        ("`[instances.NAME]` (and `[defaults]`)", INSTANCE_FIELDS),
+        ("`[instances.NAME.speculative]`", SPECULATIVE_FIELDS),
+    ):
+        out += [f"#### {title}", "", "| key | type | default | meaning |", "|---|---|---|---|"]
+        for f in fields:
+            req = " **required**" if f.required else ""
+            out.append(
+                f"| `{f.name}` | {_markdown_type(f)} | {_markdown_default(f)} | {f.doc}{req} |"
+            )
+        out.append("")
+    return "\n".join(out)

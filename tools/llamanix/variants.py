@@ -100,12 +100,24 @@ _DRAFT_PARAMS_UPSTREAM = {
     "p_min": "--spec-draft-p-min",
 }
 
+# The n-gram drafters have their own flags; --spec-draft-* does not reach them. ngram-cache has
+# none (its draft length is fixed at 8).
+_NGRAM_PARAMS_UPSTREAM: dict[str, dict[str, str]] = {
+    "ngram-mod": {"n_max": "--spec-ngram-mod-n-max", "n_min": "--spec-ngram-mod-n-min"},
+    "ngram-simple": {"n_max": "--spec-ngram-simple-size-m"},
+    "ngram-map-k": {"n_max": "--spec-ngram-map-k-size-m"},
+}
+
 # ggml-org/llama.cpp after #22397 (spec params refactor) and #22964 (draft-* type names).
 UPSTREAM = Dialect(
     name="upstream",
     description="ggml-org/llama.cpp master (Oct 2026): --spec-type draft-simple|draft-mtp|...",
     flags=MappingProxyType(
-        {**_COMMON_FLAGS, "draft_model": "--spec-draft-model", "draft_gpu_layers": "--spec-draft-ngl"}
+        {
+            **_COMMON_FLAGS,
+            "draft_model": "--spec-draft-model",
+            "draft_gpu_layers": "--spec-draft-ngl",
+        }
     ),
     spec_style="flags",
     spec_types=MappingProxyType(
@@ -125,7 +137,7 @@ UPSTREAM = Dialect(
             "mtp": _DRAFT_PARAMS_UPSTREAM,
             "dflash": _DRAFT_PARAMS_UPSTREAM,
             "eagle3": _DRAFT_PARAMS_UPSTREAM,
-            "ngram-mod": {"n_max": "--spec-ngram-mod-n-max", "n_min": "--spec-ngram-mod-n-min"},
+            **_NGRAM_PARAMS_UPSTREAM,
         }
     ),
 )
@@ -150,7 +162,7 @@ UPSTREAM_MAY_2026 = Dialect(
         {
             "draft": _DRAFT_PARAMS_UPSTREAM,
             "mtp": _DRAFT_PARAMS_UPSTREAM,
-            "ngram-mod": {"n_max": "--spec-ngram-mod-n-max", "n_min": "--spec-ngram-mod-n-min"},
+            **_NGRAM_PARAMS_UPSTREAM,
         }
     ),
 )
@@ -158,7 +170,7 @@ UPSTREAM_MAY_2026 = Dialect(
 # llama.cpp b8770 (April 2026), what nixpkgs packaged: before the speculative refactor.
 LEGACY_B8770 = Dialect(
     name="b8770",
-    description="llama.cpp b8770 (Apr 2026): -md drafts by itself, --draft-max/--draft-min/--draft-p-min",
+    description="llama.cpp b8770 (Apr 2026): -md drafts by itself, --draft-max/-min/-p-min",
     flags=MappingProxyType({**_COMMON_FLAGS, "draft_model": "-md", "draft_gpu_layers": "-ngld"}),
     spec_style="flags",
     spec_types=MappingProxyType(
@@ -180,13 +192,13 @@ LEGACY_B8770 = Dialect(
     hybrid_spec_checkpoints=False,
 )
 
-_IK_DRAFT_KEYS = {"n_max": "n_max", "n_min": "n_min", "p_min": "p_min"}
+_IK_KEYS = {"n_max": "n_max", "n_min": "n_min", "p_min": "p_min"}
 
 # ikawrakow/ik_llama.cpp: --spec-type STAGE[:k=v,...], integer-only layer counts, --jinja off by
 # default (and no --no-jinja), speculation only with one slot.
 IK = Dialect(
     name="ik",
-    description="ik_llama.cpp: --spec-type draft:n_max=..,p_min=.. / mtp:..., -np 1 for speculation",
+    description="ik_llama.cpp: --spec-type draft:n_max=..,p_min=.., -np 1 for speculation",
     flags=MappingProxyType({**_COMMON_FLAGS, "draft_model": "-md", "draft_gpu_layers": "-ngld"}),
     spec_style="stages",
     spec_types=MappingProxyType(
@@ -200,13 +212,20 @@ IK = Dialect(
             "ngram-map-k": "ngram-map-k",
         }
     ),
+    # ik's stage parser accepts every key on every stage.
     spec_params=_frozen(
         {
-            "draft": _IK_DRAFT_KEYS,
-            "mtp": {"n_max": "n_max", "p_min": "p_min"},
-            "dflash": _IK_DRAFT_KEYS,
-            "eagle3": _IK_DRAFT_KEYS,
-            "ngram-mod": {"n_max": "n_max", "n_min": "n_min"},
+            t: _IK_KEYS
+            for t in (
+                "draft",
+                "mtp",
+                "dflash",
+                "eagle3",
+                "ngram-simple",
+                "ngram-mod",
+                "ngram-cache",
+                "ngram-map-k",
+            )
         }
     ),
     layers_words=False,
@@ -262,9 +281,9 @@ VARIANTS: Mapping[str, Variant] = MappingProxyType(
 )
 
 
-def check_instance(inst: Instance, host: Host, variant_name: str | None = None) -> list[
-    tuple[str, str, str]
-]:
+def check_instance(
+    inst: Instance, host: Host, variant_name: str | None = None
+) -> list[tuple[str, str, str]]:
     """Variant-dependent problems of an otherwise well-typed instance: (field, message, fix)."""
     variant = VARIANTS[variant_name or inst.variant]
     d = variant.dialect
@@ -278,39 +297,63 @@ def check_instance(inst: Instance, host: Host, variant_name: str | None = None) 
         add(
             "speculative.type",
             f"'{spec.type}' is not supported by the {variant.name} variant",
-            "choose one of: " + ", ".join(variant.supported_spec_types())
+            "choose one of: "
+            + ", ".join(variant.supported_spec_types())
             + (" or another variant" if spec.type == "mtp" else ""),
         )
     if spec.type in SPEC_TYPES_WITH_DRAFT_MODEL and spec.draft_model is None:
-        add("speculative.draft_model", f"type '{spec.type}' needs a draft model",
-            "set draft_model = \"/abs/path/draft.gguf\"")
+        add(
+            "speculative.draft_model",
+            f"type '{spec.type}' needs a draft model",
+            'set draft_model = "/abs/path/draft.gguf"',
+        )
     if spec.n_min is not None and spec.n_max is not None and spec.n_min > spec.n_max:
-        add("speculative.n_min", f"n_min {spec.n_min} is larger than n_max {spec.n_max}",
-            "make n_min <= n_max")
+        add(
+            "speculative.n_min",
+            f"n_min {spec.n_min} is larger than n_max {spec.n_max}",
+            "make n_min <= n_max",
+        )
     if spec.enabled and variant.spec_spelling(spec.type) is not None:
         allowed = d.spec_params.get(spec.type, {})
         for param in ("n_max", "n_min", "p_min"):
             if getattr(spec, param) is not None and param not in allowed:
-                add(f"speculative.{param}",
+                add(
+                    f"speculative.{param}",
                     f"'{spec.type}' on the {variant.name} variant takes no {param}",
-                    "remove it")
+                    "remove it",
+                )
     if d.spec_single_slot and spec.enabled and (inst.parallel or 1) > 1:
-        add("parallel", f"the {variant.name} variant speculates only with one slot, "
-            f"parallel is {inst.parallel}", "set parallel = 1 or speculative.type = \"none\"")
+        add(
+            "parallel",
+            f"the {variant.name} variant speculates only with one slot, "
+            f"parallel is {inst.parallel}",
+            'set parallel = 1 or speculative.type = "none"',
+        )
     for key in ("cache_type_k", "cache_type_v"):
         value = getattr(inst, key)
         if value is not None and value not in d.cache_types:
-            add(key, f"cache type '{value}' is not known to the {variant.name} variant",
-                "choose one of: " + ", ".join(d.cache_types))
+            add(
+                key,
+                f"cache type '{value}' is not known to the {variant.name} variant",
+                "choose one of: " + ", ".join(d.cache_types),
+            )
     if _quantized(inst.cache_type_v) and inst.flash_attn == "off":
-        add("flash_attn", f"a quantized V cache ({inst.cache_type_v}) needs flash attention",
-            "set flash_attn = \"on\" or cache_type_v = \"f16\"")
+        add(
+            "flash_attn",
+            f"a quantized V cache ({inst.cache_type_v}) needs flash attention",
+            'set flash_attn = "on" or cache_type_v = "f16"',
+        )
     if not d.layers_words:
-        for key, value in (("gpu_layers", inst.gpu_layers),
-                           ("speculative.draft_gpu_layers", spec.draft_gpu_layers)):
+        for key, value in (
+            ("gpu_layers", inst.gpu_layers),
+            ("speculative.draft_gpu_layers", spec.draft_gpu_layers),
+        ):
             if value == "auto":
-                add(key, f"the {variant.name} variant takes a layer count, not 'auto'",
-                    "use an integer or \"all\"")
+                add(
+                    key,
+                    f"the {variant.name} variant takes a layer count, not 'auto'",
+                    'use an integer or "all"',
+                )
     if inst.jinja is False and d.no_jinja_flag is None and d.jinja_default:
         add("jinja", f"the {variant.name} variant cannot turn jinja off", "remove jinja")
     return out

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import shlex
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 from rich.console import Console
@@ -19,11 +20,12 @@ from llamanix.plan import plan_config
 from llamanix.probe import Capabilities, load_capabilities, probe_binary
 from llamanix.render import CapabilityMap, read_manifest, render_host, write_render
 
+FC = TypeVar("FC", bound=Callable[..., Any])
 CONFIG = click.argument("config", type=click.Path(path_type=Path, dir_okay=False))
 JSON_FLAG = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 
 
-def _capability_option(multiple: bool) -> Any:
+def _capability_option(multiple: bool) -> Callable[[FC], FC]:
     help_text = (
         "A saved probe (llamanix probe BINARY --json > FILE): every rendered flag must exist in "
         "that binary."
@@ -31,7 +33,10 @@ def _capability_option(multiple: bool) -> Any:
     if multiple:
         help_text += " NAME=FILE applies it to one instance only; repeatable."
     return click.option(
-        "--capabilities", "capabilities", multiple=multiple, metavar="[NAME=]FILE",
+        "--capabilities",
+        "capabilities",
+        multiple=multiple,
+        metavar="[NAME=]FILE",
         help=help_text,
     )
 
@@ -95,7 +100,10 @@ def argv_cmd(config: Path, instance: str, variant: str | None, capabilities: str
 @click.option("--no-security", is_flag=True, help="Skip the systemd-analyze exposure score.")
 @JSON_FLAG
 def plan(
-    config: Path, host: str | None, capabilities: tuple[str, ...], no_security: bool,
+    config: Path,
+    host: str | None,
+    capabilities: tuple[str, ...],
+    no_security: bool,
     as_json: bool,
 ) -> None:
     """Per host: each instance's variant, address, speculation and command line."""
@@ -107,14 +115,24 @@ def plan(
     console = Console(soft_wrap=True)
     for host_name, host_plan in result["hosts"].items():
         table = Table(title=f"host {host_name} ({host_plan['kind']})")
-        for column in ("instance", "variant", "address", "speculative", "fit / ceiling",
-                       "exposure"):
+        for column in (
+            "instance",
+            "variant",
+            "address",
+            "speculative",
+            "fit / ceiling",
+            "exposure",
+        ):
             table.add_column(column, no_wrap=column in ("instance", "address", "exposure"))
         for row in host_plan["instances"]:
             exposure = row["security_exposure"]
             table.add_row(
-                row["name"], row["variant"], row["address"], row["speculative"],
-                row.get("fit") or "-", "-" if exposure is None else f"{exposure:.1f}",
+                row["name"],
+                row["variant"],
+                row["address"],
+                row["speculative"],
+                row.get("fit") or "-",
+                "-" if exposure is None else f"{exposure:.1f}",
             )
         console.print(table)
         for row in host_plan["instances"]:
@@ -125,8 +143,13 @@ def plan(
 
 @click.command()
 @CONFIG
-@click.option("--out", "out", required=True, type=click.Path(path_type=Path, file_okay=False),
-              help="Directory for the units, argv files and manifest.json.")
+@click.option(
+    "--out",
+    "out",
+    required=True,
+    type=click.Path(path_type=Path, file_okay=False),
+    help="Directory for the units, argv files and manifest.json.",
+)
 @click.option("--host", help="Host to render (may be left out when the config has one).")
 @click.option("--user", is_flag=True, help="Render systemd --user units.")
 @_capability_option(multiple=True)
@@ -160,14 +183,20 @@ def probe(binary: Path, as_json: bool) -> None:
 
 @click.command("schema")
 @JSON_FLAG
-def schema_cmd(as_json: bool) -> None:
+@click.option("--markdown", is_flag=True, help="Print the README's config reference.")
+def schema_cmd(as_json: bool, markdown: bool) -> None:
     """Print the config schema (what the NixOS module's options are made from)."""
     if as_json:
         click.echo(schema.schema_json_text(), nl=False)
         return
-    for table, fields in (("hosts.NAME", schema.HOST_FIELDS),
-                          ("instances.NAME / defaults", schema.INSTANCE_FIELDS),
-                          ("instances.NAME.speculative", schema.SPECULATIVE_FIELDS)):
+    if markdown:
+        click.echo(schema.schema_markdown(), nl=False)
+        return
+    for table, fields in (
+        ("hosts.NAME", schema.HOST_FIELDS),
+        ("instances.NAME / defaults", schema.INSTANCE_FIELDS),
+        ("instances.NAME.speculative", schema.SPECULATIVE_FIELDS),
+    ):
         click.echo(f"[{table}]")
         for f in fields:
             default = "absent" if f.default is None else json.dumps(f.default)

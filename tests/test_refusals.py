@@ -1,0 +1,190 @@
+"""Every mistake: one line naming the file and the field with a fix, exit 2, nothing written."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from llamanix.cli import main
+
+BASE = """
+[hosts.gpu1]
+kind = "nixos"
+
+[instances.a]
+{a}
+
+[instances.b]
+host = "gpu1"
+model = "/m/t.gguf"
+port = 8081
+{b}
+"""
+
+H = 'host = "gpu1"\nmodel = "/m/t.gguf"\n'
+CASES: list[tuple[str, str, str, str]] = [
+    # (id, text for instance a, field, words the line must contain)
+    (
+        "unknown variant",
+        H + 'variant = "upstrem"',
+        "instances.a.variant",
+        "unknown value 'upstrem' (did you mean 'upstream'?)",
+    ),
+    (
+        "unknown key",
+        H + "contxt = 4096",
+        "instances.a.contxt",
+        "unknown key (did you mean 'context'?)",
+    ),
+    (
+        "unknown spec type",
+        H + '[instances.a.speculative]\ntype = "drafts"',
+        "instances.a.speculative.type",
+        "unknown value 'drafts' (did you mean 'draft'?)",
+    ),
+    (
+        "mtp on nixpkgs",
+        H + 'variant = "nixpkgs"\n[instances.a.speculative]\ntype = "mtp"',
+        "instances.a.speculative.type",
+        "'mtp' is not supported by the nixpkgs variant",
+    ),
+    (
+        "quantized V without FA",
+        H + 'flash_attn = "off"\ncache_type_v = "q4_0"',
+        "instances.a.flash_attn",
+        "a quantized V cache (q4_0) needs flash attention",
+    ),
+    (
+        "ik speculation with parallel > 1",
+        H + 'variant = "ik"\nparallel = 2\n[instances.a.speculative]\ntype = "ngram-mod"',
+        "instances.a.parallel",
+        "speculates only with one slot",
+    ),
+    (
+        "draft without draft_model",
+        H + '[instances.a.speculative]\ntype = "draft"',
+        "instances.a.speculative.draft_model",
+        "type 'draft' needs a draft model",
+    ),
+    (
+        "two instances on one port",
+        H + "port = 8081",
+        "instances.b.port",
+        "port 8081 on host 'gpu1' is already used by instance 'a'",
+    ),
+    (
+        "relative model path",
+        'host = "gpu1"\nmodel = "models/t.gguf"',
+        "instances.a.model",
+        "'models/t.gguf' is a relative path (use an absolute path)",
+    ),
+    (
+        "p_min outside [0, 1]",
+        H + '[instances.a.speculative]\ntype = "mtp"\np_min = 1.5',
+        "instances.a.speculative.p_min",
+        "1.5 is above the maximum 1 (use a value from 0 to 1)",
+    ),
+    (
+        "n_min > n_max",
+        H
+        + '[instances.a.speculative]\ntype = "draft"\ndraft_model = "/m/d.gguf"\n'
+        + "n_max = 2\nn_min = 4",
+        "instances.a.speculative.n_min",
+        "n_min 4 is larger than n_max 2",
+    ),
+    ("context <= 0", H + "context = 0", "instances.a.context", "0 is below the minimum 1"),
+    (
+        "unknown host",
+        'host = "gpu2"\nmodel = "/m/t.gguf"',
+        "instances.a.host",
+        "no host 'gpu2' is defined",
+    ),
+    (
+        "ik gpu_layers auto",
+        H + 'variant = "ik"\ngpu_layers = "auto"',
+        "instances.a.gpu_layers",
+        "takes a layer count, not 'auto'",
+    ),
+    (
+        "API key in environment",
+        H + 'environment = { LLAMA_API_KEY = "x" }',
+        "instances.a.environment.LLAMA_API_KEY",
+        "use api_key_file instead",
+    ),
+    ("wrong type", H + 'port = "8080"', "instances.a.port", "must be an integer, got '8080'"),
+]
+
+
+def write(tmp_path: Path, a: str, b: str = "") -> Path:
+    path = tmp_path / "llamanix.toml"
+    path.write_text(BASE.replace("{a}", a).replace("{b}", b))
+    return path
+
+
+@pytest.mark.parametrize(("case", "a", "field", "words"), CASES, ids=[c[0] for c in CASES])
+def test_refused_with_one_clear_line(
+    tmp_path: Path, case: str, a: str, field: str, words: str
+) -> None:
+    cfg = write(tmp_path, a)
+    out = tmp_path / "out"
+    for args in (["validate", str(cfg)], ["render", str(cfg), "--out", str(out)]):
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 2, result.output
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1, lines
+        assert lines[0].startswith(f"{cfg}: {field}: "), lines[0]
+        assert words in lines[0]
+        assert "Traceback" not in result.output
+    assert not out.exists()
+
+
+def test_toml_syntax_error_names_line_and_column(tmp_path: Path) -> None:
+    cfg = tmp_path / "llamanix.toml"
+    cfg.write_text('[instances.a]\nmodel = "/m/t.gguf"\ncontext = = 3\n')
+    result = CliRunner().invoke(main, ["validate", str(cfg)])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == (
+        f"{cfg}: TOML syntax error: Invalid value (at line 3, column 11) "
+        "(fix the syntax at that line and column)"
+    )
+
+
+def test_several_problems_are_all_listed(tmp_path: Path) -> None:
+    cfg = write(tmp_path, H + 'context = 0\nflash_attn = "of"', 'variant = "ikk"')
+    result = CliRunner().invoke(main, ["validate", str(cfg)])
+    assert result.exit_code == 2
+    fields = [line.split(": ")[1] for line in result.stderr.strip().splitlines()]
+    assert fields == ["instances.a.context", "instances.a.flash_attn", "instances.b.variant"]
+
+
+def test_missing_file_and_a_directory(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["validate", str(tmp_path / "nope.toml")])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == f"{tmp_path / 'nope.toml'}: no such file (check the path)"
+
+
+def test_real_process_exit_code_and_no_traceback(tmp_path: Path) -> None:
+    cfg = write(tmp_path, H + 'variant = "upstrem"')
+    proc = subprocess.run(
+        [sys.executable, "-m", "llamanix", "validate", str(cfg)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+
+
+def test_render_bad_host_writes_nothing(tmp_path: Path) -> None:
+    cfg = write(tmp_path, H)
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, ["render", str(cfg), "--out", str(out), "--host", "gpu9"])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == (
+        f"{cfg}: --host: no host 'gpu9' in the config (did you mean 'gpu1'?)"
+    )
+    assert not out.exists()

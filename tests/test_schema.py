@@ -1,0 +1,57 @@
+"""The places that must agree with the schema (schema.py) do."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+
+from llamanix import schema
+from llamanix.gpus import load_gpus
+from llamanix.variants import VARIANTS
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_schema_json_is_current() -> None:
+    # The NixOS module builds its options from this file: regenerate with
+    # `llamanix schema --json > tools/llamanix/data/schema.json`.
+    shipped = resources.files("llamanix").joinpath("data/schema.json").read_text()
+    assert json.loads(shipped) == schema.schema_json()
+
+
+def test_readme_config_reference_is_current() -> None:
+    # Regenerate with `llamanix schema --markdown` and paste between the markers.
+    readme = (ROOT / "README.md").read_text()
+    begin, end = "<!-- schema:begin -->\n", "<!-- schema:end -->"
+    assert readme[readme.index(begin) + len(begin) : readme.index(end)].strip() == (
+        schema.schema_markdown().strip()
+    )
+
+
+def test_variant_enum_matches_the_registry() -> None:
+    assert set(schema.INSTANCE["variant"].values) == set(VARIANTS)
+
+
+def test_gpu_table_entries_are_complete() -> None:
+    gpus = load_gpus()
+    for name in (
+        "rtx3090",
+        "rtx3090ti",
+        "rtx4090",
+        "rtx5090",
+        "a100-40gb",
+        "a100-80gb",
+        "h100-pcie",
+        "h100-sxm",
+        "h200",
+        "l40s",
+        "b200",
+    ):
+        gpu = gpus[name]
+        assert gpu.bandwidth_gb_s > 0 and gpu.memory_gib > 0
+        assert gpu.compute_capability.replace(".", "").isdigit()
+    text = resources.files("llamanix").joinpath("data/gpus.toml").read_text()
+    # Every entry cites where its numbers come from.
+    for block in text.split("\n[")[1:]:
+        assert "\n# " in block, block.splitlines()[0]

@@ -1,0 +1,3 @@
+from llamanix.cli import main
+
+main()
