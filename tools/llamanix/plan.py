@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from llamanix import systemd_analyze
-from llamanix.config import Config, Instance
+from llamanix.config import Config, Host, Instance
+from llamanix.errors import UserError
 from llamanix.fsutil import atomic_write
 from llamanix.render import CapabilityMap, RenderedInstance, pick_host, render_host
 
@@ -49,6 +50,48 @@ def warnings_for(inst: Instance) -> list[str]:
     return out
 
 
+def fit_and_ceiling(inst: Instance, host: Host) -> dict[str, Any] | None:
+    """VRAM fit and decode ceiling, when the host names a GPU and the model file is readable."""
+    if host.gpu is None:
+        return None
+    from llamanix.ceiling import decode_ceiling_tok_s, gpu_memory_bytes, vram_breakdown
+    from llamanix.gguf_info import read_gguf
+    from llamanix.gpus import load_gpus
+
+    gpu = load_gpus()[host.gpu]
+    try:
+        model = read_gguf(Path(inst.model))
+        draft = (
+            read_gguf(Path(inst.speculative.draft_model))
+            if inst.speculative.draft_model and inst.speculative.enabled
+            else None
+        )
+    except UserError as err:
+        return {"gpu": gpu.name, "error": str(err.problems[0])}
+    context = inst.context or model.context_length or 4096
+    budget = vram_breakdown(
+        model, draft, context, inst.parallel or 1, inst.cache_type_k, inst.cache_type_v
+    )
+    memory = gpu_memory_bytes(gpu)
+    return {
+        "gpu": gpu.name,
+        "vram_bytes": budget.total,
+        "gpu_memory_bytes": memory,
+        "fits": budget.total <= memory,
+        "ceiling_tok_s": decode_ceiling_tok_s(gpu.bandwidth_gb_s, model.weight_bytes_per_token()),
+    }
+
+
+def fit_summary(fit: dict[str, Any] | None) -> str | None:
+    if fit is None:
+        return None
+    if "error" in fit:
+        return "model not readable"
+    used, total = fit["vram_bytes"] / 2**30, fit["gpu_memory_bytes"] / 2**30
+    verdict = "fits" if fit["fits"] else "DOES NOT FIT"
+    return f"{verdict} {used:.1f}/{total:.0f} GiB, <= {fit['ceiling_tok_s']:.0f} tok/s"
+
+
 def _exposure(rendered: RenderedInstance, tmp: Path) -> float | None:
     unit = tmp / rendered.unit
     atomic_write(unit, rendered.unit_text)
@@ -69,6 +112,7 @@ def plan_config(
             rows = []
             for r in render.instances:
                 inst = config.instances[r.name]
+                fit = fit_and_ceiling(inst, config.hosts[name])
                 rows.append(
                     {
                         "name": r.name,
@@ -80,6 +124,8 @@ def plan_config(
                         "gpu": r.gpu,
                         "security_exposure": _exposure(r, Path(tmp)) if measure else None,
                         "warnings": warnings_for(inst),
+                        "vram": fit,
+                        "fit": fit_summary(fit),
                     }
                 )
             out["hosts"][name] = {"kind": render.kind, "instances": rows}

@@ -1,0 +1,77 @@
+"""`llamanix plan` on the examples and on a config whose models exist."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from llamanix import systemd_analyze
+from llamanix.ceiling import decode_ceiling_tok_s
+from llamanix.cli import main
+from llamanix.gguf_info import read_gguf
+from llamanix.gpus import load_gpus
+from llamanix.synth import SynthSpec, synth_model
+
+EXAMPLES = sorted((Path(__file__).resolve().parent.parent / "examples").glob("*.toml"))
+
+
+def test_there_are_three_examples() -> None:
+    assert [p.name for p in EXAMPLES] == [
+        "rtx3090-qwen35b-a3b.toml", "rtx3090ti-qwen27b-mtp.toml", "rtx5090-qwen27b-draft.toml"
+    ]
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_examples_plan_cleanly(example: Path) -> None:
+    result = CliRunner().invoke(main, ["plan", "--json", str(example)])
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.stdout)
+    [host] = plan["hosts"].values()
+    [row] = host["instances"]
+    assert row["warnings"] == []
+    assert row["gpu"] is True
+    if systemd_analyze.available():
+        assert row["security_exposure"] <= 1.5
+    text = CliRunner().invoke(main, ["plan", str(example)])
+    assert text.exit_code == 0 and row["name"] in text.stdout
+
+
+def test_plan_reports_vram_fit_and_ceiling(tmp_path: Path) -> None:
+    model = synth_model(SynthSpec(), tmp_path / "t.gguf")
+    cfg = tmp_path / "llamanix.toml"
+    cfg.write_text(
+        '[hosts.h]\nkind = "systemd"\ngpu = "rtx3090"\n'
+        f'[instances.a]\nmodel = "{model}"\ncontext = 2048\n'
+        '[instances.a.speculative]\ntype = "draft"\n'
+        f'draft_model = "{model}"\n'
+    )
+    result = CliRunner().invoke(main, ["plan", "--json", "--no-security", str(cfg)])
+    assert result.exit_code == 0, result.output
+    row = json.loads(result.stdout)["hosts"]["h"]["instances"][0]
+    info = read_gguf(model)
+    gpu = load_gpus()["rtx3090"]
+    assert row["vram"]["fits"] is True
+    assert row["vram"]["gpu_memory_bytes"] == 24 * 2**30
+    assert row["vram"]["ceiling_tok_s"] == pytest.approx(
+        decode_ceiling_tok_s(gpu.bandwidth_gb_s, info.weight_bytes_per_token())
+    )
+    # The draft's weights and KV cache count too.
+    assert row["vram"]["vram_bytes"] > 2 * info.tensor_bytes
+
+
+def test_plan_warns_about_a_draft_that_is_never_loaded(tmp_path: Path) -> None:
+    cfg = tmp_path / "llamanix.toml"
+    cfg.write_text(
+        '[instances.a]\nmodel = "/m/t.gguf"\nlisten = "0.0.0.0"\n'
+        '[instances.a.speculative]\ndraft_model = "/m/d.gguf"\n'
+    )
+    result = CliRunner().invoke(main, ["plan", "--json", "--no-security", str(cfg)])
+    assert result.exit_code == 0, result.output
+    warnings = json.loads(result.stdout)["hosts"]["local"]["instances"][0]["warnings"]
+    assert warnings == [
+        "draft_model set but speculative.type = none: the draft is not loaded",
+        "listens on 0.0.0.0 without api_key_file: anyone who can reach it can use it",
+    ]
