@@ -83,8 +83,6 @@ class Instance:
     extra_args: tuple[str, ...] = ()
     environment: dict[str, str] = field(default_factory=dict)
     speculative: Speculative = field(default_factory=Speculative)
-    # Keys the user set (after [defaults] merging): lets the renderer tell absent from default.
-    given: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -413,10 +411,9 @@ def _parse_instance(
             )
 
     spec = Speculative(**spec_values)
-    given = frozenset(k for k in merged if k != "speculative")
     fields = {k: v for k, v in values.items() if k != "model"}
     return Instance(
-        name=name, model=model, speculative=spec, given=given, **{**fields, "host": host}
+        name=name, model=model, speculative=spec, **{**fields, "host": host}
     )
 
 
