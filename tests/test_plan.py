@@ -20,7 +20,9 @@ EXAMPLES = sorted((Path(__file__).resolve().parent.parent / "examples").glob("*.
 
 def test_there_are_three_examples() -> None:
     assert [p.name for p in EXAMPLES] == [
-        "rtx3090-qwen35b-a3b.toml", "rtx3090ti-qwen27b-mtp.toml", "rtx5090-qwen27b-draft.toml"
+        "rtx3090-qwen35b-a3b.toml",
+        "rtx3090ti-qwen27b-mtp.toml",
+        "rtx5090-qwen27b-draft.toml",
     ]
 
 
@@ -75,3 +77,25 @@ def test_plan_warns_about_a_draft_that_is_never_loaded(tmp_path: Path) -> None:
         "draft_model set but speculative.type = none: the draft is not loaded",
         "listens on 0.0.0.0 without api_key_file: anyone who can reach it can use it",
     ]
+
+
+def test_plan_shows_the_pinned_revision_from_flake_lock(tmp_path: Path) -> None:
+    cfg = tmp_path / "llamanix.toml"
+    cfg.write_text('[instances.a]\nmodel = "/m/t.gguf"\nvariant = "ik"\n')
+    (tmp_path / "flake.lock").write_text(
+        json.dumps(
+            {
+                "nodes": {
+                    "root": {"inputs": {"ik-llama-cpp": "ik"}},
+                    "ik": {"locked": {"rev": "8337e4cd3861406fc04e0854b1409cd1b027fbc9"}},
+                },
+                "root": "root",
+                "version": 7,
+            }
+        )
+    )
+    result = CliRunner().invoke(main, ["plan", "--json", "--no-security", str(cfg)])
+    row = json.loads(result.stdout)["hosts"]["local"]["instances"][0]
+    assert row["pinned_revision"] == "8337e4cd3861406fc04e0854b1409cd1b027fbc9"
+    text = CliRunner().invoke(main, ["plan", "--no-security", str(cfg)])
+    assert "@8337e4c" in text.stdout

@@ -10,7 +10,9 @@ from llamanix import systemd_analyze
 from llamanix.config import Config, Host, Instance
 from llamanix.errors import UserError
 from llamanix.fsutil import atomic_write
+from llamanix.nix import locked_revisions
 from llamanix.render import CapabilityMap, RenderedInstance, pick_host, render_host
+from llamanix.variants import VARIANTS
 
 
 def speculative_summary(inst: Instance) -> str:
@@ -99,12 +101,18 @@ def _exposure(rendered: RenderedInstance, tmp: Path) -> float | None:
 
 
 def plan_config(
-    config: Config, caps: CapabilityMap, host: str | None = None, security: bool = True
+    config: Config,
+    caps: CapabilityMap,
+    host: str | None = None,
+    security: bool = True,
+    flake_dir: Path | None = None,
 ) -> dict[str, Any]:
+    """``flake_dir`` holds the flake.lock whose pins are shown (default: beside the config)."""
     hosts = (
         [pick_host(config, host)] if host else [h for h in config.hosts if config.instances_on(h)]
     )
     measure = security and systemd_analyze.available()
+    pins = locked_revisions(flake_dir or Path(config.source).resolve().parent)
     out: dict[str, Any] = {"config": config.source, "hosts": {}}
     with tempfile.TemporaryDirectory(prefix="llamanix-plan-") as tmp:
         for name in hosts:
@@ -117,6 +125,7 @@ def plan_config(
                     {
                         "name": r.name,
                         "variant": r.variant,
+                        "pinned_revision": pins.get(VARIANTS[r.variant].flake_input or "nixpkgs"),
                         "address": f"{r.listen}:{r.port}",
                         "speculative": speculative_summary(inst),
                         "argv": r.argv,

@@ -98,21 +98,32 @@ def argv_cmd(config: Path, instance: str, variant: str | None, capabilities: str
 @click.option("--host", help="Only this host.")
 @_capability_option(multiple=True)
 @click.option("--no-security", is_flag=True, help="Skip the systemd-analyze exposure score.")
+@click.option(
+    "--flake",
+    "flake_dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    help="Directory of the flake.lock whose pins to show (default: the config's).",
+)
 @JSON_FLAG
 def plan(
     config: Path,
     host: str | None,
     capabilities: tuple[str, ...],
     no_security: bool,
+    flake_dir: Path | None,
     as_json: bool,
 ) -> None:
     """Per host: each instance's variant, address, speculation and command line."""
     cfg = load_config(config)
-    result = plan_config(cfg, _load_caps(capabilities), host, security=not no_security)
+    result = plan_config(
+        cfg, _load_caps(capabilities), host, security=not no_security, flake_dir=flake_dir
+    )
     if as_json:
         _echo_json(result)
         return
     console = Console(soft_wrap=True)
+    if not console.is_terminal:
+        console.width = 160  # a pipe or a log has no width; don't squeeze it to 80 columns
     for host_name, host_plan in result["hosts"].items():
         table = Table(title=f"host {host_name} ({host_plan['kind']})")
         for column in (
@@ -128,7 +139,7 @@ def plan(
             exposure = row["security_exposure"]
             table.add_row(
                 row["name"],
-                row["variant"],
+                row["variant"] + (f" @{pin[:7]}" if (pin := row["pinned_revision"]) else ""),
                 row["address"],
                 row["speculative"],
                 row.get("fit") or "-",

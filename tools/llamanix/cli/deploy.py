@@ -1,9 +1,206 @@
-"""llamanix CLI commands: deploy."""
+"""llamanix CLI commands: deploy (up, switch, rollback, generations, pin)."""
 
 from __future__ import annotations
 
+import json
+import sys
+from pathlib import Path
+
 import click
+from rich.console import Console
+from rich.table import Table
+
+from llamanix import deploy
+from llamanix.config import load_config
+from llamanix.generations import HostState
+from llamanix.process import Runner
+from llamanix.render import pick_host, render_host
+from llamanix.supervisor import DEFAULT_START_TIMEOUT_S, Supervisor
+
+CONFIG_PATH = click.Path(path_type=Path, dir_okay=False)
+
+
+def _echo(line: str) -> None:
+    click.echo(line)
+
+
+def _manager_options(f: click.decorators.FC) -> click.decorators.FC:
+    f = click.option(
+        "--units-dir",
+        type=click.Path(path_type=Path, file_okay=False),
+        help="Where units are installed (default: /etc/systemd/system, "
+        "~/.config/systemd/user, or .llamanix-state/HOST/up for --manager up).",
+    )(f)
+    return click.option(
+        "--manager",
+        type=click.Choice(deploy.MANAGERS),
+        help="Override the host's kind: 'up' installs into the directory a running "
+        "`llamanix up` watches (no systemd needed).",
+    )(f)
+
+
+@click.command()
+@click.argument("config", type=CONFIG_PATH)
+@click.option("--host", help="Host to run (may be left out when the config has one).")
+@click.option(
+    "--units-dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    help="Render directory to run and watch (default: .llamanix-state/HOST/up beside CONFIG).",
+)
+@click.option(
+    "--start-timeout",
+    type=float,
+    default=DEFAULT_START_TIMEOUT_S,
+    show_default=True,
+    help="Seconds an instance may take to answer /health before the start counts as failed.",
+)
+def up(config: Path, host: str | None, units_dir: Path | None, start_timeout: float) -> None:
+    """Run a host's instances in the foreground, restarting them like their units say.
+
+    The config is rendered into the units directory, then that directory is watched:
+    `llamanix switch --manager up` writes a new render there and the instances whose
+    command line changed are restarted. Ctrl-C stops them all.
+    """
+    cfg = load_config(config)
+    name = pick_host(cfg, host)
+    directory = units_dir or HostState.beside(config, name).root / "up"
+    supervisor = Supervisor(directory, start_timeout_s=start_timeout, log=_echo)
+    supervisor.claim()
+    render = render_host(cfg, name)
+    deploy.fill_source_revisions(render, cfg, "up")
+    manager = deploy.UpManager(directory)
+    deploy.install_files(
+        Runner(echo=_echo), directory, render.files(), manager.installed(), deploy.is_render_file
+    )
+    click.echo(f"up: {len(render.instances)} instance(s) of host {name} from {directory}")
+    supervisor.run()
+
+
+@click.command()
+@click.argument("config", type=CONFIG_PATH)
+@click.option("--host", required=True, help="Host to switch, or 'all' (in config order).")
+@click.option(
+    "--set",
+    "sets",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Change the config first, e.g. instances.qwen.variant=ik (repeatable).",
+)
+@click.option("--gate", type=click.Choice(["health", "smoke", "bench"]),
+              help="What a changed instance must pass (default: health; bench with a threshold).")
+@click.option("--min-tok-s", type=float, help="bench gate: minimum decode tok/s.")
+@click.option("--max-regression", type=float, metavar="PCT",
+              help="bench gate: maximum drop in % against the instance's last good bench.")
+@click.option("--timeout", "timeout_s", type=float, default=120.0, show_default=True,
+              help="Seconds each instance may take to become healthy.")
+@click.option("--dry-run", is_flag=True, help="Print the commands a real run would execute.")
+@_manager_options
+def switch(
+    config: Path,
+    host: str,
+    sets: tuple[str, ...],
+    gate: str | None,
+    min_tok_s: float | None,
+    max_regression: float | None,
+    timeout_s: float,
+    dry_run: bool,
+    manager: str | None,
+    units_dir: Path | None,
+) -> None:
+    """Change what a host runs, gate it, and roll back when the gate fails (exit 1)."""
+    opts = deploy.SwitchOptions(
+        sets=sets, gate=gate, min_tok_s=min_tok_s, max_regression=max_regression,
+        timeout_s=timeout_s, dry_run=dry_run, manager=manager, units_dir=units_dir,
+    )
+    outcomes = deploy.switch(config, host, opts, Runner(dry_run=dry_run, echo=_echo), _echo)
+    if len(outcomes) > 1 or host == "all":
+        table = Table(title="switch summary")
+        for column in ("host", "result", "generation", "changed", "detail"):
+            table.add_column(column)
+        for o in outcomes:
+            table.add_row(o.host, o.result, str(o.generation or "-"), ", ".join(o.changed),
+                          o.detail)
+        Console().print(table)
+    for o in outcomes:
+        if not o.ok:
+            click.echo(f"llamanix: switch of {o.host} failed: {o.detail}", err=True)
+            sys.exit(1)
+
+
+@click.command()
+@click.argument("config", type=CONFIG_PATH, default="llamanix.toml")
+@click.option("--host", help="Host to roll back (may be left out when the config has one).")
+@click.option("--to", "to", type=int, metavar="N", help="Generation number (default: the "
+              "newest good one before the current).")
+@click.option("--timeout", "timeout_s", type=float, default=120.0, show_default=True)
+@click.option("--dry-run", is_flag=True, help="Print the commands a real run would execute.")
+@_manager_options
+def rollback(
+    config: Path, host: str | None, to: int | None, timeout_s: float, dry_run: bool,
+    manager: str | None, units_dir: Path | None,
+) -> None:
+    """Serve an earlier generation again (and put its config back)."""
+    gen = deploy.rollback(config, host, to, Runner(dry_run=dry_run, echo=_echo), _echo,
+                          manager, units_dir, timeout_s)
+    if not dry_run:
+        click.echo(f"now serving generation {gen.number}")
+
+
+@click.command()
+@click.argument("config", type=CONFIG_PATH, default="llamanix.toml")
+@click.option("--host", help="Host (may be left out when the config has one).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def generations(config: Path, host: str | None, as_json: bool) -> None:
+    """List a host's generations: date, variant and source revision per instance, gate."""
+    cfg = load_config(config)
+    state = HostState.beside(config, pick_host(cfg, host))
+    current = state.current()
+    rows = []
+    for gen in state.generations():
+        result = gen.result
+        rows.append({
+            "number": gen.number,
+            "current": current is not None and current.number == gen.number,
+            "date": result.get("date"),
+            "instances": result.get("instances", {}),
+            "gate": result.get("gate", {}),
+            "rollback": result.get("rollback"),
+        })
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    table = Table(title=f"generations of {state.host}")
+    for column in ("#", "date", "instances (variant @ revision)", "gate"):
+        table.add_column(column)
+    for row in rows:
+        instances = "\n".join(
+            f"{n}: {e.get('variant')} @ {(e.get('source_revision') or 'unknown')[:12]}"
+            for n, e in sorted(row["instances"].items())
+        )
+        gate = row["gate"]
+        verdict = f"{gate.get('kind', '')} {gate.get('result', 'unknown')}".strip()
+        table.add_row(f"{row['number']}{' *' if row['current'] else ''}", str(row["date"]),
+                      instances, verdict)
+    Console().print(table)
+
+
+@click.command()
+@click.argument("variant")
+@click.argument("rev", required=False)
+@click.option("--latest", is_flag=True, help="Lock the input's newest commit.")
+@click.option("--flake", "flake_dir", type=click.Path(path_type=Path, file_okay=False),
+              default=".", show_default=True, help="The llamanix flake (with flake.lock).")
+@click.option("--dry-run", is_flag=True, help="Print the command instead of running it.")
+def pin(variant: str, rev: str | None, latest: bool, flake_dir: Path, dry_run: bool) -> None:
+    """Pin a variant's flake input to REV (or --latest); `plan` shows the pins."""
+    flake_input = deploy.pin(variant, rev, latest, flake_dir, Runner(dry_run=dry_run, echo=_echo))
+    if not dry_run:
+        from llamanix.nix import locked_revisions
+
+        click.echo(f"{variant}: {flake_input} = {locked_revisions(flake_dir).get(flake_input)}")
 
 
 def register(group: click.Group) -> None:
     """Add this module's commands to the main group."""
+    for command in (up, switch, rollback, generations, pin):
+        group.add_command(command)

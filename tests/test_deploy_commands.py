@@ -1,0 +1,277 @@
+"""Exact command lines of switch / rollback / pin, asserted with recording stand-ins on PATH.
+
+nixos-rebuild, nix and systemctl cannot run here: stand-ins record their argv (and working
+directory) as JSON lines, like nixos-rebuild-ng's tests assert ``subprocess.run`` calls. The
+gates run for real: where nothing listens on the instance's port, the gate really fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from llamanix.cli import main
+from llamanix.deploy import apply_sets
+from llamanix.server_process import free_port
+
+STANDIN = """#!{python}
+import json, os, sys
+with open(os.environ["LLAMANIX_RECORD"], "a") as fh:
+    fh.write(json.dumps({{"argv": [os.path.basename(sys.argv[0]), *sys.argv[1:]],
+                         "cwd": os.getcwd()}}) + "\\n")
+sys.exit(int(os.environ.get("STANDIN_EXIT_" + os.path.basename(sys.argv[0]).replace("-", "_"),
+                            "0")))
+"""
+
+
+@pytest.fixture
+def recorder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    bin_dir = tmp_path / "standins"
+    bin_dir.mkdir()
+    for name in ("nixos-rebuild", "nix", "systemctl"):
+        path = bin_dir / name
+        path.write_text(STANDIN.format(python=sys.executable))
+        path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    record = tmp_path / "record.jsonl"
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("LLAMANIX_RECORD", str(record))
+    return record
+
+
+def recorded(record: Path) -> list[dict[str, object]]:
+    if not record.exists():
+        return []
+    return [json.loads(line) for line in record.read_text().splitlines()]
+
+
+def argvs(record: Path) -> list[list[str]]:
+    return [list(r["argv"]) for r in recorded(record)]  # type: ignore[call-overload]
+
+
+def cli(*args: str) -> Result:
+    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+
+def write_config(d: Path, kind: str, port: int, target: str | None = None,
+                 binary: str = "/opt/llama/bin/llama-server") -> Path:
+    (d / "flake.nix").write_text("{ outputs = _: { }; }\n")
+    host_extra = f'target = "{target}"\n' if target else ""
+    path = d / "llamanix.toml"
+    path.write_text(
+        "# my GPU box\n"
+        f'[hosts.gpu1]\nkind = "{kind}"\n{host_extra}'
+        f'binaries = {{ upstream = "{binary}" }}\n\n'
+        f'[instances.qwen]\nmodel = "/srv/models/q.gguf"  # the big one\nport = {port}\n'
+        "context = 4096\n"
+    )
+    return path
+
+
+def no_temp_files(d: Path) -> list[Path]:
+    return [p for p in d.rglob("*") if p.name.endswith(".tmp")]
+
+
+def test_nixos_failed_gate_rolls_back_on_the_same_target(tmp_path: Path, recorder: Path) -> None:
+    config = write_config(tmp_path, "nixos", free_port(), target="root@127.0.0.1")
+    before = config.read_text()
+    result = cli("switch", str(config), "--host", "gpu1", "--set", "instances.qwen.variant=ik",
+                 "--timeout", "1")
+    assert result.exit_code == 1, result.output
+    remote = ["--target-host", "root@127.0.0.1", "--use-remote-sudo"]
+    assert argvs(recorder) == [
+        ["nixos-rebuild", "switch", "--flake", ".#gpu1", *remote],
+        ["nixos-rebuild", "switch", "--rollback", *remote],
+    ]
+    assert {r["cwd"] for r in recorded(recorder)} == {str(tmp_path)}
+    assert config.read_text() == before  # the rejected change is not left in the config
+    assert not no_temp_files(tmp_path)
+    gens = json.loads(cli("generations", str(config), "--host", "gpu1", "--json").output)
+    assert [g["gate"]["result"] for g in gens] == ["failed"]
+    assert gens[0]["instances"]["qwen"]["variant"] == "ik"
+
+
+def test_nixos_local_host_has_no_target_flags(tmp_path: Path, recorder: Path) -> None:
+    config = write_config(tmp_path, "nixos", free_port())
+    result = cli("switch", str(config), "--host", "gpu1", "--set", "instances.qwen.context=8192",
+                 "--timeout", "1")
+    assert result.exit_code == 1
+    assert argvs(recorder) == [
+        ["nixos-rebuild", "switch", "--flake", ".#gpu1"],
+        ["nixos-rebuild", "switch", "--rollback"],
+    ]
+
+
+def test_nixos_rebuild_failure_is_not_rolled_back(tmp_path: Path, recorder: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    # A failed build never activated anything: --rollback would go one generation too far.
+    monkeypatch.setenv("STANDIN_EXIT_nixos_rebuild", "1")
+    config = write_config(tmp_path, "nixos", free_port())
+    before = config.read_text()
+    result = cli("switch", str(config), "--host", "gpu1", "--set", "instances.qwen.context=8192")
+    assert result.exit_code == 1
+    assert argvs(recorder) == [["nixos-rebuild", "switch", "--flake", ".#gpu1"]]
+    assert config.read_text() == before
+
+
+def test_dry_run_prints_exactly_the_commands_and_runs_nothing(
+    tmp_path: Path, recorder: Path
+) -> None:
+    config = write_config(tmp_path, "nixos", free_port(), target="admin@gpu1.lan")
+    before = config.read_text()
+    result = cli("switch", str(config), "--host", "gpu1", "--set", "instances.qwen.variant=ik",
+                 "--dry-run")
+    assert result.exit_code == 0, result.output
+    commands = [line for line in result.output.splitlines() if line.startswith("(cd ")]
+    assert commands == [
+        f"(cd {tmp_path} && nixos-rebuild switch --flake '.#gpu1' --target-host admin@gpu1.lan "
+        "--use-remote-sudo)"
+    ]
+    assert f"# write {config}" in result.output
+    assert recorded(recorder) == []
+    assert config.read_text() == before
+    assert not (tmp_path / ".llamanix-state").exists()
+
+
+def test_systemd_switch_installs_restarts_and_restores(tmp_path: Path, recorder: Path) -> None:
+    units = tmp_path / "units"
+    config = write_config(tmp_path, "systemd", free_port())
+    # A first switch installs the unit; nothing answers on the port, so it is removed again.
+    first = cli("switch", str(config), "--host", "gpu1", "--units-dir", str(units),
+                "--timeout", "1")
+    assert first.exit_code == 1
+    assert argvs(recorder) == [
+        ["systemctl", "daemon-reload"],
+        ["systemctl", "enable", "llamanix-qwen.service"],
+        ["systemctl", "restart", "llamanix-qwen.service"],
+        ["systemctl", "disable", "--now", "llamanix-qwen.service"],
+        ["systemctl", "daemon-reload"],
+    ]
+    assert list(units.iterdir()) == []
+
+
+def test_systemd_change_restores_the_previous_unit(tmp_path: Path, recorder: Path) -> None:
+    units = tmp_path / "units"
+    config = write_config(tmp_path, "systemd", free_port())
+    dry = cli("render", str(config), "--out", str(tmp_path / "r"))
+    assert dry.exit_code == 0, dry.output
+    units.mkdir()
+    old_unit = (tmp_path / "r" / "llamanix-qwen.service").read_text()
+    (units / "llamanix-qwen.service").write_text(old_unit)  # what an earlier install left
+    result = cli("switch", str(config), "--host", "gpu1", "--units-dir", str(units),
+                 "--set", "instances.qwen.context=8192", "--timeout", "1")
+    assert result.exit_code == 1
+    assert argvs(recorder) == [
+        ["systemctl", "daemon-reload"],
+        ["systemctl", "restart", "llamanix-qwen.service"],
+        ["systemctl", "daemon-reload"],
+        ["systemctl", "restart", "llamanix-qwen.service"],
+    ]
+    assert (units / "llamanix-qwen.service").read_text() == old_unit
+    gens = json.loads(cli("generations", str(config), "--json").output)
+    assert [(g["number"], g["gate"]["result"], g["current"]) for g in gens] == [
+        (1, "unverified", True),
+        (2, "failed", False),
+    ]
+    assert not no_temp_files(tmp_path)
+
+
+def test_systemd_user_uses_user_manager(tmp_path: Path, recorder: Path) -> None:
+    units = tmp_path / "user-units"
+    config = write_config(tmp_path, "systemd-user", free_port())
+    result = cli("switch", str(config), "--host", "gpu1", "--units-dir", str(units), "--dry-run")
+    assert result.exit_code == 0, result.output
+    commands = [line for line in result.output.splitlines() if line.startswith("systemctl")]
+    assert commands == [
+        "systemctl --user daemon-reload",
+        "systemctl --user enable llamanix-qwen.service",
+        "systemctl --user restart llamanix-qwen.service",
+    ]
+    assert f"# write {units / 'llamanix-qwen.service'}" in result.output
+    assert recorded(recorder) == []
+    assert not units.exists()
+
+
+def test_rollback_on_nixos_runs_nixos_rebuild_rollback(tmp_path: Path, recorder: Path) -> None:
+    config = write_config(tmp_path, "nixos", free_port(), target="root@127.0.0.1")
+    cli("switch", str(config), "--host", "gpu1", "--set", "instances.qwen.context=8192",
+        "--timeout", "1")
+    # Generation 1 failed; --to names it anyway (the user's call): config back, rebuild.
+    recorder.unlink()
+    result = cli("rollback", str(config), "--host", "gpu1", "--to", "1", "--dry-run")
+    assert result.exit_code == 0, result.output
+    assert "nixos-rebuild switch --flake '.#gpu1' --target-host root@127.0.0.1" in result.output
+    no_to = cli("rollback", str(config), "--host", "gpu1")
+    assert no_to.exit_code == 2
+    assert "no earlier good generation" in no_to.output
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["upstream", "--latest"], ["nix", "flake", "lock", "--update-input",
+                                    "llama-cpp-upstream"]),
+        (["ik", "0123abcd"], ["nix", "flake", "lock", "--override-input", "ik-llama-cpp",
+                              "github:ikawrakow/ik_llama.cpp/0123abcd"]),
+        (["mtp", "ebe4fca"], ["nix", "flake", "lock", "--override-input", "llama-cpp-mtp",
+                              "github:am17an/llama.cpp/ebe4fca"]),
+        (["nixpkgs", "--latest"], ["nix", "flake", "lock", "--update-input", "nixpkgs"]),
+    ],
+)
+def test_pin(tmp_path: Path, recorder: Path, args: list[str], expected: list[str]) -> None:
+    (tmp_path / "flake.nix").write_text("{ }\n")
+    result = cli("pin", *args, "--flake", str(tmp_path))
+    assert result.exit_code == 0, result.output
+    assert recorded(recorder) == [{"argv": expected, "cwd": str(tmp_path)}]
+
+
+def test_bad_set_value_is_one_line_and_writes_nothing(tmp_path: Path, recorder: Path) -> None:
+    config = write_config(tmp_path, "nixos", free_port())
+    before = config.read_text()
+    result = CliRunner().invoke(main, ["switch", str(config), "--host", "gpu1", "--set",
+                                       "instances.qwen.variant=ikk"])
+    assert result.exit_code == 2
+    assert result.output.strip().splitlines() == [
+        f"{config}: instances.qwen.variant: unknown value 'ikk' (did you mean 'ik'?)"
+    ]
+    assert config.read_text() == before
+    assert recorded(recorder) == []
+    assert not (tmp_path / ".llamanix-state").exists()
+
+
+def test_set_keeps_comments_and_layout(tmp_path: Path) -> None:
+    config = write_config(tmp_path, "nixos", 8080)
+    text = apply_sets(config, config.read_text(), (
+        "instances.qwen.context=8192",
+        "instances.qwen.speculative.type=ngram-simple",
+        "instances.qwen.alias=qwen-27b",
+    ))
+    assert "# my GPU box" in text and "# the big one" in text
+    data = tomllib.loads(text)
+    assert data["instances"]["qwen"]["context"] == 8192
+    assert data["instances"]["qwen"]["alias"] == "qwen-27b"
+    assert data["instances"]["qwen"]["speculative"] == {"type": "ngram-simple"}
+
+
+def test_switch_all_stops_at_the_first_failed_host(tmp_path: Path, recorder: Path) -> None:
+    (tmp_path / "flake.nix").write_text("{ }\n")
+    config = tmp_path / "llamanix.toml"
+    p1, p2 = free_port(), free_port()
+    config.write_text(
+        '[hosts.a]\nkind = "nixos"\n[hosts.b]\nkind = "nixos"\n'
+        f'[instances.x]\nhost = "a"\nmodel = "/m/x.gguf"\nport = {p1}\n'
+        f'[instances.y]\nhost = "b"\nmodel = "/m/y.gguf"\nport = {p2}\n'
+    )
+    result = cli("switch", str(config), "--host", "all", "--timeout", "1")
+    assert result.exit_code == 1
+    assert argvs(recorder) == [
+        ["nixos-rebuild", "switch", "--flake", ".#a"],
+        ["nixos-rebuild", "switch", "--rollback"],
+    ]
+    assert "switch summary" in result.output

@@ -1,0 +1,177 @@
+"""The deploy loop for real: ``llamanix up`` as the service manager, the real llama-server,
+real HTTP. A switch that passes its gate is kept; a new variant that cannot start and one
+slower than --min-tok-s are rolled back, and each time the previous generation answers again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from llamanix.server_process import free_port
+
+pytestmark = pytest.mark.server
+
+DEADLINE_S = 120.0
+
+
+def llamanix(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "llamanix", *args], cwd=cwd, capture_output=True, text=True,
+        timeout=300, check=False,
+    )
+
+
+def n_ctx(url: str) -> int:
+    props = httpx.get(f"{url}/props", timeout=10).json()
+    return int(props["default_generation_settings"]["n_ctx"])
+
+
+def serving(url: str) -> bool:
+    health = httpx.get(f"{url}/health", timeout=10)
+    chat = httpx.post(f"{url}/v1/chat/completions", timeout=60, json={
+        "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+    return health.status_code == 200 and chat.status_code == 200 and bool(chat.json()["choices"])
+
+
+def status(units: Path) -> dict[str, Any]:
+    try:
+        data: dict[str, Any] = json.loads((units / "up-status.json").read_text())
+        return data
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+
+
+def settled_files(d: Path) -> None:
+    """No half-written file anywhere: no temp files left, every JSON file parses."""
+    assert [p for p in d.rglob("*") if p.name.endswith(".tmp")] == []
+    for p in d.rglob("*.json"):
+        json.loads(p.read_text())
+
+
+@pytest.fixture
+def deploy_dir(tmp_path: Path, llama_server_bin: Path, synth_models: Any) -> Path:
+    port = free_port()
+    (tmp_path / "llamanix.toml").write_text(
+        "# a machine without systemd\n"
+        '[hosts.dev]\nkind = "systemd"\n'
+        f'binaries = {{ upstream = "{llama_server_bin}", '
+        f'ik = "{tmp_path}/missing/llama-server" }}\n'
+        "\n[instances.chat]\n"
+        f'model = "{synth_models.target}"\nport = {port}\ncontext = 512\nthreads = 1\n'
+        'alias = "synthetic"\n'
+    )
+    return tmp_path
+
+
+@pytest.fixture
+def up(deploy_dir: Path) -> Iterator[subprocess.Popen[str]]:
+    units = deploy_dir / ".llamanix-state" / "dev" / "up"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "llamanix", "up", "llamanix.toml", "--host", "dev"],
+        cwd=deploy_dir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + DEADLINE_S
+        while status(units).get("instances", {}).get("chat", {}).get("state") != "running":
+            assert proc.poll() is None, proc.communicate()[0]
+            assert time.monotonic() < deadline, "llamanix up did not start the instance"
+            time.sleep(0.1)
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def test_switch_gate_and_rollback_with_up(deploy_dir: Path, up: subprocess.Popen[str]) -> None:
+    config = deploy_dir / "llamanix.toml"
+    units = deploy_dir / ".llamanix-state" / "dev" / "up"
+    url = status(units)["instances"]["chat"]["url"]
+    assert n_ctx(url) == 512
+    first_pid = status(units)["instances"]["chat"]["pid"]
+
+    # 1. A switch that passes the smoke gate (health, chat, /metrics): the new generation serves.
+    ok = llamanix("switch", "llamanix.toml", "--host", "dev", "--manager", "up",
+                  "--set", "instances.chat.context=1024", "--gate", "smoke", cwd=deploy_dir)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert n_ctx(url) == 1024 and serving(url)
+    assert status(units)["instances"]["chat"]["pid"] != first_pid
+    good_config = config.read_text()
+    good_units = {p.name: p.read_text() for p in units.glob("llamanix-*.service")}
+
+    # 2. The new variant's binary cannot start: rolled back, the previous generation serves.
+    broken = llamanix("switch", "llamanix.toml", "--host", "dev", "--manager", "up",
+                      "--set", "instances.chat.variant=ik", "--timeout", "60", cwd=deploy_dir)
+    assert broken.returncode == 1, broken.stdout + broken.stderr
+    assert "did not start" in broken.stderr
+    assert serving(url) and n_ctx(url) == 1024
+    assert config.read_text() == good_config
+    assert {p.name: p.read_text() for p in units.glob("llamanix-*.service")} == good_units
+    settled_files(deploy_dir)
+
+    # 3. Slower than --min-tok-s (no CPU decodes 1e9 tok/s): rolled back, previous serves.
+    slow = llamanix("switch", "llamanix.toml", "--host", "dev", "--manager", "up",
+                    "--set", "instances.chat.context=2048", "--min-tok-s", "1e9", cwd=deploy_dir)
+    assert slow.returncode == 1, slow.stdout + slow.stderr
+    assert "below --min-tok-s" in slow.stderr
+    assert serving(url) and n_ctx(url) == 1024
+    assert config.read_text() == good_config
+    settled_files(deploy_dir)
+
+    # 4. The record: what was tried, and the gate's verdict on each.
+    listing = llamanix("generations", "llamanix.toml", "--host", "dev", "--json", cwd=deploy_dir)
+    gens = json.loads(listing.stdout)
+    assert [(g["gate"].get("kind"), g["gate"]["result"]) for g in gens] == [
+        (None, "unverified"), ("smoke", "passed"), ("health", "failed"), ("bench", "failed"),
+    ]
+    assert [g["current"] for g in gens] == [False, True, False, False]
+    assert gens[2]["instances"]["chat"]["variant"] == "ik"
+    assert gens[1]["instances"]["chat"]["source_revision"]  # read from the binary's --version
+
+    # 5. Rollback to the first generation: its config and its server come back.
+    back = llamanix("rollback", "llamanix.toml", "--host", "dev", cwd=deploy_dir)
+    assert back.returncode == 0, back.stdout + back.stderr
+    assert n_ctx(url) == 512 and serving(url)
+    assert 'context = 512' in config.read_text()
+
+    # Ctrl-C stops everything `up` started.
+    pid = status(units)["instances"]["chat"]["pid"]
+    up.send_signal(signal.SIGINT)
+    assert up.wait(timeout=30) == 0
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    assert not (units / "up-status.json").exists()
+
+
+def test_up_restarts_a_crashed_instance(deploy_dir: Path, up: subprocess.Popen[str]) -> None:
+    units = deploy_dir / ".llamanix-state" / "dev" / "up"
+    # The rendered unit says Restart=on-failure, RestartSec=10s: a SIGKILL is a failure.
+    unit = units / "llamanix-chat.service"
+    before = status(units)["instances"]["chat"]
+    assert before["starts"] == 1
+    os.kill(int(before["pid"]), signal.SIGKILL)
+    deadline = time.monotonic() + DEADLINE_S
+    while True:
+        now = status(units)["instances"]["chat"]
+        if now["state"] == "running" and now["starts"] == 2:
+            break
+        assert time.monotonic() < deadline, now
+        time.sleep(0.2)
+    assert "Restart=on-failure" in unit.read_text()
+    assert serving(now["url"])
