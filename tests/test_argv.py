@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+
 from llamanix.argv import instance_argv
 from llamanix.config import parse_config
 from llamanix.errors import UserError

@@ -8,6 +8,7 @@ from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from llamanix import schema
 from llamanix.argv import instance_argv
 from llamanix.config import parse_config

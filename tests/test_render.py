@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+
 from llamanix import systemd_analyze
 from llamanix.cli import main
 from llamanix.config import parse_config

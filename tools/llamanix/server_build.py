@@ -413,12 +413,24 @@ def vocab_dir(progress: bool = False) -> Path:
     return ensure_source(progress).models
 
 
+def vocab_names(progress: bool = False) -> list[str]:
+    """Names accepted by vocab_file(): llama-spm, gpt-2, qwen2, ..."""
+    prefix, suffix = "ggml-vocab-", ".gguf"
+    found = vocab_dir(progress).glob(f"{prefix}*{suffix}")
+    return sorted(p.name[len(prefix) : -len(suffix)] for p in found)
+
+
 def vocab_file(name: str, progress: bool = False) -> Path:
     """``vocab_file("llama-spm")`` -> .../models/ggml-vocab-llama-spm.gguf."""
     path = vocab_dir(progress) / f"ggml-vocab-{name}.gguf"
     if not path.is_file():
         raise UserError(
-            Problem(str(path.parent), name, "no such vocab file", "see ggml-vocab-*.gguf there")
+            Problem(
+                "synth-model",
+                "--vocab",
+                f"no vocab file named {name!r}",
+                f"use a path or one of: {', '.join(vocab_names())}",
+            )
         )
     return path
 
@@ -427,7 +439,7 @@ def main() -> None:
     """``python -m llamanix.server_build``: the same as ``llamanix build-server``."""
     from llamanix.cli import main as cli
 
-    cli(["build-server", *sys.argv[1:]], prog_name="build-llama-server")
+    cli(["build-server", *sys.argv[1:]], prog_name="llamanix")
 
 
 if __name__ == "__main__":

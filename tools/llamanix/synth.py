@@ -12,6 +12,11 @@ Two properties decide what a synthetic model is good for:
   model is unsure of everything and a draft never drafts, even draft = target. Scaling the
   output projection to std 1.0 (``output_scale``, the default) makes it confident, so
   draft = target drafts and is accepted.
+- n-gram drafters (ngram-simple, -mod, -cache, -map-k) only draft when the text repeats.
+  Token embeddings at std 1.0 (``embd_scale``, the default) drown out the small attention
+  and FFN contributions, so the next token depends almost only on the current one: greedy
+  output falls into a cycle (84 tokens long for the defaults) within a few hundred tokens,
+  and a prompt made of that output gives every n-gram drafter something to match.
 
 Same arguments, same bytes: nothing depends on time, paths or the machine.
 """
@@ -50,6 +55,7 @@ class SynthSpec:
     seed: int = 0
     type: str = "f16"
     output_scale: float = 1.0
+    embd_scale: float = 1.0
 
     @property
     def head_dim(self) -> int:
@@ -64,7 +70,8 @@ def check_spec(spec: SynthSpec) -> None:
     for name in ("layers", "embd", "ff", "heads", "kv_heads", "context"):
         if getattr(spec, name) < 1:
             flag = "--" + name.replace("_", "-")
-            raise _bad(flag, f"must be at least 1, got {getattr(spec, name)}", f"pass {flag} 1 or more")
+            got = getattr(spec, name)
+            raise _bad(flag, f"must be at least 1, got {got}", f"pass {flag} 1 or more")
     if spec.embd % spec.heads:
         raise _bad("--heads", f"{spec.heads} does not divide --embd {spec.embd}", "pick a divisor")
     if spec.heads % spec.kv_heads:
@@ -81,8 +88,10 @@ def check_spec(spec: SynthSpec) -> None:
             f"q8_0 needs --embd and --ff to be multiples of {QUANT_BLOCK}",
             f"got embd {spec.embd}, ff {spec.ff}",
         )
-    if not spec.output_scale > 0:
-        raise _bad("--output-scale", f"must be positive, got {spec.output_scale}", "try 1.0")
+    for name in ("output_scale", "embd_scale"):
+        if not getattr(spec, name) > 0:
+            flag = "--" + name.replace("_", "-")
+            raise _bad(flag, f"must be positive, got {getattr(spec, name)}", "try 1.0")
     if spec.vocab is not None and not spec.vocab.is_file():
         raise _bad("--vocab", f"{spec.vocab} does not exist", "pass a GGUF with tokenizer.* keys")
 
@@ -95,12 +104,13 @@ TOKEN_UNKNOWN = 2
 TOKEN_CONTROL = 3
 TOKEN_BYTE = 6
 
-_BUILTIN_WORDS = (
+_BUILTIN_TEXT = (
     "the of and to in is that for it as was with be by on not he this are or his from at "
     "which but have an they you were her she there one all we can their has been if more when "
     "will would who so no hello world model token server draft speculative decoding llama "
     "test fast slow quick brown fox jumps over lazy dog"
-).split()
+)
+_BUILTIN_WORDS = tuple(_BUILTIN_TEXT.split(" "))
 
 
 @dataclass(frozen=True)
@@ -121,7 +131,12 @@ def builtin_tokenizer() -> list[KeyValue]:
     types += [TOKEN_BYTE] * 256
     pieces = ["\u2581"] + [chr(c) for c in range(33, 127)]
     pieces += ["\u2581" + chr(c) for c in range(33, 127)]
-    pieces += ["\u2581" + w for w in _BUILTIN_WORDS]
+    # SPM merges pairs of pieces it knows, so a word needs all its prefixes as pieces too.
+    for word in _BUILTIN_WORDS:
+        for end in range(2, len(word) + 1):
+            piece = "\u2581" + word[:end]
+            if piece not in pieces:
+                pieces.append(piece)
     tokens += pieces
     types += [TOKEN_NORMAL] * len(pieces)
     # SPM merges by score: longer pieces first, so words win over letter-by-letter.
@@ -146,7 +161,9 @@ def tokenizer_from(path: Path) -> list[KeyValue]:
     try:
         reader = gguf.GGUFReader(path)
     except (OSError, ValueError) as err:
-        raise _bad("--vocab", f"{path} is not a readable GGUF ({err})", "pass a .gguf file") from err
+        raise _bad(
+            "--vocab", f"{path} is not a readable GGUF ({err})", "pass a .gguf file"
+        ) from err
     out: list[KeyValue] = []
     for key, field in reader.fields.items():
         if not key.startswith("tokenizer."):
@@ -195,7 +212,9 @@ def _weights(
 ) -> npt.NDArray[np.float32]:
     if len(shape) == 1:  # norms: identity scale, the usual initialisation
         return np.ones(shape, dtype=np.float32)
-    std = spec.output_scale if name == "output.weight" else WEIGHT_STD
+    std = {"output.weight": spec.output_scale, "token_embd.weight": spec.embd_scale}.get(
+        name, WEIGHT_STD
+    )
     return (rng.standard_normal(shape, dtype=np.float32) * np.float32(std)).astype(np.float32)
 
 
@@ -216,7 +235,7 @@ def _write(spec: SynthSpec, tokenizer: list[KeyValue], path: Path) -> None:
     writer = gguf.GGUFWriter(path, ARCH)
     writer.add_name(
         f"llamanix-synth L{spec.layers} E{spec.embd} F{spec.ff} H{spec.heads}/{spec.kv_heads} "
-        f"seed {spec.seed} {spec.type} out x{spec.output_scale:g}"
+        f"seed {spec.seed} {spec.type} embd x{spec.embd_scale:g} out x{spec.output_scale:g}"
     )
     writer.add_context_length(spec.context)
     writer.add_embedding_length(spec.embd)
@@ -228,7 +247,8 @@ def _write(spec: SynthSpec, tokenizer: list[KeyValue], path: Path) -> None:
     writer.add_rope_dimension_count(spec.head_dim)
     writer.add_rope_freq_base(10000.0)
     writer.add_vocab_size(n_vocab)
-    file_type = gguf.LlamaFileType.MOSTLY_Q8_0 if spec.type == "q8_0" else gguf.LlamaFileType.MOSTLY_F16
+    quantized = spec.type == "q8_0"
+    file_type = gguf.LlamaFileType.MOSTLY_Q8_0 if quantized else gguf.LlamaFileType.MOSTLY_F16
     writer.add_file_type(int(file_type))
     for kv in tokenizer:
         writer.add_key_value(kv.key, kv.value, kv.type, sub_type=kv.sub_type)

@@ -1,9 +1,131 @@
-"""llamanix CLI commands: testbed."""
+"""llamanix CLI commands: testbed (build-server, synth-model, demo)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
+from rich.console import Console
+
+from llamanix import demo as demo_module
+from llamanix import server_build
+from llamanix.synth import TYPES, SynthSpec, synth_model
+
+
+@click.command("build-server")
+@click.option(
+    "--print-path", is_flag=True, help="Print only the binary's path (for scripts)."
+)
+def build_server(print_path: bool) -> None:
+    """Build (or reuse) the pinned CPU llama-server used by tests and the demo.
+
+    The source is llama.cpp as vendored in the llama-cpp-python sdist (version and sha256
+    pinned); the build is cached under $LLAMANIX_CACHE or ~/.cache/llamanix.
+    $LLAMANIX_LLAMA_SERVER skips the build and names the binary to use.
+    """
+    binary = server_build.ensure_llama_server(progress=not print_path)
+    if print_path:
+        click.echo(str(binary))
+        return
+    click.echo(str(binary))
+    click.echo(server_build.binary_version_line(binary))
+
+
+@click.command("synth-model")
+@click.argument("out", type=click.Path(path_type=Path, dir_okay=False))
+@click.option("--layers", type=int, default=SynthSpec.layers, show_default=True)
+@click.option("--embd", type=int, default=SynthSpec.embd, show_default=True,
+              help="Embedding width.")
+@click.option("--ff", type=int, default=SynthSpec.ff, show_default=True,
+              help="Feed-forward width.")
+@click.option("--heads", type=int, default=SynthSpec.heads, show_default=True)
+@click.option("--kv-heads", type=int, default=SynthSpec.kv_heads, show_default=True)
+@click.option("--context", type=int, default=SynthSpec.context, show_default=True,
+              help="Trained context length written to the GGUF.")
+@click.option(
+    "--vocab",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="GGUF to copy the tokenizer from (e.g. a ggml-vocab-*.gguf); default: a small "
+    "built-in vocabulary. A bare name like llama-spm means the vocab file of that name "
+    "from the pinned llama.cpp source.",
+)
+@click.option("--seed", type=int, default=SynthSpec.seed, show_default=True)
+@click.option("--type", "type_", type=click.Choice(TYPES), default=SynthSpec.type,
+              show_default=True, help="Weight type of the 2-D tensors.")
+@click.option(
+    "--output-scale", type=float, default=SynthSpec.output_scale, show_default=True,
+    help="Std of the output projection; 1.0 makes the model confident enough to draft "
+    "(draft p_min), 0.02 makes it unsure of every token.",
+)
+@click.option(
+    "--embd-scale", type=float, default=SynthSpec.embd_scale, show_default=True,
+    help="Std of the token embeddings; 1.0 makes greedy output cycle, so n-gram drafters "
+    "find repeats.",
+)
+def synth_model_command(
+    out: Path,
+    layers: int,
+    embd: int,
+    ff: int,
+    heads: int,
+    kv_heads: int,
+    context: int,
+    vocab: Path | None,
+    seed: int,
+    type_: str,
+    output_scale: float,
+    embd_scale: float,
+) -> None:
+    """Write a tiny random llama-architecture GGUF to OUT (same arguments, same bytes)."""
+    if vocab is not None and not vocab.suffix and "/" not in str(vocab):
+        vocab = server_build.vocab_file(str(vocab), progress=True)
+    spec = SynthSpec(
+        layers=layers,
+        embd=embd,
+        ff=ff,
+        heads=heads,
+        kv_heads=kv_heads,
+        context=context,
+        vocab=vocab,
+        seed=seed,
+        type=type_,
+        output_scale=output_scale,
+        embd_scale=embd_scale,
+    )
+    synth_model(spec, out)
+    click.echo(f"{out} ({out.stat().st_size} bytes)")
+
+
+@click.command()
+@click.option(
+    "--binary",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="llama-server to run (default: $LLAMANIX_LLAMA_SERVER, else the cached build, "
+    "built now if missing).",
+)
+@click.option(
+    "--keep",
+    type=click.Path(path_type=Path, file_okay=False),
+    help="Keep the model, config, rendered units, logs and bench JSON in this directory.",
+)
+@click.option("--tokens", type=click.IntRange(min=2), default=demo_module.DEFAULT_TOKENS,
+              show_default=True, help="Tokens generated per request.")
+@click.option("--runs", type=click.IntRange(min=1), default=demo_module.DEFAULT_RUNS,
+              show_default=True, help="Measured runs per server (after one warm-up).")
+def demo(binary: Path | None, keep: Path | None, tokens: int, runs: int) -> None:
+    """Serve a synthetic model with and without speculation and compare them side by side.
+
+    Synthesizes a model, writes a config with two instances (plain, and drafting with the
+    model as its own draft), renders it, starts the real llama-server for each in turn,
+    measures streamed requests, prints a table, and stops everything.
+    """
+    console = Console()
+    rows = demo_module.run_demo(binary, keep, console, tokens=tokens, runs=runs)
+    console.print(demo_module.demo_table(rows, tokens, runs))
 
 
 def register(group: click.Group) -> None:
     """Add this module's commands to the main group."""
+    group.add_command(build_server)
+    group.add_command(synth_model_command)
+    group.add_command(demo)

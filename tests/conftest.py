@@ -1,0 +1,128 @@
+"""Shared fixtures: the real CPU llama-server, synthetic models, and started servers.
+
+Integration tests run the pinned upstream llama-server (``scripts/build-llama-server`` builds
+it once into the cache; ``LLAMANIX_LLAMA_SERVER`` names another binary). Every process the
+tests start carries a per-session tag in its environment; at the end of the session none may
+be alive.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from llamanix import server_build
+from llamanix.errors import UserError
+from llamanix.server_process import LlamaServer, processes_with_env
+from llamanix.synth import SynthSpec, synth_model
+
+SESSION_TAG_ENV = "LLAMANIX_TEST_SESSION"
+_SESSION_TAG = uuid.uuid4().hex
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    """Name the llama-server the integration tests run against in the pytest header."""
+    try:
+        binary = server_build.find_llama_server()
+    except UserError as err:
+        return [f"llama-server: {err}"]
+    if binary is None:
+        return ["llama-server: not built yet (the first server test builds it)"]
+    try:
+        version = server_build.binary_version_line(binary)
+    except Exception as err:  # the header must never abort the run
+        version = f"--version failed: {err}"
+    return [f"llama-server: {binary} ({version})"]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_leftover_processes() -> Iterator[None]:
+    """Tag every child process of this session; fail if any is still alive at the end."""
+    previous = os.environ.get(SESSION_TAG_ENV)
+    os.environ[SESSION_TAG_ENV] = _SESSION_TAG
+    yield
+    leftovers = processes_with_env(SESSION_TAG_ENV, _SESSION_TAG)
+    for pid in leftovers:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    if previous is None:
+        os.environ.pop(SESSION_TAG_ENV, None)
+    else:
+        os.environ[SESSION_TAG_ENV] = previous
+    assert not leftovers, f"processes started by the tests were still running: {leftovers}"
+
+
+@pytest.fixture(scope="session")
+def llama_server_bin() -> Path:
+    """The real llama-server: $LLAMANIX_LLAMA_SERVER, the cached build, or a fresh build."""
+    return server_build.ensure_llama_server(progress=True)
+
+
+@pytest.fixture(scope="session")
+def vocab_dir() -> Path:
+    return server_build.vocab_dir(progress=True)
+
+
+@dataclass(frozen=True)
+class SynthModels:
+    """Synthetic GGUFs for one test session (see llamanix.synth for what the knobs do)."""
+
+    target: Path  # llama-spm vocab, confident and cycling: drafts as its own draft
+    unsure_target: Path  # every weight at std 0.02: a p_min draft never drafts
+    unrelated_draft: Path  # same vocab as target, other seed: drafts, rarely accepted
+    other_vocab_draft: Path  # gpt-2 vocab: llama-server refuses it as a draft for target
+    builtin_vocab: Path  # no vocab file: the small built-in tokenizer
+
+    @property
+    def confident_target(self) -> Path:
+        return self.target
+
+
+@pytest.fixture(scope="session")
+def synth_models(tmp_path_factory: pytest.TempPathFactory, vocab_dir: Path) -> SynthModels:
+    out = tmp_path_factory.mktemp("models")
+    spm = vocab_dir / "ggml-vocab-llama-spm.gguf"
+
+    def make(name: str, **kw: Any) -> Path:
+        return synth_model(SynthSpec(**kw), out / f"{name}.gguf")
+
+    return SynthModels(
+        target=make("target", vocab=spm, seed=1),
+        unsure_target=make(
+            "unsure", vocab=spm, seed=1, output_scale=0.02, embd_scale=0.02
+        ),
+        unrelated_draft=make("unrelated", vocab=spm, seed=2),
+        other_vocab_draft=make("gpt2", vocab=vocab_dir / "ggml-vocab-gpt-2.gguf", seed=3),
+        builtin_vocab=make("builtin", seed=4),
+    )
+
+
+ServerFactory = Callable[..., LlamaServer]
+
+
+@pytest.fixture
+def server_factory(tmp_path: Path) -> Iterator[ServerFactory]:
+    """``server_factory(argv, **LlamaServer_kwargs)`` starts a server; all stop at teardown."""
+    started: list[LlamaServer] = []
+
+    def start(argv: Sequence[str], **kw: Any) -> LlamaServer:
+        env = kw.pop("env", None)
+        if env is not None:
+            env = {**env, SESSION_TAG_ENV: _SESSION_TAG}
+        server = LlamaServer(
+            list(argv), tmp_path / f"server-{len(started)}.log", env=env, **kw
+        )
+        started.append(server)
+        return server.start()
+
+    yield start
+    for server in started:
+        server.stop()

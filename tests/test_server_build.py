@@ -1,0 +1,288 @@
+"""The cached llama-server build: exact commands, reuse, the override, the lock, unpacking."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+import tarfile
+import threading
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from llamanix import server_build as sb
+from llamanix.cli import main
+from llamanix.errors import ExternalCommandError, UserError
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in (sb.SERVER_ENV, sb.QUANTIZE_ENV, sb.CACHE_ENV, "XDG_CACHE_HOME", sb.JOBS_ENV):
+        monkeypatch.delenv(var, raising=False)
+
+
+def test_pinned_source_is_named_once() -> None:
+    assert sb.LLAMA_CPP_PYTHON_VERSION == "0.3.36"
+    assert len(sb.LLAMA_CPP_PYTHON_SDIST_SHA256) == 64
+    assert sb.SDIST_FILENAME == "llama_cpp_python-0.3.36.tar.gz"
+    assert sb.VENDOR_PREFIX == "llama_cpp_python-0.3.36/vendor/llama.cpp/"
+
+
+def test_command_lines(tmp_path: Path) -> None:
+    layout = sb.BuildLayout(tmp_path / "v")
+    assert sb.pip_download_argv(tmp_path / "dl") == [
+        sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+        "llama-cpp-python==0.3.36", "-d", str(tmp_path / "dl"),
+    ]
+    assert sb.cmake_configure_argv(layout) == [
+        "cmake", "-S", str(tmp_path / "v/src"), "-B", str(tmp_path / "v/build"),
+        "-DCMAKE_BUILD_TYPE=Release",
+        "-DGGML_NATIVE=ON",
+        "-DBUILD_SHARED_LIBS=OFF",
+        "-DLLAMA_CURL=OFF",
+        "-DLLAMA_OPENSSL=OFF",
+        "-DLLAMA_BUILD_UI=OFF",
+        "-DLLAMA_USE_PREBUILT_UI=OFF",
+        "-DLLAMA_BUILD_TESTS=OFF",
+        "-DLLAMA_BUILD_EXAMPLES=OFF",
+        "-DLLAMA_BUILD_SERVER=ON",
+        "-DLLAMA_BUILD_COMMIT=0c1e570",
+    ]
+    assert sb.cmake_build_argv(layout, 3) == [
+        "cmake", "--build", str(tmp_path / "v/build"), "--target", "llama-server",
+        "llama-quantize", "-j3",
+    ]
+    assert sb.version_argv(Path("/x/llama-server")) == ["/x/llama-server", "--version"]
+
+
+def test_cache_location(clean_env: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert sb.cache_root() == tmp_path / "home/.cache/llamanix"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert sb.cache_root() == tmp_path / "xdg/llamanix"
+    monkeypatch.setenv(sb.CACHE_ENV, str(tmp_path / "explicit"))
+    assert sb.default_layout().root == tmp_path / "explicit/llama-server/0.3.36"
+    assert sb.default_layout().server == sb.default_layout().root / "build/bin/llama-server"
+
+
+def _finished_build_at(layout: sb.BuildLayout, real_server: Path) -> None:
+    """A cache that looks exactly like a finished build, using the real binaries."""
+    layout.bin_dir.mkdir(parents=True)
+    layout.server.symlink_to(real_server)
+    layout.quantize.symlink_to(real_server.parent / "llama-quantize")
+    sb.write_marker(layout, sb.binary_version_line(layout.server))
+
+
+@pytest.mark.server
+def test_marker_records_the_build(llama_server_bin: Path, tmp_path: Path) -> None:
+    layout = sb.BuildLayout(tmp_path / "v")
+    _finished_build_at(layout, llama_server_bin)
+    marker = sb.read_marker(layout)
+    assert marker is not None
+    assert marker["version"] == "0.3.36"
+    assert marker["sha256"] == sb.LLAMA_CPP_PYTHON_SDIST_SHA256
+    assert marker["commit"] == "0c1e570"
+    assert marker["version_line"].startswith("version: ")
+
+
+@pytest.mark.server
+def test_cached_build_is_reused_without_building(llama_server_bin: Path, tmp_path: Path) -> None:
+    layout = sb.BuildLayout(tmp_path / "v")
+    _finished_build_at(layout, llama_server_bin)
+    assert sb.ensure_build(layout=layout) == layout
+    # Any build step (pip download, cmake) would have written build.log or src/.
+    assert not layout.log.exists()
+    assert not layout.src.exists()
+
+
+@pytest.mark.server
+def test_marker_of_another_version_or_missing_binary_is_not_a_build(
+    llama_server_bin: Path, tmp_path: Path
+) -> None:
+    layout = sb.BuildLayout(tmp_path / "v")
+    _finished_build_at(layout, llama_server_bin)
+    text = layout.marker.read_text()
+    layout.marker.write_text(text.replace('"0.3.36"', '"0.3.35"'))
+    assert sb.read_marker(layout) is None
+    layout.marker.write_text(text)
+    assert sb.read_marker(layout) is not None
+    layout.quantize.unlink()
+    assert sb.read_marker(layout) is None
+    layout.marker.write_text("{not json")
+    assert sb.read_marker(layout) is None
+
+
+@pytest.mark.server
+def test_override_wins_and_builds_nothing(
+    clean_env: None, monkeypatch: pytest.MonkeyPatch, llama_server_bin: Path, tmp_path: Path
+) -> None:
+    monkeypatch.setenv(sb.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(sb.SERVER_ENV, str(llama_server_bin))
+    assert sb.ensure_llama_server() == llama_server_bin
+    assert sb.find_llama_server() == llama_server_bin
+    assert not (tmp_path / "cache").exists()
+
+    result = CliRunner().invoke(main, ["build-server"])
+    assert result.exit_code == 0, result.output
+    path_line, version_line = result.output.strip().splitlines()
+    assert path_line == str(llama_server_bin)
+    assert version_line.startswith("version: ")
+    printed = CliRunner().invoke(main, ["build-server", "--print-path"])
+    assert printed.output == f"{llama_server_bin}\n"
+    # llama-quantize next to an overriding llama-server is taken from there.
+    quantize = sb.ensure_llama_quantize()
+    assert quantize == llama_server_bin.parent / "llama-quantize"
+    monkeypatch.setenv(sb.QUANTIZE_ENV, str(quantize))
+    assert sb.ensure_llama_quantize() == quantize
+    assert not (tmp_path / "cache").exists()
+
+
+def test_bad_override_is_one_line_exit_2(
+    clean_env: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv(sb.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(sb.SERVER_ENV, str(tmp_path / "nope"))
+    with pytest.raises(UserError):
+        sb.ensure_llama_server()
+    result = CliRunner().invoke(main, ["build-server"])
+    assert result.exit_code == 2
+    assert result.output == (
+        f"LLAMANIX_LLAMA_SERVER: {tmp_path / 'nope'} is not an executable file "
+        "(point LLAMANIX_LLAMA_SERVER at a built binary or unset it)\n"
+    )
+    assert not (tmp_path / "cache").exists()
+
+
+_HOLDER = """
+import sys
+from pathlib import Path
+from llamanix import server_build as sb
+layout = sb.BuildLayout(Path(sys.argv[1]))
+real = Path(sys.argv[2])
+with sb.build_lock(layout):
+    print("locked", flush=True)
+    sys.stdin.readline()
+    # Finish "the build" the way ensure_build does: binaries, then the marker, last.
+    layout.bin_dir.mkdir(parents=True)
+    layout.server.symlink_to(real)
+    layout.quantize.symlink_to(real.parent / "llama-quantize")
+    sb.write_marker(layout, sb.binary_version_line(layout.server))
+"""
+
+
+@pytest.mark.server
+def test_second_caller_waits_for_the_first_and_reuses_its_build(
+    llama_server_bin: Path, tmp_path: Path
+) -> None:
+    layout = sb.BuildLayout(tmp_path / "v")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, str(layout.root), str(llama_server_bin)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdin is not None
+        assert holder.stdout.readline() == "locked\n"
+        results: list[sb.BuildLayout | BaseException] = []
+
+        def second() -> None:
+            try:
+                results.append(sb.ensure_build(layout=layout))
+            except BaseException as err:
+                results.append(err)
+
+        waiter = threading.Thread(target=second)
+        waiter.start()
+        waiter.join(timeout=1.0)
+        # Still blocked on the lock: without it, this call would have started a build.
+        assert waiter.is_alive()
+        assert not layout.log.exists()
+        holder.stdin.write("go\n")
+        holder.stdin.flush()
+        waiter.join(timeout=60)
+        assert not waiter.is_alive()
+        assert results == [layout]
+        # It took the first caller's build instead of building a second time.
+        assert not layout.log.exists()
+        assert not layout.src.exists()
+        assert holder.wait(timeout=30) == 0
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait()
+
+
+def test_lock_is_exclusive_between_threads(tmp_path: Path) -> None:
+    layout = sb.BuildLayout(tmp_path / "v")
+    inside: list[int] = []
+    overlaps: list[int] = []
+    entered = threading.Barrier(2)
+
+    def worker(n: int) -> None:
+        entered.wait()
+        for _ in range(50):
+            with sb.build_lock(layout):
+                inside.append(n)
+                if len(inside) > 1:
+                    overlaps.append(n)
+                inside.remove(n)
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in (1, 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert overlaps == []
+
+
+def _tarball(path: Path, members: dict[str, bytes]) -> Path:
+    with tarfile.open(path, "w:gz") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def test_only_the_vendored_tree_is_unpacked(tmp_path: Path) -> None:
+    prefix = sb.VENDOR_PREFIX
+    sdist = _tarball(
+        tmp_path / "s.tar.gz",
+        {
+            "llama_cpp_python-0.3.36/pyproject.toml": b"[project]",
+            f"{prefix}CMakeLists.txt": b"project(llama)",
+            f"{prefix}models/ggml-vocab-x.gguf": b"GGUF",
+        },
+    )
+    sb.extract_vendor_tree(sdist, tmp_path / "src")
+    src = tmp_path / "src"
+    files = sorted(p.relative_to(src).as_posix() for p in src.rglob("*"))
+    assert files == ["CMakeLists.txt", "models", "models/ggml-vocab-x.gguf"]
+
+
+def test_member_escaping_the_tree_is_refused(tmp_path: Path) -> None:
+    sdist = _tarball(
+        tmp_path / "s.tar.gz",
+        {
+            f"{sb.VENDOR_PREFIX}CMakeLists.txt": b"x",
+            f"{sb.VENDOR_PREFIX}../../../escape.txt": b"x",
+        },
+    )
+    with pytest.raises(tarfile.OutsideDestinationError):
+        sb.extract_vendor_tree(sdist, tmp_path / "out" / "src")
+    assert not (tmp_path / "escape.txt").exists()
+
+
+def test_wrong_hash_is_refused(tmp_path: Path) -> None:
+    fake = tmp_path / sb.SDIST_FILENAME
+    fake.write_bytes(b"not the sdist")
+    with pytest.raises(ExternalCommandError, match="expected 832db069"):
+        sb.verify_sdist(fake)
+
+
+@pytest.mark.server
+def test_vocab_files_come_with_the_source(vocab_dir: Path) -> None:
+    assert (vocab_dir / "ggml-vocab-llama-spm.gguf").is_file()
+    assert "gpt-2" in sb.vocab_names()
+    assert sb.vocab_file("llama-spm") == vocab_dir / "ggml-vocab-llama-spm.gguf"

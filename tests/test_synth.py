@@ -1,0 +1,211 @@
+"""Synthetic GGUF models: deterministic bytes, readable metadata, and a real server loads them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import gguf
+import httpx
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from llamanix.cli import main
+from llamanix.synth import SynthSpec, synth_model
+
+if TYPE_CHECKING:
+    from conftest import ServerFactory, SynthModels
+
+
+def _field(reader: gguf.GGUFReader, key: str) -> object:
+    return reader.fields[key].contents()
+
+
+def test_same_arguments_same_bytes(tmp_path: Path) -> None:
+    a = synth_model(SynthSpec(seed=7), tmp_path / "a.gguf")
+    b = synth_model(SynthSpec(seed=7), tmp_path / "b.gguf")
+    assert a.read_bytes() == b.read_bytes()
+
+
+def test_same_arguments_same_bytes_with_copied_vocab(tmp_path: Path, vocab_dir: Path) -> None:
+    spm = vocab_dir / "ggml-vocab-llama-spm.gguf"
+    a = synth_model(SynthSpec(vocab=spm, layers=1), tmp_path / "a.gguf")
+    b = synth_model(SynthSpec(vocab=spm, layers=1), tmp_path / "b.gguf")
+    assert a.read_bytes() == b.read_bytes()
+
+
+def test_other_seed_other_weights(tmp_path: Path) -> None:
+    a = gguf.GGUFReader(synth_model(SynthSpec(seed=1), tmp_path / "a.gguf"))
+    b = gguf.GGUFReader(synth_model(SynthSpec(seed=2), tmp_path / "b.gguf"))
+    ta = {t.name: np.array(t.data) for t in a.tensors}
+    tb = {t.name: np.array(t.data) for t in b.tensors}
+    assert ta.keys() == tb.keys()
+    assert not np.array_equal(ta["blk.0.attn_q.weight"], tb["blk.0.attn_q.weight"])
+    # Norms are ones in both: only the random matrices depend on the seed.
+    assert np.array_equal(ta["output_norm.weight"], tb["output_norm.weight"])
+
+
+def test_metadata_and_shapes_read_back(tmp_path: Path, vocab_dir: Path) -> None:
+    spm = vocab_dir / "ggml-vocab-llama-spm.gguf"
+    spec = SynthSpec(layers=3, embd=128, ff=192, heads=4, kv_heads=2, context=2048, vocab=spm)
+    reader = gguf.GGUFReader(synth_model(spec, tmp_path / "m.gguf"))
+    source = gguf.GGUFReader(spm)
+
+    assert _field(reader, "general.architecture") == "llama"
+    assert _field(reader, "llama.block_count") == 3
+    assert _field(reader, "llama.embedding_length") == 128
+    assert _field(reader, "llama.feed_forward_length") == 192
+    assert _field(reader, "llama.attention.head_count") == 4
+    assert _field(reader, "llama.attention.head_count_kv") == 2
+    assert _field(reader, "llama.context_length") == 2048
+    assert _field(reader, "llama.rope.dimension_count") == 32
+    tokens = _field(reader, "tokenizer.ggml.tokens")
+    assert isinstance(tokens, list)
+    assert tokens == _field(source, "tokenizer.ggml.tokens")
+    assert _field(reader, "llama.vocab_size") == len(tokens) == 32000
+    # Every tokenizer entry of the vocab file came along, values and all.
+    copied = {k for k in reader.fields if k.startswith("tokenizer.")}
+    assert copied == {k for k in source.fields if k.startswith("tokenizer.")}
+    for key in ("tokenizer.ggml.scores", "tokenizer.ggml.token_type", "tokenizer.ggml.pre"):
+        assert _field(reader, key) == _field(source, key)
+
+    shapes = {t.name: tuple(int(n) for n in t.shape) for t in reader.tensors}
+    # ggml order: (columns, rows)
+    assert shapes["token_embd.weight"] == (128, 32000)
+    assert shapes["output.weight"] == (128, 32000)
+    assert shapes["blk.2.attn_k.weight"] == (128, 64)  # 2 kv heads x head dim 32
+    assert shapes["blk.0.ffn_down.weight"] == (192, 128)
+    assert len([n for n in shapes if n.startswith("blk.")]) == 3 * 9
+
+
+def test_other_vocab_other_tokenizer(tmp_path: Path, vocab_dir: Path) -> None:
+    spm = gguf.GGUFReader(
+        synth_model(SynthSpec(vocab=vocab_dir / "ggml-vocab-llama-spm.gguf"), tmp_path / "a.gguf")
+    )
+    gpt2 = gguf.GGUFReader(
+        synth_model(SynthSpec(vocab=vocab_dir / "ggml-vocab-gpt-2.gguf"), tmp_path / "b.gguf")
+    )
+    assert _field(spm, "tokenizer.ggml.model") == "llama"
+    assert _field(gpt2, "tokenizer.ggml.model") == "gpt2"
+    assert _field(gpt2, "llama.vocab_size") == 50257
+    assert "tokenizer.ggml.merges" in gpt2.fields
+
+
+def test_builtin_vocab_is_small_spm(tmp_path: Path) -> None:
+    reader = gguf.GGUFReader(synth_model(SynthSpec(), tmp_path / "m.gguf"))
+    tokens = _field(reader, "tokenizer.ggml.tokens")
+    assert isinstance(tokens, list)
+    assert tokens[:3] == ["<unk>", "<s>", "</s>"]
+    assert "<0x41>" in tokens
+    assert _field(reader, "tokenizer.ggml.model") == "llama"
+    assert len(tokens) < 1000
+
+
+def test_q8_0_weights(tmp_path: Path) -> None:
+    reader = gguf.GGUFReader(synth_model(SynthSpec(type="q8_0"), tmp_path / "m.gguf"))
+    types = {t.name: t.tensor_type for t in reader.tensors}
+    assert types["blk.0.attn_q.weight"] == gguf.GGMLQuantizationType.Q8_0
+    assert types["output.weight"] == gguf.GGMLQuantizationType.Q8_0
+    assert types["blk.0.attn_norm.weight"] == gguf.GGMLQuantizationType.F32
+    assert _field(reader, "general.file_type") == int(gguf.LlamaFileType.MOSTLY_Q8_0)
+
+
+def test_cli_writes_the_same_bytes_as_the_api(tmp_path: Path) -> None:
+    result = CliRunner().invoke(
+        main, ["synth-model", str(tmp_path / "cli.gguf"), "--layers", "1", "--seed", "5"]
+    )
+    assert result.exit_code == 0, result.output
+    api = synth_model(SynthSpec(layers=1, seed=5), tmp_path / "api.gguf")
+    assert (tmp_path / "cli.gguf").read_bytes() == api.read_bytes()
+
+
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [
+        (["--heads", "3"], "--heads"),
+        (["--kv-heads", "3", "--heads", "4"], "--kv-heads"),
+        (["--type", "q8_0", "--ff", "100"], "--type"),
+        (["--layers", "0"], "--layers"),
+        (["--output-scale", "0"], "--output-scale"),
+        (["--vocab", "no-such-vocab"], "--vocab"),
+        (["--vocab", "/nonexistent/vocab.gguf"], "--vocab"),
+    ],
+)
+def test_bad_arguments_one_line_exit_2_nothing_written(
+    tmp_path: Path, args: list[str], field: str
+) -> None:
+    out = tmp_path / "m.gguf"
+    result = CliRunner().invoke(main, ["synth-model", str(out), *args])
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1, result.output
+    assert lines[0].startswith(f"synth-model: {field}: ")
+    assert "Traceback" not in result.output
+    assert not out.exists()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_not_a_gguf_vocab_is_a_user_error(tmp_path: Path) -> None:
+    bogus = tmp_path / "vocab.gguf"
+    bogus.write_bytes(b"not a gguf file at all")
+    result = CliRunner().invoke(
+        main, ["synth-model", str(tmp_path / "m.gguf"), "--vocab", str(bogus)]
+    )
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith("synth-model: --vocab: ")
+    assert not (tmp_path / "m.gguf").exists()
+
+
+@pytest.mark.server
+def test_default_shape_serves_with_quantized_kv_cache(
+    llama_server_bin: Path, synth_models: SynthModels, server_factory: ServerFactory
+) -> None:
+    """head_dim 64 divides the q8_0/q4_0 block size, so quantized caches load."""
+    server = server_factory(
+        [str(llama_server_bin), "-m", str(synth_models.target), "-c", "1024", "-np", "1",
+         "-t", "2", "-fa", "on", "-ctk", "q8_0", "-ctv", "q4_0"]
+    )
+    reply = httpx.post(
+        f"{server.url}/completion",
+        json={"prompt": "hello world", "n_predict": 8, "temperature": 0},
+        timeout=60,
+    ).json()
+    assert reply["timings"]["predicted_n"] == 8
+
+
+@pytest.mark.server
+def test_builtin_vocab_model_serves(
+    llama_server_bin: Path, synth_models: SynthModels, server_factory: ServerFactory
+) -> None:
+    server = server_factory(
+        [str(llama_server_bin), "-m", str(synth_models.builtin_vocab), "-c", "512", "-np", "1",
+         "-t", "2"]
+    )
+    tokens = httpx.post(
+        f"{server.url}/tokenize", json={"content": "hello world"}, timeout=30
+    ).json()["tokens"]
+    assert 1 <= len(tokens) <= 4  # "▁hello", "▁world" are pieces of the built-in vocab
+    reply = httpx.post(
+        f"{server.url}/completion",
+        json={"prompt": "hello world", "n_predict": 8, "temperature": 0},
+        timeout=60,
+    ).json()
+    assert reply["timings"]["predicted_n"] == 8
+
+
+@pytest.mark.server
+def test_q8_0_model_serves(
+    llama_server_bin: Path, tmp_path: Path, server_factory: ServerFactory
+) -> None:
+    model = synth_model(SynthSpec(type="q8_0"), tmp_path / "q8.gguf")
+    # --no-repack: this upstream build's AMX q8_0 kernel crashes on tiny matrices
+    # (SIGSEGV in ggml_backend_amx_mul_mat on AMX CPUs); plain kernels are fine.
+    server = server_factory(
+        [str(llama_server_bin), "-m", str(model), "-c", "512", "-np", "1", "-t", "2",
+         "--no-repack"]
+    )
+    reply = httpx.post(
+        f"{server.url}/completion", json={"prompt": "hi", "n_predict": 4}, timeout=60
+    ).json()
+    assert reply["timings"]["predicted_n"] == 4
