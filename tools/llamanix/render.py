@@ -173,7 +173,8 @@ def render_instance(
         _environment_line("LLAMA_CACHE", f"%C/{state}", expand=True),
         *(_environment_line(k, v) for k, v in sorted(inst.environment.items())),
     ]
-    gpu = host.has_gpu or (caps is not None and caps.cuda)
+    # gpu_layers = 0 keeps an instance on the CPU even on a GPU host: no device access then.
+    gpu = (host.has_gpu or (caps is not None and caps.cuda)) and inst.gpu_layers != 0
     # Models often live in a home directory on desktop machines; read-only keeps them readable.
     paths = [inst.model, inst.speculative.draft_model or ""]
     protect_home = "read-only" if any(p.startswith(("/home/", "/root/")) for p in paths) else "yes"

@@ -1,0 +1,223 @@
+# services.llamanix: llama-server instances, each built from one of the llamanix flake's llama.cpp
+# variants, rendered by the llamanix generator into hardened systemd units.
+#
+# The instance options are llamanix.toml's keys (made from tools/llamanix/data/schema.json by
+# nix/schema-options.nix). At build time the module writes the instances as JSON in
+# llamanix.toml's shape and runs `llamanix render` on it (modules/render-units.sh), checked
+# against a probe of each instance's own llama-server. A config mistake therefore fails
+# `nixos-rebuild build` with the generator's one-line message, before anything is switched.
+# Nothing is read back into the evaluation: no import-from-derivation.
+{
+  config,
+  lib,
+  pkgs,
+  ...
+}:
+let
+  inherit (lib)
+    literalExpression
+    literalMD
+    mkEnableOption
+    mkIf
+    mkOption
+    types
+    ;
+
+  cfg = config.services.llamanix;
+  llamanixLib = import ../nix/lib.nix;
+  schemaOptions = import ../nix/schema-options.nix { inherit lib; };
+  hostSchema = llamanixLib.schema.hosts;
+
+  # The host name the generator sees; the units do not depend on it beyond the manifest.
+  hostName = if config.networking.hostName != "" then config.networking.hostName else "localhost";
+
+  cudaArchType = types.strMatching "[0-9]+\\.[0-9]+[af]?";
+
+  instanceModule =
+    { name, config, ... }:
+    {
+      options = schemaOptions.instanceOptions // {
+        speculative = mkOption {
+          type = types.submodule { options = schemaOptions.speculativeOptions; };
+          default = { };
+          description = "Speculative decoding (the `[instances.NAME.speculative]` table of llamanix.toml).";
+        };
+
+        package = mkOption {
+          type = types.package;
+          default = cfg.packageSet.mkVariant {
+            inherit (config) variant cudaArchs;
+          };
+          defaultText = literalMD "the llamanix flake's `llama-cpp-<variant>`, built for `cudaArchs`";
+          description = ''
+            The llama.cpp build that serves instance `${name}`; its `bin/llama-server` is run.
+            By default it is this flake's `llama-cpp-<variant>` package built for `cudaArchs`,
+            so changing `variant` flips the backend. Set it to use any other build; the
+            generator then probes that binary at build time and checks every flag against it.
+          '';
+        };
+
+        cudaArchs = mkOption {
+          type = types.listOf cudaArchType;
+          default = cfg.cudaArchs;
+          defaultText = literalExpression "config.services.llamanix.cudaArchs";
+          example = [ "12.0" ];
+          description = ''
+            CUDA compute capabilities the default `package` is compiled for; `[ ]` builds for
+            the CPU only. Only this package is rebuilt: nixpkgs' global `cudaCapabilities`
+            stays untouched, so everything else keeps hitting the binary caches.
+          '';
+        };
+
+        openFirewall = mkOption {
+          type = types.bool;
+          default = false;
+          description = ''
+            Open `port` in the firewall. Only useful with a `listen` address other than
+            127.0.0.1.
+          '';
+        };
+      };
+    };
+
+  # NAME -> the probe JSON of that instance's llama-server, made at build time.
+  capabilitiesOf =
+    inst: inst.package.passthru.capabilities or (cfg.packageSet.mkCapabilities inst.package);
+
+  configFile = pkgs.writeText "llamanix.json" (
+    builtins.toJSON (
+      llamanixLib.configData {
+        host = hostName;
+        inherit (cfg) gpu cudaArchs;
+        instances = lib.mapAttrs (_: inst: {
+          binary = "${inst.package}/bin/llama-server";
+          instance = inst;
+        }) cfg.instances;
+      }
+    )
+  );
+
+  # The exact command of this derivation is modules/render-units.sh; tests/test_nix.py runs the
+  # same script on the same JSON shape.
+  units =
+    pkgs.runCommand "llamanix-units-${hostName}"
+      {
+        nativeBuildInputs = [ cfg.packageSet.llamanix ];
+        passthru = { inherit configFile; };
+      }
+      ''
+        ${pkgs.runtimeShell} ${./render-units.sh} ${configFile} ${lib.escapeShellArg hostName} "$out" ${
+          lib.escapeShellArgs (lib.mapAttrsToList (name: inst: "${name}=${capabilitiesOf inst}") cfg.instances)
+        }
+      '';
+
+  anyCuda = lib.any (inst: inst.package.passthru.cudaSupport or false) (
+    lib.attrValues cfg.instances
+  );
+  exposed = lib.filter (inst: inst.openFirewall) (lib.attrValues cfg.instances);
+in
+{
+  options.services.llamanix = {
+    enable = mkEnableOption "llama-server instances managed by llamanix";
+
+    instances = mkOption {
+      type = types.attrsOf (types.submodule instanceModule);
+      default = { };
+      example = literalExpression ''
+        {
+          qwen = {
+            variant = "upstream";
+            model = "/srv/models/Qwen3.6-27B-Q4_K_M.gguf";
+            alias = "qwen";
+            port = 8080;
+            context = 131072;
+            gpu_layers = "all";
+            flash_attn = "on";
+            cache_type_k = "q8_0";
+            cache_type_v = "q8_0";
+          };
+        }
+      '';
+      description = ''
+        llama-server instances, one systemd unit `llamanix-<name>.service` each. The options
+        are the keys of an `[instances.<name>]` table of llamanix.toml, with the same names
+        and meanings; an option left at null is not passed, so llama-server's own default
+        applies.
+      '';
+    };
+
+    gpu = mkOption {
+      type = types.nullOr types.str;
+      default = null;
+      example = hostSchema.gpu.example;
+      description = ''
+        ${hostSchema.gpu.doc} Used for the VRAM fit and decode-ceiling figures of
+        `llamanix plan`; the key `gpu` of llamanix.toml's `[hosts.NAME]` table.
+      '';
+    };
+
+    cudaArchs = mkOption {
+      type = types.listOf cudaArchType;
+      default = [
+        "8.6"
+        "12.0"
+      ];
+      example = [ "12.0" ];
+      description = ''
+        ${hostSchema.cuda_archs.doc} The default of every instance's `cudaArchs`; `[ ]` for a
+        machine without an NVIDIA GPU. The key `cuda_archs` of llamanix.toml's
+        `[hosts.NAME]` table.
+      '';
+    };
+
+    packageSet = mkOption {
+      type = types.raw;
+      internal = true;
+      default =
+        pkgs.llamanixPackages
+          or (throw "services.llamanix: import the module as the llamanix flake's nixosModules.default, or add its overlays.default to nixpkgs.overlays");
+      defaultText = literalMD "the llamanix flake's package set";
+      description = "`{ llamanix, mkVariant, mkCapabilities }` from the llamanix flake.";
+    };
+  };
+
+  config = mkIf (cfg.enable && cfg.instances != { }) {
+    warnings =
+      lib.optional (anyCuda && !(config.hardware.graphics.enable or false)) ''
+        services.llamanix: an instance uses a CUDA build but hardware.graphics.enable is off;
+        enable it together with the NVIDIA driver (services.xserver.videoDrivers = [ "nvidia" ]
+        and hardware.nvidia.*), or llama-server will find no GPU.
+      ''
+      ++ map (
+        inst:
+        "services.llamanix: port ${toString inst.port} is opened in the firewall but the instance listens on ${inst.listen} only."
+      ) (lib.filter (inst: lib.elem inst.listen [ "127.0.0.1" "::1" "localhost" ]) exposed);
+
+    # The units come from a package, so NixOS takes them as they are, hardening included (NixOS
+    # would otherwise generate its own unit text from systemd.services). What NixOS does not do
+    # for packaged units is honour their [Install] section, hence the entries below: with
+    # overrideStrategy = "asDropin" each becomes only a drop-in (llamanix-NAME.service.d/) that
+    # adds the multi-user.target.wants link, and a new render (a new store path) restarts the
+    # instance on switch. State and cache directories are the units' StateDirectory= and
+    # CacheDirectory=: systemd creates them at start, owned by the unit's dynamic user (a
+    # tmpfiles rule here would create them owned by root, which DynamicUser= refuses).
+    systemd.packages = [ units ];
+    systemd.services = lib.mapAttrs' (
+      name: _:
+      lib.nameValuePair "llamanix-${name}" {
+        overrideStrategy = "asDropin";
+        wantedBy = [ "multi-user.target" ];
+      }
+    ) cfg.instances;
+
+    networking.firewall.allowedTCPPorts = lib.unique (map (inst: inst.port) exposed);
+
+    # `nix build .#nixosConfigurations.HOST.config.system.build.llamanixUnits` renders and
+    # checks the units without switching anything.
+    system.build.llamanixUnits = units;
+
+    # The manifest and argv files (what `llamanix status` and the tests read back).
+    environment.etc."llamanix".source = "${units}/share/llamanix";
+    environment.systemPackages = [ cfg.packageSet.llamanix ];
+  };
+}

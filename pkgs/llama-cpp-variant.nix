@@ -1,0 +1,159 @@
+# One builder for every llama.cpp variant llamanix ships: nixpkgs' own llama-cpp package, rebuilt
+# for the given CUDA architectures (or for the CPU), from its own source (variant "nixpkgs") or
+# from another source tree (upstream master, ik_llama.cpp, the MTP pull request).
+#
+#   callPackage ./llama-cpp-variant.nix {
+#     variant = "ik";
+#     source = inputs.ik-llama-cpp;   # a flake input (flake = false); null: nixpkgs' own src
+#     cudaArchs = [ "8.6" "12.0" ];   # [ ] = CPU build
+#   }
+#
+# Always built with the nixpkgs it is called from, never with the nixpkgs of the source's own
+# flake.
+{
+  lib,
+  callPackage,
+  llama-cpp,
+  cudaPackages,
+  llamanix,
+  variant,
+  source ? null,
+  cudaArchs ? [
+    "8.6"
+    "12.0"
+  ],
+  # Compiled into `--version`; must be an integer. Known for the pinned revisions, else 0.
+  buildNumber ? (import ../nix/lib.nix).buildNumberOf (source.rev or ""),
+}:
+let
+  llamanixLib = import ../nix/lib.nix;
+
+  cudaSupport = cudaArchs != [ ];
+  fromSource = source != null;
+  isIk = variant == "ik";
+
+  rev = source.rev or null; # a dirty local tree has none
+  commit = if rev == null then "unknown" else builtins.substring 0 7 rev;
+
+  # Reading a file of a flake input is plain evaluation (the input is fetched before the flake
+  # is evaluated); reading one from a derivation's output would be import-from-derivation, so
+  # such a source gets the older flag spelling, which every ggml still accepts.
+  ggmlCMakeLists =
+    if fromSource && !(lib.isDerivation source) then
+      builtins.readFile "${source}/ggml/CMakeLists.txt"
+    else
+      null;
+
+  cudaVersion = cudaPackages.cudaMajorMinorVersion or cudaPackages.cudaVersion or "0";
+  # Blackwell (10.x datacenter, 12.x RTX 50xx) came with CUDA 12.8.
+  wantsBlackwell = builtins.any (arch: lib.versionAtLeast arch "10.0") cudaArchs;
+
+  cudaFlags = lib.optionals cudaSupport (
+    [
+      (lib.cmakeFeature "CMAKE_CUDA_ARCHITECTURES" (llamanixLib.cmakeCudaArchitectures cudaArchs))
+    ]
+    ++ llamanixLib.cudaFaQuantsFlags ggmlCMakeLists
+  );
+
+  sourceFlags = lib.optionals fromSource [
+    (lib.cmakeFeature "LLAMA_BUILD_NUMBER" (toString buildNumber))
+    (lib.cmakeFeature "LLAMA_BUILD_COMMIT" commit)
+    # The UI is not built: since May 2026 upstream builds it with npm or downloads it from
+    # Hugging Face at configure time, neither of which a sandboxed build may do. llama-server
+    # runs without it. Both spellings, since either one left ON turns the UI build on.
+    (lib.cmakeBool "LLAMA_BUILD_UI" false)
+    (lib.cmakeBool "LLAMA_BUILD_WEBUI" false)
+    (lib.cmakeBool "LLAMA_USE_PREBUILT_UI" false)
+    (lib.cmakeBool "LLAMA_USE_PREBUILT_WEBUI" false)
+  ];
+
+  # ik_llama.cpp keeps llama-server among the examples, and its own Nix package skips the build
+  # tree RPATH, which would otherwise leak /build paths into the installed binaries.
+  ikFlags = lib.optionals isIk [
+    (lib.cmakeBool "LLAMA_BUILD_EXAMPLES" true)
+    (lib.cmakeBool "CMAKE_SKIP_BUILD_RPATH" true)
+  ];
+
+  ourFlags = cudaFlags ++ sourceFlags ++ ikFlags;
+  # The names we (re)define, taken off nixpkgs' list first so cmake sees each only once.
+  ourFlagNames = map (flag: builtins.head (builtins.match "-D([^:=]+).*" flag)) ourFlags ++ [
+    "GGML_CUDA_FA_ALL_QUANTS"
+    "GGML_CUDA_FA_QUANTS"
+  ];
+
+  base = llama-cpp.override { inherit cudaSupport cudaPackages; };
+in
+assert lib.assertMsg (!cudaSupport || !wantsBlackwell || lib.versionAtLeast cudaVersion "12.8")
+  "llama-cpp-${variant}: Blackwell compute capabilities (10.x, 12.x: RTX 50xx) need CUDA 12.8 or newer, this nixpkgs has cudaPackages ${cudaVersion}; use .override { cudaPackages = cudaPackages_12_8; } (or newer).";
+assert lib.assertMsg (
+  variant != "nixpkgs" || !fromSource
+) "llama-cpp-nixpkgs is nixpkgs' own llama-cpp source; give other sources another variant name.";
+base.overrideAttrs (
+  finalAttrs: prev:
+  {
+    # nixpkgs' own CPU build keeps its name, so it stays the very derivation cache.nixos.org has.
+    pname =
+      if variant == "nixpkgs" then
+        prev.pname
+      else
+        "llama-cpp-${variant}-${if cudaSupport then "cuda" else "cpu"}";
+
+    cmakeFlags = llamanixLib.dropCMakeFlags ourFlagNames (prev.cmakeFlags or [ ]) ++ ourFlags;
+
+    # Running the CUDA build (as nixpkgs' postInstall does for shell completions) would need a
+    # GPU driver inside the sandbox; tests need model files. Nothing here runs the binary except
+    # passthru.capabilities, which brings its own CUDA stub.
+    doCheck = false;
+
+    passthru = (prev.passthru or { }) // {
+      inherit variant cudaArchs cudaSupport;
+      sourceRevision = if fromSource then rev else prev.src.tag or prev.src.rev or prev.version;
+      capabilities = callPackage ./llama-server-capabilities.nix {
+        inherit llamanix;
+        llama-cpp = finalAttrs.finalPackage;
+      };
+    };
+
+    meta = (prev.meta or { }) // {
+      description = "llama.cpp (${variant}) ${
+        if cudaSupport then "for CUDA ${llamanixLib.cmakeCudaArchitectures cudaArchs}" else "for the CPU"
+      }, as built by llamanix";
+      mainProgram = "llama-server";
+    };
+  }
+  // lib.optionalAttrs fromSource {
+    src = source;
+    version =
+      if source ? lastModifiedDate then
+        llamanixLib.unstableVersion source.lastModifiedDate
+      else
+        "0-unstable";
+
+    # nixpkgs' patches and its postPatch target nixpkgs' own tag (its postPatch deletes a
+    # prebuilt UI file that newer trees no longer have).
+    patches = [ ];
+    postPatch = lib.optionalString isIk ''
+      # ik_llama.cpp takes its build info only from git, which the sandbox has not; say what
+      # would have been found.
+      substituteInPlace cmake/build-info.cmake \
+        --replace-fail 'set(BUILD_NUMBER 0)' 'set(BUILD_NUMBER ${toString buildNumber})' \
+        --replace-fail 'set(BUILD_COMMIT "unknown")' 'set(BUILD_COMMIT "${commit}")'
+    '';
+
+    # nixpkgs builds the UI with npm here and reads the commit from a file its fetcher wrote;
+    # the commit is a cmake flag above and the UI is off, so no npm dependencies are fetched.
+    preConfigure = "";
+    npmDeps = null;
+    nativeBuildInputs = builtins.filter (
+      drv:
+      !(builtins.elem (lib.getName drv) [
+        "npm-config-hook"
+        "nodejs"
+      ])
+    ) (prev.nativeBuildInputs or [ ]);
+
+    postInstall = ''
+      if [ -e "$out/bin/llama-cli" ]; then ln -sf llama-cli "$out/bin/llama"; fi
+    '';
+  }
+)

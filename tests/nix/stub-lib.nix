@@ -1,0 +1,56 @@
+# A stand-in for nixpkgs' lib, just large enough to evaluate nix/schema-options.nix and the
+# option declarations of modules/llamanix.nix where nixpkgs is not available (CI).
+#
+# Option types become plain data ({ name = "nullOr"; elem = ...; }) so a test can compare them
+# with schema.json; addCheck keeps its predicate so a test can call it on the schema's bounds.
+# Nothing here checks values: that is nixpkgs' job, and the real module is evaluated against
+# nixpkgs' lib where nixpkgs is available.
+let
+  type = name: attrs: { inherit name; } // attrs;
+in
+{
+  mkOption = args: { _type = "option"; } // args;
+  mkEnableOption = what: {
+    _type = "option";
+    type = type "bool" { };
+    default = false;
+    description = "Whether to enable ${what}.";
+  };
+  mkIf = condition: content: {
+    _type = "if";
+    inherit condition content;
+  };
+  literalExpression = text: {
+    _type = "literalExpression";
+    inherit text;
+  };
+  literalMD = text: {
+    _type = "literalMD";
+    inherit text;
+  };
+
+  types = {
+    str = type "str" { };
+    int = type "int" { };
+    number = type "number" { };
+    bool = type "bool" { };
+    package = type "package" { };
+    raw = type "raw" { };
+    strMatching = pattern: type "strMatching" { inherit pattern; };
+    enum = values: type "enum" { inherit values; };
+    nullOr = elem: type "nullOr" { inherit elem; };
+    listOf = elem: type "listOf" { inherit elem; };
+    attrsOf = elem: type "attrsOf" { inherit elem; };
+    either = left: right: type "either" { inherit left right; };
+    submodule = module: type "submodule" { inherit module; };
+    addCheck = elem: check: type "addCheck" { inherit elem check; };
+    ints = {
+      between = min: max: type "intBetween" { inherit min max; };
+      unsigned = type "intUnsigned" { };
+      positive = type "intPositive" { };
+    };
+    numbers = {
+      between = min: max: type "numberBetween" { inherit min max; };
+    };
+  };
+}

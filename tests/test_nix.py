@@ -1,0 +1,463 @@
+"""The Nix side without nixpkgs: every .nix parses, the pure Nix functions compute what the builds
+need, the NixOS module's options are exactly llamanix.toml's keys, the flake's inputs and lock
+agree with the variant registry, and the module's render command turns the module's JSON into
+units (with a real `llamanix probe` of a real llama-server).
+
+CI has Nix (nix-instantiate) but no nixpkgs: Nix expressions are evaluated with a stub lib
+(tests/nix/stub-lib.nix) where they need one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from llamanix import server_build
+from llamanix.variants import VARIANTS
+
+ROOT = Path(__file__).resolve().parent.parent
+SCHEMA: dict[str, dict[str, dict[str, Any]]] = json.loads(
+    (ROOT / "tools/llamanix/data/schema.json").read_text()
+)
+RENDER_UNITS = ROOT / "modules/render-units.sh"
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("nix-instantiate") is None, reason="nix-instantiate is not installed"
+)
+
+
+def nix_eval(expr_or_file: str | Path, **argstr: str) -> Any:
+    """Evaluate a Nix file (Path) or expression (str) strictly, as JSON, without a store write."""
+    argv = ["nix-instantiate", "--readonly-mode", "--eval", "--strict", "--json"]
+    argv += [str(expr_or_file)] if isinstance(expr_or_file, Path) else ["-E", expr_or_file]
+    for name, value in argstr.items():
+        argv += ["--argstr", name, value]
+    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def lib_call(call: str) -> Any:
+    return nix_eval(f"let l = import ./nix/lib.nix; in {call}")
+
+
+def nix_files() -> list[Path]:
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z", "--", "*.nix"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return [ROOT / name for name in listed.split("\0") if name]
+
+
+# --- every file parses ---------------------------------------------------------------------
+
+
+def test_every_nix_file_parses() -> None:
+    files = nix_files()
+    assert {"flake.nix", "modules/llamanix.nix", "pkgs/llama-cpp-variant.nix"} <= {
+        str(f.relative_to(ROOT)) for f in files
+    }
+    for path in files:
+        proc = subprocess.run(
+            ["nix-instantiate", "--parse", str(path)], capture_output=True, text=True, check=False
+        )
+        assert proc.returncode == 0, f"{path.relative_to(ROOT)}: {proc.stderr}"
+
+
+# --- pure functions the builds use ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("archs", "cmake"),
+    [
+        (["8.6", "12.0"], "86;120"),
+        (["12.0"], "120"),
+        (["8.6"], "86"),
+        (["8.9", "12.0a", "9.0"], "89;120a;90"),
+        ([], ""),
+    ],
+)
+def test_cuda_archs_become_the_cmake_list(archs: list[str], cmake: str) -> None:
+    assert lib_call(f"l.cmakeCudaArchitectures (builtins.fromJSON ''{json.dumps(archs)}'')") == (
+        cmake
+    )
+
+
+def test_all_quants_flash_attention_flag_follows_the_source() -> None:
+    # The option lines as ggml/CMakeLists.txt words them before and after the rename.
+    old = 'option(GGML_CUDA_FA_ALL_QUANTS "ggml: compile all quants for FlashAttention" OFF)'
+    new = old + '\nset(GGML_CUDA_FA_QUANTS "q4_0-q4_0;q8_0-q8_0;f16-f16;bf16-bf16" CACHE STRING'
+    assert lib_call(f"l.cudaFaQuantsFlags ''{old}''") == ["-DGGML_CUDA_FA_ALL_QUANTS:BOOL=TRUE"]
+    assert lib_call(f"l.cudaFaQuantsFlags ''{new}''") == ["-DGGML_CUDA_FA_QUANTS:STRING=all"]
+    # Unknown source (nixpkgs' own, a derivation): the spelling every ggml accepts.
+    assert lib_call("l.cudaFaQuantsFlags null") == ["-DGGML_CUDA_FA_ALL_QUANTS:BOOL=TRUE"]
+
+
+def test_redefined_cmake_flags_are_dropped_exactly() -> None:
+    flags = [
+        "-DCMAKE_CUDA_ARCHITECTURES:STRING=52;61",
+        "-DLLAMA_BUILD_NUMBER=8770",
+        "-DLLAMA_BUILD_NUMBERS=1",
+        "-DGGML_NATIVE:BOOL=FALSE",
+    ]
+    kept = lib_call(
+        'l.dropCMakeFlags [ "CMAKE_CUDA_ARCHITECTURES" "LLAMA_BUILD_NUMBER" ] '
+        f"(builtins.fromJSON ''{json.dumps(flags)}'')"
+    )
+    assert kept == ["-DLLAMA_BUILD_NUMBERS=1", "-DGGML_NATIVE:BOOL=FALSE"]
+
+
+def test_unstable_version_from_last_modified_date() -> None:
+    assert lib_call('l.unstableVersion "20260516152027"') == "0-unstable-2026-05-16"
+
+
+def test_package_names_cover_every_variant_and_arch_set() -> None:
+    packages = lib_call("l.variantPackages")
+    variants = SCHEMA["instances"]["variant"]["values"]
+    assert set(variants) == set(VARIANTS)
+    expected = {
+        f"llama-cpp-{v}{suffix}": archs
+        for v in variants
+        for suffix, archs in (
+            ("", ["8.6", "12.0"]),
+            ("-sm120", ["12.0"]),
+            ("-sm86", ["8.6"]),
+            ("-cpu", []),
+        )
+    }
+    assert {name: p["cudaArchs"] for name, p in packages.items()} == expected
+    assert all(p["variant"] == name.split("-")[2] for name, p in packages.items())
+
+
+def test_cuda_unfree_predicate_admits_only_cuda_licenses() -> None:
+    verdicts = lib_call(
+        "map l.allowCudaUnfree ["
+        ' { meta.license = { free = false; shortName = "CUDA EULA"; }; }'
+        ' { meta.license = [ { free = true; shortName = "mit"; }'
+        '   { free = false; shortName = "cuDNN EULA"; } ]; }'
+        ' { meta.license = { free = false; shortName = "unfree"; }; }'
+        " { }"
+        " ]"
+    )
+    assert verdicts == [True, True, False, True]
+
+
+# --- the module's options are the schema's keys --------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def options() -> dict[str, Any]:
+    result: dict[str, Any] = nix_eval(ROOT / "tests/nix/options.nix")
+    return result
+
+
+def test_instance_options_are_exactly_the_instance_keys(options: dict[str, Any]) -> None:
+    set_by_module = set(options["instanceKeysSetByModule"])
+    assert set_by_module == {"host", "binary"}
+    schema_keys = set(SCHEMA["instances"]) - set_by_module
+    assert set(options["schemaInstanceOptions"]) == schema_keys
+    # The module's instance submodule: the schema keys, the speculative table, and the
+    # documented module-only options; nothing else.
+    module_only = set(options["moduleOnlyInstanceOptions"])
+    assert module_only == {"package", "cudaArchs", "openFirewall"}
+    assert set(options["moduleInstanceOptions"]) == schema_keys | {"speculative"} | module_only
+    assert not module_only & set(SCHEMA["instances"])
+
+
+def test_speculative_options_are_exactly_the_speculative_keys(options: dict[str, Any]) -> None:
+    assert set(options["schemaSpeculativeOptions"]) == set(SCHEMA["speculative"])
+    assert set(options["moduleSpeculativeOptions"]) == set(SCHEMA["speculative"])
+
+
+def test_host_keys_are_module_options_or_set_by_the_module(options: dict[str, Any]) -> None:
+    mapped: dict[str, str] = options["hostKeyOptions"]
+    assert set(mapped) | set(options["hostKeysSetByModule"]) == set(SCHEMA["hosts"])
+    assert not set(mapped) & set(options["hostKeysSetByModule"])
+    assert set(mapped.values()) <= set(options["moduleTopOptions"])
+    assert set(options["moduleTopOptions"]) == {
+        "enable",
+        "instances",
+        "gpu",
+        "cudaArchs",
+        "packageSet",
+    }
+    assert options["moduleHostOptionTypes"]["gpu"] == {"name": "nullOr", "elem": {"name": "str"}}
+    assert options["moduleHostOptionTypes"]["cudaArchs"]["name"] == "listOf"
+
+
+def expected_type(field: dict[str, Any]) -> dict[str, Any]:
+    """What nix/schema-options.nix must make of a schema field (as the stub lib shows types)."""
+    kind = field["type"]
+    lo, hi = field.get("minimum"), field.get("maximum")
+    if kind == "str":
+        t: dict[str, Any] = {"name": "str"}
+    elif kind == "path":
+        t = {"name": "strMatching", "pattern": "/.*", "description": "absolute path (a string)"}
+    elif kind == "int":
+        if lo is not None and hi is not None:
+            t = {"name": "intBetween", "min": lo, "max": hi}
+        elif lo == 0:
+            t = {"name": "intUnsigned"}
+        elif lo == 1:
+            t = {"name": "intPositive"}
+        elif lo is not None:
+            t = {
+                "name": "addCheck",
+                "elem": {"name": "int"},
+                "description": f"integer, at least {lo}",
+            }
+        else:
+            t = {"name": "int"}
+    elif kind == "float":
+        assert lo is not None and hi is not None, "extend this test for one-sided float bounds"
+        t = {"name": "numberBetween", "min": lo, "max": hi}
+    elif kind == "bool":
+        t = {"name": "bool"}
+    elif kind == "enum":
+        t = {"name": "enum", "values": field["values"]}
+    elif kind == "layers":
+        t = {
+            "name": "either",
+            "left": {"name": "intUnsigned"},
+            "right": {"name": "enum", "values": ["all", "auto"]},
+        }
+    elif kind == "list_str":
+        t = {"name": "listOf", "elem": {"name": "str"}}
+    elif kind == "dict_str":
+        t = {"name": "attrsOf", "elem": {"name": "str"}}
+    else:
+        raise AssertionError(f"schema kind {kind} is new: map it in nix/schema-options.nix")
+    absent = field["default"] is None and not field.get("required", False)
+    return {"name": "nullOr", "elem": t} if absent else t
+
+
+@pytest.mark.parametrize("table", ["instances", "speculative"])
+def test_option_types_defaults_and_docs_follow_the_schema(
+    options: dict[str, Any], table: str
+) -> None:
+    declared = options[
+        "schemaInstanceOptions" if table == "instances" else "schemaSpeculativeOptions"
+    ]
+    for name, option in declared.items():
+        field = SCHEMA[table][name]
+        assert option["type"] == expected_type(field), name
+        assert option["description"] == field["doc"], name
+        if field.get("required"):
+            assert not option["hasDefault"], f"{name} is required: it must have no default"
+        else:
+            assert option["hasDefault"], name
+            assert option["default"] == field["default"], name
+        assert option["example"] == field.get("example"), name
+        if option["bounds"] is not None:
+            assert option["bounds"] == {"atMinimum": True, "belowMinimum": False}, name
+
+
+# --- the flake's inputs and pins -------------------------------------------------------------
+
+
+def parse_github_url(url: str) -> dict[str, str]:
+    m = re.fullmatch(r"github:([^/]+)/([^/]+)(?:/(.+))?", url)
+    assert m, url
+    out = {"type": "github", "owner": m.group(1), "repo": m.group(2)}
+    if m.group(3):
+        out["ref"] = m.group(3)
+    return out
+
+
+def test_flake_inputs_are_the_registry_variants() -> None:
+    inputs: dict[str, Any] = nix_eval("(import ./flake.nix).inputs")
+    sourced = {v.flake_input: v for v in VARIANTS.values() if v.flake_input}
+    assert set(inputs) == {"nixpkgs", *sourced}
+    assert inputs["nixpkgs"]["url"] == "github:NixOS/nixpkgs/nixos-unstable"
+    for name, variant in sourced.items():
+        assert inputs[name]["flake"] is False, f"{name}: built with our nixpkgs, not its flake"
+        assert inputs[name]["url"] == variant.upstream, name
+
+
+def test_flake_lock_pins_every_input_completely() -> None:
+    lock = json.loads((ROOT / "flake.lock").read_text())
+    inputs: dict[str, Any] = nix_eval("(import ./flake.nix).inputs")
+    assert lock["version"] == 7
+    root = lock["nodes"][lock["root"]]["inputs"]
+    assert set(root) == set(inputs)
+    build_numbers: dict[str, int] = lib_call("l.buildNumbers")
+    for name, node_name in root.items():
+        node = lock["nodes"][node_name]
+        # Nix re-locks an input whose "original" no longer matches flake.nix.
+        assert node["original"] == parse_github_url(inputs[name]["url"]), name
+        locked = node["locked"]
+        assert locked["type"] == "github", name
+        assert locked["repo"] == node["original"]["repo"], name
+        # The MTP pin is PR #22673's merge commit, which lives in ggml-org/llama.cpp (the fork
+        # network of am17an/llama.cpp); every other pin is a commit of the repository named.
+        owner = "ggml-org" if name == "llama-cpp-mtp" else node["original"]["owner"]
+        assert locked["owner"] == owner, name
+        assert re.fullmatch(r"[0-9a-f]{40}", locked["rev"]), name
+        assert re.fullmatch(r"sha256-[A-Za-z0-9+/]{43}=", locked["narHash"]), name
+        # Between 2026-01-01 and 2027-01-01: a commit date, not a placeholder.
+        assert 1767225600 < locked["lastModified"] < 1798761600, name
+        assert node.get("flake", True) == (name == "nixpkgs"), name
+        if name != "nixpkgs":
+            assert locked["rev"] in build_numbers, (
+                f"{name}: record the build number of {locked['rev']} in nix/lib.nix buildNumbers"
+            )
+
+
+# --- the module's render command --------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def llama_server() -> Path:
+    return server_build.ensure_llama_server()
+
+
+@pytest.fixture(scope="module")
+def capabilities(llama_server: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The probe the module's build makes of a package's llama-server (`llamanix probe --json`)."""
+    path = tmp_path_factory.mktemp("probe") / "capabilities.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "llamanix", "probe", str(llama_server), "--json"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    path.write_text(proc.stdout)
+    return path
+
+
+def module_json(tmp_path: Path, spec: dict[str, Any]) -> Path:
+    data = nix_eval(ROOT / "tests/nix/module-json.nix", spec=json.dumps(spec))
+    # The module's file is named llamanix.json too: the generator reads it by its suffix.
+    path = tmp_path / "llamanix.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def render_units(
+    config: Path, host: str, out: Path, *caps: str
+) -> subprocess.CompletedProcess[str]:
+    """Exactly what the module's units derivation runs (with llamanix from this checkout)."""
+    llamanix = shutil.which("llamanix")
+    assert llamanix, "the llamanix command is not on PATH (pip install -e .)"
+    path = f"{Path(llamanix).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    return subprocess.run(
+        ["bash", str(RENDER_UNITS), str(config), host, str(out), *caps],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "PATH": path},
+    )
+
+
+def test_render_command_makes_units_from_the_module_json(
+    tmp_path: Path, llama_server: Path, capabilities: Path
+) -> None:
+    spec = {
+        "host": "gpu1",
+        "gpu": "rtx3090",
+        "cudaArchs": ["8.6"],
+        "instances": {
+            "qwen": {
+                "binary": str(llama_server),
+                "settings": {
+                    "model": "/srv/models/qwen.gguf",
+                    "alias": "qwen",
+                    "port": 8080,
+                    "context": 32768,
+                    "flash_attn": "on",
+                    "cache_type_k": "q8_0",
+                    "cache_type_v": "q8_0",
+                    "speculative": {"type": "ngram-mod", "n_max": 16},
+                    "openFirewall": True,
+                },
+            },
+            "small": {
+                "binary": str(llama_server),
+                "settings": {"model": "/srv/models/small.gguf", "port": 8081},
+            },
+        },
+    }
+    config = module_json(tmp_path, spec)
+    data = json.loads(config.read_text())
+    # Left-out options stay out (the binary's defaults apply); module-only options never go in.
+    assert data["hosts"] == {"gpu1": {"kind": "nixos", "gpu": "rtx3090", "cuda_archs": ["8.6"]}}
+    assert "context" not in data["instances"]["small"]
+    assert "openFirewall" not in data["instances"]["qwen"]
+    assert data["instances"]["small"]["binary"] == str(llama_server)
+
+    out = tmp_path / "out"
+    proc = render_units(config, "gpu1", out, f"qwen={capabilities}", f"small={capabilities}")
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()) == [
+        "lib/systemd/system/llamanix-qwen.service",
+        "lib/systemd/system/llamanix-small.service",
+        "share/llamanix/manifest.json",
+        "share/llamanix/qwen.argv.json",
+        "share/llamanix/small.argv.json",
+    ]
+    unit = (out / "lib/systemd/system/llamanix-qwen.service").read_text()
+    exec_start = next(line for line in unit.splitlines() if line.startswith("ExecStart="))
+    assert exec_start.startswith(f"ExecStart={llama_server} ")
+    for piece in ("-m /srv/models/qwen.gguf", "-c 32768", "-ctk q8_0", "-ctv q8_0", "-fa on"):
+        assert f" {piece}" in exec_start, piece
+    assert "--spec-type ngram-mod" in exec_start
+    assert "DeviceAllow=char-nvidia-uvm rw" in unit  # the host names a GPU
+    assert "StateDirectory=llamanix-qwen" in unit and "CacheDirectory=llamanix-qwen" in unit
+    argv = json.loads((out / "share/llamanix/qwen.argv.json").read_text())
+    assert argv[0] == str(llama_server)
+    manifest = json.loads((out / "share/llamanix/manifest.json").read_text())
+    assert manifest["host"] == "gpu1" and manifest["kind"] == "nixos"
+    assert set(manifest["instances"]) == {"qwen", "small"}
+    assert manifest["instances"]["qwen"]["argv"] == argv
+    # The probe's commit is what the manifest reports as the source revision.
+    probed = json.loads(capabilities.read_text())
+    assert manifest["instances"]["small"]["source_revision"] == probed["commit"]
+
+
+@pytest.mark.parametrize(
+    ("settings", "field"),
+    [
+        # The variant registry refuses it: quantized V needs flash attention.
+        (
+            {"model": "/m.gguf", "cache_type_v": "q4_0", "flash_attn": "off"},
+            "instances.bad.flash_attn",
+        ),
+        # The probe of the binary refuses it.
+        ({"model": "/m.gguf", "extra_args": ["--no-such-flag"]}, "instances.bad.extra_args"),
+    ],
+)
+def test_render_command_fails_on_a_config_error_and_writes_nothing(
+    tmp_path: Path,
+    llama_server: Path,
+    capabilities: Path,
+    settings: dict[str, Any],
+    field: str,
+) -> None:
+    spec = {"host": "h", "instances": {"bad": {"binary": str(llama_server), "settings": settings}}}
+    config = module_json(tmp_path, spec)
+    out = tmp_path / "out"
+    proc = render_units(config, "h", out, f"bad={capabilities}")
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith(f"{config}: {field}: ")
+    assert "Traceback" not in proc.stderr
+    assert not out.exists()
+
+
+def test_render_command_usage() -> None:
+    proc = subprocess.run(["bash", str(RENDER_UNITS)], capture_output=True, text=True, check=False)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("usage: ")
