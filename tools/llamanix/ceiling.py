@@ -32,16 +32,16 @@ _UNITS = {
 _BYTES_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 
 
-def parse_bytes(text: str, source: str = "--bytes") -> int:
+def parse_bytes(text: str, source: str = "llamanix ceiling", field: str = "--bytes") -> int:
     """A byte count: ``15300000000``, ``15.3e9``, ``15.3GB`` (10^9) or ``14.25GiB`` (2^30)."""
     match = _BYTES_RE.match(text)
     unit = match.group(2).lower() if match else ""
     if match is None or unit not in _UNITS:
-        raise UserError(Problem(source, "bytes", f"{text!r} is not a byte count",
+        raise UserError(Problem(source, field, f"{text!r} is not a byte count",
                                 "write e.g. 15300000000, 15.3e9, 15.3GB or 14.25GiB"))
     value = float(match.group(1)) * _UNITS[unit]
     if value <= 0:
-        raise UserError(Problem(source, "bytes", f"{text!r} is not positive",
+        raise UserError(Problem(source, field, f"{text!r} is not positive",
                                 "give the model's size in bytes"))
     return round(value)
 
@@ -53,7 +53,7 @@ def decode_ceiling_tok_s(bandwidth_gb_s: float, bytes_per_token: float) -> float
     return bandwidth_gb_s * GB / bytes_per_token
 
 
-def find_gpu(name: str, source: str = "--gpu") -> Gpu:
+def find_gpu(name: str, source: str = "llamanix", field: str = "--gpu") -> Gpu:
     """A GPU from the table by key (``rtx5090``) or label, case and punctuation ignored."""
     gpus = load_gpus()
 
@@ -64,7 +64,7 @@ def find_gpu(name: str, source: str = "--gpu") -> Gpu:
     for gpu in gpus.values():
         if wanted in (norm(gpu.name), norm(gpu.label)):
             return gpu
-    raise UserError(Problem(source, "gpu", f"unknown GPU {name!r}",
+    raise UserError(Problem(source, field, f"unknown GPU {name!r}",
                             f"use one of {', '.join(gpus)} (llamanix ceiling --list), "
                             "or give --bandwidth"))
 

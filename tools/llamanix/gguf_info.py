@@ -187,13 +187,13 @@ class _Fields:
         fld = self.reader.fields.get(key.replace("{arch}", self.arch))
         return None if fld is None else fld.contents()
 
-    def int(self, key: str) -> int | None:
+    def integer(self, key: str) -> int | None:
         value = self.raw(key)
         if value is None or isinstance(value, list):
             return None
         return int(value)
 
-    def int_or_list(self, key: str, n: int) -> list[int] | None:
+    def integers(self, key: str, n: int) -> list[int] | None:
         value = self.raw(key)
         if value is None:
             return None
@@ -201,14 +201,11 @@ class _Fields:
             return [int(v) for v in value] + [0] * (n - len(value))
         return [int(value)] * n
 
-    def bool(self, key: str, default: bool) -> bool:
-        value = self.raw(key)
-        return default if value is None else bool(value)
-
 
 def _open(path: Path) -> GGUFReader:
     if not path.is_file():
-        raise UserError(Problem(str(path), "model", "no such file", "give the path of a .gguf file"))
+        raise UserError(Problem(str(path), "model", "no such file",
+                                "give the path of a .gguf file"))
     stat = path.stat()
     return _open_cached(path.resolve(), stat.st_mtime_ns, stat.st_size)
 
@@ -217,11 +214,16 @@ def _open(path: Path) -> GGUFReader:
 # its vocabulary, so one parse serves both (keyed on mtime and size to notice a replaced file).
 @lru_cache(maxsize=8)
 def _open_cached(path: Path, mtime_ns: int, size: int) -> GGUFReader:
+    with path.open("rb") as fh:
+        magic = fh.read(4)
+    if magic != b"GGUF":
+        raise UserError(Problem(str(path), "model", "not a GGUF file (no GGUF magic)",
+                                "give the path of a .gguf model file"))
     try:
         return GGUFReader(path)
-    except (ValueError, OSError, IndexError, KeyError) as err:
-        raise UserError(Problem(str(path), "model", f"not a readable GGUF file ({err})",
-                                "give the path of a .gguf model file")) from None
+    except (ValueError, OSError, IndexError, KeyError):
+        raise UserError(Problem(str(path), "model", "truncated or corrupt GGUF file",
+                                "download or convert the model again")) from None
 
 
 def _recurrent_flags(f: _Fields, arch: str, n_all: int, n_nextn: int,
@@ -235,7 +237,7 @@ def _recurrent_flags(f: _Fields, arch: str, n_all: int, n_nextn: int,
     if isinstance(explicit, list):
         flags = [bool(v) for v in explicit]
         return flags + [False] * (n_all - len(flags))
-    interval = f.int("{arch}.full_attention_interval")
+    interval = f.integer("{arch}.full_attention_interval")
     if interval is not None or arch in ("qwen3next", "qwen35", "qwen35moe", "qwen4exp"):
         step = interval or DEFAULT_FULL_ATTENTION_INTERVAL
         return [i < n_trunk and (i + 1) % step != 0 for i in range(n_all)]
@@ -249,14 +251,14 @@ def _recurrent_state_bytes(f: _Fields, n_recurrent: int) -> int:
     """f32 state one sequence keeps per recurrent block (llama_hparams::n_embd_r + n_embd_s)."""
     if n_recurrent == 0:
         return 0
-    d_conv = f.int("{arch}.ssm.conv_kernel") or 0
-    d_inner = f.int("{arch}.ssm.inner_size") or 0
-    d_state = f.int("{arch}.ssm.state_size") or 0
-    n_group = f.int("{arch}.ssm.group_count") or 0
-    wkv = f.int("{arch}.wkv.head_size") or 0
-    n_embd = f.int("{arch}.embedding_length") or 0
+    d_conv = f.integer("{arch}.ssm.conv_kernel") or 0
+    d_inner = f.integer("{arch}.ssm.inner_size") or 0
+    d_state = f.integer("{arch}.ssm.state_size") or 0
+    n_group = f.integer("{arch}.ssm.group_count") or 0
+    wkv = f.integer("{arch}.wkv.head_size") or 0
+    n_embd = f.integer("{arch}.embedding_length") or 0
     if wkv:
-        shift = f.int("{arch}.token_shift_count") or 2
+        shift = f.integer("{arch}.token_shift_count") or 2
         per_layer = shift * n_embd + n_embd * wkv
     else:
         per_layer = max(d_conv - 1, 0) * (d_inner + 2 * n_group * d_state) + d_state * d_inner
@@ -291,15 +293,15 @@ def read_gguf(path: Path) -> GgufInfo:
         if t.name == "output.weight":
             has_output = True
 
-    n_all = f.int("{arch}.block_count") or 0
-    n_nextn = f.int("{arch}.nextn_predict_layers") or 0
-    n_head = f.int_or_list("{arch}.attention.head_count", n_all)
-    n_head_kv = f.int_or_list("{arch}.attention.head_count_kv", n_all) or n_head
-    n_embd = f.int("{arch}.embedding_length")
+    n_all = f.integer("{arch}.block_count") or 0
+    n_nextn = f.integer("{arch}.nextn_predict_layers") or 0
+    n_head = f.integers("{arch}.attention.head_count", n_all)
+    n_head_kv = f.integers("{arch}.attention.head_count_kv", n_all) or n_head
+    n_embd = f.integer("{arch}.embedding_length")
     head0 = next((h for h in (n_head or []) if h > 0), None)
     default_dim = n_embd // head0 if n_embd and head0 else None
-    dim_k = f.int("{arch}.attention.key_length") or default_dim
-    dim_v = f.int("{arch}.attention.value_length") or default_dim
+    dim_k = f.integer("{arch}.attention.key_length") or default_dim
+    dim_v = f.integer("{arch}.attention.value_length") or default_dim
     recurrent = _recurrent_flags(f, arch, n_all, n_nextn, n_head_kv)
     kv_widths = tuple(
         (n_head_kv[i] * (dim_k or 0), n_head_kv[i] * (dim_v or 0))
@@ -309,7 +311,7 @@ def read_gguf(path: Path) -> GgufInfo:
     n_recurrent = sum(recurrent)
 
     tokens_field = reader.fields.get("tokenizer.ggml.tokens")
-    vocab_size = f.int("{arch}.vocab_size") or (len(tokens_field.data) if tokens_field else 0)
+    vocab_size = f.integer("{arch}.vocab_size") or (len(tokens_field.data) if tokens_field else 0)
     tok_model = f.raw("tokenizer.ggml.model")
 
     return GgufInfo(
@@ -325,7 +327,7 @@ def read_gguf(path: Path) -> GgufInfo:
         },
         vocab_size=vocab_size,
         tokenizer_model=None if tok_model is None else str(tok_model),
-        context_length=f.int("{arch}.context_length"),
+        context_length=f.integer("{arch}.context_length"),
         block_count=n_all,
         nextn_layers=n_nextn,
         attention_layers=len(kv_widths),
@@ -335,9 +337,9 @@ def read_gguf(path: Path) -> GgufInfo:
         head_count_kv=max(n_head_kv) if n_head_kv else None,
         head_dim_k=dim_k,
         head_dim_v=dim_v,
-        sliding_window=f.int("{arch}.attention.sliding_window"),
-        expert_count=f.int("{arch}.expert_count") or 0,
-        expert_used_count=f.int("{arch}.expert_used_count") or 0,
+        sliding_window=f.integer("{arch}.attention.sliding_window"),
+        expert_count=f.integer("{arch}.expert_count") or 0,
+        expert_used_count=f.integer("{arch}.expert_used_count") or 0,
         expert_tensor_bytes=expert_bytes,
         token_embd_bytes=embd_bytes,
         output_tied=bool(embd_bytes) and not has_output,

@@ -14,6 +14,9 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 PREFIX = "llamacpp:"
+# Declared a counter by llama-server but a running maximum: its delta means nothing. The parser
+# appends "_total" to counter samples that lack it; this one keeps its own name.
+NOT_COUNTERS = frozenset({"n_tokens_max"})
 
 
 @dataclass(frozen=True)
@@ -41,7 +44,11 @@ def parse_metrics(text: str) -> MetricsSnapshot:
     values: dict[str, float] = {}
     counters: set[str] = set()
     for family in text_string_to_metric_families(text):
+        family_name = _sample_key(family.name, {})
         for sample in family.samples:
+            if family_name in NOT_COUNTERS:
+                values[_sample_key(family.name, dict(sample.labels))] = float(sample.value)
+                continue
             key = _sample_key(sample.name, dict(sample.labels))
             values[key] = float(sample.value)
             if family.type == "counter":

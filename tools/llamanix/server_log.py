@@ -14,17 +14,19 @@ from typing import Any
 _NUM = r"([0-9]+(?:\.[0-9]+)?)"
 _SLOT = re.compile(r"id\s+(\d+)\s*\|\s*task\s+(-?\d+)\s*\|")
 _PROMPT_EVAL = re.compile(
-    rf"prompt eval time =\s*{_NUM} ms /\s*(\d+) tokens \(\s*{_NUM} ms per token,\s*{_NUM} tokens per second\)"
+    rf"prompt eval time =\s*{_NUM} ms /\s*(\d+) tokens "
+    rf"\(\s*{_NUM} ms per token,\s*{_NUM} tokens per second\)"
 )
 # "eval time" but not "prompt eval time"
 _EVAL = re.compile(
-    rf"(?<!prompt )eval time =\s*{_NUM} ms /\s*(\d+) (?:tokens|runs)\s*\(\s*{_NUM} ms per token,\s*{_NUM} tokens per second\)"
+    rf"(?<!prompt )eval time =\s*{_NUM} ms /\s*(\d+) (?:tokens|runs)\s*"
+    rf"\(\s*{_NUM} ms per token,\s*{_NUM} tokens per second\)"
 )
-_TOTAL = re.compile(rf"total time =\s*{_NUM} ms /\s*(\d+) tokens")
 # master: "draft acceptance = 1.00000 (   56 accepted /    56 generated), mean len =  9.00"
 # b8770 / ik: "draft acceptance rate = 0.57576 (   19 accepted /    33 generated)"
 _ACCEPTANCE = re.compile(
-    rf"draft acceptance(?: rate)? =\s*{_NUM}\s*\(\s*(\d+)(?: accepted)?\s*/\s*(\d+)(?: generated)?\s*\)"
+    rf"draft acceptance(?: rate)? =\s*{_NUM}\s*"
+    rf"\(\s*(\d+)(?: accepted)?\s*/\s*(\d+)(?: generated)?\s*\)"
     rf"(?:,\s*mean len =\s*{_NUM})?"
 )
 _SPEC_STATS = re.compile(r"#gen tokens =\s*(\d+),\s*#acc tokens =\s*(\d+)")
@@ -36,9 +38,19 @@ _VOCAB_INCOMPATIBLE = re.compile(
     r"vocabs are not compatible|draft model vocab (?:type )?must (?:closely )?match"
 )
 _SPEC_INIT_FAILED = re.compile(r"failed to initialize speculative decoding context: (.*)$")
+# master: "quantized V cache requires flash_attn to be enabled"; ik: "V cache quantization
+# requires flash_attn"
+_V_QUANT_NEEDS_FA = re.compile(
+    r"quantized V cache requires flash_attn|V cache quantization requires flash_attn"
+)
 _CUDA_DEVICE = re.compile(r"Device (\d+): (.+?), compute capability (\d+)\.(\d+)")
+# "llama_kv_cache:      CUDA0 KV buffer size =  8192.00 MiB", "load_tensors: CPU_Mapped model
+# buffer size = 8.44 MiB" (printed at -lv 4 and above in master)
+_KV_BUFFER = re.compile(r"\bKV buffer size =\s*([0-9.]+) MiB")
+_MODEL_BUFFER = re.compile(r"\bmodel buffer size =\s*([0-9.]+) MiB")
 _OFFLOADED = re.compile(r"offloaded (\d+)/(\d+) layers to GPU")
-_BUILD = re.compile(r"build:\s*(\S+)\s*\((\w+)\)")
+# master: "build 0 (0c1e570) with GNU 12.2.0 for Linux x86_64"; older: "build: 8770 (abc1234) with"
+_BUILD = re.compile(r"\bbuild:?\s+(\S+)\s+\(([0-9a-fA-F]+|unknown)\)\s+with")
 
 
 @dataclass(frozen=True)
@@ -85,8 +97,11 @@ class ServerLog:
     spec_init_error: str | None = None
     draft_model: str | None = None
     vocab_incompatible: bool = False
+    v_quant_needs_fa: bool = False
     cuda_devices: list[CudaDevice] = field(default_factory=list)
     layers_offloaded: tuple[int, int] | None = None
+    kv_buffer_mib: float = 0.0
+    model_buffer_mib: float = 0.0
     build: str | None = None
     spec_generated_tokens: int | None = None
     spec_accepted_tokens: int | None = None
@@ -159,9 +174,15 @@ def parse_line(log: ServerLog, line: str) -> None:
             log.vocab_incompatible = True
     elif _VOCAB_INCOMPATIBLE.search(line):
         log.vocab_incompatible = True
+    elif _V_QUANT_NEEDS_FA.search(line):
+        log.v_quant_needs_fa = True
     elif match := _CUDA_DEVICE.search(line):
         log.cuda_devices.append(CudaDevice(index=int(match.group(1)), name=match.group(2).strip(),
                                            compute_capability=f"{match.group(3)}.{match.group(4)}"))
+    elif match := _KV_BUFFER.search(line):
+        log.kv_buffer_mib += float(match.group(1))
+    elif match := _MODEL_BUFFER.search(line):
+        log.model_buffer_mib += float(match.group(1))
     elif match := _OFFLOADED.search(line):
         log.layers_offloaded = (int(match.group(1)), int(match.group(2)))
     elif (match := _BUILD.search(line)) and log.build is None:

@@ -12,11 +12,11 @@ Facts are from ../shared/research/flag-matrix.md, checked against source where i
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Literal
 
-from llamanix.schema import CACHE_TYPES, SPEC_TYPES_WITH_DRAFT_MODEL
+from llamanix.schema import CACHE_TYPES, SPEC_TYPES, SPEC_TYPES_WITH_DRAFT_MODEL
 
 if TYPE_CHECKING:
     from llamanix.config import Host, Instance
@@ -142,28 +142,19 @@ UPSTREAM = Dialect(
     ),
 )
 
-# The May 2026 tree PR #22673 was merged from: the refactored flags, -md/-ngld spellings for the
-# draft, no DFlash yet, EAGLE3 only a stub.
-UPSTREAM_MAY_2026 = Dialect(
+# The May 2026 tree PR #22673 was merged from: the same refactored flags, -md/-ngld spellings
+# for the draft, no DFlash yet, EAGLE3 only a stub.
+_NOT_YET_IN_MAY_2026 = ("dflash", "eagle3")
+UPSTREAM_MAY_2026 = replace(
+    UPSTREAM,
     name="upstream-2026-05",
     description="llama.cpp as of the MTP merge (May 2026): refactored --spec-* flags, no DFlash",
     flags=MappingProxyType({**_COMMON_FLAGS, "draft_model": "-md", "draft_gpu_layers": "-ngld"}),
-    spec_style="flags",
     spec_types=MappingProxyType(
-        {
-            "draft": "draft-simple",
-            "ngram-simple": "ngram-simple",
-            "ngram-mod": "ngram-mod",
-            "ngram-cache": "ngram-cache",
-            "ngram-map-k": "ngram-map-k",
-        }
+        {k: v for k, v in UPSTREAM.spec_types.items() if k not in _NOT_YET_IN_MAY_2026}
     ),
-    spec_params=_frozen(
-        {
-            "draft": _DRAFT_PARAMS_UPSTREAM,
-            "mtp": _DRAFT_PARAMS_UPSTREAM,
-            **_NGRAM_PARAMS_UPSTREAM,
-        }
+    spec_params=MappingProxyType(
+        {k: v for k, v in UPSTREAM.spec_params.items() if k not in _NOT_YET_IN_MAY_2026}
     ),
 )
 
@@ -213,21 +204,7 @@ IK = Dialect(
         }
     ),
     # ik's stage parser accepts every key on every stage.
-    spec_params=_frozen(
-        {
-            t: _IK_KEYS
-            for t in (
-                "draft",
-                "mtp",
-                "dflash",
-                "eagle3",
-                "ngram-simple",
-                "ngram-mod",
-                "ngram-cache",
-                "ngram-map-k",
-            )
-        }
-    ),
+    spec_params=_frozen({t: _IK_KEYS for t in SPEC_TYPES if t != "none"}),
     layers_words=False,
     jinja_default=False,
     no_jinja_flag=None,
