@@ -2,7 +2,7 @@
   description = "llamanix: llama.cpp variants (nixpkgs, upstream, ik_llama.cpp, MTP PR) built reproducibly and run as hardened llama-server services";
 
   inputs = {
-    # Needs CUDA >= 12.8 for sm_120 (RTX 50xx); pinned in flake.lock (see docs/nix.md).
+    # Needs CUDA >= 12.8 for sm_120 (RTX 50xx); pinned in flake.lock (see README.md, "Pins").
     nixpkgs.url = "github:NixOS/nixpkgs/nixos-unstable";
 
     # Sources only: every variant is built with the nixpkgs above, never with a flake of its own.
