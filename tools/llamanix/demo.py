@@ -34,7 +34,7 @@ from llamanix.synth import SynthSpec, synth_model
 INSTANCES = ("plain", "speculative")
 DEMO_PROMPT = "Write a short story about a llama who learns to read."
 DEFAULT_TOKENS = 128
-DEFAULT_RUNS = 3
+DEFAULT_RUNS = 5  # the guide: N >= 5 after warm-up, or the numbers are noise
 # A little wider than synth-model's default, so there is something to measure.
 DEMO_MODEL = SynthSpec(layers=4, embd=256, ff=512, heads=4, kv_heads=4, seed=1)
 

@@ -4,7 +4,7 @@
 - ``smoke``: health, plus /metrics parses as Prometheus text (when metrics are on) and, when
   speculation is configured, a completion reports ``draft_n > 0`` (the draft really drafts).
 - ``bench``: health, plus a short decode measurement (``llamanix.bench``, one prompt, one
-  length, a warm-up and three runs) checked against ``--min-tok-s`` or against the instance's
+  length, a warm-up and five runs) checked against ``--min-tok-s`` or against the instance's
   last successful bench (``--max-regression``).
 """
 
@@ -22,7 +22,7 @@ from llamanix.metrics import parse_metrics
 
 GATES = ("health", "smoke", "bench")
 BENCH_MAX_TOKENS = 64
-BENCH_RUNS = 3
+BENCH_RUNS = 5  # N >= 5 after a warm-up: fewer runs make a regression check noise
 POLL_S = 0.2
 
 
