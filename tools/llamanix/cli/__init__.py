@@ -1,6 +1,6 @@
 """The ``llamanix`` command line (click).
 
-Commands live in one module per concern (core, testbed, measure, deploy); each exposes
+Commands live in one module per concern (core, testbed, measure, checks, deploy); each exposes
 ``register(group)``. User mistakes become one line on stderr and exit code 2, never a traceback.
 """
 
@@ -35,9 +35,9 @@ def main() -> None:
 
 
 def _register_all() -> None:
-    from llamanix.cli import core, deploy, measure, testbed
+    from llamanix.cli import checks, core, deploy, measure, testbed
 
-    for module in (core, testbed, measure, deploy):
+    for module in (core, testbed, measure, deploy, checks):
         module.register(main)
 
 
