@@ -74,6 +74,58 @@
         config.allowUnfreePredicate = llamanixLib.allowCudaUnfree;
       };
 
+      # A tiny GGUF made at build time (`llamanix synth-model`): the model of the VM test and
+      # the GPU smoke checks, which may download nothing.
+      syntheticModel = pkgs.callPackage ./pkgs/synthetic-model.nix { };
+
+      # `llamanix smoke` of every CUDA package on the builder's GPU. Not in `checks`: they need
+      # the `cuda` system feature (README.md, "Checking the builds").
+      gpuChecks = pkgs.callPackage ./tests/gpu-smoke.nix {
+        packages = pkgs.llamanixPackages.variants;
+        model = syntheticModel;
+      };
+
+      # `nix run .#smoke -- VARIANT [sm120|sm86|cpu] [llamanix smoke options]`: builds that
+      # package of this flake and smokes it outside the sandbox, on this machine's GPU.
+      smokeApp = pkgs.writeShellApplication {
+        name = "llamanix-smoke";
+        runtimeInputs = [
+          pkgs.llamanix
+          (lib.getBin pkgs.cudaPackages.cuda_cuobjdump)
+        ];
+        # Nix is the caller's own (its settings, its daemon), so it is not an input.
+        text = ''
+          usage="usage: nix run .#smoke -- VARIANT [${lib.concatStringsSep "|" llamanixLib.smokeArchs}] [llamanix smoke options]; VARIANT is one of: ${lib.concatStringsSep " " llamanixLib.variants}"
+          if [ "$#" -lt 1 ]; then
+            echo "$usage" >&2
+            exit 2
+          fi
+          variant=$1
+          shift
+          case "$variant" in
+            ${lib.concatStringsSep "|" llamanixLib.variants}) ;;
+            *)
+              echo "llamanix smoke: unknown variant '$variant'; $usage" >&2
+              exit 2
+              ;;
+          esac
+          suffix=""
+          case "''${1:-}" in
+            ${lib.concatStringsSep "|" llamanixLib.smokeArchs})
+              suffix="-$1"
+              shift
+              ;;
+          esac
+          attr="llama-cpp-$variant$suffix"
+          work=$(mktemp -d)
+          trap 'rm -rf "$work"' EXIT
+          # The out link keeps the build from being garbage-collected while it is smoked.
+          nix --extra-experimental-features "nix-command flakes" build \
+            --out-link "$work/result" "path:${self}#$attr"
+          llamanix smoke --binary "$work/result/bin/llama-server" --variant "$variant" "$@"
+        '';
+      };
+
       # An evaluation of the module with one CPU instance: builds (and so validates) its units.
       exampleSystem = lib.nixosSystem {
         modules = [
@@ -116,6 +168,7 @@
 
       legacyPackages.${system} = {
         inherit (pkgs) llamanixPackages;
+        inherit gpuChecks syntheticModel;
       };
 
       packages.${system} = pkgs.llamanixPackages.variants // {
@@ -123,10 +176,17 @@
         default = pkgs.llamanix;
       };
 
-      apps.${system}.default = {
-        type = "app";
-        program = lib.getExe pkgs.llamanix;
-        meta.description = "the llamanix command";
+      apps.${system} = {
+        default = {
+          type = "app";
+          program = lib.getExe pkgs.llamanix;
+          meta.description = "the llamanix command";
+        };
+        smoke = {
+          type = "app";
+          program = lib.getExe smokeApp;
+          meta.description = "build one llama.cpp package of this flake and run `llamanix smoke` on it";
+        };
       };
 
       devShells.${system}.default = pkgs.mkShell {
@@ -154,10 +214,20 @@
       # RFC-style nixfmt (the formatter nixpkgs uses; formerly the nixfmt-rfc-style attribute).
       formatter.${system} = pkgs.nixfmt;
 
+      # Everything here builds on a machine without a GPU (the VM test needs KVM). The GPU
+      # checks are legacyPackages.<system>.gpuChecks: `nix build .#gpuChecks.gpu-smoke-sm120`.
       checks.${system} = {
         # The module's units for a CPU instance, rendered and checked against a probe of
-        # nixpkgs' llama-server. More checks (a NixOS VM test, a GPU smoke test) belong here.
+        # nixpkgs' llama-server.
         module-units = exampleSystem.config.system.build.llamanixUnits;
+
+        # A NixOS VM running the module: serving, drafting, hardening, and a flip between the
+        # CPU builds of two variants and back (tests/vm.nix).
+        vm = import ./tests/vm.nix {
+          inherit pkgs;
+          module = self.nixosModules.default;
+          model = syntheticModel;
+        };
       };
     };
 }

@@ -51,6 +51,45 @@ rec {
     ) variants
   );
 
+  # The GPU smoke checks (tests/gpu-smoke.nix), one per CUDA package: attribute name ->
+  # { package (its packages.<system> name); variant; cudaArchs; }.
+  # "gpu-smoke-upstream-sm120" checks llama-cpp-upstream-sm120, "gpu-smoke-upstream" the
+  # sm_86 + sm_120 build llama-cpp-upstream.
+  gpuSmokeChecks = builtins.listToAttrs (
+    map
+      (package: {
+        name = "gpu-smoke-" + builtins.substring 10 (builtins.stringLength package) package;
+        value = variantPackages.${package} // {
+          inherit package;
+        };
+      })
+      (
+        builtins.filter (package: variantPackages.${package}.cudaArchs != [ ]) (
+          builtins.attrNames variantPackages
+        )
+      )
+  );
+
+  # One aggregate per compute capability: "gpu-smoke-sm120" -> the checks of every package
+  # with SASS for 12.0, i.e. everything a machine with that card can check.
+  gpuSmokeGroups = builtins.listToAttrs (
+    map
+      (arch: {
+        name = "gpu-smoke-sm${builtins.replaceStrings [ "." ] [ "" ] arch}";
+        value = builtins.filter (name: builtins.elem arch gpuSmokeChecks.${name}.cudaArchs) (
+          builtins.attrNames gpuSmokeChecks
+        );
+      })
+      archSets."");
+
+  # `nix run .#smoke -- VARIANT [ARCH]`: the ARCH words, each naming the package
+  # llama-cpp-VARIANT-ARCH (without ARCH: llama-cpp-VARIANT, the sm_86 + sm_120 build).
+  smokeArchs = builtins.filter (arch: arch != "") (
+    map (suffix: builtins.substring 1 (builtins.stringLength suffix) suffix) (
+      builtins.attrNames archSets
+    )
+  );
+
   # [ "8.6" "12.0" ] -> "86;120". A suffix stays: "12.0a" -> "120a".
   #
   # Upstream llama.cpp turns a plain 12X into 12Xa itself (Blackwell's FP4 tensor-core

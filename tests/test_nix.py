@@ -140,6 +140,40 @@ def test_package_names_cover_every_variant_and_arch_set() -> None:
     assert all(p["variant"] == name.split("-")[2] for name, p in packages.items())
 
 
+def test_gpu_smoke_checks_cover_every_cuda_package() -> None:
+    packages = lib_call("l.variantPackages")
+    checks = lib_call("l.gpuSmokeChecks")
+    cuda = {name for name, p in packages.items() if p["cudaArchs"]}
+    assert {c["package"] for c in checks.values()} == cuda
+    assert not any(name.endswith("-cpu") for name in checks)
+    for name, check in checks.items():
+        # gpu-smoke-upstream-sm120 smokes llama-cpp-upstream-sm120, with its variant's dialect.
+        assert name == "gpu-smoke-" + check["package"].removeprefix("llama-cpp-")
+        assert check["variant"] == packages[check["package"]]["variant"]
+        assert check["cudaArchs"] == packages[check["package"]]["cudaArchs"]
+    assert checks["gpu-smoke-upstream-sm120"]["cudaArchs"] == ["12.0"]
+
+
+def test_gpu_smoke_groups_hold_what_one_card_can_run() -> None:
+    checks = lib_call("l.gpuSmokeChecks")
+    groups = lib_call("l.gpuSmokeGroups")
+    assert set(groups) == {"gpu-smoke-sm86", "gpu-smoke-sm120"}
+    for group, arch in (("gpu-smoke-sm86", "8.6"), ("gpu-smoke-sm120", "12.0")):
+        assert set(groups[group]) == {n for n, c in checks.items() if arch in c["cudaArchs"]}
+    assert "gpu-smoke-ik" in groups["gpu-smoke-sm86"] and "gpu-smoke-ik-sm120" not in (
+        groups["gpu-smoke-sm86"]
+    )
+
+
+def test_smoke_app_arch_words_name_packages() -> None:
+    archs = lib_call("l.smokeArchs")
+    packages = lib_call("l.variantPackages")
+    assert sorted(archs) == ["cpu", "sm120", "sm86"]
+    for variant in VARIANTS:
+        assert f"llama-cpp-{variant}" in packages
+        assert all(f"llama-cpp-{variant}-{arch}" in packages for arch in archs)
+
+
 def test_cuda_unfree_predicate_admits_only_cuda_licenses() -> None:
     verdicts = lib_call(
         "map l.allowCudaUnfree ["

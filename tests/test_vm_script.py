@@ -1,0 +1,393 @@
+"""The NixOS VM test (tests/vm.nix) as far as it can be checked without nixpkgs or KVM.
+
+- The test script the driver gets (vm-test-script.py plus vm.nix's call line, taken from an
+  evaluation of vm.nix) compiles, references no undefined names except the driver's globals
+  (ruff, the way the driver itself lints it with pyflakes), and type-checks against the
+  driver's machine signatures (mypy, as the driver does before the VM starts).
+- The VM's instance, as vm.nix declares it, goes through the module's own JSON function and
+  renders for both variants of the flip.
+- The script's HTTP checks (health, alias, a chat completion that drafts with draft = target,
+  the build's version tell) run against a real llama-server started from that same instance.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from llamanix.server_process import LlamaServer, free_port
+from llamanix.synth import SynthSpec, synth_model
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "tests/vm-test-script.py"
+DRIVER_CALL = "run(machine, start_all, subtest)"
+# The names the NixOS test driver puts into the script's globals (test_driver.driver's
+# test_symbols, plus one per machine: this test has only `machine`).
+DRIVER_SYMBOLS = (
+    "machine",
+    "start_all",
+    "test_script",
+    "machines",
+    "machines_qemu",
+    "machines_nspawn",
+    "vlans",
+    "driver",
+    "log",
+    "os",
+    "create_machine",
+    "subtest",
+    "run_tests",
+    "join_all",
+    "retry",
+    "serial_stdout_off",
+    "serial_stdout_on",
+    "polling_condition",
+    "BaseMachine",
+    "Machine",
+    "t",
+    "debug",
+)
+# What the driver prepends before running mypy on a test script, reduced to the names and
+# method signatures this script uses (nixos/lib/test-script-prepend.py and the driver's
+# machine class; `machine: QemuMachine` as the driver declares a VM node).
+DRIVER_TYPE_HINTS = '''
+from typing import Callable, ContextManager
+
+
+class QemuMachine:
+    def start(self, allow_reboot: bool = False) -> None:
+        raise NotImplementedError
+
+    def succeed(self, *commands: str, timeout: int | None = None) -> str:
+        raise NotImplementedError
+
+    def wait_for_unit(self, unit: str, user: str | None = None, timeout: int = 900) -> None:
+        raise NotImplementedError
+
+    def wait_until_succeeds(self, command: str, timeout: int = 900) -> str:
+        raise NotImplementedError
+
+    def log(self, msg: str) -> None:
+        raise NotImplementedError
+
+
+start_all: Callable[[], None]
+subtest: Callable[[str], ContextManager[None]]
+machine: QemuMachine;
+'''
+
+needs_nix = pytest.mark.skipif(
+    shutil.which("nix-instantiate") is None, reason="nix-instantiate is not installed"
+)
+
+# vm.nix evaluated with just enough of nixpkgs to read it: runNixOSTest returns its argument,
+# and the node is called with a config whose package set names each build by its variant.
+VM_EVAL = """
+{ model }:
+let
+  lib = import ./tests/nix/stub-lib.nix // {
+    mkForce = content: { _type = "override"; priority = 50; inherit content; };
+  };
+  test = import ./tests/vm.nix {
+    pkgs = { inherit lib; testers.runNixOSTest = t: t; };
+    module = "the-llamanix-module";
+    inherit model;
+  };
+  store = "/nix/store/00000000000000000000000000000000";
+  mkVariant = { variant, cudaArchs }: {
+    outPath = "${store}-llama-cpp-${variant}-cpu";
+    passthru.capabilities = "${store}-${variant}-capabilities.json";
+    inherit cudaArchs;
+  };
+  node = test.nodes.machine {
+    config.services.llamanix.packageSet = { inherit mkVariant; };
+  };
+in
+{
+  inherit (test) name testScript;
+  inherit (node) imports virtualisation specialisation;
+  services = node.services;
+  expected = builtins.fromJSON node.environment.etc."llamanix-vm-test.json".text;
+}
+"""
+
+
+def vm_eval(model: str = "/nix/store/00000000000000000000000000000000-model.gguf") -> Any:
+    proc = subprocess.run(
+        ["nix-instantiate", "--readonly-mode", "--eval", "--strict", "--json",
+         "-E", VM_EVAL, "--argstr", "model", model],
+        cwd=ROOT, capture_output=True, text=True, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+@pytest.fixture(scope="module")
+def vm() -> Any:
+    if shutil.which("nix-instantiate") is None:
+        pytest.skip("nix-instantiate is not installed")
+    return vm_eval()
+
+
+def ruff(path: Path, builtins: tuple[str, ...]) -> subprocess.CompletedProcess[str]:
+    """ruff with the repository's rules, F821 (undefined name) above all, and `builtins`."""
+    return subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "--no-cache", "--output-format", "concise",
+         "--config", str(ROOT / "pyproject.toml"),
+         "--config", f"builtins = {json.dumps(list(builtins))}", str(path)],
+        cwd=ROOT, capture_output=True, text=True, check=False,
+    )
+
+
+# --- the script the driver runs -----------------------------------------------------------------
+
+
+@needs_nix
+def test_driver_gets_the_file_and_one_call(vm: Any) -> None:
+    assert vm["name"] == "llamanix-vm"
+    assert vm["testScript"] == SCRIPT.read_text() + f"\n{DRIVER_CALL}\n"
+    compile(vm["testScript"], "testScript", "exec")
+
+
+@needs_nix
+def test_script_names_nothing_undefined_but_the_driver_globals(
+    vm: Any, tmp_path: Path
+) -> None:
+    script = tmp_path / "test-script.py"
+    script.write_text(vm["testScript"])
+    proc = ruff(script, DRIVER_SYMBOLS)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    # Without the driver's globals exactly its three names are undefined: the check bites, and
+    # the script uses nothing else of the driver.
+    proc = ruff(script, ())
+    undefined = sorted(
+        line.split("Undefined name ")[1].strip("`'")
+        for line in proc.stdout.splitlines()
+        if "F821" in line
+    )
+    assert undefined == ["machine", "start_all", "subtest"], proc.stdout
+
+
+def test_script_file_lints_on_its_own() -> None:
+    proc = ruff(SCRIPT, ())
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@needs_nix
+@pytest.mark.skipif(importlib.util.find_spec("mypy") is None, reason="mypy is not installed")
+def test_script_type_checks_against_the_driver(vm: Any, tmp_path: Path) -> None:
+    script = tmp_path / "test_script_with_types.py"
+    script.write_text(DRIVER_TYPE_HINTS + vm["testScript"])
+    proc = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--no-incremental",
+         "--cache-dir", str(tmp_path / "mypy-cache"), "--config-file", "/dev/null", str(script)],
+        cwd=tmp_path, capture_output=True, text=True, check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# --- the VM's configuration ---------------------------------------------------------------------
+
+
+@needs_nix
+def test_vm_flips_one_instance_between_two_cpu_builds(vm: Any) -> None:
+    model = "/nix/store/00000000000000000000000000000000-model.gguf"
+    expected = vm["expected"]
+    assert expected["base"] == "upstream" and expected["other"] == "nixpkgs"
+    assert vm["imports"] == ["the-llamanix-module"]
+    assert vm["virtualisation"]["memorySize"] <= 4096
+
+    llamanix = vm["services"]["llamanix"]
+    assert llamanix["enable"] is True and llamanix["cudaArchs"] == []
+    instance = llamanix["instances"][expected["instance"]]
+    assert instance["variant"] == expected["base"]
+    assert (instance["model"], instance["alias"], instance["port"]) == (
+        model,
+        expected["alias"],
+        expected["port"],
+    )
+    # Draft = target.
+    assert instance["speculative"]["type"] == "draft"
+    assert instance["speculative"]["draft_model"] == model == expected["model"]
+
+    # The specialisation changes the variant and nothing else.
+    flipped = vm["specialisation"][expected["other"]]["configuration"]
+    assert flipped == {
+        "services": {
+            "llamanix": {
+                "instances": {
+                    expected["instance"]: {
+                        "variant": {
+                            "_type": "override",
+                            "priority": 50,
+                            "content": expected["other"],
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    # The script's expectations are the module's own CPU builds of both variants.
+    assert expected["unit"] == f"llamanix-{expected['instance']}.service"
+    for variant in (expected["base"], expected["other"]):
+        build = expected["builds"][variant]
+        assert build["out"].endswith(f"-llama-cpp-{variant}-cpu")
+        assert build["capabilities"].endswith(f"-{variant}-capabilities.json")
+
+
+def module_config(tmp_path: Path, vm_config: Any, binary: Path, port: int) -> Path:
+    """The llamanix.json the module writes for the VM's instance (via tests/nix/module-json.nix,
+    the module's own configData), with this machine's binary and a free port."""
+    expected = vm_config["expected"]
+    settings = dict(vm_config["services"]["llamanix"]["instances"][expected["instance"]])
+    settings["port"] = port
+    spec = {"host": "machine", "instances": {expected["instance"]: {
+        "binary": str(binary), "settings": settings}}}
+    proc = subprocess.run(
+        ["nix-instantiate", "--readonly-mode", "--eval", "--strict", "--json",
+         str(ROOT / "tests/nix/module-json.nix"), "--argstr", "spec", json.dumps(spec)],
+        cwd=ROOT, capture_output=True, text=True, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    path = tmp_path / "llamanix.json"
+    path.write_text(proc.stdout)
+    return path
+
+
+def instance_argv(config: Path, instance: str, *options: str) -> list[str]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "llamanix", "argv", str(config), instance, *options],
+        capture_output=True, text=True, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    argv: list[str] = json.loads(proc.stdout)
+    return argv
+
+
+@needs_nix
+@pytest.mark.parametrize("variant", ["upstream", "nixpkgs"])
+def test_vm_instance_renders_for_both_variants(vm: Any, tmp_path: Path, variant: str) -> None:
+    config = module_config(tmp_path, vm, Path("/nix/store/x-llama-cpp/bin/llama-server"), 8091)
+    argv = instance_argv(config, vm["expected"]["instance"], "--variant", variant)
+    model = vm["expected"]["model"]
+    assert argv.count(model) == 2  # what the script asserts of the rendered argv
+    draft_flag = argv[argv.index(model, argv.index(model) + 1) - 1]
+    assert draft_flag in ("-md", "--spec-draft-model")
+
+
+# --- the script's HTTP checks against a real llama-server ----------------------------------------
+
+
+class LocalShell:
+    """The script's Node, running its commands (curl) in a shell on this machine."""
+
+    def succeed(self, *commands: str, timeout: int | None = None) -> str:
+        output = ""
+        for command in commands:
+            proc = subprocess.run(["bash", "-c", command], capture_output=True, text=True,
+                                  timeout=timeout, check=False)
+            assert proc.returncode == 0, f"{command}: exit {proc.returncode}: {proc.stderr}"
+            output += proc.stdout
+        return output
+
+    def wait_for_unit(self, unit: str, /) -> None:
+        raise NotImplementedError("no systemd here")
+
+    def wait_until_succeeds(self, command: str, /, timeout: int = 900) -> str:
+        deadline = time.monotonic() + timeout
+        while True:
+            proc = subprocess.run(["bash", "-c", command], capture_output=True, text=True,
+                                  check=False)
+            if proc.returncode == 0:
+                return proc.stdout
+            assert time.monotonic() < deadline, f"{command}: still failing after {timeout} s"
+            time.sleep(0.2)
+
+    def log(self, msg: str, /) -> None:
+        print(msg)
+
+
+def load_script() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("vm_test_script", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def vm_instance(tmp_path: Path) -> dict[str, Any]:
+    """The VM's instance with a real synthetic model (synth-model's defaults, as in the VM)."""
+    if shutil.which("nix-instantiate") is None:
+        pytest.skip("nix-instantiate is not installed")
+    model = synth_model(SynthSpec(), tmp_path / "model.gguf")
+    result: dict[str, Any] = vm_eval(str(model))
+    return result
+
+
+def serve(
+    tmp_path: Path, vm_config: Any, binary: Path, capabilities: Path, name: str
+) -> LlamaServer:
+    config = module_config(tmp_path, vm_config, binary, free_port())
+    argv = instance_argv(config, vm_config["expected"]["instance"], "--capabilities",
+                         str(capabilities))
+    return LlamaServer(argv, tmp_path / f"{name}.log").start()
+
+
+@needs_nix
+@pytest.mark.server
+def test_script_http_checks_pass_on_the_vm_instance(
+    tmp_path: Path, vm_instance: Any, llama_server_bin: Path
+) -> None:
+    script = load_script()
+    probe = subprocess.run(
+        [sys.executable, "-m", "llamanix", "probe", str(llama_server_bin), "--json"],
+        capture_output=True, text=True, check=True,
+    ).stdout
+    capabilities = tmp_path / "capabilities.json"
+    capabilities.write_text(probe)
+    server = serve(tmp_path, vm_instance, llama_server_bin, capabilities, "vm")
+    try:
+        node = LocalShell()
+        alias = vm_instance["expected"]["alias"]
+        timings = script.check_serving(node, server.port, alias)
+        assert timings["draft_n"] > 0 and timings["draft_n_accepted"] > 0
+        tell = script.build_tell(node, server.port, "llamanix-tiny.service")
+        wanted = script.expected_tells(json.loads(probe))
+        assert tell in wanted, (tell, wanted)
+    finally:
+        server.stop()
+
+
+@needs_nix
+@pytest.mark.server
+def test_script_drafting_check_fails_without_a_draft(
+    tmp_path: Path, vm_instance: Any, llama_server_bin: Path
+) -> None:
+    script = load_script()
+    probe = subprocess.run(
+        [sys.executable, "-m", "llamanix", "probe", str(llama_server_bin), "--json"],
+        capture_output=True, text=True, check=True,
+    ).stdout
+    capabilities = tmp_path / "capabilities.json"
+    capabilities.write_text(probe)
+    instance = vm_instance["services"]["llamanix"]["instances"][
+        vm_instance["expected"]["instance"]
+    ]
+    instance["speculative"] = {"type": "none"}
+    server = serve(tmp_path, vm_instance, llama_server_bin, capabilities, "plain")
+    try:
+        with pytest.raises(AssertionError, match="proposed no tokens"):
+            script.check_serving(LocalShell(), server.port, vm_instance["expected"]["alias"])
+    finally:
+        server.stop()

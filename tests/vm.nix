@@ -1,0 +1,95 @@
+# The NixOS VM test: services.llamanix on a real NixOS, flipped between two variants.
+#
+#   import ./tests/vm.nix { inherit pkgs; module = self.nixosModules.default; model = <GGUF>; }
+#
+# One VM runs one instance of the module on a synthetic model (a derivation: nothing is
+# downloaded), built for the CPU from variant `base`. A specialisation flips the same instance
+# to variant `other`. The script (vm-test-script.py, linted by tests/test_vm_script.py) checks
+# the unit, /health, a chat completion, drafting with draft = target, the unit's hardening, then
+# switches to the specialisation and back and checks which build answers each time.
+#
+# Needs KVM (the builder's system-features must include kvm and nixos-test).
+{
+  pkgs,
+  module,
+  model,
+  base ? "upstream",
+  other ? "nixpkgs",
+}:
+let
+  inherit (pkgs) lib;
+  instance = "tiny";
+  port = 8091;
+  alias = "tiny";
+in
+pkgs.testers.runNixOSTest {
+  name = "llamanix-vm";
+
+  nodes.machine =
+    { config, ... }:
+    let
+      # The packages the module builds for `variant` when cudaArchs = [ ] (its default
+      # `package`); the script checks that the running process is one of them.
+      build = variant: config.services.llamanix.packageSet.mkVariant {
+        inherit variant;
+        cudaArchs = [ ];
+      };
+      expected = variant: {
+        out = "${build variant}";
+        # The build's `llamanix probe --json` (its version and commit, read from --version).
+        capabilities = "${(build variant).passthru.capabilities}";
+      };
+    in
+    {
+      imports = [ module ];
+
+      virtualisation.memorySize = 2048;
+      virtualisation.cores = 2;
+
+      services.llamanix = {
+        enable = true;
+        cudaArchs = [ ];
+        instances.${instance} = {
+          variant = base;
+          model = "${model}";
+          inherit alias port;
+          context = 4096;
+          parallel = 1;
+          # The model drafts for itself: synthetic models are confident, so with p_min 0.6
+          # the draft proposes tokens and the target accepts them (as in `llamanix demo`).
+          speculative = {
+            type = "draft";
+            draft_model = "${model}";
+            n_max = 8;
+            p_min = 0.6;
+          };
+        };
+      };
+
+      # The same instance, served by the other variant's build.
+      specialisation.${other}.configuration = {
+        services.llamanix.instances.${instance}.variant = lib.mkForce other;
+      };
+
+      # What the script expects, identical in both configurations.
+      environment.etc."llamanix-vm-test.json".text = builtins.toJSON {
+        inherit
+          instance
+          port
+          alias
+          base
+          other
+          ;
+        model = "${model}";
+        unit = "llamanix-${instance}.service";
+        builds = {
+          ${base} = expected base;
+          ${other} = expected other;
+        };
+      };
+    };
+
+  # The script defines run(); the driver's globals are handed to it here, so the file itself
+  # has no undefined names and lints on its own.
+  testScript = builtins.readFile ./vm-test-script.py + "\nrun(machine, start_all, subtest)\n";
+}
