@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -17,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import pytest
 from click.testing import CliRunner, Result
+from standins import recorded_argv, stand_in
 from test_inspect import qwen35_like
 
 from llamanix.argv import instance_argv
@@ -272,21 +272,6 @@ def test_speculative_bench_slower_than_baseline(llama_server_bin: Path,
 
 
 # --- external commands: exact argv, recorded output ----------------------------------------
-
-
-def stand_in(bin_dir: Path, name: str, output_file: Path) -> Path:
-    """A script named ``name`` that records its argv (one per line) and prints a recording."""
-    bin_dir.mkdir(exist_ok=True)
-    script = bin_dir / name
-    record = bin_dir / f"{name}.argv"
-    script.write_text(f'#!/bin/sh\nprintf "%s\\n" "$0" "$@" > "{record}"\ncat "{output_file}"\n')
-    script.chmod(script.stat().st_mode | stat.S_IXUSR)
-    return record
-
-
-def recorded_argv(record: Path) -> list[str]:
-    lines = record.read_text().splitlines()
-    return [Path(lines[0]).name, *lines[1:]]
 
 
 def test_journal_reads_the_unit_log(synth_models: SynthModels, tmp_path: Path) -> None:

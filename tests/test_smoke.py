@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 from click.testing import CliRunner, Result
+from standins import recorded_argv, stand_in
 
 from llamanix.cli import main
 from llamanix.cuda_check import (
@@ -196,21 +197,6 @@ def test_a_binary_that_is_not_llama_server_is_refused(tmp_path: Path) -> None:
 
 
 # --- stand-ins for what needs a GPU -----------------------------------------------------------
-
-
-def stand_in(bin_dir: Path, name: str, output_file: Path) -> Path:
-    """A script named ``name`` that records its argv (one per line) and prints a recording."""
-    bin_dir.mkdir(exist_ok=True)
-    script = bin_dir / name
-    record = bin_dir / f"{name}.argv"
-    script.write_text(f'#!/bin/sh\nprintf "%s\\n" "$0" "$@" > "{record}"\ncat "{output_file}"\n')
-    script.chmod(script.stat().st_mode | stat.S_IXUSR)
-    return record
-
-
-def recorded_argv(record: Path) -> list[str]:
-    lines = record.read_text().splitlines()
-    return [Path(lines[0]).name, *lines[1:]]
 
 
 def cuda_install(root: Path) -> tuple[Path, Path]:
