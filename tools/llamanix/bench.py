@@ -137,16 +137,20 @@ def load_prompts(spec: str) -> list[Prompt]:
             raise UserError(Problem("--prompts", "builtin", f"unknown built-in prompt(s) {unknown}",
                                     f"choose from {', '.join(by_name)}"))
         return [by_name[w] for w in wanted]
-    path = Path(spec)
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise UserError(Problem(spec, "--prompts", "no such file",
-                                "give a JSON prompts file or 'builtin'")) from None
-    except json.JSONDecodeError as err:
-        raise UserError(Problem(spec, "--prompts", f"not JSON ({err.msg} at line {err.lineno})",
-                                "fix the JSON syntax")) from None
+    data = _read_json(spec, "--prompts", "give a JSON prompts file or 'builtin'",
+                      "fix the JSON syntax")
     return parse_prompts(data, spec)
+
+
+def _read_json(source: str, field: str, missing_fix: str, syntax_fix: str) -> Any:
+    """A user-named JSON file, or one UserError line naming it as the user wrote it."""
+    try:
+        return json.loads(Path(source).read_text())
+    except FileNotFoundError:
+        raise UserError(Problem(source, field, "no such file", missing_fix)) from None
+    except json.JSONDecodeError as err:
+        raise UserError(Problem(source, field, f"not JSON ({err.msg} at line {err.lineno})",
+                                syntax_fix)) from None
 
 
 def parse_lengths(text: str) -> list[int]:
@@ -274,14 +278,8 @@ def _stats_from_json(data: Any) -> Stats | None:
 def load_result(path: Path) -> BenchResult:
     """Read a file ``bench --json`` wrote."""
     source = str(path)
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise UserError(Problem(source, "", "no such file",
-                                "give a file written by bench --json")) from None
-    except json.JSONDecodeError as err:
-        raise UserError(Problem(source, "", f"not JSON ({err.msg} at line {err.lineno})",
-                                "give a file written by bench --json")) from None
+    fix = "give a file written by bench --json"
+    data = _read_json(source, "", fix, fix)
     if not isinstance(data, dict) or data.get("format") != RESULT_FORMAT:
         raise UserError(Problem(source, "format", f"not a {RESULT_FORMAT} result",
                                 "give a file written by llamanix bench --json"))
