@@ -19,10 +19,11 @@ from typing import Any
 
 import pytest
 
-from llamanix import server_build
-from llamanix.errors import UserError
-from llamanix.server_process import LlamaServer, processes_with_env
-from llamanix.synth import SynthSpec, synth_model
+from llamanix.core.errors import UserError
+from llamanix.external import llama_server
+from llamanix.measure.server_process import LlamaServer, processes_with_env
+from llamanix.testbed import server_build
+from llamanix.testbed.synth import SynthSpec, synth_model
 
 SESSION_TAG_ENV = "LLAMANIX_TEST_SESSION"
 _SESSION_TAG = uuid.uuid4().hex
@@ -37,7 +38,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     if binary is None:
         return ["llama-server: not built yet (the first server test builds it)"]
     try:
-        version = server_build.binary_version_line(binary)
+        version = llama_server.binary_version_line(binary)
     except Exception as err:  # the header must never abort the run
         version = f"--version failed: {err}"
     return [f"llama-server: {binary} ({version})"]
@@ -73,7 +74,7 @@ def vocab_dir() -> Path:
 
 @dataclass(frozen=True)
 class SynthModels:
-    """Synthetic GGUFs for one test session (see llamanix.synth for what the knobs do)."""
+    """Synthetic GGUFs for one test session (see llamanix.testbed.synth for what the knobs do)."""
 
     target: Path  # llama-spm vocab, confident and cycling: drafts as its own draft
     unsure_target: Path  # every weight at std 0.02: a p_min draft never drafts
@@ -96,9 +97,7 @@ def synth_models(tmp_path_factory: pytest.TempPathFactory, vocab_dir: Path) -> S
 
     return SynthModels(
         target=make("target", vocab=spm, seed=1),
-        unsure_target=make(
-            "unsure", vocab=spm, seed=1, output_scale=0.02, embd_scale=0.02
-        ),
+        unsure_target=make("unsure", vocab=spm, seed=1, output_scale=0.02, embd_scale=0.02),
         unrelated_draft=make("unrelated", vocab=spm, seed=2),
         other_vocab_draft=make("gpt2", vocab=vocab_dir / "ggml-vocab-gpt-2.gguf", seed=3),
         builtin_vocab=make("builtin", seed=4),
@@ -117,9 +116,7 @@ def server_factory(tmp_path: Path) -> Iterator[ServerFactory]:
         env = kw.pop("env", None)
         if env is not None:
             env = {**env, SESSION_TAG_ENV: _SESSION_TAG}
-        server = LlamaServer(
-            list(argv), tmp_path / f"server-{len(started)}.log", env=env, **kw
-        )
+        server = LlamaServer(list(argv), tmp_path / f"server-{len(started)}.log", env=env, **kw)
         started.append(server)
         return server.start()
 

@@ -6,11 +6,11 @@ from typing import Any
 
 import pytest
 
-from llamanix.argv import instance_argv
-from llamanix.config import parse_config
-from llamanix.errors import UserError
-from llamanix.schema import SPEC_TYPES
-from llamanix.variants import VARIANTS
+from llamanix.core.argv import instance_argv
+from llamanix.core.config import parse_config
+from llamanix.core.errors import UserError
+from llamanix.core.schema import SPEC_TYPES
+from llamanix.core.variants import VARIANTS
 
 BASE: dict[str, Any] = {
     "model": "/m/target.gguf",

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
-from llamanix.bench import builtin_prompts, load_result, parse_prompts
 from llamanix.cli import main
-from llamanix.errors import UserError
-from llamanix.gguf_info import read_gguf
-from llamanix.gpus import load_gpus
-from llamanix.server_process import LlamaServer, free_port
-from llamanix.synth import SynthSpec, synth_model
+from llamanix.core.errors import UserError
+from llamanix.core.gpus import load_gpus
+from llamanix.measure.bench import builtin_prompts, load_result, parse_prompts
+from llamanix.measure.gguf_info import read_gguf
+from llamanix.measure.server_process import LlamaServer, free_port
+from llamanix.testbed.synth import SynthSpec, synth_model
 
 HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -34,7 +34,8 @@ def test_builtin_prompts() -> None:
     prompts = {p.name: p for p in builtin_prompts()}
     assert set(prompts) == {"fibonacci", "code-long", "chat-short", "tool-call", "latency"}
     assert prompts["fibonacci"].messages[-1]["content"] == (
-        "Write a Python function that computes the Fibonacci sequence.")
+        "Write a Python function that computes the Fibonacci sequence."
+    )
     tools = prompts["tool-call"].tools
     assert tools and tools[0]["function"]["name"] == "get_weather"
     assert prompts["latency"].lengths([100, 500]) == [1]
@@ -45,22 +46,30 @@ def test_builtin_prompts() -> None:
 def test_prompt_file_shapes() -> None:
     (p,) = parse_prompts([{"name": "a", "prompt": "hi"}], "f.json")
     assert p.messages == ({"role": "user", "content": "hi"},)
-    for bad in ([], [{"prompt": "x"}], [{"name": "a"}], [{"name": "a", "prompt": "x"}] * 2,
-                [{"name": "a", "prompt": "x", "max_tokens": 0}],
-                [{"name": "a", "prompt": "x", "tools": "nope"}]):
+    for bad in (
+        [],
+        [{"prompt": "x"}],
+        [{"name": "a"}],
+        [{"name": "a", "prompt": "x"}] * 2,
+        [{"name": "a", "prompt": "x", "max_tokens": 0}],
+        [{"name": "a", "prompt": "x", "tools": "nope"}],
+    ):
         with pytest.raises(UserError):
             parse_prompts(bad, "f.json")
 
 
-@pytest.mark.parametrize("args", [
-    [],  # no --url
-    ["--url", "not-a-url"],
-    ["--url", "http://127.0.0.1:1", "--max-tokens", "ten"],
-    ["--url", "http://127.0.0.1:1", "--runs", "0"],
-    ["--url", "http://127.0.0.1:1", "--prompts", "builtin:nonesuch"],
-    ["--url", "http://127.0.0.1:1", "--prompts", "/nonexistent/prompts.json"],
-    ["--url", "http://127.0.0.1:1", "--gpu", "voodoo2"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        [],  # no --url
+        ["--url", "not-a-url"],
+        ["--url", "http://127.0.0.1:1", "--max-tokens", "ten"],
+        ["--url", "http://127.0.0.1:1", "--runs", "0"],
+        ["--url", "http://127.0.0.1:1", "--prompts", "builtin:nonesuch"],
+        ["--url", "http://127.0.0.1:1", "--prompts", "/nonexistent/prompts.json"],
+        ["--url", "http://127.0.0.1:1", "--gpu", "voodoo2"],
+    ],
+)
 def test_bad_input_is_one_line_exit_2(args: list[str], tmp_path: Path) -> None:
     out = tmp_path / "r.json"
     result = bench(*args, "--json", str(out))
@@ -90,29 +99,66 @@ def test_compare_needs_two_results(tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def slower_model(vocab_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Big enough (a few ms per token on one thread) that both clocks see a real span."""
-    spec = SynthSpec(layers=4, embd=512, ff=1024, heads=8, kv_heads=8,
-                     vocab=vocab_dir / "ggml-vocab-llama-spm.gguf", seed=11)
+    spec = SynthSpec(
+        layers=4,
+        embd=512,
+        ff=1024,
+        heads=8,
+        kv_heads=8,
+        vocab=vocab_dir / "ggml-vocab-llama-spm.gguf",
+        seed=11,
+    )
     return synth_model(spec, tmp_path_factory.mktemp("bench") / "slower.gguf")
 
 
 @pytest.fixture(scope="module")
-def base_server(llama_server_bin: Path, slower_model: Path,
-                tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServer]:
+def base_server(
+    llama_server_bin: Path, slower_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LlamaServer]:
     log = tmp_path_factory.mktemp("bench-server") / "server.log"
-    argv = [str(llama_server_bin), "-m", str(slower_model), "-c", "4096", "-np", "2", "-t", "1",
-            "--metrics"]
+    argv = [
+        str(llama_server_bin),
+        "-m",
+        str(slower_model),
+        "-c",
+        "4096",
+        "-np",
+        "2",
+        "-t",
+        "1",
+        "--metrics",
+    ]
     with LlamaServer(argv, log) as server:
         yield server
 
 
 @pytest.fixture(scope="module")
-def base_run(base_server: LlamaServer, slower_model: Path,
-             tmp_path_factory: pytest.TempPathFactory) -> tuple[Result, Path]:
+def base_run(
+    base_server: LlamaServer, slower_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Result, Path]:
     out = tmp_path_factory.mktemp("bench-out")
-    result = bench("--url", base_server.url, "--prompts", "builtin:fibonacci,tool-call,latency",
-                   "--max-tokens", "48,160", "--runs", "2", "--warmup", "1", "--label", "base",
-                   "--json", str(out / "base.json"), "--csv", str(out / "base.csv"),
-                   "--gpu", "rtx3090", "--gguf", str(slower_model))
+    result = bench(
+        "--url",
+        base_server.url,
+        "--prompts",
+        "builtin:fibonacci,tool-call,latency",
+        "--max-tokens",
+        "48,160",
+        "--runs",
+        "2",
+        "--warmup",
+        "1",
+        "--label",
+        "base",
+        "--json",
+        str(out / "base.json"),
+        "--csv",
+        str(out / "base.csv"),
+        "--gpu",
+        "rtx3090",
+        "--gguf",
+        str(slower_model),
+    )
     return result, out
 
 
@@ -158,8 +204,13 @@ def test_bench_summary_meta_and_outputs(base_run: tuple[Result, Path], slower_mo
     assert meta["settings"]["runs"] == 2 and meta["settings"]["temperature"] == 0.0
     assert meta["machine"]["cpus"] and meta["date"]
     rows = {(s["prompt"], s["max_tokens"]): s for s in data["summaries"]}
-    assert set(rows) == {("fibonacci", 48), ("fibonacci", 160), ("tool-call", 48),
-                         ("tool-call", 160), ("latency", 1)}
+    assert set(rows) == {
+        ("fibonacci", 48),
+        ("fibonacci", 160),
+        ("tool-call", 48),
+        ("tool-call", 160),
+        ("latency", 1),
+    }
     for s in rows.values():
         st = s["stats"]["ttft_s"]
         assert st["n"] == 2 and st["min"] <= st["median"] <= st["max"]
@@ -168,10 +219,12 @@ def test_bench_summary_meta_and_outputs(base_run: tuple[Result, Path], slower_mo
     info = read_gguf(slower_model)
     ceiling = data["ceiling"]
     assert ceiling["tok_s"] == pytest.approx(
-        load_gpus()["rtx3090"].bandwidth_gb_s * 1e9 / info.weight_bytes_per_token())
+        load_gpus()["rtx3090"].bandwidth_gb_s * 1e9 / info.weight_bytes_per_token()
+    )
     fib = rows[("fibonacci", 160)]
     assert fib["ceiling_share"] == pytest.approx(
-        fib["stats"]["server_decode_tok_s"]["median"] / ceiling["tok_s"])
+        fib["stats"]["server_decode_tok_s"]["median"] / ceiling["tok_s"]
+    )
     # The terminal table, without a progress bar (CliRunner is not a TTY).
     assert "fibonacci" in result.stdout and "decode tok/s" in result.stdout
     assert "warmup" not in result.stdout
@@ -184,8 +237,22 @@ def test_bench_summary_meta_and_outputs(base_run: tuple[Result, Path], slower_mo
 
 @pytest.mark.server
 def test_bench_concurrency(base_server: LlamaServer, tmp_path: Path) -> None:
-    result = bench("--url", base_server.url, "--prompts", "builtin:chat-short", "--max-tokens",
-                   "32", "--runs", "1", "--warmup", "0", "--concurrency", "2", "--json", "-")
+    result = bench(
+        "--url",
+        base_server.url,
+        "--prompts",
+        "builtin:chat-short",
+        "--max-tokens",
+        "32",
+        "--runs",
+        "1",
+        "--warmup",
+        "0",
+        "--concurrency",
+        "2",
+        "--json",
+        "-",
+    )
     assert result.exit_code == 0, result.output
     (run,) = json.loads(result.stdout)["runs"]  # "--json -": the JSON instead of the table
     assert len(run["requests"]) == 2
@@ -195,24 +262,55 @@ def test_bench_concurrency(base_server: LlamaServer, tmp_path: Path) -> None:
 
 @pytest.mark.server
 def test_compare_and_plot_real_results(
-    base_run: tuple[Result, Path], llama_server_bin: Path, slower_model: Path,
+    base_run: tuple[Result, Path],
+    llama_server_bin: Path,
+    slower_model: Path,
     tmp_path: Path,
 ) -> None:
     """A speculative configuration (the model as its own draft) against the baseline."""
     _, out = base_run
-    argv = [str(llama_server_bin), "-m", str(slower_model), "-c", "4096", "-np", "1", "-t", "1",
-            "--metrics", "--spec-type", "draft-simple", "--spec-draft-model", str(slower_model),
-            "--spec-draft-n-max", "4"]
+    argv = [
+        str(llama_server_bin),
+        "-m",
+        str(slower_model),
+        "-c",
+        "4096",
+        "-np",
+        "1",
+        "-t",
+        "1",
+        "--metrics",
+        "--spec-type",
+        "draft-simple",
+        "--spec-draft-model",
+        str(slower_model),
+        "--spec-draft-n-max",
+        "4",
+    ]
     with LlamaServer(argv, tmp_path / "spec.log") as server:
-        result = bench("--url", server.url, "--prompts", "builtin:fibonacci,tool-call,latency",
-                       "--max-tokens", "48,160", "--runs", "2", "--warmup", "1", "--label",
-                       "spec", "--json", str(tmp_path / "spec.json"))
+        result = bench(
+            "--url",
+            server.url,
+            "--prompts",
+            "builtin:fibonacci,tool-call,latency",
+            "--max-tokens",
+            "48,160",
+            "--runs",
+            "2",
+            "--warmup",
+            "1",
+            "--label",
+            "spec",
+            "--json",
+            str(tmp_path / "spec.json"),
+        )
     assert result.exit_code == 0, result.output
     spec = json.loads((tmp_path / "spec.json").read_text())
     drafted = [q for run in spec["runs"] for q in run["requests"] if q["draft_n"]]
     assert drafted and all(0 <= q["acceptance"] <= 1 for q in drafted)
-    assert any(run["metrics_delta"]["spec_decode_num_draft_tokens_total"] > 0
-               for run in spec["runs"])
+    assert any(
+        run["metrics_delta"]["spec_decode_num_draft_tokens_total"] > 0 for run in spec["runs"]
+    )
 
     files = [str(out / "base.json"), str(tmp_path / "spec.json")]
     table = bench("compare", *files)
@@ -226,12 +324,16 @@ def test_compare_and_plot_real_results(
     assert len(decode) == 4  # the one-token probe has no decode rate
     base = load_result(out / "base.json")
     for row in decode:
-        a = next(s for s in base.summaries
-                 if (s.prompt, s.max_tokens) == (row["prompt"], row["max_tokens"]))
+        a = next(
+            s
+            for s in base.summaries
+            if (s.prompt, s.max_tokens) == (row["prompt"], row["max_tokens"])
+        )
         values = row["values"]
         assert values["base"]["median"] == a.median("server_decode_tok_s")
         assert values["spec"]["ratio"] == pytest.approx(
-            values["spec"]["median"] / values["base"]["median"])
+            values["spec"]["median"] / values["base"]["median"]
+        )
         assert isinstance(values["spec"]["inside_noise"], bool)
 
     if not HAS_MATPLOTLIB:
@@ -244,7 +346,19 @@ def test_compare_and_plot_real_results(
 @pytest.mark.server
 @pytest.mark.skipif(not HAS_MATPLOTLIB, reason="matplotlib is not installed")
 def test_bench_plot(base_server: LlamaServer, tmp_path: Path) -> None:
-    result = bench("--url", base_server.url, "--prompts", "builtin:fibonacci", "--max-tokens",
-                   "16,48", "--runs", "1", "--warmup", "0", "--plot", str(tmp_path / "p.png"))
+    result = bench(
+        "--url",
+        base_server.url,
+        "--prompts",
+        "builtin:fibonacci",
+        "--max-tokens",
+        "16,48",
+        "--runs",
+        "1",
+        "--warmup",
+        "0",
+        "--plot",
+        str(tmp_path / "p.png"),
+    )
     assert result.exit_code == 0, result.output
     assert (tmp_path / "p.png").read_bytes().startswith(PNG_MAGIC)

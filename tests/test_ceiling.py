@@ -12,7 +12,10 @@ from typing import TYPE_CHECKING
 import pytest
 from click.testing import CliRunner
 
-from llamanix.ceiling import (
+from llamanix.cli import main
+from llamanix.core.errors import UserError
+from llamanix.core.gpus import load_gpus
+from llamanix.measure.ceiling import (
     COMPUTE_MARGIN_BYTES,
     decode_ceiling_tok_s,
     find_gpu,
@@ -20,10 +23,7 @@ from llamanix.ceiling import (
     vram_breakdown,
     vram_budget,
 )
-from llamanix.cli import main
-from llamanix.errors import UserError
-from llamanix.gguf_info import read_gguf
-from llamanix.gpus import load_gpus
+from llamanix.measure.gguf_info import read_gguf
 
 if TYPE_CHECKING:
     from conftest import SynthModels
@@ -67,21 +67,25 @@ def test_gpu_and_active_fraction() -> None:
     assert code == 0
     assert "1792 GB/s" in out and "117 tok/s" in out
     # MoE: reading a tenth of the weights per token gives ten times the ceiling.
-    code, out, _ = run("ceiling", "--gpu", "h100-sxm", "--bytes", "60GB",
-                       "--active-fraction", "0.1", "--json")
+    code, out, _ = run(
+        "ceiling", "--gpu", "h100-sxm", "--bytes", "60GB", "--active-fraction", "0.1", "--json"
+    )
     assert json.loads(out)["tok_s"] == pytest.approx(3350 / 6.0)
 
 
-@pytest.mark.parametrize("args", [
-    ["ceiling", "--bytes", "1GB"],
-    ["ceiling", "--bandwidth", "1000"],
-    ["ceiling", "--gpu", "rtx5090", "--bandwidth", "1000", "--bytes", "1GB"],
-    ["ceiling", "--gpu", "voodoo2", "--bytes", "1GB"],
-    ["ceiling", "--bandwidth", "1000", "--bytes", "lots"],
-    ["ceiling", "--bandwidth", "-3", "--bytes", "1GB"],
-    ["ceiling", "--bandwidth", "1000", "--bytes", "1GB", "--active-fraction", "1.5"],
-    ["ceiling", "--bandwidth", "1000", "--model", "/nonexistent/model.gguf"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["ceiling", "--bytes", "1GB"],
+        ["ceiling", "--bandwidth", "1000"],
+        ["ceiling", "--gpu", "rtx5090", "--bandwidth", "1000", "--bytes", "1GB"],
+        ["ceiling", "--gpu", "voodoo2", "--bytes", "1GB"],
+        ["ceiling", "--bandwidth", "1000", "--bytes", "lots"],
+        ["ceiling", "--bandwidth", "-3", "--bytes", "1GB"],
+        ["ceiling", "--bandwidth", "1000", "--bytes", "1GB", "--active-fraction", "1.5"],
+        ["ceiling", "--bandwidth", "1000", "--model", "/nonexistent/model.gguf"],
+    ],
+)
 def test_bad_input_is_one_line_exit_2(args: list[str]) -> None:
     code, out, err = run(*args)
     assert code == 2
@@ -92,8 +96,19 @@ def test_bad_input_is_one_line_exit_2(args: list[str]) -> None:
 
 def test_gpu_table_has_every_card_with_a_source() -> None:
     gpus = load_gpus()
-    for name in ("rtx3090", "rtx3090ti", "rtx4090", "rtx5090", "a100-40gb", "a100-80gb",
-                 "h100-pcie", "h100-sxm", "h200", "l40s", "b200"):
+    for name in (
+        "rtx3090",
+        "rtx3090ti",
+        "rtx4090",
+        "rtx5090",
+        "a100-40gb",
+        "a100-80gb",
+        "h100-pcie",
+        "h100-sxm",
+        "h200",
+        "l40s",
+        "b200",
+    ):
         gpu = gpus[name]
         assert gpu.bandwidth_gb_s > 0 and gpu.memory_gib > 0
         assert re.fullmatch(r"\d+\.\d+", gpu.compute_capability)
@@ -120,8 +135,9 @@ def test_list_shows_the_table() -> None:
 
 def test_model_file_ceiling_reads_weights(synth_models: SynthModels) -> None:
     info = read_gguf(synth_models.target)
-    code, out, _ = run("ceiling", "--bandwidth", "100", "--model", str(synth_models.target),
-                       "--json")
+    code, out, _ = run(
+        "ceiling", "--bandwidth", "100", "--model", str(synth_models.target), "--json"
+    )
     assert code == 0
     data = json.loads(out)
     # A decode step reads every weight except the embedding table (one row of it).
@@ -132,8 +148,9 @@ def test_model_file_ceiling_reads_weights(synth_models: SynthModels) -> None:
 def test_vram_budget_adds_weights_draft_cache_and_margin(synth_models: SynthModels) -> None:
     model = read_gguf(synth_models.target)
     draft = read_gguf(synth_models.unrelated_draft)
-    parts = vram_breakdown(model, draft, context=8192, parallel=2, cache_type_k="q8_0",
-                           cache_type_v="q8_0")
+    parts = vram_breakdown(
+        model, draft, context=8192, parallel=2, cache_type_k="q8_0", cache_type_v="q8_0"
+    )
     assert parts.weights == model.tensor_bytes
     assert parts.draft_weights == draft.tensor_bytes
     assert parts.kv_cache == round(model.kv_bytes_per_token("q8_0", "q8_0") * 8192)
@@ -141,9 +158,19 @@ def test_vram_budget_adds_weights_draft_cache_and_margin(synth_models: SynthMode
     assert parts.draft_kv_cache == round(draft.kv_bytes_per_token() * 8192)
     assert parts.recurrent_state == 0
     assert parts.compute_margin == COMPUTE_MARGIN_BYTES
-    assert vram_budget(model, draft, 8192, 2, "q8_0", "q8_0") == parts.total == sum(
-        (parts.weights, parts.draft_weights, parts.kv_cache, parts.draft_kv_cache,
-         parts.compute_margin))
+    assert (
+        vram_budget(model, draft, 8192, 2, "q8_0", "q8_0")
+        == parts.total
+        == sum(
+            (
+                parts.weights,
+                parts.draft_weights,
+                parts.kv_cache,
+                parts.draft_kv_cache,
+                parts.compute_margin,
+            )
+        )
+    )
     assert vram_budget(model, None, 8192) < parts.total
 
 

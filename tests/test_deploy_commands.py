@@ -18,8 +18,8 @@ import pytest
 from click.testing import CliRunner, Result
 
 from llamanix.cli import main
-from llamanix.deploy import apply_sets
-from llamanix.server_process import free_port
+from llamanix.deploy.switch import apply_sets
+from llamanix.measure.server_process import free_port
 
 STANDIN = """#!{python}
 import json, os, sys
@@ -59,8 +59,13 @@ def cli(*args: str) -> Result:
     return CliRunner().invoke(main, list(args), catch_exceptions=False)
 
 
-def write_config(d: Path, kind: str, port: int, target: str | None = None,
-                 binary: str = "/opt/llama/bin/llama-server") -> Path:
+def write_config(
+    d: Path,
+    kind: str,
+    port: int,
+    target: str | None = None,
+    binary: str = "/opt/llama/bin/llama-server",
+) -> Path:
     (d / "flake.nix").write_text("{ outputs = _: { }; }\n")
     host_extra = f'target = "{target}"\n' if target else ""
     path = d / "llamanix.toml"
@@ -81,8 +86,16 @@ def no_temp_files(d: Path) -> list[Path]:
 def test_nixos_failed_gate_rolls_back_on_the_same_target(tmp_path: Path, recorder: Path) -> None:
     config = write_config(tmp_path, "nixos", free_port(), target="root@127.0.0.1")
     before = config.read_text()
-    result = cli("switch", str(config), "--host", "gpu1", "--set", "instances.qwen.variant=ik",
-                 "--timeout", "1")
+    result = cli(
+        "switch",
+        str(config),
+        "--host",
+        "gpu1",
+        "--set",
+        "instances.qwen.variant=ik",
+        "--timeout",
+        "1",
+    )
     assert result.exit_code == 1, result.output
     remote = ["--target-host", "root@127.0.0.1", "--use-remote-sudo"]
     assert argvs(recorder) == [
@@ -99,8 +112,16 @@ def test_nixos_failed_gate_rolls_back_on_the_same_target(tmp_path: Path, recorde
 
 def test_nixos_local_host_has_no_target_flags(tmp_path: Path, recorder: Path) -> None:
     config = write_config(tmp_path, "nixos", free_port())
-    result = cli("switch", str(config), "--host", "gpu1", "--set", "instances.qwen.context=8192",
-                 "--timeout", "1")
+    result = cli(
+        "switch",
+        str(config),
+        "--host",
+        "gpu1",
+        "--set",
+        "instances.qwen.context=8192",
+        "--timeout",
+        "1",
+    )
     assert result.exit_code == 1
     assert argvs(recorder) == [
         ["nixos-rebuild", "switch", "--flake", ".#gpu1"],
@@ -108,8 +129,9 @@ def test_nixos_local_host_has_no_target_flags(tmp_path: Path, recorder: Path) ->
     ]
 
 
-def test_nixos_rebuild_failure_is_not_rolled_back(tmp_path: Path, recorder: Path,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_nixos_rebuild_failure_is_not_rolled_back(
+    tmp_path: Path, recorder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # A failed build never activated anything: --rollback would go one generation too far.
     monkeypatch.setenv("STANDIN_EXIT_nixos_rebuild", "1")
     config = write_config(tmp_path, "nixos", free_port())
@@ -125,8 +147,9 @@ def test_dry_run_prints_exactly_the_commands_and_runs_nothing(
 ) -> None:
     config = write_config(tmp_path, "nixos", free_port(), target="admin@gpu1.lan")
     before = config.read_text()
-    result = cli("switch", str(config), "--host", "gpu1", "--set", "instances.qwen.variant=ik",
-                 "--dry-run")
+    result = cli(
+        "switch", str(config), "--host", "gpu1", "--set", "instances.qwen.variant=ik", "--dry-run"
+    )
     assert result.exit_code == 0, result.output
     commands = [line for line in result.output.splitlines() if line.startswith("(cd ")]
     assert commands == [
@@ -143,8 +166,9 @@ def test_systemd_switch_installs_restarts_and_restores(tmp_path: Path, recorder:
     units = tmp_path / "units"
     config = write_config(tmp_path, "systemd", free_port())
     # A first switch installs the unit; nothing answers on the port, so it is removed again.
-    first = cli("switch", str(config), "--host", "gpu1", "--units-dir", str(units),
-                "--timeout", "1")
+    first = cli(
+        "switch", str(config), "--host", "gpu1", "--units-dir", str(units), "--timeout", "1"
+    )
     assert first.exit_code == 1
     assert argvs(recorder) == [
         ["systemctl", "daemon-reload"],
@@ -164,8 +188,18 @@ def test_systemd_change_restores_the_previous_unit(tmp_path: Path, recorder: Pat
     units.mkdir()
     old_unit = (tmp_path / "r" / "llamanix-qwen.service").read_text()
     (units / "llamanix-qwen.service").write_text(old_unit)  # what an earlier install left
-    result = cli("switch", str(config), "--host", "gpu1", "--units-dir", str(units),
-                 "--set", "instances.qwen.context=8192", "--timeout", "1")
+    result = cli(
+        "switch",
+        str(config),
+        "--host",
+        "gpu1",
+        "--units-dir",
+        str(units),
+        "--set",
+        "instances.qwen.context=8192",
+        "--timeout",
+        "1",
+    )
     assert result.exit_code == 1
     assert argvs(recorder) == [
         ["systemctl", "daemon-reload"],
@@ -200,8 +234,16 @@ def test_systemd_user_uses_user_manager(tmp_path: Path, recorder: Path) -> None:
 
 def test_rollback_on_nixos_runs_nixos_rebuild_rollback(tmp_path: Path, recorder: Path) -> None:
     config = write_config(tmp_path, "nixos", free_port(), target="root@127.0.0.1")
-    cli("switch", str(config), "--host", "gpu1", "--set", "instances.qwen.context=8192",
-        "--timeout", "1")
+    cli(
+        "switch",
+        str(config),
+        "--host",
+        "gpu1",
+        "--set",
+        "instances.qwen.context=8192",
+        "--timeout",
+        "1",
+    )
     # Generation 1 failed; --to names it anyway (the user's call): config back, rebuild.
     recorder.unlink()
     result = cli("rollback", str(config), "--host", "gpu1", "--to", "1", "--dry-run")
@@ -215,12 +257,32 @@ def test_rollback_on_nixos_runs_nixos_rebuild_rollback(tmp_path: Path, recorder:
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
-        (["upstream", "--latest"], ["nix", "flake", "lock", "--update-input",
-                                    "llama-cpp-upstream"]),
-        (["ik", "0123abcd"], ["nix", "flake", "lock", "--override-input", "ik-llama-cpp",
-                              "github:ikawrakow/ik_llama.cpp/0123abcd"]),
-        (["mtp", "ebe4fca"], ["nix", "flake", "lock", "--override-input", "llama-cpp-mtp",
-                              "github:am17an/llama.cpp/ebe4fca"]),
+        (
+            ["upstream", "--latest"],
+            ["nix", "flake", "lock", "--update-input", "llama-cpp-upstream"],
+        ),
+        (
+            ["ik", "0123abcd"],
+            [
+                "nix",
+                "flake",
+                "lock",
+                "--override-input",
+                "ik-llama-cpp",
+                "github:ikawrakow/ik_llama.cpp/0123abcd",
+            ],
+        ),
+        (
+            ["mtp", "ebe4fca"],
+            [
+                "nix",
+                "flake",
+                "lock",
+                "--override-input",
+                "llama-cpp-mtp",
+                "github:am17an/llama.cpp/ebe4fca",
+            ],
+        ),
         (["nixpkgs", "--latest"], ["nix", "flake", "lock", "--update-input", "nixpkgs"]),
     ],
 )
@@ -234,8 +296,9 @@ def test_pin(tmp_path: Path, recorder: Path, args: list[str], expected: list[str
 def test_bad_set_value_is_one_line_and_writes_nothing(tmp_path: Path, recorder: Path) -> None:
     config = write_config(tmp_path, "nixos", free_port())
     before = config.read_text()
-    result = CliRunner().invoke(main, ["switch", str(config), "--host", "gpu1", "--set",
-                                       "instances.qwen.variant=ikk"])
+    result = CliRunner().invoke(
+        main, ["switch", str(config), "--host", "gpu1", "--set", "instances.qwen.variant=ikk"]
+    )
     assert result.exit_code == 2
     assert result.output.strip().splitlines() == [
         f"{config}: instances.qwen.variant: unknown value 'ikk' (did you mean 'ik'?)"
@@ -247,11 +310,15 @@ def test_bad_set_value_is_one_line_and_writes_nothing(tmp_path: Path, recorder: 
 
 def test_set_keeps_comments_and_layout(tmp_path: Path) -> None:
     config = write_config(tmp_path, "nixos", 8080)
-    text = apply_sets(config, config.read_text(), (
-        "instances.qwen.context=8192",
-        "instances.qwen.speculative.type=ngram-simple",
-        "instances.qwen.alias=qwen-27b",
-    ))
+    text = apply_sets(
+        config,
+        config.read_text(),
+        (
+            "instances.qwen.context=8192",
+            "instances.qwen.speculative.type=ngram-simple",
+            "instances.qwen.alias=qwen-27b",
+        ),
+    )
     assert "# my GPU box" in text and "# the big one" in text
     data = tomllib.loads(text)
     assert data["instances"]["qwen"]["context"] == 8192

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from llamanix.server_process import free_port
+from llamanix.measure.server_process import free_port
 
 pytestmark = pytest.mark.server
 
@@ -27,8 +27,12 @@ DEADLINE_S = 120.0
 
 def llamanix(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "llamanix", *args], cwd=cwd, capture_output=True, text=True,
-        timeout=300, check=False,
+        [sys.executable, "-m", "llamanix", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
 
 
@@ -39,8 +43,11 @@ def n_ctx(url: str) -> int:
 
 def serving(url: str) -> bool:
     health = httpx.get(f"{url}/health", timeout=10)
-    chat = httpx.post(f"{url}/v1/chat/completions", timeout=60, json={
-        "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+    chat = httpx.post(
+        f"{url}/v1/chat/completions",
+        timeout=60,
+        json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+    )
     return health.status_code == 200 and chat.status_code == 200 and bool(chat.json()["choices"])
 
 
@@ -79,7 +86,10 @@ def up(deploy_dir: Path) -> Iterator[subprocess.Popen[str]]:
     units = deploy_dir / ".llamanix-state" / "dev" / "up"
     proc = subprocess.Popen(
         [sys.executable, "-m", "llamanix", "up", "llamanix.toml", "--host", "dev"],
-        cwd=deploy_dir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        cwd=deploy_dir,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
         start_new_session=True,
     )
     try:
@@ -107,8 +117,19 @@ def test_switch_gate_and_rollback_with_up(deploy_dir: Path, up: subprocess.Popen
     first_pid = status(units)["instances"]["chat"]["pid"]
 
     # 1. A switch that passes the smoke gate (health, chat, /metrics): the new generation serves.
-    ok = llamanix("switch", "llamanix.toml", "--host", "dev", "--manager", "up",
-                  "--set", "instances.chat.context=1024", "--gate", "smoke", cwd=deploy_dir)
+    ok = llamanix(
+        "switch",
+        "llamanix.toml",
+        "--host",
+        "dev",
+        "--manager",
+        "up",
+        "--set",
+        "instances.chat.context=1024",
+        "--gate",
+        "smoke",
+        cwd=deploy_dir,
+    )
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert n_ctx(url) == 1024 and serving(url)
     assert status(units)["instances"]["chat"]["pid"] != first_pid
@@ -116,8 +137,19 @@ def test_switch_gate_and_rollback_with_up(deploy_dir: Path, up: subprocess.Popen
     good_units = {p.name: p.read_text() for p in units.glob("llamanix-*.service")}
 
     # 2. The new variant's binary cannot start: rolled back, the previous generation serves.
-    broken = llamanix("switch", "llamanix.toml", "--host", "dev", "--manager", "up",
-                      "--set", "instances.chat.variant=ik", "--timeout", "60", cwd=deploy_dir)
+    broken = llamanix(
+        "switch",
+        "llamanix.toml",
+        "--host",
+        "dev",
+        "--manager",
+        "up",
+        "--set",
+        "instances.chat.variant=ik",
+        "--timeout",
+        "60",
+        cwd=deploy_dir,
+    )
     assert broken.returncode == 1, broken.stdout + broken.stderr
     assert "did not start" in broken.stderr
     assert serving(url) and n_ctx(url) == 1024
@@ -126,8 +158,19 @@ def test_switch_gate_and_rollback_with_up(deploy_dir: Path, up: subprocess.Popen
     settled_files(deploy_dir)
 
     # 3. Slower than --min-tok-s (no CPU decodes 1e9 tok/s): rolled back, previous serves.
-    slow = llamanix("switch", "llamanix.toml", "--host", "dev", "--manager", "up",
-                    "--set", "instances.chat.context=2048", "--min-tok-s", "1e9", cwd=deploy_dir)
+    slow = llamanix(
+        "switch",
+        "llamanix.toml",
+        "--host",
+        "dev",
+        "--manager",
+        "up",
+        "--set",
+        "instances.chat.context=2048",
+        "--min-tok-s",
+        "1e9",
+        cwd=deploy_dir,
+    )
     assert slow.returncode == 1, slow.stdout + slow.stderr
     assert "below --min-tok-s" in slow.stderr
     assert serving(url) and n_ctx(url) == 1024
@@ -138,7 +181,10 @@ def test_switch_gate_and_rollback_with_up(deploy_dir: Path, up: subprocess.Popen
     listing = llamanix("generations", "llamanix.toml", "--host", "dev", "--json", cwd=deploy_dir)
     gens = json.loads(listing.stdout)
     assert [(g["gate"].get("kind"), g["gate"]["result"]) for g in gens] == [
-        (None, "unverified"), ("smoke", "passed"), ("health", "failed"), ("bench", "failed"),
+        (None, "unverified"),
+        ("smoke", "passed"),
+        ("health", "failed"),
+        ("bench", "failed"),
     ]
     assert [g["current"] for g in gens] == [False, True, False, False]
     assert gens[2]["instances"]["chat"]["variant"] == "ik"
@@ -148,7 +194,7 @@ def test_switch_gate_and_rollback_with_up(deploy_dir: Path, up: subprocess.Popen
     back = llamanix("rollback", "llamanix.toml", "--host", "dev", cwd=deploy_dir)
     assert back.returncode == 0, back.stdout + back.stderr
     assert n_ctx(url) == 512 and serving(url)
-    assert 'context = 512' in config.read_text()
+    assert "context = 512" in config.read_text()
 
     # Ctrl-C stops everything `up` started.
     pid = status(units)["instances"]["chat"]["pid"]

@@ -19,11 +19,11 @@ from click.testing import CliRunner, Result
 from standins import recorded_argv, stand_in
 from test_inspect import qwen35_like
 
-from llamanix.argv import instance_argv
 from llamanix.cli import main
-from llamanix.config import load_config
-from llamanix.doctor import NVIDIA_SMI_ARGV, journalctl_argv, parse_nvidia_smi
-from llamanix.server_process import LlamaServer, ServerStartError, free_port
+from llamanix.core.argv import instance_argv
+from llamanix.core.config import load_config
+from llamanix.measure.doctor import NVIDIA_SMI_ARGV, journalctl_argv, parse_nvidia_smi
+from llamanix.measure.server_process import LlamaServer, ServerStartError, free_port
 
 if TYPE_CHECKING:
     from conftest import SynthModels
@@ -35,8 +35,12 @@ def toml_value(value: Any) -> str:
     return json.dumps(value)  # TOML strings, numbers, booleans and arrays read the same
 
 
-def write_config(path: Path, host: dict[str, Any] | None = None,
-                 spec: dict[str, Any] | None = None, **instance: Any) -> Path:
+def write_config(
+    path: Path,
+    host: dict[str, Any] | None = None,
+    spec: dict[str, Any] | None = None,
+    **instance: Any,
+) -> Path:
     lines = ["[hosts.local]", 'kind = "systemd"']
     lines += [f"{k} = {toml_value(v)}" for k, v in (host or {}).items()]
     lines += ["", "[instances.main]", 'host = "local"']
@@ -62,8 +66,12 @@ def server_from_config(config: Path, log: Path) -> LlamaServer:
 
 
 def complete(url: str, tokens: int = 48) -> dict[str, Any]:
-    body = {"messages": [{"role": "user", "content": "Write a haiku about GPUs."}],
-            "max_tokens": tokens, "ignore_eos": True, "temperature": 0}
+    body = {
+        "messages": [{"role": "user", "content": "Write a haiku about GPUs."}],
+        "max_tokens": tokens,
+        "ignore_eos": True,
+        "temperature": 0,
+    }
     resp = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120)
     resp.raise_for_status()
     timings: dict[str, Any] = resp.json()["timings"]
@@ -78,8 +86,15 @@ def wait_for_timing_lines(server: LlamaServer) -> str:
 
 
 def instance(models: SynthModels, binary: Path, **extra: Any) -> dict[str, Any]:
-    return {"binary": str(binary), "model": str(models.target), "port": free_port(),
-            "context": 2048, "parallel": 1, "threads": 1, **extra}
+    return {
+        "binary": str(binary),
+        "model": str(models.target),
+        "port": free_port(),
+        "context": 2048,
+        "parallel": 1,
+        "threads": 1,
+        **extra,
+    }
 
 
 GPU_HOST = {"gpu": "rtx3090", "cuda_archs": ["8.6"]}
@@ -89,11 +104,15 @@ GPU_HOST = {"gpu": "rtx3090", "cuda_archs": ["8.6"]}
 
 
 @pytest.mark.server
-def test_healthy_instance_is_quiet(llama_server_bin: Path, synth_models: SynthModels,
-                                   tmp_path: Path) -> None:
-    config = write_config(tmp_path / "llamanix.toml", GPU_HOST,
-                          {"type": "draft", "draft_model": str(synth_models.target)},
-                          **instance(synth_models, llama_server_bin, variant="upstream"))
+def test_healthy_instance_is_quiet(
+    llama_server_bin: Path, synth_models: SynthModels, tmp_path: Path
+) -> None:
+    config = write_config(
+        tmp_path / "llamanix.toml",
+        GPU_HOST,
+        {"type": "draft", "draft_model": str(synth_models.target)},
+        **instance(synth_models, llama_server_bin, variant="upstream"),
+    )
     with server_from_config(config, tmp_path / "server.log") as server:
         timings = complete(server.url)
         assert timings["draft_n"] > 0  # really speculating
@@ -103,8 +122,15 @@ def test_healthy_instance_is_quiet(llama_server_bin: Path, synth_models: SynthMo
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert data["findings"] == [] and data["ok"]
-    for check in ("vocab", "vram", "flash-attn", "cuda-arch", "spec-log", "spec-probe",
-                  "acceptance"):
+    for check in (
+        "vocab",
+        "vram",
+        "flash-attn",
+        "cuda-arch",
+        "spec-log",
+        "spec-probe",
+        "acceptance",
+    ):
         assert data["checks"][check] == "ok", (check, data["checks"])
     text = doctor(str(config), "main", "--log", str(log))
     assert text.exit_code == 0 and "no problems found" in text.stdout
@@ -114,9 +140,12 @@ def test_healthy_instance_is_quiet(llama_server_bin: Path, synth_models: SynthMo
 
 
 def test_vocabulary_mismatch_from_the_ggufs(synth_models: SynthModels, tmp_path: Path) -> None:
-    config = write_config(tmp_path / "c.toml", None,
-                          {"type": "draft", "draft_model": str(synth_models.other_vocab_draft)},
-                          model=str(synth_models.target))
+    config = write_config(
+        tmp_path / "c.toml",
+        None,
+        {"type": "draft", "draft_model": str(synth_models.other_vocab_draft)},
+        model=str(synth_models.target),
+    )
     result = doctor(str(config), "--json")
     assert result.exit_code == 1
     found = findings(result)["vocab-mismatch"]
@@ -127,32 +156,43 @@ def test_vocabulary_mismatch_from_the_ggufs(synth_models: SynthModels, tmp_path:
 
 
 @pytest.mark.server
-def test_vocabulary_mismatch_from_the_log(llama_server_bin: Path, synth_models: SynthModels,
-                                          tmp_path: Path) -> None:
-    config = write_config(tmp_path / "c.toml", None,
-                          {"type": "draft", "draft_model": str(synth_models.other_vocab_draft)},
-                          **instance(synth_models, llama_server_bin))
+def test_vocabulary_mismatch_from_the_log(
+    llama_server_bin: Path, synth_models: SynthModels, tmp_path: Path
+) -> None:
+    config = write_config(
+        tmp_path / "c.toml",
+        None,
+        {"type": "draft", "draft_model": str(synth_models.other_vocab_draft)},
+        **instance(synth_models, llama_server_bin),
+    )
     with server_from_config(config, tmp_path / "server.log") as server:
         assert "draft_n" not in complete(server.url)
         log = tmp_path / "saved.log"
         log.write_text(wait_for_timing_lines(server))
     # The same config without the GGUF check (draft file gone): the log alone tells.
     missing_draft = tmp_path / "moved.gguf"
-    config2 = write_config(tmp_path / "c2.toml", None,
-                           {"type": "draft", "draft_model": str(missing_draft)},
-                           model=str(synth_models.target))
+    config2 = write_config(
+        tmp_path / "c2.toml",
+        None,
+        {"type": "draft", "draft_model": str(missing_draft)},
+        model=str(synth_models.target),
+    )
     result = doctor(str(config2), "main", "--log", str(log), "--json")
     assert result.exit_code == 1
     assert "not compatible" in findings(result)["vocab-mismatch"]["message"]
 
 
 @pytest.mark.server
-def test_loaded_but_not_drafting(llama_server_bin: Path, synth_models: SynthModels,
-                                 tmp_path: Path) -> None:
+def test_loaded_but_not_drafting(
+    llama_server_bin: Path, synth_models: SynthModels, tmp_path: Path
+) -> None:
     """The nixpkgs variant's -md, run by an upstream binary: the draft loads and never drafts."""
-    config = write_config(tmp_path / "c.toml", None,
-                          {"type": "draft", "draft_model": str(synth_models.target)},
-                          **instance(synth_models, llama_server_bin, variant="nixpkgs"))
+    config = write_config(
+        tmp_path / "c.toml",
+        None,
+        {"type": "draft", "draft_model": str(synth_models.target)},
+        **instance(synth_models, llama_server_bin, variant="nixpkgs"),
+    )
     assert "--spec-type" not in instance_argv(load_config(config), "main")
     with server_from_config(config, tmp_path / "server.log") as server:
         assert "draft_n" not in complete(server.url)
@@ -169,12 +209,15 @@ def test_loaded_but_not_drafting(llama_server_bin: Path, synth_models: SynthMode
 
 
 @pytest.mark.server
-def test_unrelated_draft_low_acceptance(llama_server_bin: Path, synth_models: SynthModels,
-                                        tmp_path: Path) -> None:
-    config = write_config(tmp_path / "c.toml", None,
-                          {"type": "draft", "draft_model": str(synth_models.unrelated_draft),
-                           "p_min": 0.0},
-                          **instance(synth_models, llama_server_bin, variant="upstream"))
+def test_unrelated_draft_low_acceptance(
+    llama_server_bin: Path, synth_models: SynthModels, tmp_path: Path
+) -> None:
+    config = write_config(
+        tmp_path / "c.toml",
+        None,
+        {"type": "draft", "draft_model": str(synth_models.unrelated_draft), "p_min": 0.0},
+        **instance(synth_models, llama_server_bin, variant="upstream"),
+    )
     with server_from_config(config, tmp_path / "server.log") as server:
         result = doctor(str(config), "main", "--url", server.url, "--json")
     found = findings(result)["spec-low-acceptance"]
@@ -184,18 +227,21 @@ def test_unrelated_draft_low_acceptance(llama_server_bin: Path, synth_models: Sy
 
 def test_recorded_refusal(synth_models: SynthModels, tmp_path: Path) -> None:
     """Field report 000's log line: speculation requested, refused at start-up."""
-    config = write_config(tmp_path / "c.toml", None,
-                          {"type": "draft", "draft_model": str(synth_models.target)},
-                          model=str(synth_models.target), variant="nixpkgs")
-    result = doctor(str(config), "main", "--log", str(DATA / "seed000-b8770-refused.log"),
-                    "--json")
+    config = write_config(
+        tmp_path / "c.toml",
+        None,
+        {"type": "draft", "draft_model": str(synth_models.target)},
+        model=str(synth_models.target),
+        variant="nixpkgs",
+    )
+    result = doctor(str(config), "main", "--log", str(DATA / "seed000-b8770-refused.log"), "--json")
     assert result.exit_code == 1
     assert findings(result)["spec-refused"]["severity"] == "error"
 
 
-def test_hybrid_model_on_a_variant_without_checkpoints(vocab_dir: Path,
-                                                       synth_models: SynthModels,
-                                                       tmp_path: Path) -> None:
+def test_hybrid_model_on_a_variant_without_checkpoints(
+    vocab_dir: Path, synth_models: SynthModels, tmp_path: Path
+) -> None:
     hybrid = qwen35_like(tmp_path / "qwen35.gguf", vocab_dir / "ggml-vocab-llama-spm.gguf")
     spec = {"type": "draft", "draft_model": str(synth_models.target)}
     bad = write_config(tmp_path / "bad.toml", None, spec, model=str(hybrid), variant="nixpkgs")
@@ -209,8 +255,9 @@ def test_hybrid_model_on_a_variant_without_checkpoints(vocab_dir: Path,
 
 def test_vram_budget_exceeds_the_gpu(synth_models: SynthModels, tmp_path: Path) -> None:
     # 1 KiB of f16 KV per token x 50M tokens = 51 GB, more than a 24 GiB RTX 3090.
-    config = write_config(tmp_path / "c.toml", GPU_HOST, None, model=str(synth_models.target),
-                          context=50_000_000)
+    config = write_config(
+        tmp_path / "c.toml", GPU_HOST, None, model=str(synth_models.target), context=50_000_000
+    )
     result = doctor(str(config), "--json")
     assert result.exit_code == 1
     found = findings(result)["vram"]
@@ -220,8 +267,15 @@ def test_vram_budget_exceeds_the_gpu(synth_models: SynthModels, tmp_path: Path) 
 
 
 def test_quantized_v_without_flash_attention(synth_models: SynthModels, tmp_path: Path) -> None:
-    config = write_config(tmp_path / "c.toml", None, None, model=str(synth_models.target),
-                          cache_type_k="q4_0", cache_type_v="q4_0", extra_args=["-fa", "off"])
+    config = write_config(
+        tmp_path / "c.toml",
+        None,
+        None,
+        model=str(synth_models.target),
+        cache_type_k="q4_0",
+        cache_type_v="q4_0",
+        extra_args=["-fa", "off"],
+    )
     result = doctor(str(config), "--json")
     assert result.exit_code == 1
     assert findings(result)["quantized-v-without-fa"]["severity"] == "error"
@@ -233,8 +287,19 @@ def test_quantized_v_without_flash_attention_from_the_log(
 ) -> None:
     """The real server refuses to start; its log is what doctor reads."""
     log = tmp_path / "server.log"
-    argv = [str(llama_server_bin), "-m", str(synth_models.target), "-c", "512", "-t", "1",
-            "-ctv", "q4_0", "-fa", "off"]
+    argv = [
+        str(llama_server_bin),
+        "-m",
+        str(synth_models.target),
+        "-c",
+        "512",
+        "-t",
+        "1",
+        "-ctv",
+        "q4_0",
+        "-fa",
+        "off",
+    ]
     with pytest.raises(ServerStartError):
         LlamaServer(argv, log, start_timeout_s=60).start()
     config = write_config(tmp_path / "c.toml", None, None, model=str(synth_models.target))
@@ -244,29 +309,70 @@ def test_quantized_v_without_flash_attention_from_the_log(
 
 
 @pytest.mark.server
-def test_speculative_bench_slower_than_baseline(llama_server_bin: Path,
-                                                synth_models: SynthModels,
-                                                tmp_path: Path) -> None:
+def test_speculative_bench_slower_than_baseline(
+    llama_server_bin: Path, synth_models: SynthModels, tmp_path: Path
+) -> None:
     """On a CPU the model drafting for itself doubles the work: speculation does not pay."""
     results = []
-    for label, extra in (("base", []), ("spec", ["--spec-type", "draft-simple",
-                                                 "--spec-draft-model", str(synth_models.target),
-                                                 "--spec-draft-n-max", "8"])):
-        argv = [str(llama_server_bin), "-m", str(synth_models.target), "-c", "1024", "-np", "1",
-                "-t", "1", *extra]
+    for label, extra in (
+        ("base", []),
+        (
+            "spec",
+            [
+                "--spec-type",
+                "draft-simple",
+                "--spec-draft-model",
+                str(synth_models.target),
+                "--spec-draft-n-max",
+                "8",
+            ],
+        ),
+    ):
+        argv = [
+            str(llama_server_bin),
+            "-m",
+            str(synth_models.target),
+            "-c",
+            "1024",
+            "-np",
+            "1",
+            "-t",
+            "1",
+            *extra,
+        ]
         with LlamaServer(argv, tmp_path / f"{label}.log") as server:
             out = tmp_path / f"{label}.json"
-            bench = CliRunner().invoke(main, ["bench", "--url", server.url, "--prompts",
-                                              "builtin:fibonacci", "--max-tokens", "96",
-                                              "--runs", "3", "--warmup", "1", "--label", label,
-                                              "--json", str(out)])
+            bench = CliRunner().invoke(
+                main,
+                [
+                    "bench",
+                    "--url",
+                    server.url,
+                    "--prompts",
+                    "builtin:fibonacci",
+                    "--max-tokens",
+                    "96",
+                    "--runs",
+                    "3",
+                    "--warmup",
+                    "1",
+                    "--label",
+                    label,
+                    "--json",
+                    str(out),
+                ],
+            )
             assert bench.exit_code == 0, bench.output
             results.append(out)
-    config = write_config(tmp_path / "c.toml", None,
-                          {"type": "draft", "draft_model": str(synth_models.target)},
-                          model=str(synth_models.target))
-    result = doctor(str(config), "main", "--bench", str(results[0]), "--bench", str(results[1]),
-                    "--json")
+    config = write_config(
+        tmp_path / "c.toml",
+        None,
+        {"type": "draft", "draft_model": str(synth_models.target)},
+        model=str(synth_models.target),
+    )
+    result = doctor(
+        str(config), "main", "--bench", str(results[0]), "--bench", str(results[1]), "--json"
+    )
     found = findings(result)["spec-slower"]
     assert found["severity"] == "warning" and "spec vs base" in found["message"]
 
@@ -276,21 +382,33 @@ def test_speculative_bench_slower_than_baseline(llama_server_bin: Path,
 
 def test_journal_reads_the_unit_log(synth_models: SynthModels, tmp_path: Path) -> None:
     record = stand_in(tmp_path / "bin", "journalctl", DATA / "seed000-b8770-refused.log")
-    config = write_config(tmp_path / "c.toml", None,
-                          {"type": "draft", "draft_model": str(synth_models.target)},
-                          model=str(synth_models.target), variant="nixpkgs")
+    config = write_config(
+        tmp_path / "c.toml",
+        None,
+        {"type": "draft", "draft_model": str(synth_models.target)},
+        model=str(synth_models.target),
+        variant="nixpkgs",
+    )
     env = {"PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}"}
     result = doctor(str(config), "main", "--journal", "--json", env=env)
-    assert recorded_argv(record) == ["journalctl", "-u", "llamanix-main.service", "-n", "500",
-                                     "--no-pager", "-o", "cat"]
+    assert recorded_argv(record) == [
+        "journalctl",
+        "-u",
+        "llamanix-main.service",
+        "-n",
+        "500",
+        "--no-pager",
+        "-o",
+        "cat",
+    ]
     assert result.exit_code == 1 and "spec-refused" in findings(result)
     assert journalctl_argv("x.service", user=True)[:2] == ["journalctl", "--user"]
 
 
-def test_journal_of_a_remote_host_is_refused(synth_models: SynthModels,
-                                              tmp_path: Path) -> None:
-    config = write_config(tmp_path / "c.toml", {"target": "root@gpu1"}, None,
-                          model=str(synth_models.target))
+def test_journal_of_a_remote_host_is_refused(synth_models: SynthModels, tmp_path: Path) -> None:
+    config = write_config(
+        tmp_path / "c.toml", {"target": "root@gpu1"}, None, model=str(synth_models.target)
+    )
     result = doctor(str(config), "main", "--journal")
     assert result.exit_code == 2
     assert "hosts.local.target" in result.stderr and "--log" in result.stderr
@@ -301,27 +419,35 @@ def test_nvidia_smi_compute_capability(synth_models: SynthModels, tmp_path: Path
     smi_out.write_text("NVIDIA GeForce RTX 5090, 12.0, 32607 MiB\n")
     record = stand_in(tmp_path / "bin", "nvidia-smi", smi_out)
     # Built for Ampere only, running on Blackwell: PTX JIT on first use.
-    config = write_config(tmp_path / "c.toml", {"cuda_archs": ["8.6"]}, None,
-                          model=str(synth_models.target))
+    config = write_config(
+        tmp_path / "c.toml", {"cuda_archs": ["8.6"]}, None, model=str(synth_models.target)
+    )
     env = {"PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}"}
     result = doctor(str(config), "--json", env=env)
-    assert recorded_argv(record) == list(NVIDIA_SMI_ARGV) == [
-        "nvidia-smi", "--query-gpu=name,compute_cap,memory.total", "--format=csv,noheader"]
+    assert (
+        recorded_argv(record)
+        == list(NVIDIA_SMI_ARGV)
+        == ["nvidia-smi", "--query-gpu=name,compute_cap,memory.total", "--format=csv,noheader"]
+    )
     found = findings(result)["cuda-arch"]
     assert found["severity"] == "warning" and "12.0" in found["message"]
     assert '"12.0"' in found["fix"]
     # The card nvidia-smi named also sized the VRAM check.
     assert json.loads(result.stdout)["checks"]["vram"] == "ok"
-    fixed = write_config(tmp_path / "fixed.toml", {"cuda_archs": ["8.6", "12.0"]}, None,
-                         model=str(synth_models.target))
+    fixed = write_config(
+        tmp_path / "fixed.toml",
+        {"cuda_archs": ["8.6", "12.0"]},
+        None,
+        model=str(synth_models.target),
+    )
     assert "cuda-arch" not in findings(doctor(str(fixed), "--json", env=env))
 
 
 def test_parse_nvidia_smi() -> None:
-    (a, b) = parse_nvidia_smi("NVIDIA GeForce RTX 3090, 8.6, 24576 MiB\nNVIDIA H100 PCIe, 9.0, "
-                              "[N/A]\n")
-    assert (a.name, a.compute_capability, a.memory_mib) == ("NVIDIA GeForce RTX 3090", "8.6",
-                                                            24576)
+    (a, b) = parse_nvidia_smi(
+        "NVIDIA GeForce RTX 3090, 8.6, 24576 MiB\nNVIDIA H100 PCIe, 9.0, [N/A]\n"
+    )
+    assert (a.name, a.compute_capability, a.memory_mib) == ("NVIDIA GeForce RTX 3090", "8.6", 24576)
     assert b.memory_mib is None
 
 
@@ -331,14 +457,18 @@ def test_parse_nvidia_smi() -> None:
 def test_usage_errors(synth_models: SynthModels, tmp_path: Path) -> None:
     config = write_config(tmp_path / "c.toml", None, None, model=str(synth_models.target))
     two = tmp_path / "two.toml"
-    two.write_text(config.read_text() + '\n[instances.other]\nhost = "local"\n'
-                   f'model = "{synth_models.target}"\nport = 8081\n')
-    for args in ([str(config), "nonesuch"],
-                 [str(two), "--log", str(DATA / "upstream-plain.log")],
-                 [str(config), "--log", str(tmp_path / "missing.log")],
-                 [str(config), "--log", str(DATA / "upstream-plain.log"), "--journal"],
-                 [str(config), "--gpu", "voodoo2"],
-                 [str(tmp_path / "missing.toml")]):
+    two.write_text(
+        config.read_text() + '\n[instances.other]\nhost = "local"\n'
+        f'model = "{synth_models.target}"\nport = 8081\n'
+    )
+    for args in (
+        [str(config), "nonesuch"],
+        [str(two), "--log", str(DATA / "upstream-plain.log")],
+        [str(config), "--log", str(tmp_path / "missing.log")],
+        [str(config), "--log", str(DATA / "upstream-plain.log"), "--journal"],
+        [str(config), "--gpu", "voodoo2"],
+        [str(tmp_path / "missing.toml")],
+    ):
         result = doctor(*args)
         assert result.exit_code == 2, (args, result.output)
         assert len(result.stderr.strip().splitlines()) == 1 and result.stdout == ""

@@ -12,16 +12,21 @@ import pytest
 from click.testing import CliRunner
 
 from llamanix.cli import main
-from llamanix.gguf_info import read_gguf, read_vocab, vocab_mismatch
-from llamanix.server_log import parse_server_log
-from llamanix.synth import SynthSpec, tokenizer_from
+from llamanix.measure.gguf_info import read_gguf, read_vocab, vocab_mismatch
+from llamanix.measure.server_log import parse_server_log
+from llamanix.testbed.synth import SynthSpec, tokenizer_from
 
 if TYPE_CHECKING:
     from conftest import ServerFactory, SynthModels
 
 
-def write_arch_gguf(path: Path, arch: str, kv: dict[str, Any], tensors: dict[str, tuple[int, ...]],
-                    vocab: Path | None = None) -> Path:
+def write_arch_gguf(
+    path: Path,
+    arch: str,
+    kv: dict[str, Any],
+    tensors: dict[str, tuple[int, ...]],
+    vocab: Path | None = None,
+) -> Path:
     """A GGUF with real metadata and small real tensors (zeros): enough for inspect, not to run.
 
     ``kv`` keys may use ``{arch}``; ints become UINT32, lists of ints INT32 arrays.
@@ -61,24 +66,30 @@ def qwen35_like(path: Path, vocab: Path | None = None) -> Path:
         tensors[f"blk.{i}.ssm_conv1d.weight"] = (8, 4)
     tensors["blk.7.nextn.eh_proj.weight"] = (16, 32)
     tensors["output.weight"] = (64, 16)
-    return write_arch_gguf(path, "qwen35", {
-        "{arch}.block_count": 8,
-        "{arch}.nextn_predict_layers": 1,
-        "{arch}.full_attention_interval": 4,
-        "{arch}.context_length": 262144,
-        "{arch}.embedding_length": 1024,
-        "{arch}.attention.head_count": 8,
-        "{arch}.attention.head_count_kv": 2,
-        "{arch}.attention.key_length": 128,
-        "{arch}.attention.value_length": 128,
-        "{arch}.ssm.conv_kernel": 4,
-        "{arch}.ssm.inner_size": 2048,
-        "{arch}.ssm.state_size": 128,
-        "{arch}.ssm.group_count": 16,
-        "{arch}.ssm.time_step_rank": 32,
-        "{arch}.expert_count": 4,
-        "{arch}.expert_used_count": 1,
-    }, tensors, vocab)
+    return write_arch_gguf(
+        path,
+        "qwen35",
+        {
+            "{arch}.block_count": 8,
+            "{arch}.nextn_predict_layers": 1,
+            "{arch}.full_attention_interval": 4,
+            "{arch}.context_length": 262144,
+            "{arch}.embedding_length": 1024,
+            "{arch}.attention.head_count": 8,
+            "{arch}.attention.head_count_kv": 2,
+            "{arch}.attention.key_length": 128,
+            "{arch}.attention.value_length": 128,
+            "{arch}.ssm.conv_kernel": 4,
+            "{arch}.ssm.inner_size": 2048,
+            "{arch}.ssm.state_size": 128,
+            "{arch}.ssm.group_count": 16,
+            "{arch}.ssm.time_step_rank": 32,
+            "{arch}.expert_count": 4,
+            "{arch}.expert_used_count": 1,
+        },
+        tensors,
+        vocab,
+    )
 
 
 def run(*args: str) -> tuple[int, str, str]:
@@ -97,8 +108,12 @@ def test_synthetic_model(synth_models: SynthModels) -> None:
     assert info.head_dim_k == info.head_dim_v == spec.head_dim
     assert info.vocab_size == 32000 and info.tokenizer_model == "llama"
     assert info.context_length == spec.context
-    per_layer = spec.embd * spec.embd * 2 + 2 * spec.kv_heads * spec.head_dim * spec.embd \
-        + 3 * spec.embd * spec.ff + 2 * spec.embd
+    per_layer = (
+        spec.embd * spec.embd * 2
+        + 2 * spec.kv_heads * spec.head_dim * spec.embd
+        + 3 * spec.embd * spec.ff
+        + 2 * spec.embd
+    )
     assert info.parameter_count == 2 * 32000 * spec.embd + spec.layers * per_layer + spec.embd
     assert info.file_bytes == synth_models.target.stat().st_size > info.tensor_bytes
     assert set(info.tensor_types) == {"F16", "F32"}
@@ -116,18 +131,35 @@ def test_inspect_cli_table_and_json(synth_models: SynthModels) -> None:
         assert text in out
     code, out, _ = run("inspect", str(synth_models.target), "--json")
     data = json.loads(out)
-    for key in ("architecture", "parameter_count", "file_bytes", "tensor_types", "vocab_size",
-                "context_length", "block_count", "head_count", "head_count_kv", "head_dim_k",
-                "head_dim_v", "kv_bytes_per_token", "has_mtp", "is_hybrid", "is_recurrent"):
+    for key in (
+        "architecture",
+        "parameter_count",
+        "file_bytes",
+        "tensor_types",
+        "vocab_size",
+        "context_length",
+        "block_count",
+        "head_count",
+        "head_count_kv",
+        "head_dim_k",
+        "head_dim_v",
+        "kv_bytes_per_token",
+        "has_mtp",
+        "is_hybrid",
+        "is_recurrent",
+    ):
         assert key in data
     assert set(data["kv_bytes_per_token"]) >= {"f16", "q8_0", "q4_0", "f32", "bf16"}
 
 
-@pytest.mark.parametrize(("name", "size", "model"), [
-    ("ggml-vocab-llama-spm.gguf", 32000, "llama"),
-    ("ggml-vocab-qwen2.gguf", 151936, "gpt2"),
-    ("ggml-vocab-gpt-2.gguf", 50257, "gpt2"),
-])
+@pytest.mark.parametrize(
+    ("name", "size", "model"),
+    [
+        ("ggml-vocab-llama-spm.gguf", 32000, "llama"),
+        ("ggml-vocab-qwen2.gguf", 151936, "gpt2"),
+        ("ggml-vocab-gpt-2.gguf", 50257, "gpt2"),
+    ],
+)
 def test_vocab_files(vocab_dir: Path, name: str, size: int, model: str) -> None:
     info = read_gguf(vocab_dir / name)
     assert info.vocab_size == size
@@ -140,12 +172,16 @@ def test_vocab_files(vocab_dir: Path, name: str, size: int, model: str) -> None:
 def test_vocab_comparison_follows_llama_cpp(vocab_dir: Path, synth_models: SynthModels) -> None:
     spm = read_vocab(vocab_dir / "ggml-vocab-llama-spm.gguf")
     assert vocab_mismatch(spm, read_vocab(synth_models.target)) is None
-    assert vocab_mismatch(read_vocab(synth_models.target),
-                          read_vocab(synth_models.unrelated_draft)) is None
+    assert (
+        vocab_mismatch(read_vocab(synth_models.target), read_vocab(synth_models.unrelated_draft))
+        is None
+    )
     why = vocab_mismatch(spm, read_vocab(synth_models.other_vocab_draft))
     assert why is not None and "tokenizer type" in why
-    why = vocab_mismatch(read_vocab(vocab_dir / "ggml-vocab-qwen2.gguf"),
-                         read_vocab(vocab_dir / "ggml-vocab-llama-bpe.gguf"))
+    why = vocab_mismatch(
+        read_vocab(vocab_dir / "ggml-vocab-qwen2.gguf"),
+        read_vocab(vocab_dir / "ggml-vocab-llama-bpe.gguf"),
+    )
     assert why is not None and "differ" in why
 
 
@@ -175,14 +211,36 @@ def test_not_a_model(tmp_path: Path) -> None:
 
 @pytest.mark.server
 @pytest.mark.parametrize("cache_type", ["f16", "q8_0"])
-def test_kv_bytes_match_the_server(llama_server_bin: Path, synth_models: SynthModels,
-                                   server_factory: ServerFactory, cache_type: str) -> None:
+def test_kv_bytes_match_the_server(
+    llama_server_bin: Path,
+    synth_models: SynthModels,
+    server_factory: ServerFactory,
+    cache_type: str,
+) -> None:
     """The KV cache llama-server allocates is what inspect says one token costs x context."""
     context = 2048
     info = read_gguf(synth_models.target)
-    server = server_factory([str(llama_server_bin), "-m", str(synth_models.target),
-                             "-c", str(context), "-np", "1", "-t", "1", "-lv", "4", "-fa", "on",
-                             "-ctk", cache_type, "-ctv", cache_type])
+    server = server_factory(
+        [
+            str(llama_server_bin),
+            "-m",
+            str(synth_models.target),
+            "-c",
+            str(context),
+            "-np",
+            "1",
+            "-t",
+            "1",
+            "-lv",
+            "4",
+            "-fa",
+            "on",
+            "-ctk",
+            cache_type,
+            "-ctv",
+            cache_type,
+        ]
+    )
     log = parse_server_log(server.log_text())
     expected_mib = info.kv_bytes_per_token(cache_type, cache_type) * context / 2**20
     assert log.kv_buffer_mib == pytest.approx(expected_mib, rel=0.01)

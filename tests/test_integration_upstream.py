@@ -7,7 +7,7 @@ counters in /metrics.
 
 The prompt for the drafting checks replays the target's own text: T, its greedy continuation
 of a seed prompt, then T's first REPLAY tokens again. The synthetic target's next token
-depends almost only on the current one (see llamanix.synth), so after that prompt it writes
+depends almost only on the current one (see llamanix.testbed.synth), so after that prompt it writes
 T's next tokens once more, and every n-gram drafter finds them in the prompt.
 """
 
@@ -26,10 +26,10 @@ import pytest
 from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 
-from llamanix.argv import instance_argv
 from llamanix.cli import main
-from llamanix.config import Config, parse_config
-from llamanix.server_process import LlamaServer, free_port
+from llamanix.core.argv import instance_argv
+from llamanix.core.config import Config, parse_config
+from llamanix.measure.server_process import LlamaServer, free_port
 
 if TYPE_CHECKING:
     from conftest import ServerFactory, SynthModels
@@ -117,8 +117,17 @@ def replay_prompt(
 ) -> list[int]:
     """T + T[:REPLAY] as token ids, T the target's greedy continuation of SEED_PROMPT."""
     log = tmp_path_factory.mktemp("replay") / "server.log"
-    argv = [str(llama_server_bin), "-m", str(synth_models.target), "-c", "2048", "-np", "1",
-            "-t", "2"]
+    argv = [
+        str(llama_server_bin),
+        "-m",
+        str(synth_models.target),
+        "-c",
+        "2048",
+        "-np",
+        "1",
+        "-t",
+        "2",
+    ]
     with LlamaServer(argv, log) as server:
         text: list[int] = complete(server.url, SEED_PROMPT, 160)["tokens"]
         prompt = text + text[:REPLAY]
@@ -166,9 +175,9 @@ def test_speculative_type_starts_serves_and_drafts(
     assert timings["draft_n_accepted"] > 0, timings
     assert delta["llamacpp:spec_decode_num_drafts_total"] > 0, delta
     assert delta["llamacpp:spec_decode_num_draft_tokens_total"] == timings["draft_n"], delta
-    assert (
-        delta["llamacpp:spec_decode_num_accepted_tokens_total"] == timings["draft_n_accepted"]
-    ), delta
+    assert delta["llamacpp:spec_decode_num_accepted_tokens_total"] == timings["draft_n_accepted"], (
+        delta
+    )
     if spec_type == "draft":
         # The draft is the target itself: every drafted token is the one the target picks.
         assert timings["draft_n_accepted"] == timings["draft_n"]
@@ -238,8 +247,20 @@ def test_md_without_spec_type_loads_the_draft_and_never_drafts(
     """
     model = str(synth_models.target)
     server = server_factory(
-        [str(llama_server_bin), "-m", model, "-md", model, "-c", "2048", "-np", "1",
-         "-t", "2", "--metrics"]
+        [
+            str(llama_server_bin),
+            "-m",
+            model,
+            "-md",
+            model,
+            "-c",
+            "2048",
+            "-np",
+            "1",
+            "-t",
+            "2",
+            "--metrics",
+        ]
     )
     timings = complete(server.url, replay_prompt, 64)["timings"]
     assert "loading draft model" in server.log_text()
@@ -321,9 +342,25 @@ def test_demo_prints_both_rows_with_acceptance(llama_server_bin: Path, tmp_path:
     keep = tmp_path / "demo"
     env = {**os.environ, "COLUMNS": "200"}
     result = subprocess.run(
-        [sys.executable, "-m", "llamanix", "demo", "--binary", str(llama_server_bin),
-         "--keep", str(keep), "--tokens", "32", "--runs", "1"],
-        capture_output=True, text=True, env=env, timeout=300, check=False,
+        [
+            sys.executable,
+            "-m",
+            "llamanix",
+            "demo",
+            "--binary",
+            str(llama_server_bin),
+            "--keep",
+            str(keep),
+            "--tokens",
+            "32",
+            "--runs",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
     )
     assert result.returncode == 0, result.stderr
     rows = {

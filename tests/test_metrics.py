@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import httpx
 import pytest
 
-from llamanix.metrics import MetricsSnapshot, metrics_delta, parse_metrics, scrape_metrics
+from llamanix.measure.metrics import MetricsSnapshot, metrics_delta, parse_metrics, scrape_metrics
 
 if TYPE_CHECKING:
     from conftest import ServerFactory, SynthModels
@@ -31,8 +31,10 @@ def test_recorded_scrape() -> None:
 
 
 def test_delta_subtracts_counters_keeps_gauges() -> None:
-    before = MetricsSnapshot({"tokens_predicted_total": 10.0, "predicted_tokens_seconds": 5.0},
-                             frozenset({"tokens_predicted_total"}))
+    before = MetricsSnapshot(
+        {"tokens_predicted_total": 10.0, "predicted_tokens_seconds": 5.0},
+        frozenset({"tokens_predicted_total"}),
+    )
     after = parse_metrics((DATA / "upstream-metrics-spec.txt").read_text())
     delta = metrics_delta(before, after)
     assert delta["tokens_predicted_total"] == 22
@@ -44,10 +46,27 @@ def test_delta_subtracts_counters_keeps_gauges() -> None:
 def test_live_delta_matches_the_request(
     llama_server_bin: Path, synth_models: SynthModels, server_factory: ServerFactory
 ) -> None:
-    server = server_factory([str(llama_server_bin), "-m", str(synth_models.target), "-c", "1024",
-                             "-np", "1", "-t", "1", "--metrics"])
-    body = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 24,
-            "ignore_eos": True, "temperature": 0, "cache_prompt": False}
+    server = server_factory(
+        [
+            str(llama_server_bin),
+            "-m",
+            str(synth_models.target),
+            "-c",
+            "1024",
+            "-np",
+            "1",
+            "-t",
+            "1",
+            "--metrics",
+        ]
+    )
+    body = {
+        "messages": [{"role": "user", "content": "hello"}],
+        "max_tokens": 24,
+        "ignore_eos": True,
+        "temperature": 0,
+        "cache_prompt": False,
+    }
     with httpx.Client(timeout=120) as client:
         client.post(f"{server.url}/v1/chat/completions", json=body).raise_for_status()
         before = scrape_metrics(client, server.url)
@@ -58,7 +77,8 @@ def test_live_delta_matches_the_request(
     assert delta["tokens_predicted_total"] == timings["predicted_n"] == 24
     assert delta["prompt_tokens_total"] == timings["prompt_n"]
     assert delta["tokens_predicted_seconds_total"] == pytest.approx(
-        timings["predicted_ms"] / 1000, abs=1e-3)
+        timings["predicted_ms"] / 1000, abs=1e-3
+    )
     assert delta["spec_decode_num_draft_tokens_total"] == 0
 
 
@@ -66,7 +86,8 @@ def test_live_delta_matches_the_request(
 def test_no_metrics_flag_means_none(
     llama_server_bin: Path, synth_models: SynthModels, server_factory: ServerFactory
 ) -> None:
-    server = server_factory([str(llama_server_bin), "-m", str(synth_models.target), "-c", "512",
-                             "-np", "1", "-t", "1"])
+    server = server_factory(
+        [str(llama_server_bin), "-m", str(synth_models.target), "-c", "512", "-np", "1", "-t", "1"]
+    )
     with httpx.Client(timeout=30) as client:
         assert scrape_metrics(client, server.url) is None

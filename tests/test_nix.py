@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from llamanix import server_build
-from llamanix.variants import VARIANTS
+from llamanix.core.variants import VARIANTS
+from llamanix.testbed import server_build
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA: dict[str, dict[str, dict[str, Any]]] = json.loads(
@@ -160,8 +160,9 @@ def test_gpu_smoke_groups_hold_what_one_card_can_run() -> None:
     assert set(groups) == {"gpu-smoke-sm86", "gpu-smoke-sm120"}
     for group, arch in (("gpu-smoke-sm86", "8.6"), ("gpu-smoke-sm120", "12.0")):
         assert set(groups[group]) == {n for n, c in checks.items() if arch in c["cudaArchs"]}
-    assert "gpu-smoke-ik" in groups["gpu-smoke-sm86"] and "gpu-smoke-ik-sm120" not in (
-        groups["gpu-smoke-sm86"]
+    assert (
+        "gpu-smoke-ik" in groups["gpu-smoke-sm86"]
+        and "gpu-smoke-ik-sm120" not in (groups["gpu-smoke-sm86"])
     )
 
 

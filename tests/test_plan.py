@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from llamanix import systemd_analyze
-from llamanix.ceiling import decode_ceiling_tok_s
 from llamanix.cli import main
-from llamanix.gguf_info import read_gguf
-from llamanix.gpus import load_gpus
-from llamanix.synth import SynthSpec, synth_model
+from llamanix.core.gpus import load_gpus
+from llamanix.external import systemd_analyze
+from llamanix.measure.ceiling import decode_ceiling_tok_s
+from llamanix.measure.gguf_info import read_gguf
+from llamanix.testbed.synth import SynthSpec, synth_model
 
 EXAMPLES = sorted((Path(__file__).resolve().parent.parent / "examples").glob("*.toml"))
 

@@ -9,12 +9,12 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from llamanix import schema
-from llamanix.argv import instance_argv
-from llamanix.config import parse_config
-from llamanix.errors import UserError
-from llamanix.render import render_host
-from llamanix.variants import VARIANTS
+from llamanix.core import schema
+from llamanix.core.argv import instance_argv
+from llamanix.core.config import parse_config
+from llamanix.core.errors import UserError
+from llamanix.core.variants import VARIANTS
+from llamanix.render.units import render_host
 
 JUNK = st.one_of(
     st.none(),

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from llamanix import systemd_analyze
 from llamanix.cli import main
-from llamanix.config import parse_config
-from llamanix.render import render_host, systemd_escape_arg, write_render
+from llamanix.core.config import parse_config
+from llamanix.external import systemd_analyze
+from llamanix.render.units import render_host, systemd_escape_arg, write_render
 
 needs_systemd = pytest.mark.skipif(
     not systemd_analyze.available(), reason="systemd-analyze is not installed"

@@ -6,9 +6,9 @@ import json
 from importlib import resources
 from pathlib import Path
 
-from llamanix import schema
-from llamanix.gpus import load_gpus
-from llamanix.variants import VARIANTS
+from llamanix.core import schema
+from llamanix.core.gpus import load_gpus
+from llamanix.core.variants import VARIANTS
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from llamanix import server_build as sb
 from llamanix.cli import main
-from llamanix.errors import ExternalCommandError, UserError
+from llamanix.core.errors import ExternalCommandError, UserError
+from llamanix.external import llama_server
+from llamanix.testbed import server_build as sb
 
 
 @pytest.fixture
@@ -33,11 +34,23 @@ def test_pinned_source_is_named_once() -> None:
 def test_command_lines(tmp_path: Path) -> None:
     layout = sb.BuildLayout(tmp_path / "v")
     assert sb.pip_download_argv(tmp_path / "dl") == [
-        sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-        "llama-cpp-python==0.3.36", "-d", str(tmp_path / "dl"),
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--no-binary",
+        ":all:",
+        "llama-cpp-python==0.3.36",
+        "-d",
+        str(tmp_path / "dl"),
     ]
     assert sb.cmake_configure_argv(layout) == [
-        "cmake", "-S", str(tmp_path / "v/src"), "-B", str(tmp_path / "v/build"),
+        "cmake",
+        "-S",
+        str(tmp_path / "v/src"),
+        "-B",
+        str(tmp_path / "v/build"),
         "-DCMAKE_BUILD_TYPE=Release",
         "-DGGML_NATIVE=ON",
         "-DBUILD_SHARED_LIBS=OFF",
@@ -51,10 +64,15 @@ def test_command_lines(tmp_path: Path) -> None:
         "-DLLAMA_BUILD_COMMIT=0c1e570",
     ]
     assert sb.cmake_build_argv(layout, 3) == [
-        "cmake", "--build", str(tmp_path / "v/build"), "--target", "llama-server",
-        "llama-quantize", "-j3",
+        "cmake",
+        "--build",
+        str(tmp_path / "v/build"),
+        "--target",
+        "llama-server",
+        "llama-quantize",
+        "-j3",
     ]
-    assert sb.version_argv(Path("/x/llama-server")) == ["/x/llama-server", "--version"]
+    assert llama_server.version_argv(Path("/x/llama-server")) == ["/x/llama-server", "--version"]
 
 
 def test_cache_location(clean_env: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -72,7 +90,7 @@ def _finished_build_at(layout: sb.BuildLayout, real_server: Path) -> None:
     layout.bin_dir.mkdir(parents=True)
     layout.server.symlink_to(real_server)
     layout.quantize.symlink_to(real_server.parent / "llama-quantize")
-    sb.write_marker(layout, sb.binary_version_line(layout.server))
+    sb.write_marker(layout, llama_server.binary_version_line(layout.server))
 
 
 @pytest.mark.server
@@ -158,7 +176,7 @@ def test_bad_override_is_one_line_exit_2(
 _HOLDER = """
 import sys
 from pathlib import Path
-from llamanix import server_build as sb
+from llamanix.testbed import server_build as sb
 layout = sb.BuildLayout(Path(sys.argv[1]))
 real = Path(sys.argv[2])
 with sb.build_lock(layout):
@@ -168,7 +186,7 @@ with sb.build_lock(layout):
     layout.bin_dir.mkdir(parents=True)
     layout.server.symlink_to(real)
     layout.quantize.symlink_to(real.parent / "llama-quantize")
-    sb.write_marker(layout, sb.binary_version_line(layout.server))
+    sb.write_marker(layout, llama_server.binary_version_line(layout.server))
 """
 
 
@@ -179,7 +197,9 @@ def test_second_caller_waits_for_the_first_and_reuses_its_build(
     layout = sb.BuildLayout(tmp_path / "v")
     holder = subprocess.Popen(
         [sys.executable, "-c", _HOLDER, str(layout.root), str(llama_server_bin)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert holder.stdout is not None and holder.stdin is not None

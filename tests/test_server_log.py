@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import httpx
 import pytest
 
-from llamanix.server_log import parse_server_log
+from llamanix.measure.server_log import parse_server_log
 
 if TYPE_CHECKING:
     from conftest import ServerFactory, SynthModels
@@ -70,13 +70,20 @@ def test_field_report_checkpoints_and_old_acceptance_format() -> None:
     assert (acc.rate, acc.accepted, acc.generated, acc.mean_len) == (1.0, 1369, 1369, None)
 
 
-@pytest.mark.parametrize(("line", "accepted", "generated"), [
-    # b8770 / ik format (common/speculative.cpp of that era)
-    ("draft acceptance rate = 0.57576 (   19 accepted /    33 generated)", 19, 33),
-    # master, behind the slot prefix and a journald prefix
-    ("Oct 01 12:00:00 gpu1 llama-server[812]: 0.01.2 I slot print_timing: id  0 | task 7 | "
-     "draft acceptance = 0.12698 (    8 accepted /    63 generated), mean len =  1.13", 8, 63),
-])
+@pytest.mark.parametrize(
+    ("line", "accepted", "generated"),
+    [
+        # b8770 / ik format (common/speculative.cpp of that era)
+        ("draft acceptance rate = 0.57576 (   19 accepted /    33 generated)", 19, 33),
+        # master, behind the slot prefix and a journald prefix
+        (
+            "Oct 01 12:00:00 gpu1 llama-server[812]: 0.01.2 I slot print_timing: id  0 | task 7 | "
+            "draft acceptance = 0.12698 (    8 accepted /    63 generated), mean len =  1.13",
+            8,
+            63,
+        ),
+    ],
+)
 def test_acceptance_formats(line: str, accepted: int, generated: int) -> None:
     (acc,) = parse_server_log(line).acceptances
     assert (acc.accepted, acc.generated) == (accepted, generated)
@@ -112,14 +119,34 @@ def test_json_has_derived_fields() -> None:
 def test_live_log_matches_the_response_timings(
     llama_server_bin: Path, synth_models: SynthModels, server_factory: ServerFactory
 ) -> None:
-    server = server_factory([str(llama_server_bin), "-m", str(synth_models.target), "-c", "1024",
-                             "-np", "1", "-t", "1", "--spec-type", "draft-simple",
-                             "--spec-draft-model", str(synth_models.target),
-                             "--spec-draft-n-max", "4"])
-    body = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 40,
-            "ignore_eos": True, "temperature": 0}
+    server = server_factory(
+        [
+            str(llama_server_bin),
+            "-m",
+            str(synth_models.target),
+            "-c",
+            "1024",
+            "-np",
+            "1",
+            "-t",
+            "1",
+            "--spec-type",
+            "draft-simple",
+            "--spec-draft-model",
+            str(synth_models.target),
+            "--spec-draft-n-max",
+            "4",
+        ]
+    )
+    body = {
+        "messages": [{"role": "user", "content": "hello"}],
+        "max_tokens": 40,
+        "ignore_eos": True,
+        "temperature": 0,
+    }
     timings = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=120).json()[
-        "timings"]
+        "timings"
+    ]
     # The slot prints its timing lines right after the response; poll for them.
     deadline = time.monotonic() + 10
     log = parse_server_log(server.log_text())

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import httpx
 import pytest
 
-from llamanix.server_process import (
+from llamanix.measure.server_process import (
     LlamaServer,
     ServerStartError,
     free_port,
@@ -40,7 +40,9 @@ def test_listen_address_added_only_where_missing() -> None:
     kept = ["llama-server", "--host", "0.0.0.0", "--port", "8123"]
     assert with_listen_address(kept) == kept
     assert with_listen_address(["llama-server", "--port=9000"])[1:] == [
-        "--port=9000", "--host", "127.0.0.1"
+        "--port=9000",
+        "--host",
+        "127.0.0.1",
     ]
 
 
@@ -54,8 +56,17 @@ def test_free_port_is_bindable() -> None:
 def test_starts_answers_and_stops(
     llama_server_bin: Path, synth_models: SynthModels, tmp_path: Path
 ) -> None:
-    argv = [str(llama_server_bin), "-m", str(synth_models.target), "-c", "1024", "-np", "1",
-            "-t", "2"]
+    argv = [
+        str(llama_server_bin),
+        "-m",
+        str(synth_models.target),
+        "-c",
+        "1024",
+        "-np",
+        "1",
+        "-t",
+        "2",
+    ]
     server = LlamaServer(argv, tmp_path / "server.log")
     with server:
         assert server.url == f"http://127.0.0.1:{server.port}"
@@ -84,8 +95,19 @@ def test_explicit_port_is_used(
 ) -> None:
     port = free_port()
     server = server_factory(
-        [str(llama_server_bin), "-m", str(synth_models.target), "-c", "512", "-np", "1",
-         "-t", "2", "--port", str(port)]
+        [
+            str(llama_server_bin),
+            "-m",
+            str(synth_models.target),
+            "-c",
+            "512",
+            "-np",
+            "1",
+            "-t",
+            "2",
+            "--port",
+            str(port),
+        ]
     )
     assert server.url == f"http://127.0.0.1:{port}"
     assert httpx.get(f"{server.url}/health", timeout=10).status_code == 200
@@ -96,8 +118,7 @@ def test_stopped_even_when_the_block_raises(
     llama_server_bin: Path, synth_models: SynthModels, tmp_path: Path
 ) -> None:
     server = LlamaServer(
-        [str(llama_server_bin), "-m", str(synth_models.target), "-c", "512", "-np", "1",
-         "-t", "2"],
+        [str(llama_server_bin), "-m", str(synth_models.target), "-c", "512", "-np", "1", "-t", "2"],
         tmp_path / "server.log",
     )
     with pytest.raises(RuntimeError, match="test body failed"), server:
@@ -146,7 +167,8 @@ def test_processes_with_env_finds_tagged_children(tmp_path: Path) -> None:
     env = {**os.environ, "LLAMANIX_TEST_PROBE": tag}
     child = subprocess.Popen(
         [sys.executable, "-c", "import sys; sys.stdin.read()"],
-        stdin=subprocess.PIPE, env=env,
+        stdin=subprocess.PIPE,
+        env=env,
     )
     try:
         assert processes_with_env("LLAMANIX_TEST_PROBE", tag) == [child.pid]

@@ -22,7 +22,7 @@ from click.testing import CliRunner, Result
 from standins import recorded_argv, stand_in
 
 from llamanix.cli import main
-from llamanix.cuda_check import (
+from llamanix.measure.cuda_check import (
     JIT_MIN_EXTRA_S,
     SassArch,
     check_device,
@@ -35,9 +35,9 @@ from llamanix.cuda_check import (
     offload_counts,
     parse_list_elf,
 )
-from llamanix.server_log import parse_server_log
-from llamanix.smoke import CHECK_ORDER, gpu_checks
-from llamanix.synth import SynthSpec, synth_model
+from llamanix.measure.server_log import parse_server_log
+from llamanix.measure.smoke import CHECK_ORDER, gpu_checks
+from llamanix.testbed.synth import SynthSpec, synth_model
 
 if TYPE_CHECKING:
     from conftest import SynthModels
@@ -50,8 +50,13 @@ TOKENS = "16"
 
 def smoke_process(*args: str) -> subprocess.CompletedProcess[str]:
     """The real command, as CI and the Nix GPU test run it."""
-    return subprocess.run([sys.executable, "-m", "llamanix", "smoke", *args],
-                          capture_output=True, text=True, timeout=600, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "llamanix", "smoke", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
 
 
 def by_name(report: dict[str, Any]) -> dict[str, dict[str, str]]:
@@ -71,8 +76,7 @@ def one_line(result: Result) -> str:
 @pytest.mark.server
 def test_cpu_build_passes_without_speculation(llama_server_bin: Path, tmp_path: Path) -> None:
     out = tmp_path / "smoke.json"
-    proc = smoke_process("--binary", str(llama_server_bin), "--tokens", TOKENS,
-                         "--json", str(out))
+    proc = smoke_process("--binary", str(llama_server_bin), "--tokens", TOKENS, "--json", str(out))
     assert proc.returncode == 0, proc.stderr
     report = json.loads(out.read_text())
     checks = by_name(report)
@@ -99,8 +103,9 @@ def test_cpu_build_passes_without_speculation(llama_server_bin: Path, tmp_path: 
 
 @pytest.mark.server
 def test_cpu_build_passes_with_a_self_draft(llama_server_bin: Path) -> None:
-    proc = smoke_process("--binary", str(llama_server_bin), "--spec", "draft",
-                         "--tokens", TOKENS, "--json", "-")
+    proc = smoke_process(
+        "--binary", str(llama_server_bin), "--spec", "draft", "--tokens", TOKENS, "--json", "-"
+    )
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)  # --json - prints the JSON alone
     checks = by_name(report)
@@ -120,8 +125,14 @@ def test_a_model_the_server_cannot_load_fails_with_its_reason(
 ) -> None:
     """A vocab-only GGUF is a valid GGUF without weights: llama-server itself refuses it."""
     out = tmp_path / "smoke.json"
-    proc = smoke_process("--binary", str(llama_server_bin), "--model",
-                         str(vocab_dir / "ggml-vocab-llama-spm.gguf"), "--json", str(out))
+    proc = smoke_process(
+        "--binary",
+        str(llama_server_bin),
+        "--model",
+        str(vocab_dir / "ggml-vocab-llama-spm.gguf"),
+        "--json",
+        str(out),
+    )
     assert proc.returncode == 1
     report = json.loads(out.read_text())
     checks = by_name(report)
@@ -134,12 +145,22 @@ def test_a_model_the_server_cannot_load_fails_with_its_reason(
 
 
 @pytest.mark.server
-def test_speculation_that_never_drafts_fails(llama_server_bin: Path,
-                                             synth_models: SynthModels) -> None:
+def test_speculation_that_never_drafts_fails(
+    llama_server_bin: Path, synth_models: SynthModels
+) -> None:
     """The field reports' silent failure: speculation configured, nothing drafted."""
-    proc = smoke_process("--binary", str(llama_server_bin), "--model",
-                         str(synth_models.unsure_target), "--spec", "draft",
-                         "--tokens", TOKENS, "--json", "-")
+    proc = smoke_process(
+        "--binary",
+        str(llama_server_bin),
+        "--model",
+        str(synth_models.unsure_target),
+        "--spec",
+        "draft",
+        "--tokens",
+        TOKENS,
+        "--json",
+        "-",
+    )
     assert proc.returncode == 1
     report = json.loads(proc.stdout)
     checks = by_name(report)
@@ -185,13 +206,16 @@ def test_a_model_that_is_no_gguf_is_refused(tmp_path: Path) -> None:
 
 def test_a_binary_that_is_not_llama_server_is_refused(tmp_path: Path) -> None:
     other = tmp_path / "other-tool"
-    other.write_text('#!/bin/sh\necho "usage: other-tool [options] FILE"\n'
-                     'echo "  -v, --verbose   more output"\n')
+    other.write_text(
+        '#!/bin/sh\necho "usage: other-tool [options] FILE"\necho "  -v, --verbose   more output"\n'
+    )
     other.chmod(other.stat().st_mode | stat.S_IXUSR)
     result = smoke_cli("--binary", str(other))
     assert result.exit_code == 2
-    assert one_line(result) == (f"{other}: --binary: its --help lists no --model option: not a "
-                                "llama-server (give the path of a llama-server binary)")
+    assert one_line(result) == (
+        f"{other}: --binary: its --help lists no --model option: not a "
+        "llama-server (give the path of a llama-server binary)"
+    )
     missing = smoke_cli("--binary", str(tmp_path / "nope"))
     assert missing.exit_code == 2 and "not an executable file" in one_line(missing)
 
@@ -247,7 +271,8 @@ def test_sass_missing_for_8_6_fails_with_the_rebuild_hint() -> None:
     assert check.status == "fail"
     assert check.detail.startswith(
         "no SASS for sm_86: kernels will be JIT-compiled from PTX on first use "
-        "(rebuild with cudaArchs including 8.6)")
+        "(rebuild with cudaArchs including 8.6)"
+    )
     assert "sm_120a" in check.detail
 
 
@@ -273,8 +298,11 @@ def test_cuobjdump_runs_with_the_exact_argv(tools_dir: Path) -> None:
     record = stand_in(tools_dir, "cuobjdump", DATA / "cuobjdump-list-elf-sm120a.txt")
     library = Path("/nix/store/x-llama-cpp/lib/libggml-cuda.so")
     check = check_sass(library, ["12.0"])
-    assert recorded_argv(record) == list_elf_argv(library) == [
-        "cuobjdump", "--list-elf", "/nix/store/x-llama-cpp/lib/libggml-cuda.so"]
+    assert (
+        recorded_argv(record)
+        == list_elf_argv(library)
+        == ["cuobjdump", "--list-elf", "/nix/store/x-llama-cpp/lib/libggml-cuda.so"]
+    )
     assert check.status == "pass", check
 
 
@@ -351,15 +379,18 @@ def test_gpu_checks_on_a_healthy_cuda_run(tmp_path: Path, tools_dir: Path) -> No
     verdict = gpu_checks(binary, False, "", read("cuda-upstream-spec.log"), (0.41, 0.12))
     assert verdict.cuda
     assert [(c.name, c.status) for c in verdict.checks] == [
-        ("cuda-device", "pass"), ("gpu-offload", "pass"), ("sass", "pass"), ("jit", "pass")]
+        ("cuda-device", "pass"),
+        ("gpu-offload", "pass"),
+        ("sass", "pass"),
+        ("jit", "pass"),
+    ]
     # The kernels of a shared build live in ../lib/libggml-cuda.so, not in the binary.
     assert recorded_argv(record) == ["cuobjdump", "--list-elf", str(library)]
     assert verdict.gpu["cuda_library"] == str(library)
     assert verdict.gpu["compute_capabilities"] == ["12.0"]
 
 
-def test_gpu_checks_on_a_3090_with_a_blackwell_only_build(tmp_path: Path,
-                                                          tools_dir: Path) -> None:
+def test_gpu_checks_on_a_3090_with_a_blackwell_only_build(tmp_path: Path, tools_dir: Path) -> None:
     binary, _ = cuda_install(tmp_path / "llama-cpp")
     stand_in(tools_dir, "cuobjdump", DATA / "cuobjdump-list-elf-sm120a.txt")
     verdict = gpu_checks(binary, False, "", read("cuda-partial-offload.log"), (31.0, 0.3))
@@ -394,16 +425,24 @@ def test_compute_capability_from_nvidia_smi_when_the_log_has_no_device_line(
     smi = stand_in(tools_dir, "nvidia-smi", smi_out)
     cuobjdump = stand_in(tools_dir, "cuobjdump", DATA / "cuobjdump-list-elf-sm86-sm89.txt")
     verdict = gpu_checks(binary, False, "", log, (0.2, 0.1))
-    assert recorded_argv(smi) == ["nvidia-smi", "--query-gpu=name,compute_cap,memory.total",
-                                  "--format=csv,noheader"]
+    assert recorded_argv(smi) == [
+        "nvidia-smi",
+        "--query-gpu=name,compute_cap,memory.total",
+        "--format=csv,noheader",
+    ]
     assert recorded_argv(cuobjdump) == ["cuobjdump", "--list-elf", str(loaded)]
     status = {c.name: c.status for c in verdict.checks}
     assert status == {"cuda-device": "fail", "gpu-offload": "fail", "sass": "pass", "jit": "pass"}
 
 
 def test_gpu_checks_on_a_cpu_run_are_skipped(tmp_path: Path) -> None:
-    verdict = gpu_checks(tmp_path / "llama-server", False, "version: 0.5.0-dev",
-                         read("upstream-plain.log"), (0.02, 0.01))
+    verdict = gpu_checks(
+        tmp_path / "llama-server",
+        False,
+        "version: 0.5.0-dev",
+        read("upstream-plain.log"),
+        (0.02, 0.01),
+    )
     assert not verdict.cuda and verdict.gpu == {}
     assert [(c.name, c.status) for c in verdict.checks] == [(n, "skip") for n in GPU_CHECKS]
     assert all(c.detail.startswith("not a CUDA build") for c in verdict.checks)

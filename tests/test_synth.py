@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from llamanix.cli import main
-from llamanix.synth import SynthSpec, synth_model
+from llamanix.testbed.synth import SynthSpec, synth_model
 
 if TYPE_CHECKING:
     from conftest import ServerFactory, SynthModels
@@ -163,8 +163,23 @@ def test_default_shape_serves_with_quantized_kv_cache(
 ) -> None:
     """head_dim 64 divides the q8_0/q4_0 block size, so quantized caches load."""
     server = server_factory(
-        [str(llama_server_bin), "-m", str(synth_models.target), "-c", "1024", "-np", "1",
-         "-t", "2", "-fa", "on", "-ctk", "q8_0", "-ctv", "q4_0"]
+        [
+            str(llama_server_bin),
+            "-m",
+            str(synth_models.target),
+            "-c",
+            "1024",
+            "-np",
+            "1",
+            "-t",
+            "2",
+            "-fa",
+            "on",
+            "-ctk",
+            "q8_0",
+            "-ctv",
+            "q4_0",
+        ]
     )
     reply = httpx.post(
         f"{server.url}/completion",
@@ -179,8 +194,17 @@ def test_builtin_vocab_model_serves(
     llama_server_bin: Path, synth_models: SynthModels, server_factory: ServerFactory
 ) -> None:
     server = server_factory(
-        [str(llama_server_bin), "-m", str(synth_models.builtin_vocab), "-c", "512", "-np", "1",
-         "-t", "2"]
+        [
+            str(llama_server_bin),
+            "-m",
+            str(synth_models.builtin_vocab),
+            "-c",
+            "512",
+            "-np",
+            "1",
+            "-t",
+            "2",
+        ]
     )
     tokens = httpx.post(
         f"{server.url}/tokenize", json={"content": "hello world"}, timeout=30
@@ -202,8 +226,7 @@ def test_q8_0_model_serves(
     # --no-repack: this upstream build's AMX q8_0 kernel crashes on tiny matrices
     # (SIGSEGV in ggml_backend_amx_mul_mat on AMX CPUs); plain kernels are fine.
     server = server_factory(
-        [str(llama_server_bin), "-m", str(model), "-c", "512", "-np", "1", "-t", "2",
-         "--no-repack"]
+        [str(llama_server_bin), "-m", str(model), "-c", "512", "-np", "1", "-t", "2", "--no-repack"]
     )
     reply = httpx.post(
         f"{server.url}/completion", json={"prompt": "hi", "n_predict": 4}, timeout=60

@@ -24,8 +24,8 @@ from typing import Any
 
 import pytest
 
-from llamanix.server_process import LlamaServer, free_port
-from llamanix.synth import SynthSpec, synth_model
+from llamanix.measure.server_process import LlamaServer, free_port
+from llamanix.testbed.synth import SynthSpec, synth_model
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "tests/vm-test-script.py"
@@ -59,7 +59,7 @@ DRIVER_SYMBOLS = (
 # What the driver prepends before running mypy on a test script, reduced to the names and
 # method signatures this script uses (nixos/lib/test-script-prepend.py and the driver's
 # machine class; `machine: QemuMachine` as the driver declares a VM node).
-DRIVER_TYPE_HINTS = '''
+DRIVER_TYPE_HINTS = """
 from typing import Callable, ContextManager
 
 
@@ -83,7 +83,7 @@ class QemuMachine:
 start_all: Callable[[], None]
 subtest: Callable[[str], ContextManager[None]]
 machine: QemuMachine;
-'''
+"""
 
 needs_nix = pytest.mark.skipif(
     shutil.which("nix-instantiate") is None, reason="nix-instantiate is not installed"
@@ -123,9 +123,22 @@ in
 
 def vm_eval(model: str = "/nix/store/00000000000000000000000000000000-model.gguf") -> Any:
     proc = subprocess.run(
-        ["nix-instantiate", "--readonly-mode", "--eval", "--strict", "--json",
-         "-E", VM_EVAL, "--argstr", "model", model],
-        cwd=ROOT, capture_output=True, text=True, check=False,
+        [
+            "nix-instantiate",
+            "--readonly-mode",
+            "--eval",
+            "--strict",
+            "--json",
+            "-E",
+            VM_EVAL,
+            "--argstr",
+            "model",
+            model,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
@@ -141,10 +154,24 @@ def vm() -> Any:
 def ruff(path: Path, builtins: tuple[str, ...]) -> subprocess.CompletedProcess[str]:
     """ruff with the repository's rules, F821 (undefined name) above all, and `builtins`."""
     return subprocess.run(
-        [sys.executable, "-m", "ruff", "check", "--no-cache", "--output-format", "concise",
-         "--config", str(ROOT / "pyproject.toml"),
-         "--config", f"builtins = {json.dumps(list(builtins))}", str(path)],
-        cwd=ROOT, capture_output=True, text=True, check=False,
+        [
+            sys.executable,
+            "-m",
+            "ruff",
+            "check",
+            "--no-cache",
+            "--output-format",
+            "concise",
+            "--config",
+            str(ROOT / "pyproject.toml"),
+            "--config",
+            f"builtins = {json.dumps(list(builtins))}",
+            str(path),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
     )
 
 
@@ -159,9 +186,7 @@ def test_driver_gets_the_file_and_one_call(vm: Any) -> None:
 
 
 @needs_nix
-def test_script_names_nothing_undefined_but_the_driver_globals(
-    vm: Any, tmp_path: Path
-) -> None:
+def test_script_names_nothing_undefined_but_the_driver_globals(vm: Any, tmp_path: Path) -> None:
     script = tmp_path / "test-script.py"
     script.write_text(vm["testScript"])
     proc = ruff(script, DRIVER_SYMBOLS)
@@ -188,9 +213,22 @@ def test_script_type_checks_against_the_driver(vm: Any, tmp_path: Path) -> None:
     script = tmp_path / "test_script_with_types.py"
     script.write_text(DRIVER_TYPE_HINTS + vm["testScript"])
     proc = subprocess.run(
-        [sys.executable, "-m", "mypy", "--strict", "--no-incremental",
-         "--cache-dir", str(tmp_path / "mypy-cache"), "--config-file", "/dev/null", str(script)],
-        cwd=tmp_path, capture_output=True, text=True, check=False,
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--strict",
+            "--no-incremental",
+            "--cache-dir",
+            str(tmp_path / "mypy-cache"),
+            "--config-file",
+            "/dev/null",
+            str(script),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
@@ -251,12 +289,26 @@ def module_config(tmp_path: Path, vm_config: Any, binary: Path, port: int) -> Pa
     expected = vm_config["expected"]
     settings = dict(vm_config["services"]["llamanix"]["instances"][expected["instance"]])
     settings["port"] = port
-    spec = {"host": "machine", "instances": {expected["instance"]: {
-        "binary": str(binary), "settings": settings}}}
+    spec = {
+        "host": "machine",
+        "instances": {expected["instance"]: {"binary": str(binary), "settings": settings}},
+    }
     proc = subprocess.run(
-        ["nix-instantiate", "--readonly-mode", "--eval", "--strict", "--json",
-         str(ROOT / "tests/nix/module-json.nix"), "--argstr", "spec", json.dumps(spec)],
-        cwd=ROOT, capture_output=True, text=True, check=False,
+        [
+            "nix-instantiate",
+            "--readonly-mode",
+            "--eval",
+            "--strict",
+            "--json",
+            str(ROOT / "tests/nix/module-json.nix"),
+            "--argstr",
+            "spec",
+            json.dumps(spec),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert proc.returncode == 0, proc.stderr
     path = tmp_path / "llamanix.json"
@@ -267,7 +319,9 @@ def module_config(tmp_path: Path, vm_config: Any, binary: Path, port: int) -> Pa
 def instance_argv(config: Path, instance: str, *options: str) -> list[str]:
     proc = subprocess.run(
         [sys.executable, "-m", "llamanix", "argv", str(config), instance, *options],
-        capture_output=True, text=True, check=False,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert proc.returncode == 0, proc.stderr
     argv: list[str] = json.loads(proc.stdout)
@@ -294,8 +348,13 @@ class LocalShell:
     def succeed(self, *commands: str, timeout: int | None = None) -> str:
         output = ""
         for command in commands:
-            proc = subprocess.run(["bash", "-c", command], capture_output=True, text=True,
-                                  timeout=timeout, check=False)
+            proc = subprocess.run(
+                ["bash", "-c", command],
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                check=False,
+            )
             assert proc.returncode == 0, f"{command}: exit {proc.returncode}: {proc.stderr}"
             output += proc.stdout
         return output
@@ -306,8 +365,9 @@ class LocalShell:
     def wait_until_succeeds(self, command: str, /, timeout: int = 900) -> str:
         deadline = time.monotonic() + timeout
         while True:
-            proc = subprocess.run(["bash", "-c", command], capture_output=True, text=True,
-                                  check=False)
+            proc = subprocess.run(
+                ["bash", "-c", command], capture_output=True, text=True, check=False
+            )
             if proc.returncode == 0:
                 return proc.stdout
             assert time.monotonic() < deadline, f"{command}: still failing after {timeout} s"
@@ -339,8 +399,9 @@ def serve(
     tmp_path: Path, vm_config: Any, binary: Path, capabilities: Path, name: str
 ) -> LlamaServer:
     config = module_config(tmp_path, vm_config, binary, free_port())
-    argv = instance_argv(config, vm_config["expected"]["instance"], "--capabilities",
-                         str(capabilities))
+    argv = instance_argv(
+        config, vm_config["expected"]["instance"], "--capabilities", str(capabilities)
+    )
     return LlamaServer(argv, tmp_path / f"{name}.log").start()
 
 
@@ -352,7 +413,9 @@ def test_script_http_checks_pass_on_the_vm_instance(
     script = load_script()
     probe = subprocess.run(
         [sys.executable, "-m", "llamanix", "probe", str(llama_server_bin), "--json"],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     capabilities = tmp_path / "capabilities.json"
     capabilities.write_text(probe)
@@ -377,13 +440,13 @@ def test_script_drafting_check_fails_without_a_draft(
     script = load_script()
     probe = subprocess.run(
         [sys.executable, "-m", "llamanix", "probe", str(llama_server_bin), "--json"],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     capabilities = tmp_path / "capabilities.json"
     capabilities.write_text(probe)
-    instance = vm_instance["services"]["llamanix"]["instances"][
-        vm_instance["expected"]["instance"]
-    ]
+    instance = vm_instance["services"]["llamanix"]["instances"][vm_instance["expected"]["instance"]]
     instance["speculative"] = {"type": "none"}
     server = serve(tmp_path, vm_instance, llama_server_bin, capabilities, "plain")
     try:

@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from llamanix import __version__
-from llamanix.errors import ExternalCommandError, UserError
+from llamanix.core.errors import ExternalCommandError, UserError
 
 
 class LlamanixGroup(click.Group):

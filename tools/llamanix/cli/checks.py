@@ -10,10 +10,12 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from llamanix import smoke as smoke_module
-from llamanix.fsutil import atomic_write
-from llamanix.smoke import SmokeReport, SmokeSettings
-from llamanix.variants import variant_names
+from llamanix.core.variants import variant_names
+from llamanix.external.files import atomic_write
+from llamanix.measure import smoke as smoke_module
+from llamanix.measure.smoke import SmokeReport, SmokeSettings
+from llamanix.testbed.demo import DEMO_MODEL
+from llamanix.testbed.synth import synth_model
 
 _STYLE = {"pass": "green", "fail": "bold red", "skip": "dim"}
 
@@ -21,8 +23,10 @@ _STYLE = {"pass": "green", "fail": "bold red", "skip": "dim"}
 def smoke_table(report: SmokeReport) -> Table:
     build = "CUDA build" if report.cuda else "CPU build (no CUDA backend)"
     model = "synthetic model" if report.synthetic_model else report.model
-    table = Table(title=f"llamanix smoke: {report.binary}",
-                  caption=f"{build}; variant {report.variant}; {model}; --spec {report.spec}")
+    table = Table(
+        title=f"llamanix smoke: {report.binary}",
+        caption=f"{build}; variant {report.variant}; {model}; --spec {report.spec}",
+    )
     table.add_column("check", no_wrap=True)
     table.add_column("status", no_wrap=True)
     table.add_column("detail")
@@ -38,25 +42,65 @@ def summary_line(report: SmokeReport) -> str:
 
 
 @click.command()
-@click.option("--binary", required=True, type=click.Path(path_type=Path, dir_okay=False),
-              help="The llama-server to check.")
-@click.option("--model", type=click.Path(path_type=Path, dir_okay=False),
-              help="GGUF to serve (default: a small synthetic model, written to a temp dir).")
-@click.option("--spec", type=click.Choice(smoke_module.SPECS), default="none", show_default=True,
-              help="Speculative decoding to check: draft (the model drafts for itself, or "
-              "--draft-model) or mtp (needs --model with MTP heads).")
-@click.option("--draft-model", type=click.Path(path_type=Path, dir_okay=False),
-              help="Draft GGUF for --spec draft (default: the model itself).")
-@click.option("--variant", type=click.Choice(variant_names()), default="upstream",
-              show_default=True, help="Which variant's command-line dialect the binary speaks.")
-@click.option("--tokens", type=click.IntRange(min=2), default=smoke_module.DEFAULT_TOKENS,
-              show_default=True, help="Tokens generated per request.")
-@click.option("--keep", type=click.Path(path_type=Path, file_okay=False),
-              help="Keep the synthetic model and the server log in this directory.")
-@click.option("--json", "json_out", metavar="OUT",
-              help="Write the report as JSON to OUT ('-': stdout, instead of the table).")
-def smoke(binary: Path, model: Path | None, spec: str, draft_model: Path | None, variant: str,
-          tokens: int, keep: Path | None, json_out: str | None) -> None:
+@click.option(
+    "--binary",
+    required=True,
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="The llama-server to check.",
+)
+@click.option(
+    "--model",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="GGUF to serve (default: a small synthetic model, written to a temp dir).",
+)
+@click.option(
+    "--spec",
+    type=click.Choice(smoke_module.SPECS),
+    default="none",
+    show_default=True,
+    help="Speculative decoding to check: draft (the model drafts for itself, or "
+    "--draft-model) or mtp (needs --model with MTP heads).",
+)
+@click.option(
+    "--draft-model",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Draft GGUF for --spec draft (default: the model itself).",
+)
+@click.option(
+    "--variant",
+    type=click.Choice(variant_names()),
+    default="upstream",
+    show_default=True,
+    help="Which variant's command-line dialect the binary speaks.",
+)
+@click.option(
+    "--tokens",
+    type=click.IntRange(min=2),
+    default=smoke_module.DEFAULT_TOKENS,
+    show_default=True,
+    help="Tokens generated per request.",
+)
+@click.option(
+    "--keep",
+    type=click.Path(path_type=Path, file_okay=False),
+    help="Keep the synthetic model and the server log in this directory.",
+)
+@click.option(
+    "--json",
+    "json_out",
+    metavar="OUT",
+    help="Write the report as JSON to OUT ('-': stdout, instead of the table).",
+)
+def smoke(
+    binary: Path,
+    model: Path | None,
+    spec: str,
+    draft_model: Path | None,
+    variant: str,
+    tokens: int,
+    keep: Path | None,
+    json_out: str | None,
+) -> None:
     """Start a llama-server with all layers offloaded and check that it really serves.
 
     Checks /health, two identical streamed chat completions, /metrics, decode tok/s and, with
@@ -64,8 +108,16 @@ def smoke(binary: Path, model: Path | None, spec: str, draft_model: Path | None,
     offloaded, SASS for the card's compute capability (cuobjdump --list-elf), and the first
     request against the second (a PTX JIT tell). Exit code 1 when any check failed.
     """
-    settings = SmokeSettings(binary=binary, model=model, spec=spec, variant=variant,
-                             draft_model=draft_model, tokens=tokens, keep=keep)
+    settings = SmokeSettings(
+        binary=binary,
+        model=model,
+        spec=spec,
+        variant=variant,
+        draft_model=draft_model,
+        tokens=tokens,
+        keep=keep,
+        make_model=lambda path: synth_model(DEMO_MODEL, path),
+    )
     console = Console(stderr=True)
     with console.status("llamanix smoke") as status:
         report = smoke_module.run_smoke(settings, lambda msg: status.update(f"smoke: {msg}"))
@@ -79,8 +131,9 @@ def smoke(binary: Path, model: Path | None, spec: str, draft_model: Path | None,
         out.print(smoke_table(report))
         for key, value in report.figures.items():
             if value is not None:
-                out.print(f"  {key} = {value:.3f}" if isinstance(value, float)
-                          else f"  {key} = {value}")
+                out.print(
+                    f"  {key} = {value:.3f}" if isinstance(value, float) else f"  {key} = {value}"
+                )
     for check in report.failures:
         click.echo(f"smoke: {check.name}: {check.detail}", err=True)
     start = report.check("start")

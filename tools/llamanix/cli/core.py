@@ -12,13 +12,15 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from llamanix import schema, systemd_analyze
-from llamanix.argv import instance_argv
-from llamanix.config import Config, load_config
-from llamanix.errors import Problem, UserError
-from llamanix.plan import plan_config
-from llamanix.probe import Capabilities, load_capabilities, probe_binary
-from llamanix.render import CapabilityMap, read_manifest, render_host, write_render
+from llamanix.core import schema
+from llamanix.core.argv import instance_argv
+from llamanix.core.config import Config, load_config
+from llamanix.core.errors import Problem, UserError
+from llamanix.core.probe import Capabilities, load_capabilities
+from llamanix.deploy.plan import plan_config
+from llamanix.external import systemd_analyze
+from llamanix.external.llama_server import probe_binary
+from llamanix.render.units import CapabilityMap, read_manifest, render_host, write_render
 
 FC = TypeVar("FC", bound=Callable[..., Any])
 CONFIG = click.argument("config", type=click.Path(path_type=Path, dir_okay=False))

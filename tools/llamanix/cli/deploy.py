@@ -10,12 +10,12 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from llamanix import deploy
-from llamanix.config import load_config
-from llamanix.generations import HostState
-from llamanix.process import Runner
-from llamanix.render import pick_host, render_host
-from llamanix.supervisor import DEFAULT_START_TIMEOUT_S, Supervisor
+from llamanix.core.config import load_config
+from llamanix.deploy import switch as deploy
+from llamanix.deploy.generations import HostState
+from llamanix.deploy.supervisor import DEFAULT_START_TIMEOUT_S, Supervisor
+from llamanix.external.process import Runner
+from llamanix.render.units import pick_host, render_host
 
 CONFIG_PATH = click.Path(path_type=Path, dir_okay=False)
 
@@ -86,13 +86,26 @@ def up(config: Path, host: str | None, units_dir: Path | None, start_timeout: fl
     metavar="KEY=VALUE",
     help="Change the config first, e.g. instances.qwen.variant=ik (repeatable).",
 )
-@click.option("--gate", type=click.Choice(["health", "smoke", "bench"]),
-              help="What a changed instance must pass (default: health; bench with a threshold).")
+@click.option(
+    "--gate",
+    type=click.Choice(["health", "smoke", "bench"]),
+    help="What a changed instance must pass (default: health; bench with a threshold).",
+)
 @click.option("--min-tok-s", type=float, help="bench gate: minimum decode tok/s.")
-@click.option("--max-regression", type=float, metavar="PCT",
-              help="bench gate: maximum drop in % against the instance's last good bench.")
-@click.option("--timeout", "timeout_s", type=float, default=120.0, show_default=True,
-              help="Seconds each instance may take to become healthy.")
+@click.option(
+    "--max-regression",
+    type=float,
+    metavar="PCT",
+    help="bench gate: maximum drop in % against the instance's last good bench.",
+)
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=float,
+    default=120.0,
+    show_default=True,
+    help="Seconds each instance may take to become healthy.",
+)
 @click.option("--dry-run", is_flag=True, help="Print the commands a real run would execute.")
 @_manager_options
 def switch(
@@ -109,8 +122,14 @@ def switch(
 ) -> None:
     """Change what a host runs, gate it, and roll back when the gate fails (exit 1)."""
     opts = deploy.SwitchOptions(
-        sets=sets, gate=gate, min_tok_s=min_tok_s, max_regression=max_regression,
-        timeout_s=timeout_s, dry_run=dry_run, manager=manager, units_dir=units_dir,
+        sets=sets,
+        gate=gate,
+        min_tok_s=min_tok_s,
+        max_regression=max_regression,
+        timeout_s=timeout_s,
+        dry_run=dry_run,
+        manager=manager,
+        units_dir=units_dir,
     )
     outcomes = deploy.switch(config, host, opts, Runner(dry_run=dry_run, echo=_echo), _echo)
     if len(outcomes) > 1 or host == "all":
@@ -118,8 +137,9 @@ def switch(
         for column in ("host", "result", "generation", "changed", "detail"):
             table.add_column(column)
         for o in outcomes:
-            table.add_row(o.host, o.result, str(o.generation or "-"), ", ".join(o.changed),
-                          o.detail)
+            table.add_row(
+                o.host, o.result, str(o.generation or "-"), ", ".join(o.changed), o.detail
+            )
         Console().print(table)
     for o in outcomes:
         if not o.ok:
@@ -130,18 +150,29 @@ def switch(
 @click.command()
 @click.argument("config", type=CONFIG_PATH, default="llamanix.toml")
 @click.option("--host", help="Host to roll back (may be left out when the config has one).")
-@click.option("--to", "to", type=int, metavar="N", help="Generation number (default: the "
-              "newest good one before the current).")
+@click.option(
+    "--to",
+    "to",
+    type=int,
+    metavar="N",
+    help="Generation number (default: the newest good one before the current).",
+)
 @click.option("--timeout", "timeout_s", type=float, default=120.0, show_default=True)
 @click.option("--dry-run", is_flag=True, help="Print the commands a real run would execute.")
 @_manager_options
 def rollback(
-    config: Path, host: str | None, to: int | None, timeout_s: float, dry_run: bool,
-    manager: str | None, units_dir: Path | None,
+    config: Path,
+    host: str | None,
+    to: int | None,
+    timeout_s: float,
+    dry_run: bool,
+    manager: str | None,
+    units_dir: Path | None,
 ) -> None:
     """Serve an earlier generation again (and put its config back)."""
-    gen = deploy.rollback(config, host, to, Runner(dry_run=dry_run, echo=_echo), _echo,
-                          manager, units_dir, timeout_s)
+    gen = deploy.rollback(
+        config, host, to, Runner(dry_run=dry_run, echo=_echo), _echo, manager, units_dir, timeout_s
+    )
     if not dry_run:
         click.echo(f"now serving generation {gen.number}")
 
@@ -158,14 +189,16 @@ def generations(config: Path, host: str | None, as_json: bool) -> None:
     rows = []
     for gen in state.generations():
         result = gen.result
-        rows.append({
-            "number": gen.number,
-            "current": current is not None and current.number == gen.number,
-            "date": result.get("date"),
-            "instances": result.get("instances", {}),
-            "gate": result.get("gate", {}),
-            "rollback": result.get("rollback"),
-        })
+        rows.append(
+            {
+                "number": gen.number,
+                "current": current is not None and current.number == gen.number,
+                "date": result.get("date"),
+                "instances": result.get("instances", {}),
+                "gate": result.get("gate", {}),
+                "rollback": result.get("rollback"),
+            }
+        )
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
@@ -179,8 +212,9 @@ def generations(config: Path, host: str | None, as_json: bool) -> None:
         )
         gate = row["gate"]
         verdict = f"{gate.get('kind', '')} {gate.get('result', 'unknown')}".strip()
-        table.add_row(f"{row['number']}{' *' if row['current'] else ''}", str(row["date"]),
-                      instances, verdict)
+        table.add_row(
+            f"{row['number']}{' *' if row['current'] else ''}", str(row["date"]), instances, verdict
+        )
     Console().print(table)
 
 
@@ -188,14 +222,20 @@ def generations(config: Path, host: str | None, as_json: bool) -> None:
 @click.argument("variant")
 @click.argument("rev", required=False)
 @click.option("--latest", is_flag=True, help="Lock the input's newest commit.")
-@click.option("--flake", "flake_dir", type=click.Path(path_type=Path, file_okay=False),
-              default=".", show_default=True, help="The llamanix flake (with flake.lock).")
+@click.option(
+    "--flake",
+    "flake_dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=".",
+    show_default=True,
+    help="The llamanix flake (with flake.lock).",
+)
 @click.option("--dry-run", is_flag=True, help="Print the command instead of running it.")
 def pin(variant: str, rev: str | None, latest: bool, flake_dir: Path, dry_run: bool) -> None:
     """Pin a variant's flake input to REV (or --latest); `plan` shows the pins."""
     flake_input = deploy.pin(variant, rev, latest, flake_dir, Runner(dry_run=dry_run, echo=_echo))
     if not dry_run:
-        from llamanix.nix import locked_revisions
+        from llamanix.external.nix import locked_revisions
 
         click.echo(f"{variant}: {flake_input} = {locked_revisions(flake_dir).get(flake_input)}")
 

@@ -14,20 +14,21 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from llamanix import bench as benchmod
-from llamanix import bench_report, doctor
-from llamanix.ceiling import (
+from llamanix.core.config import load_config
+from llamanix.core.errors import Problem, UserError
+from llamanix.core.gpus import Gpu, load_gpus
+from llamanix.external.files import atomic_write
+from llamanix.measure import bench as benchmod
+from llamanix.measure import doctor
+from llamanix.measure import report as bench_report
+from llamanix.measure.ceiling import (
     ceiling_for,
     decode_ceiling_tok_s,
     find_gpu,
     parse_bytes,
 )
-from llamanix.config import load_config
-from llamanix.errors import Problem, UserError
-from llamanix.fsutil import atomic_write
-from llamanix.gguf_info import CACHE_TYPES, GgufInfo, read_gguf
-from llamanix.gpus import Gpu, load_gpus
-from llamanix.server_log import parse_server_log
+from llamanix.measure.gguf_info import CACHE_TYPES, GgufInfo, read_gguf
+from llamanix.measure.server_log import parse_server_log
 
 _LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
 
@@ -64,13 +65,20 @@ def _read_key(path: Path | None) -> dict[str, str]:
     try:
         key = path.read_text().strip()
     except OSError as err:
-        raise UserError(Problem(str(path), "--api-key-file", f"cannot read ({err.strerror})",
-                                "give a readable file holding the key")) from None
+        raise UserError(
+            Problem(
+                str(path),
+                "--api-key-file",
+                f"cannot read ({err.strerror})",
+                "give a readable file holding the key",
+            )
+        ) from None
     return {"Authorization": f"Bearer {key}"} if key else {}
 
 
-def _bench_ceiling(result: benchmod.BenchResult, url: str, gpu_name: str | None,
-                   gguf: Path | None) -> None:
+def _bench_ceiling(
+    result: benchmod.BenchResult, url: str, gpu_name: str | None, gguf: Path | None
+) -> None:
     """Attach the roofline when the model file and the GPU are known."""
     gpu: Gpu | None = find_gpu(gpu_name, "llamanix bench") if gpu_name else None
     if gpu is None and urlparse(url).hostname in _LOOPBACK:
@@ -89,41 +97,91 @@ def _bench_ceiling(result: benchmod.BenchResult, url: str, gpu_name: str | None,
         return
     info = read_gguf(model_path)
     bytes_per_token = info.weight_bytes_per_token()
-    ceiling = ceiling_for(gpu.bandwidth_gb_s, bytes_per_token, gpu=gpu.name,
-                          model=str(model_path))
+    ceiling = ceiling_for(gpu.bandwidth_gb_s, bytes_per_token, gpu=gpu.name, model=str(model_path))
     benchmod.attach_ceiling(result, ceiling.to_json())
 
 
-def _run_bench(ctx: click.Context, url: str | None, model: str | None, prompts: str,
-               max_tokens: str, runs: int, warmup: int, concurrency: int, temperature: float,
-               seed: int, label: str | None, json_out: Path | None, csv_out: Path | None,
-               plot_out: Path | None, ignore_eos: bool, cache_prompt: bool,
-               api_key_file: Path | None, gpu: str | None, gguf: Path | None) -> None:
+def _run_bench(
+    ctx: click.Context,
+    url: str | None,
+    model: str | None,
+    prompts: str,
+    max_tokens: str,
+    runs: int,
+    warmup: int,
+    concurrency: int,
+    temperature: float,
+    seed: int,
+    label: str | None,
+    json_out: Path | None,
+    csv_out: Path | None,
+    plot_out: Path | None,
+    ignore_eos: bool,
+    cache_prompt: bool,
+    api_key_file: Path | None,
+    gpu: str | None,
+    gguf: Path | None,
+) -> None:
     if url is None:
-        raise UserError(Problem("llamanix bench", "--url", "missing",
-                                "pass --url http://HOST:PORT of a running llama-server"))
+        raise UserError(
+            Problem(
+                "llamanix bench",
+                "--url",
+                "missing",
+                "pass --url http://HOST:PORT of a running llama-server",
+            )
+        )
     parsed = urlparse(url)
     if parsed.scheme not in ("http", "https") or not parsed.netloc:
-        raise UserError(Problem("llamanix bench", "--url", f"{url!r} is not an http(s) URL",
-                                "write e.g. http://127.0.0.1:8080"))
-    for name, value, least in (("--runs", runs, 1), ("--warmup", warmup, 0),
-                               ("--concurrency", concurrency, 1)):
+        raise UserError(
+            Problem(
+                "llamanix bench",
+                "--url",
+                f"{url!r} is not an http(s) URL",
+                "write e.g. http://127.0.0.1:8080",
+            )
+        )
+    for name, value, least in (
+        ("--runs", runs, 1),
+        ("--warmup", warmup, 0),
+        ("--concurrency", concurrency, 1),
+    ):
         if value < least:
-            raise UserError(Problem("llamanix bench", name, f"must be at least {least}",
-                                    f"pass {name} {least} or more"))
+            raise UserError(
+                Problem(
+                    "llamanix bench",
+                    name,
+                    f"must be at least {least}",
+                    f"pass {name} {least} or more",
+                )
+            )
     if gpu:
         find_gpu(gpu, "llamanix bench")
     settings = benchmod.BenchSettings(
-        url=url, model=model, max_tokens=tuple(benchmod.parse_lengths(max_tokens)), runs=runs,
-        warmup=warmup, concurrency=concurrency, temperature=temperature, seed=seed,
-        ignore_eos=ignore_eos, cache_prompt=cache_prompt, label=label)
+        url=url,
+        model=model,
+        max_tokens=tuple(benchmod.parse_lengths(max_tokens)),
+        runs=runs,
+        warmup=warmup,
+        concurrency=concurrency,
+        temperature=temperature,
+        seed=seed,
+        ignore_eos=ignore_eos,
+        cache_prompt=cache_prompt,
+        label=label,
+    )
     prompt_list = benchmod.load_prompts(prompts)
     headers = _read_key(api_key_file)
     console = _console()
     if sys.stdout.isatty():
-        with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(),
-                      MofNCompleteColumn(), TimeElapsedColumn(), console=console,
-                      transient=True) as bar:
+        with Progress(
+            TextColumn("[progress.description]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            transient=True,
+        ) as bar:
             task = bar.add_task("bench", total=benchmod.planned_steps(settings, prompt_list))
 
             def step(kind: str) -> None:
@@ -138,9 +196,11 @@ def _run_bench(ctx: click.Context, url: str | None, model: str | None, prompts: 
     else:
         console.print(bench_report.summary_table(result))
     if result.ceiling and str(json_out) != "-":
-        console.print(f"ceiling: {result.ceiling['tok_s']:.1f} tok/s "
-                      f"({result.ceiling['gpu']}, {_size(result.ceiling['bytes_per_token'])} "
-                      "read per token)")
+        console.print(
+            f"ceiling: {result.ceiling['tok_s']:.1f} tok/s "
+            f"({result.ceiling['gpu']}, {_size(result.ceiling['bytes_per_token'])} "
+            "read per token)"
+        )
     if json_out is not None and str(json_out) != "-":
         atomic_write(json_out, json.dumps(result.to_json(), indent=2) + "\n")
     if csv_out is not None:
@@ -152,36 +212,85 @@ def _run_bench(ctx: click.Context, url: str | None, model: str | None, prompts: 
 @click.group("bench", invoke_without_command=True)
 @click.option("--url", help="Base URL of a running llama-server, e.g. http://127.0.0.1:8080.")
 @click.option("--model", help="Model name sent with each request (the server's alias).")
-@click.option("--prompts", default="builtin", show_default=True,
-              help="'builtin', 'builtin:NAME,NAME' or a JSON file of prompts.")
-@click.option("--max-tokens", default=",".join(map(str, benchmod.DEFAULT_MAX_TOKENS)),
-              show_default=True, help="Output lengths to measure, comma-separated.")
-@click.option("--runs", type=int, default=benchmod.DEFAULT_RUNS, show_default=True,
-              help="Measured runs per prompt x length.")
-@click.option("--warmup", type=int, default=benchmod.DEFAULT_WARMUP, show_default=True,
-              help="Unmeasured warm-up requests per prompt.")
-@click.option("--concurrency", type=int, default=1, show_default=True,
-              help="Requests sent at once in each run.")
+@click.option(
+    "--prompts",
+    default="builtin",
+    show_default=True,
+    help="'builtin', 'builtin:NAME,NAME' or a JSON file of prompts.",
+)
+@click.option(
+    "--max-tokens",
+    default=",".join(map(str, benchmod.DEFAULT_MAX_TOKENS)),
+    show_default=True,
+    help="Output lengths to measure, comma-separated.",
+)
+@click.option(
+    "--runs",
+    type=int,
+    default=benchmod.DEFAULT_RUNS,
+    show_default=True,
+    help="Measured runs per prompt x length.",
+)
+@click.option(
+    "--warmup",
+    type=int,
+    default=benchmod.DEFAULT_WARMUP,
+    show_default=True,
+    help="Unmeasured warm-up requests per prompt.",
+)
+@click.option(
+    "--concurrency",
+    type=int,
+    default=1,
+    show_default=True,
+    help="Requests sent at once in each run.",
+)
 @click.option("--temperature", type=float, default=0.0, show_default=True)
 @click.option("--seed", type=int, default=benchmod.DEFAULT_SEED, show_default=True)
 @click.option("--label", help="Name of this configuration in tables and plots.")
-@click.option("--json", "json_out", type=click.Path(path_type=Path, dir_okay=False),
-              help="Write every run and the summaries to this JSON file ('-': print it "
-                   "instead of the table).")
-@click.option("--csv", "csv_out", type=click.Path(path_type=Path, dir_okay=False),
-              help="Write one row per request to this CSV file.")
-@click.option("--plot", "plot_out", type=click.Path(path_type=Path, dir_okay=False),
-              help="Plot decode tok/s against output length to this PNG (needs matplotlib).")
-@click.option("--ignore-eos/--no-ignore-eos", default=True, show_default=True,
-              help="Generate exactly --max-tokens tokens.")
-@click.option("--cache-prompt/--no-cache-prompt", default=False, show_default=True,
-              help="Let the server reuse cached prompt tokens (off: prefill is measured cold).")
-@click.option("--api-key-file", type=click.Path(path_type=Path, dir_okay=False),
-              help="File holding the server's API key.")
+@click.option(
+    "--json",
+    "json_out",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Write every run and the summaries to this JSON file ('-': print it "
+    "instead of the table).",
+)
+@click.option(
+    "--csv",
+    "csv_out",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Write one row per request to this CSV file.",
+)
+@click.option(
+    "--plot",
+    "plot_out",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Plot decode tok/s against output length to this PNG (needs matplotlib).",
+)
+@click.option(
+    "--ignore-eos/--no-ignore-eos",
+    default=True,
+    show_default=True,
+    help="Generate exactly --max-tokens tokens.",
+)
+@click.option(
+    "--cache-prompt/--no-cache-prompt",
+    default=False,
+    show_default=True,
+    help="Let the server reuse cached prompt tokens (off: prefill is measured cold).",
+)
+@click.option(
+    "--api-key-file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="File holding the server's API key.",
+)
 @click.option("--gpu", help="GPU (table name) for the ceiling column.")
-@click.option("--gguf", type=click.Path(path_type=Path, dir_okay=False),
-              help="The served model file, for the ceiling column (default: /props model_path "
-                   "when readable here).")
+@click.option(
+    "--gguf",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="The served model file, for the ceiling column (default: /props model_path "
+    "when readable here).",
+)
 @click.pass_context
 def bench_group(ctx: click.Context, /, **options: Any) -> None:
     """Benchmark a running llama-server: TTFT, prefill and decode, server and client clocks.
@@ -196,11 +305,16 @@ def bench_group(ctx: click.Context, /, **options: Any) -> None:
 @bench_group.command("compare")
 @click.argument("files", nargs=-1, type=click.Path(path_type=Path, dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-@click.option("--plot", "plot_out", type=click.Path(path_type=Path, dir_okay=False),
-              help="Plot decode tok/s against output length, one line per result.")
+@click.option(
+    "--plot",
+    "plot_out",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Plot decode tok/s against output length, one line per result.",
+)
 @click.option("--prompt", help="Plot only this prompt (default: mean over prompts).")
-def bench_compare(files: tuple[Path, ...], as_json: bool, plot_out: Path | None,
-                  prompt: str | None) -> None:
+def bench_compare(
+    files: tuple[Path, ...], as_json: bool, plot_out: Path | None, prompt: str | None
+) -> None:
     """Medians of saved bench results side by side, with ratios against the first."""
     results = [benchmod.load_result(f) for f in files]
     rows = bench_report.compare(results)
@@ -219,8 +333,10 @@ def _inspect_table(info: GgufInfo) -> Table:
     table = Table(title=info.path, title_justify="left", show_header=False)
     table.add_column("field")
     table.add_column("value")
-    mix = ", ".join(f"{k} {v.bytes / max(info.tensor_bytes, 1):.0%} ({v.count})"
-                    for k, v in info.tensor_types.items())
+    mix = ", ".join(
+        f"{k} {v.bytes / max(info.tensor_bytes, 1):.0%} ({v.count})"
+        for k, v in info.tensor_types.items()
+    )
     rows = [
         ("architecture", info.architecture + (f" ({info.name})" if info.name else "")),
         ("parameters", _count(info.parameter_count)),
@@ -228,8 +344,11 @@ def _inspect_table(info: GgufInfo) -> Table:
         ("tensor types", mix or "-"),
         ("vocabulary", f"{info.vocab_size} ({info.tokenizer_model or '?'})"),
         ("training context", str(info.context_length or "-")),
-        ("layers", f"{info.block_count} ({info.attention_layers} attention, "
-                   f"{info.recurrent_layers} recurrent, {info.nextn_layers} MTP)"),
+        (
+            "layers",
+            f"{info.block_count} ({info.attention_layers} attention, "
+            f"{info.recurrent_layers} recurrent, {info.nextn_layers} MTP)",
+        ),
         ("heads / KV heads", f"{info.head_count or '-'} / {info.head_count_kv or '-'}"),
         ("head dims (K/V)", f"{info.head_dim_k or '-'} / {info.head_dim_v or '-'}"),
     ]
@@ -237,13 +356,23 @@ def _inspect_table(info: GgufInfo) -> Table:
         rows.append(("experts", f"{info.expert_used_count} of {info.expert_count} per token"))
     if info.sliding_window:
         rows.append(("sliding window", str(info.sliding_window)))
-    rows.append(("KV bytes / token", ", ".join(
-        f"{t} {_size(info.kv_bytes_per_token(t, t))}" for t in ("f16", "q8_0", "q4_0"))))
+    rows.append(
+        (
+            "KV bytes / token",
+            ", ".join(
+                f"{t} {_size(info.kv_bytes_per_token(t, t))}" for t in ("f16", "q8_0", "q4_0")
+            ),
+        )
+    )
     if info.recurrent_state_bytes:
         rows.append(("recurrent state / slot", _size(info.recurrent_state_bytes)))
     rows.append(("MTP (nextn) layers", "yes" if info.has_mtp else "no"))
-    rows.append(("hybrid / recurrent", "hybrid" if info.is_hybrid
-                 else ("recurrent" if info.is_recurrent else "no")))
+    rows.append(
+        (
+            "hybrid / recurrent",
+            "hybrid" if info.is_hybrid else ("recurrent" if info.is_recurrent else "no"),
+        )
+    )
     rows.append(("weights read / token", _size(info.weight_bytes_per_token())))
     for key, value in rows:
         table.add_row(key, value)
@@ -279,24 +408,38 @@ def _gpu_table() -> Table:
     for heading in ("name", "label", "bandwidth GB/s", "memory GiB", "compute capability"):
         table.add_column(heading)
     for g in load_gpus().values():
-        table.add_row(g.name, g.label, f"{g.bandwidth_gb_s:g}", f"{g.memory_gib:g}",
-                      g.compute_capability)
+        table.add_row(
+            g.name, g.label, f"{g.bandwidth_gb_s:g}", f"{g.memory_gib:g}", g.compute_capability
+        )
     return table
 
 
 @click.command("ceiling")
 @click.option("--gpu", help="GPU from the table (see --list).")
 @click.option("--bandwidth", type=float, help="Memory bandwidth in GB/s (10^9 bytes/s).")
-@click.option("--model", "model", type=click.Path(path_type=Path, dir_okay=False),
-              help="GGUF whose weights are read per token.")
+@click.option(
+    "--model",
+    "model",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="GGUF whose weights are read per token.",
+)
 @click.option("--bytes", "bytes_text", help="Bytes read per token: 15300000000, 15.3e9, 15.3GB.")
-@click.option("--active-fraction", type=float,
-              help="Share of the weights read per token (MoE: active/total parameters).")
+@click.option(
+    "--active-fraction",
+    type=float,
+    help="Share of the weights read per token (MoE: active/total parameters).",
+)
 @click.option("--list", "show_list", is_flag=True, help="Show the GPU table.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
-def ceiling_cmd(gpu: str | None, bandwidth: float | None, model: Path | None,
-                bytes_text: str | None, active_fraction: float | None, show_list: bool,
-                as_json: bool) -> None:
+def ceiling_cmd(
+    gpu: str | None,
+    bandwidth: float | None,
+    model: Path | None,
+    bytes_text: str | None,
+    active_fraction: float | None,
+    show_list: bool,
+    as_json: bool,
+) -> None:
     """The decode roofline: memory bandwidth / bytes read per token."""
     if show_list:
         if as_json:
@@ -305,18 +448,41 @@ def ceiling_cmd(gpu: str | None, bandwidth: float | None, model: Path | None,
             _console().print(_gpu_table())
         return
     if (gpu is None) == (bandwidth is None):
-        raise UserError(Problem("llamanix ceiling", "--gpu/--bandwidth", "give exactly one",
-                                "pass --gpu NAME (see --list) or --bandwidth GB/s"))
+        raise UserError(
+            Problem(
+                "llamanix ceiling",
+                "--gpu/--bandwidth",
+                "give exactly one",
+                "pass --gpu NAME (see --list) or --bandwidth GB/s",
+            )
+        )
     if (model is None) == (bytes_text is None):
-        raise UserError(Problem("llamanix ceiling", "--model/--bytes", "give exactly one",
-                                "pass --model FILE.gguf or --bytes 15.3GB"))
+        raise UserError(
+            Problem(
+                "llamanix ceiling",
+                "--model/--bytes",
+                "give exactly one",
+                "pass --model FILE.gguf or --bytes 15.3GB",
+            )
+        )
     if bandwidth is not None and bandwidth <= 0:
-        raise UserError(Problem("llamanix ceiling", "--bandwidth", "must be positive",
-                                "give the card's memory bandwidth in GB/s"))
+        raise UserError(
+            Problem(
+                "llamanix ceiling",
+                "--bandwidth",
+                "must be positive",
+                "give the card's memory bandwidth in GB/s",
+            )
+        )
     if active_fraction is not None and not 0 < active_fraction <= 1:
-        raise UserError(Problem("llamanix ceiling", "--active-fraction",
-                                f"{active_fraction} is not in (0, 1]",
-                                "give active/total parameters, e.g. 0.1"))
+        raise UserError(
+            Problem(
+                "llamanix ceiling",
+                "--active-fraction",
+                f"{active_fraction} is not in (0, 1]",
+                "give active/total parameters, e.g. 0.1",
+            )
+        )
     table_gpu = find_gpu(gpu, "llamanix ceiling") if gpu else None
     bw = table_gpu.bandwidth_gb_s if table_gpu else float(bandwidth or 0)
     if model is not None:
@@ -324,14 +490,21 @@ def ceiling_cmd(gpu: str | None, bandwidth: float | None, model: Path | None,
         per_token = info.weight_bytes_per_token(active_fraction)
     else:
         per_token = parse_bytes(str(bytes_text)) * (active_fraction or 1.0)
-    result = ceiling_for(bw, per_token, gpu=table_gpu.name if table_gpu else None,
-                         model=str(model) if model else None, active_fraction=active_fraction)
+    result = ceiling_for(
+        bw,
+        per_token,
+        gpu=table_gpu.name if table_gpu else None,
+        model=str(model) if model else None,
+        active_fraction=active_fraction,
+    )
     if as_json:
         _echo_json(result.to_json())
         return
     source = f"{table_gpu.label}, {bw:g} GB/s" if table_gpu else f"{bw:g} GB/s"
-    click.echo(f"{source} / {per_token / 1e9:.2f} GB per token = "
-               f"{decode_ceiling_tok_s(bw, per_token):.0f} tok/s decode ceiling")
+    click.echo(
+        f"{source} / {per_token / 1e9:.2f} GB per token = "
+        f"{decode_ceiling_tok_s(bw, per_token):.0f} tok/s decode ceiling"
+    )
 
 
 # --- doctor ---------------------------------------------------------------------------------
@@ -342,33 +515,66 @@ _STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 @click.command("doctor")
 @click.argument("config_path", metavar="CONFIG", type=click.Path(path_type=Path, dir_okay=False))
 @click.argument("instance", required=False)
-@click.option("--log", "log_file", type=click.Path(path_type=Path, dir_okay=False),
-              help="A saved llama-server log of the instance.")
+@click.option(
+    "--log",
+    "log_file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="A saved llama-server log of the instance.",
+)
 @click.option("--journal", is_flag=True, help="Read the instance's log from journalctl.")
 @click.option("--url", help="Probe the running instance with one completion.")
 @click.option("--gpu", help="GPU from the table (overrides hosts.NAME.gpu and nvidia-smi).")
-@click.option("--bench", "bench_files", multiple=True,
-              type=click.Path(path_type=Path, dir_okay=False),
-              help="bench --json results (speculative and baseline) to check speculation pays.")
+@click.option(
+    "--bench",
+    "bench_files",
+    multiple=True,
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="bench --json results (speculative and baseline) to check speculation pays.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 @click.pass_context
-def doctor_cmd(ctx: click.Context, config_path: Path, instance: str | None,
-               log_file: Path | None, journal: bool, url: str | None, gpu: str | None,
-               bench_files: tuple[Path, ...], as_json: bool) -> None:
+def doctor_cmd(
+    ctx: click.Context,
+    config_path: Path,
+    instance: str | None,
+    log_file: Path | None,
+    journal: bool,
+    url: str | None,
+    gpu: str | None,
+    bench_files: tuple[Path, ...],
+    as_json: bool,
+) -> None:
     """Find what silently costs speed or memory; exit 1 on any error finding."""
     config = load_config(config_path)
     if instance is not None and instance not in config.instances:
-        raise UserError(Problem(str(config_path), "INSTANCE", f"no instance {instance!r}",
-                                f"choose one of {', '.join(config.instances)}"))
+        raise UserError(
+            Problem(
+                str(config_path),
+                "INSTANCE",
+                f"no instance {instance!r}",
+                f"choose one of {', '.join(config.instances)}",
+            )
+        )
     if log_file is not None and journal:
-        raise UserError(Problem("llamanix doctor", "--log/--journal", "give one, not both",
-                                "pass --log FILE or --journal"))
+        raise UserError(
+            Problem(
+                "llamanix doctor",
+                "--log/--journal",
+                "give one, not both",
+                "pass --log FILE or --journal",
+            )
+        )
     per_instance_input = log_file is not None or journal or url is not None or bench_files
     if per_instance_input and instance is None:
         if len(config.instances) != 1:
-            raise UserError(Problem("llamanix doctor", "INSTANCE",
-                                    "--log, --journal, --url and --bench describe one instance",
-                                    "name the instance after the config"))
+            raise UserError(
+                Problem(
+                    "llamanix doctor",
+                    "INSTANCE",
+                    "--log, --journal, --url and --bench describe one instance",
+                    "name the instance after the config",
+                )
+            )
         instance = next(iter(config.instances))
     names = [instance] if instance is not None else list(config.instances)
     if gpu:
@@ -378,37 +584,54 @@ def doctor_cmd(ctx: click.Context, config_path: Path, instance: str | None,
         try:
             inputs.log = parse_server_log(log_file.read_text(errors="replace"))
         except OSError as err:
-            raise UserError(Problem(str(log_file), "--log", f"cannot read ({err.strerror})",
-                                    "give a saved llama-server log")) from None
+            raise UserError(
+                Problem(
+                    str(log_file),
+                    "--log",
+                    f"cannot read ({err.strerror})",
+                    "give a saved llama-server log",
+                )
+            ) from None
     elif journal:
         assert instance is not None
         host = config.host_of(config.instances[instance])
         if host.target is not None:
-            raise UserError(Problem(
-                str(config_path), f"hosts.{host.name}.target",
-                f"--journal reads this machine's journal, but {instance} runs on {host.target}",
-                f"ssh {host.target} journalctl -u {doctor.unit_name(instance)} -o cat > "
-                f"{instance}.log, then pass --log {instance}.log"))
-        inputs.log = parse_server_log(doctor.read_journal(doctor.unit_name(instance),
-                                                          user=host.kind == "systemd-user"))
+            raise UserError(
+                Problem(
+                    str(config_path),
+                    f"hosts.{host.name}.target",
+                    f"--journal reads this machine's journal, but {instance} runs on {host.target}",
+                    f"ssh {host.target} journalctl -u {doctor.unit_name(instance)} -o cat > "
+                    f"{instance}.log, then pass --log {instance}.log",
+                )
+            )
+        inputs.log = parse_server_log(
+            doctor.read_journal(doctor.unit_name(instance), user=host.kind == "systemd-user")
+        )
     if url is not None:
         assert instance is not None
         inputs.probe = doctor.probe_server(url, doctor.read_api_key(config.instances[instance]))
     inputs.benches = [benchmod.load_result(f) for f in bench_files]
     smi = doctor.query_gpus()
-    report = doctor.diagnose(config, names, {n: inputs for n in names} if instance else {},
-                             gpu, smi)
+    report = doctor.diagnose(
+        config, names, {n: inputs for n in names} if instance else {}, gpu, smi
+    )
     if as_json:
         _echo_json(report.to_json())
     else:
         console = _console()
         if not report.findings:
-            console.print(f"no problems found ({len(names)} instance(s), "
-                          f"{sum(v == 'ok' for v in report.checks.values())} checks passed)")
+            console.print(
+                f"no problems found ({len(names)} instance(s), "
+                f"{sum(v == 'ok' for v in report.checks.values())} checks passed)"
+            )
         for f in report.findings:
             where = f"{f.instance}: " if f.instance else ""
-            console.print(f"[{_STYLE[f.severity]}]{f.severity}[/] {escape(where + f.message)}",
-                          highlight=False, soft_wrap=True)
+            console.print(
+                f"[{_STYLE[f.severity]}]{f.severity}[/] {escape(where + f.message)}",
+                highlight=False,
+                soft_wrap=True,
+            )
             console.print(f"  fix: {escape(f.fix)}", highlight=False, soft_wrap=True)
         skipped = {k: v for k, v in report.checks.items() if v.startswith("skipped")}
         for check, why in skipped.items():

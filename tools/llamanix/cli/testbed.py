@@ -7,15 +7,14 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from llamanix import demo as demo_module
-from llamanix import server_build
-from llamanix.synth import TYPES, SynthSpec, synth_model
+from llamanix.external.llama_server import binary_version_line
+from llamanix.testbed import demo as demo_module
+from llamanix.testbed import server_build
+from llamanix.testbed.synth import TYPES, SynthSpec, synth_model
 
 
 @click.command("build-server")
-@click.option(
-    "--print-path", is_flag=True, help="Print only the binary's path (for scripts)."
-)
+@click.option("--print-path", is_flag=True, help="Print only the binary's path (for scripts).")
 def build_server(print_path: bool) -> None:
     """Build (or reuse) the pinned CPU llama-server used by tests and the demo.
 
@@ -28,20 +27,25 @@ def build_server(print_path: bool) -> None:
         click.echo(str(binary))
         return
     click.echo(str(binary))
-    click.echo(server_build.binary_version_line(binary))
+    click.echo(binary_version_line(binary))
 
 
 @click.command("synth-model")
 @click.argument("out", type=click.Path(path_type=Path, dir_okay=False))
 @click.option("--layers", type=int, default=SynthSpec.layers, show_default=True)
-@click.option("--embd", type=int, default=SynthSpec.embd, show_default=True,
-              help="Embedding width.")
-@click.option("--ff", type=int, default=SynthSpec.ff, show_default=True,
-              help="Feed-forward width.")
+@click.option(
+    "--embd", type=int, default=SynthSpec.embd, show_default=True, help="Embedding width."
+)
+@click.option("--ff", type=int, default=SynthSpec.ff, show_default=True, help="Feed-forward width.")
 @click.option("--heads", type=int, default=SynthSpec.heads, show_default=True)
 @click.option("--kv-heads", type=int, default=SynthSpec.kv_heads, show_default=True)
-@click.option("--context", type=int, default=SynthSpec.context, show_default=True,
-              help="Trained context length written to the GGUF.")
+@click.option(
+    "--context",
+    type=int,
+    default=SynthSpec.context,
+    show_default=True,
+    help="Trained context length written to the GGUF.",
+)
 @click.option(
     "--vocab",
     type=click.Path(path_type=Path, dir_okay=False),
@@ -50,15 +54,27 @@ def build_server(print_path: bool) -> None:
     "from the pinned llama.cpp source.",
 )
 @click.option("--seed", type=int, default=SynthSpec.seed, show_default=True)
-@click.option("--type", "type_", type=click.Choice(TYPES), default=SynthSpec.type,
-              show_default=True, help="Weight type of the 2-D tensors.")
 @click.option(
-    "--output-scale", type=float, default=SynthSpec.output_scale, show_default=True,
+    "--type",
+    "type_",
+    type=click.Choice(TYPES),
+    default=SynthSpec.type,
+    show_default=True,
+    help="Weight type of the 2-D tensors.",
+)
+@click.option(
+    "--output-scale",
+    type=float,
+    default=SynthSpec.output_scale,
+    show_default=True,
     help="Std of the output projection; 1.0 makes the model confident enough to draft "
     "(draft p_min), 0.02 makes it unsure of every token.",
 )
 @click.option(
-    "--embd-scale", type=float, default=SynthSpec.embd_scale, show_default=True,
+    "--embd-scale",
+    type=float,
+    default=SynthSpec.embd_scale,
+    show_default=True,
     help="Std of the token embeddings; 1.0 makes greedy output cycle, so n-gram drafters "
     "find repeats.",
 )
@@ -108,10 +124,20 @@ def synth_model_command(
     type=click.Path(path_type=Path, file_okay=False),
     help="Keep the model, config, rendered units, logs and bench JSON in this directory.",
 )
-@click.option("--tokens", type=click.IntRange(min=2), default=demo_module.DEFAULT_TOKENS,
-              show_default=True, help="Tokens generated per request.")
-@click.option("--runs", type=click.IntRange(min=1), default=demo_module.DEFAULT_RUNS,
-              show_default=True, help="Measured runs per server (after one warm-up).")
+@click.option(
+    "--tokens",
+    type=click.IntRange(min=2),
+    default=demo_module.DEFAULT_TOKENS,
+    show_default=True,
+    help="Tokens generated per request.",
+)
+@click.option(
+    "--runs",
+    type=click.IntRange(min=1),
+    default=demo_module.DEFAULT_RUNS,
+    show_default=True,
+    help="Measured runs per server (after one warm-up).",
+)
 def demo(binary: Path | None, keep: Path | None, tokens: int, runs: int) -> None:
     """Serve a synthetic model with and without speculation and compare them side by side.
 

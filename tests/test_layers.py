@@ -1,0 +1,161 @@
+"""The package's layers import only downward, and no two modules import each other.
+
+Layers, bottom to top: core (the domain, pure), external (the programs llamanix runs, atomic
+files), render, measure, deploy, testbed, cli. A module may import its own layer or any layer
+below; the package root (``llamanix``, which holds only the version) is below them all. Imports
+inside functions and under ``TYPE_CHECKING`` count too: a cycle that only type hints close is
+still two modules that cannot be understood apart.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "tools" / "llamanix"
+LAYERS = ("core", "external", "render", "measure", "deploy", "testbed", "cli")
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def imported_modules(name: str, path: Path, known: set[str]) -> set[str]:
+    """Every module of the package that ``name`` imports, anywhere in its body."""
+    is_package = path.name == "__init__.py"
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        candidates: list[str] = []
+        if isinstance(node, ast.Import):
+            candidates = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = name.split(".") if is_package else name.split(".")[:-1]
+                base = base[: len(base) - (node.level - 1)]
+                module = ".".join([*base, node.module] if node.module else base)
+            else:
+                module = node.module or ""
+            # `from llamanix.measure import bench` imports the module llamanix.measure.bench.
+            candidates = [module, *(f"{module}.{alias.name}" for alias in node.names)]
+        for candidate in candidates:
+            target = candidate if candidate in known else None
+            if target is None and candidate.split(".")[0] == "llamanix":
+                # `import llamanix.core.config as c` or an attribute of a module: its module.
+                parts = candidate.split(".")
+                while parts and ".".join(parts) not in known:
+                    parts.pop()
+                target = ".".join(parts) if parts else None
+            if target and target != name:
+                found.add(target)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    mods = modules()
+    known = set(mods)
+    return {name: imported_modules(name, path, known) for name, path in mods.items()}
+
+
+def layer_of(module: str) -> int:
+    """-1 for the package root and its entry points, else the index in LAYERS."""
+    parts = module.split(".")
+    if len(parts) == 1 or parts[1] in ("__main__",):
+        return -1 if module == "llamanix" else len(LAYERS)
+    return LAYERS.index(parts[1])
+
+
+def test_every_module_belongs_to_a_layer() -> None:
+    stray = [
+        m
+        for m in modules()
+        if m not in ("llamanix", "llamanix.__main__") and m.split(".")[1] not in LAYERS
+    ]
+    assert not stray, f"modules outside the layers {LAYERS}: {stray}"
+
+
+def test_imports_only_go_downward() -> None:
+    upward = [
+        f"{source} ({LAYERS[layer_of(source)]}) imports {target} ({LAYERS[layer_of(target)]})"
+        for source, targets in import_graph().items()
+        if 0 <= layer_of(source) < len(LAYERS)
+        for target in targets
+        if layer_of(target) > layer_of(source) and layer_of(target) < len(LAYERS)
+    ]
+    assert not upward, "upward imports:\n" + "\n".join(sorted(upward))
+
+
+def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's algorithm: the components of more than one module (the cycles)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                components.append(sorted(component))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return components
+
+
+def test_no_import_cycles() -> None:
+    graph = import_graph()
+    # A module's import of its own package's __init__ (for a sibling) is not a cycle.
+    graph = {m: {t for t in ts if not m.startswith(t + ".")} for m, ts in graph.items()}
+    cycles = strongly_connected(graph)
+    assert not cycles, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in cycles)
+
+
+@pytest.mark.parametrize(
+    ("graph", "expected"),
+    [
+        ({"a": {"b"}, "b": {"a"}, "c": set()}, [["a", "b"]]),
+        ({"a": {"b"}, "b": {"c"}, "c": {"a"}}, [["a", "b", "c"]]),
+        ({"a": {"b"}, "b": set()}, []),
+    ],
+)
+def test_cycle_finder_finds_cycles(graph: dict[str, set[str]], expected: list[list[str]]) -> None:
+    assert strongly_connected(graph) == expected
+
+
+def test_graph_sees_function_level_and_type_checking_imports(tmp_path: Path) -> None:
+    source = tmp_path / "m.py"
+    source.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from llamanix.core.config import Config\n"
+        "def f():\n    from llamanix.measure import bench\n"
+    )
+    found = imported_modules(
+        "llamanix.core.m", source, {"llamanix.core.config", "llamanix.measure.bench"}
+    )
+    assert found == {"llamanix.core.config", "llamanix.measure.bench"}

@@ -1,0 +1,511 @@
+"""The config model: llamanix.toml (or the same shape as JSON) read, checked and typed.
+
+Every problem is collected as a ``Problem`` naming the file and the field, so one run of
+``llamanix validate`` lists them all; nothing downstream ever sees an invalid config.
+Values the user left out stay ``None`` here: the renderer decides what "absent" means for each
+variant (usually: not rendered, so the binary's own default applies).
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from llamanix.core import schema
+from llamanix.core.errors import Problem, UserError
+from llamanix.core.gpus import load_gpus
+from llamanix.core.schema import SPEC_TYPES_WITH_DRAFT_MODEL, Field
+from llamanix.core.variants import VARIANTS
+
+IMPLICIT_HOST = "local"
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_CUDA_ARCH = re.compile(r"^\d+\.\d+[af]?$")
+# Environment variables through which llama-server would read a key: a key there would end up
+# in the unit text, so it is refused in favour of api_key_file.
+_SECRET_ENV = ("LLAMA_API_KEY", "LLAMA_ARG_API_KEY")
+
+
+@dataclass(frozen=True)
+class Speculative:
+    type: str = "none"
+    draft_model: str | None = None
+    draft_gpu_layers: int | str | None = None
+    n_max: int | None = None
+    n_min: int | None = None
+    p_min: float | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.type != "none"
+
+
+@dataclass(frozen=True)
+class Host:
+    name: str
+    kind: str = "nixos"
+    target: str | None = None
+    gpu: str | None = None
+    cuda_archs: tuple[str, ...] = ()
+    binaries: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def has_gpu(self) -> bool:
+        return self.gpu is not None or bool(self.cuda_archs)
+
+
+@dataclass(frozen=True)
+class Instance:
+    name: str
+    host: str
+    model: str
+    variant: str = "upstream"
+    binary: str | None = None
+    alias: str | None = None
+    listen: str = "127.0.0.1"
+    port: int = 8080
+    context: int | None = None
+    gpu_layers: int | str | None = None
+    flash_attn: str | None = None
+    cache_type_k: str | None = None
+    cache_type_v: str | None = None
+    parallel: int | None = None
+    batch: int | None = None
+    ubatch: int | None = None
+    threads: int | None = None
+    jinja: bool | None = None  # None: absent, llamanix wants the template on (schema default)
+    reasoning_budget: int | None = None
+    metrics: bool = True
+    api_key_file: str | None = None
+    extra_args: tuple[str, ...] = ()
+    environment: dict[str, str] = field(default_factory=dict)
+    speculative: Speculative = field(default_factory=Speculative)
+
+
+@dataclass(frozen=True)
+class Config:
+    source: str
+    hosts: dict[str, Host]
+    instances: dict[str, Instance]
+    raw: dict[str, Any]
+
+    def host_of(self, instance: Instance) -> Host:
+        return self.hosts[instance.host]
+
+    def instances_on(self, host: str) -> list[Instance]:
+        return [i for i in self.instances.values() if i.host == host]
+
+
+def suggest(word: str, choices: list[str] | tuple[str, ...]) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    if close:
+        return f"did you mean '{close[0]}'?"
+    return "known: " + ", ".join(choices)
+
+
+class _Checker:
+    """Collects problems while converting raw TOML values to typed ones."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.problems: list[Problem] = []
+
+    def add(self, where: str, message: str, fix: str = "") -> None:
+        self.problems.append(Problem(self.source, where, message, fix))
+
+    def table(self, where: str, value: Any) -> dict[str, Any]:
+        if isinstance(value, dict):
+            return value
+        self.add(where, f"must be a table, got {_describe(value)}", f"write [{where}]")
+        return {}
+
+    def unknown_keys(self, where: str, data: dict[str, Any], known: tuple[str, ...]) -> None:
+        for key in data:
+            if key not in known:
+                self.add(f"{where}.{key}", "unknown key", suggest(key, known))
+
+    def value(self, where: str, f: Field, value: Any, variants: tuple[str, ...] = ()) -> Any:
+        """Check one value against its field; returns the value or None when wrong."""
+        kind = f.kind
+        if kind in (schema.STR, schema.PATH):
+            if not isinstance(value, str) or not value:
+                self.add(where, f"must be a non-empty string, got {_describe(value)}")
+                return None
+            if kind == schema.PATH and not value.startswith("/"):
+                self.add(where, f"'{value}' is a relative path", "use an absolute path")
+                return None
+            return value
+        if kind == schema.BOOL:
+            if not isinstance(value, bool):
+                self.add(where, f"must be true or false, got {_describe(value)}")
+                return None
+            return value
+        if kind == schema.INT:
+            if isinstance(value, bool) or not isinstance(value, int):
+                self.add(where, f"must be an integer, got {_describe(value)}")
+                return None
+            return self._bounds(where, f, value)
+        if kind == schema.FLOAT:
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not math.isfinite(value)
+            ):
+                self.add(where, f"must be a number, got {_describe(value)}")
+                return None
+            return self._bounds(where, f, float(value))
+        if kind == schema.ENUM:
+            choices = variants if (f.name == "variant" and variants) else f.values
+            if not isinstance(value, str) or value not in choices:
+                shown = value if isinstance(value, str) else _describe(value)
+                self.add(where, f"unknown value '{shown}'", suggest(str(shown), choices))
+                return None
+            return value
+        if kind == schema.LAYERS:
+            if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+                return value
+            if value in ("all", "auto"):
+                return value
+            self.add(
+                where,
+                f'must be a non-negative integer, "all" or "auto", got {_describe(value)}',
+            )
+            return None
+        if kind == schema.LIST_STR:
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                self.add(where, f"must be a list of strings, got {_describe(value)}")
+                return None
+            return tuple(value)
+        if kind == schema.DICT_STR:
+            if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+                self.add(where, f"must be a table of strings, got {_describe(value)}")
+                return None
+            return dict(value)
+        raise AssertionError(f"schema kind {kind!r} has no check")  # a bug in schema.py
+
+    def _bounds(self, where: str, f: Field, value: float) -> Any:
+        if f.minimum is not None and value < f.minimum:
+            self.add(where, f"{value:g} is below the minimum {f.minimum:g}", _range_fix(f))
+            return None
+        if f.maximum is not None and value > f.maximum:
+            self.add(where, f"{value:g} is above the maximum {f.maximum:g}", _range_fix(f))
+            return None
+        return value
+
+
+def _range_fix(f: Field) -> str:
+    if f.minimum is not None and f.maximum is not None:
+        return f"use a value from {f.minimum:g} to {f.maximum:g}"
+    if f.minimum is not None:
+        return f"use a value of at least {f.minimum:g}"
+    return f"use a value of at most {f.maximum:g}"
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return f"'{value}'"
+    if isinstance(value, dict):
+        return "a table"
+    if isinstance(value, list):
+        return "a list"
+    return repr(value)
+
+
+def load_config(path: Path) -> Config:
+    """Read llamanix.toml (or a .json of the same shape, which the NixOS module writes)."""
+    source = str(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise UserError(Problem(source, "", "no such file", "check the path")) from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as err:
+        raise UserError(Problem(source, "", f"cannot read: {err}")) from None
+    if path.suffix == ".json":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise UserError(
+                Problem(
+                    source,
+                    "",
+                    f"JSON syntax error at line {err.lineno}, column {err.colno}: {err.msg}",
+                )
+            ) from None
+    else:
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as err:
+            raise UserError(
+                Problem(
+                    source,
+                    "",
+                    f"TOML syntax error: {err}",
+                    "fix the syntax at that line and column",
+                )
+            ) from None
+    if not isinstance(data, dict):
+        raise UserError(Problem(source, "", "the top level must be a table"))
+    return parse_config(data, source)
+
+
+def parse_config(data: dict[str, Any], source: str) -> Config:
+    """Check and type a config; raises UserError listing every problem found."""
+    c = _Checker(source)
+    for key in data:
+        if key not in schema.TOP_LEVEL:
+            c.add(key, "unknown top-level table", suggest(key, schema.TOP_LEVEL))
+    variants = tuple(VARIANTS)
+
+    hosts = _parse_hosts(c, c.table("hosts", data.get("hosts", {})))
+    defaults = c.table("defaults", data.get("defaults", {}))
+    c.unknown_keys("defaults", defaults, (*schema.INSTANCE, *schema.INSTANCE_TABLES))
+    instances_raw = c.table("instances", data.get("instances", {}))
+    if not instances_raw and not c.problems:
+        c.add("instances", "no instances defined", "add an [instances.NAME] table")
+    if not hosts:
+        hosts[IMPLICIT_HOST] = Host(IMPLICIT_HOST)
+
+    instances: dict[str, Instance] = {}
+    for name, raw in instances_raw.items():
+        inst = _parse_instance(
+            c, name, defaults, c.table(f"instances.{name}", raw), hosts, variants
+        )
+        if inst is not None:
+            instances[name] = inst
+
+    _check_ports(c, instances)
+    for inst in instances.values():
+        for where, message, fix in check_instance(inst, hosts[inst.host]):
+            c.add(
+                f"instances.{inst.name}.{where}" if where else f"instances.{inst.name}",
+                message,
+                fix,
+            )
+    if c.problems:
+        raise UserError(c.problems)
+    return Config(source=source, hosts=hosts, instances=instances, raw=data)
+
+
+def _parse_hosts(c: _Checker, raw: dict[str, Any]) -> dict[str, Host]:
+    hosts: dict[str, Host] = {}
+    known = tuple(schema.HOSTS)
+    for name, table in raw.items():
+        where = f"hosts.{name}"
+        table = c.table(where, table)
+        c.unknown_keys(where, table, known)
+        values: dict[str, Any] = {}
+        for key, f in schema.HOSTS.items():
+            if key in table:
+                values[key] = c.value(f"{where}.{key}", f, table[key])
+        gpu = values.get("gpu")
+        if gpu is not None and gpu not in load_gpus():
+            c.add(f"{where}.gpu", f"unknown GPU '{gpu}'", suggest(gpu, tuple(load_gpus())))
+            gpu = None
+        archs = values.get("cuda_archs") or ()
+        for arch in archs:
+            if not _CUDA_ARCH.match(arch):
+                c.add(
+                    f"{where}.cuda_archs",
+                    f"'{arch}' is not a compute capability",
+                    'write it like "8.6" or "12.0"',
+                )
+        binaries = values.get("binaries") or {}
+        for variant, path in binaries.items():
+            if variant not in VARIANTS:
+                c.add(
+                    f"{where}.binaries.{variant}",
+                    "unknown variant",
+                    suggest(variant, tuple(VARIANTS)),
+                )
+            elif not path.startswith("/"):
+                c.add(
+                    f"{where}.binaries.{variant}",
+                    f"'{path}' is a relative path",
+                    "use an absolute path",
+                )
+        hosts[name] = Host(
+            name=name,
+            kind=values.get("kind") or "nixos",
+            target=values.get("target"),
+            gpu=gpu,
+            cuda_archs=tuple(archs),
+            binaries=dict(binaries),
+        )
+    return hosts
+
+
+def _parse_instance(
+    c: _Checker,
+    name: str,
+    defaults: dict[str, Any],
+    raw: dict[str, Any],
+    hosts: dict[str, Host],
+    variants: tuple[str, ...],
+) -> Instance | None:
+    where = f"instances.{name}"
+    known = tuple(schema.INSTANCE) + schema.INSTANCE_TABLES
+    c.unknown_keys(where, raw, known)
+    merged = {**defaults, **raw}
+    spec_raw: dict[str, Any] = {}
+    for layer, label in ((defaults, "defaults"), (raw, where)):
+        if "speculative" in layer:
+            table = c.table(f"{label}.speculative", layer["speculative"])
+            c.unknown_keys(f"{label}.speculative", table, tuple(schema.SPECULATIVE))
+            spec_raw.update(table)
+
+    values: dict[str, Any] = {}
+    for key, f in schema.INSTANCE.items():
+        if key in merged:
+            origin = where if key in raw else "defaults"
+            values[key] = c.value(f"{origin}.{key}", f, merged[key], variants)
+    spec_values: dict[str, Any] = {}
+    for key, f in schema.SPECULATIVE.items():
+        if key in spec_raw:
+            spec_values[key] = c.value(f"{where}.speculative.{key}", f, spec_raw[key])
+
+    host = values.get("host")
+    if host is None:
+        if len(hosts) == 1:
+            host = next(iter(hosts))
+        else:
+            c.add(f"{where}.host", "missing", "name one of: " + ", ".join(hosts))
+            return None
+    elif host not in hosts:
+        c.add(f"{where}.host", f"no host '{host}' is defined", suggest(host, tuple(hosts)))
+        return None
+    model = values.get("model")
+    if model is None:
+        if "model" not in merged:
+            c.add(f"{where}.model", "missing", 'set model = "/abs/path/to/model.gguf"')
+        return None
+    if any(values.get(k) is None for k in values):
+        return None  # the bad values are already reported
+    if any(v is None for v in spec_values.values()):
+        return None
+
+    for env_key in values.get("environment", {}):
+        if not _ENV_NAME.match(env_key):
+            c.add(f"{where}.environment.{env_key}", "is not a valid environment variable name")
+        elif env_key in _SECRET_ENV:
+            c.add(
+                f"{where}.environment.{env_key}",
+                "would put the API key into the unit text",
+                "use api_key_file instead",
+            )
+    for arg in values.get("extra_args", ()):
+        if arg == "--api-key" or arg.startswith("--api-key="):
+            c.add(
+                f"{where}.extra_args",
+                "--api-key would put the key into argv",
+                "use api_key_file instead",
+            )
+
+    spec = Speculative(**spec_values)
+    fields = {k: v for k, v in values.items() if k != "model"}
+    return Instance(name=name, model=model, speculative=spec, **{**fields, "host": host})
+
+
+def _check_ports(c: _Checker, instances: dict[str, Instance]) -> None:
+    seen: dict[tuple[str, int], str] = {}
+    for inst in instances.values():
+        key = (inst.host, inst.port)
+        if key in seen:
+            c.add(
+                f"instances.{inst.name}.port",
+                f"port {inst.port} on host '{inst.host}' is already used by instance '{seen[key]}'",
+                "give each instance on a host its own port",
+            )
+        else:
+            seen[key] = inst.name
+
+
+# --- what each variant accepts -------------------------------------------------------------
+
+
+def check_instance(
+    inst: Instance, host: Host, variant_name: str | None = None
+) -> list[tuple[str, str, str]]:
+    """Variant-dependent problems of an otherwise well-typed instance: (field, message, fix)."""
+    variant = VARIANTS[variant_name or inst.variant]
+    d = variant.dialect
+    spec = inst.speculative
+    out: list[tuple[str, str, str]] = []
+
+    def add(where: str, message: str, fix: str = "") -> None:
+        out.append((where, message, fix))
+
+    if spec.enabled and variant.spec_spelling(spec.type) is None:
+        add(
+            "speculative.type",
+            f"'{spec.type}' is not supported by the {variant.name} variant",
+            "choose one of: "
+            + ", ".join(variant.supported_spec_types())
+            + (" or another variant" if spec.type == "mtp" else ""),
+        )
+    if spec.type in SPEC_TYPES_WITH_DRAFT_MODEL and spec.draft_model is None:
+        add(
+            "speculative.draft_model",
+            f"type '{spec.type}' needs a draft model",
+            'set draft_model = "/abs/path/draft.gguf"',
+        )
+    if spec.n_min is not None and spec.n_max is not None and spec.n_min > spec.n_max:
+        add(
+            "speculative.n_min",
+            f"n_min {spec.n_min} is larger than n_max {spec.n_max}",
+            "make n_min <= n_max",
+        )
+    if spec.enabled and variant.spec_spelling(spec.type) is not None:
+        allowed = d.spec_params.get(spec.type, {})
+        for param in ("n_max", "n_min", "p_min"):
+            if getattr(spec, param) is not None and param not in allowed:
+                add(
+                    f"speculative.{param}",
+                    f"'{spec.type}' on the {variant.name} variant takes no {param}",
+                    "remove it",
+                )
+    if d.spec_single_slot and spec.enabled and (inst.parallel or 1) > 1:
+        add(
+            "parallel",
+            f"the {variant.name} variant speculates only with one slot, "
+            f"parallel is {inst.parallel}",
+            'set parallel = 1 or speculative.type = "none"',
+        )
+    for key in ("cache_type_k", "cache_type_v"):
+        value = getattr(inst, key)
+        if value is not None and value not in d.cache_types:
+            add(
+                key,
+                f"cache type '{value}' is not known to the {variant.name} variant",
+                "choose one of: " + ", ".join(d.cache_types),
+            )
+    if _quantized(inst.cache_type_v) and inst.flash_attn == "off":
+        add(
+            "flash_attn",
+            f"a quantized V cache ({inst.cache_type_v}) needs flash attention",
+            'set flash_attn = "on" or cache_type_v = "f16"',
+        )
+    if not d.layers_words:
+        for key, value in (
+            ("gpu_layers", inst.gpu_layers),
+            ("speculative.draft_gpu_layers", spec.draft_gpu_layers),
+        ):
+            if value == "auto":
+                add(
+                    key,
+                    f"the {variant.name} variant takes a layer count, not 'auto'",
+                    'use an integer or "all"',
+                )
+    if inst.jinja is False and d.no_jinja_flag is None and d.jinja_default:
+        add("jinja", f"the {variant.name} variant cannot turn jinja off", "remove jinja")
+    return out
+
+
+def _quantized(cache_type: str | None) -> bool:
+    return cache_type is not None and cache_type not in ("f32", "f16", "bf16")

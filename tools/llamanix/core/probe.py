@@ -1,0 +1,158 @@
+"""Capability probe: what a real llama-server binary accepts, read from its --version and --help.
+
+A hand-kept dialect table can be wrong for the commit a user actually built; the probe is the
+binary's own word. Flags whose help says they were removed are left out: upstream keeps
+``--draft-max`` in --help only to fail with "the argument has been removed".
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from llamanix.core.errors import Problem, UserError
+
+# An option line: optional small indent, then "-x, --long-name VALUE_HINT    help".
+_OPTION = re.compile(r"^ {0,6}((?:--?[A-Za-z][\w.-]*(?:,\s*)?)+)(?: ((?:[^\s]|, )+))?")
+FLAG = re.compile(r"--?[A-Za-z][\w.-]*")
+_VERSION = re.compile(r"version:\s*(\S+)(?:\s*\(build\s*(\d+),\s*commit\s*(\w+)\))?")
+_BUILD = re.compile(r"build\s*[=:]\s*(\d+)\s*\((\w+)\)")
+_ALLOWED = re.compile(r"allowed values:\s*([\w, ]+)")
+_REMOVED = ("has been removed", "argument has been removed")
+_CUDA_MARKERS = ("ggml_cuda_init", "CUDA0", "built with CUDA", "GGML_CUDA")
+
+
+@dataclass
+class Capabilities:
+    binary: str
+    version: str | None = None
+    build: int | None = None
+    commit: str | None = None
+    flags: list[str] = field(default_factory=list)
+    removed_flags: list[str] = field(default_factory=list)
+    spec_types: list[str] = field(default_factory=list)
+    flash_attn_values: list[str] = field(default_factory=list)
+    cache_types: list[str] = field(default_factory=list)
+    cuda: bool = False
+    source: str = ""  # the probe file, for messages
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out.pop("source")
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], source: str = "") -> Capabilities:
+        known = {k: data[k] for k in cls.__dataclass_fields__ if k in data and k != "source"}
+        return cls(**known, source=source)
+
+    def describe(self) -> str:
+        what = self.source or self.binary
+        return f"{what} (version {self.version or '?'}, commit {self.commit or '?'})"
+
+
+def parse_help(text: str) -> tuple[list[str], list[str], dict[str, tuple[str, str]]]:
+    """Flags, removed flags, and per flag (value hint, description) from --help output."""
+    entries: list[tuple[list[str], str, list[str]]] = []
+    for line in text.splitlines():
+        m = _OPTION.match(line)
+        if m and not line.lstrip().startswith("- "):
+            names = FLAG.findall(m.group(1))
+            hint = m.group(2) or ""
+            rest = line[m.end() :].strip()
+            entries.append((names, hint, [rest] if rest else []))
+        elif entries:
+            entries[-1][2].append(line.strip())
+    flags: list[str] = []
+    removed: list[str] = []
+    details: dict[str, tuple[str, str]] = {}
+    for names, hint, desc_lines in entries:
+        desc = " ".join(desc_lines)
+        target = removed if any(r in desc for r in _REMOVED) else flags
+        for name in names:
+            if name not in target:
+                target.append(name)
+            details[name] = (hint, desc)
+    return flags, removed, details
+
+
+def _values_from_hint(hint: str) -> list[str]:
+    inner = hint.strip("[]{}<>")
+    if not re.search(r"[,|]", inner):
+        return []
+    return [v for v in re.split(r"[,|]", inner) if re.fullmatch(r"[\w.-]+", v)]
+
+
+def parse_capabilities(binary: str, version_text: str, help_text: str) -> Capabilities:
+    flags, removed, details = parse_help(help_text)
+    caps = Capabilities(binary=binary, flags=flags, removed_flags=removed)
+    m = _VERSION.search(version_text)
+    if m:
+        caps.version = m.group(1)
+        caps.build = int(m.group(2)) if m.group(2) else None
+        caps.commit = m.group(3)
+    b = _BUILD.search(version_text)
+    if b and caps.build is None:
+        caps.build, caps.commit = int(b.group(1)), b.group(2)
+    if "--spec-type" in details:
+        hint, desc = details["--spec-type"]
+        caps.spec_types = _values_from_hint(hint) or _spec_types_from_text(desc)
+    if "-fa" in details:
+        caps.flash_attn_values = _values_from_hint(details["-fa"][0])
+    if "-ctk" in details:
+        a = _ALLOWED.search(details["-ctk"][1])
+        if a:
+            caps.cache_types = [v.strip() for v in a.group(1).split(",") if v.strip()]
+    caps.cuda = any(marker in version_text for marker in _CUDA_MARKERS)
+    return caps
+
+
+def _spec_types_from_text(desc: str) -> list[str]:
+    # ik documents its stage names in prose ("... one of: none, draft, mtp, ...").
+    m = re.search(r"(?:types?|one of|stages?)[^:]*:\s*([\w-]+(?:\s*[,|]\s*[\w-]+)+)", desc)
+    if not m:
+        return []
+    return [v.strip() for v in re.split(r"[,|]", m.group(1)) if v.strip()]
+
+
+def commit_of(version_line: str) -> str | None:
+    """The commit hash in a ``version: ... (build N, commit HASH)`` line."""
+    match = re.search(r"commit ([0-9a-f]+)", version_line)
+    return match.group(1) if match else None
+
+
+def load_capabilities(path: Path) -> Capabilities:
+    source = str(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UserError(
+            Problem(
+                source,
+                "",
+                "no such probe file",
+                "make one with: llamanix probe BINARY --json > FILE",
+            )
+        ) from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise UserError(
+            Problem(
+                source,
+                "",
+                f"not a probe JSON file: {err}",
+                "make one with: llamanix probe BINARY --json > FILE",
+            )
+        ) from None
+    if not isinstance(data, dict) or not isinstance(data.get("flags"), list):
+        raise UserError(
+            Problem(
+                source,
+                "flags",
+                "missing; this is not a llamanix probe",
+                "make one with: llamanix probe BINARY --json > FILE",
+            )
+        )
+    return Capabilities.from_json(data, source)

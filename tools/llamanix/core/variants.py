@@ -1,0 +1,262 @@
+"""The variant registry: which llama.cpp builds exist and how each spells llama-server's flags.
+
+A *dialect* is a family of command-line spellings (upstream after the April 2026 speculative
+refactor, nixpkgs' b8770 from before it, ik_llama.cpp's stage syntax). A *variant* is a build:
+a flake input plus a dialect plus what depends on the commit it is pinned to (the MTP spelling).
+Adding a fork means adding one ``Variant`` entry, and a dialect only if it spells things anew.
+
+Facts are from ../shared/research/flag-matrix.md, checked against source where it said "likely"
+(see docs/variants.md for the sources).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from types import MappingProxyType
+from typing import Literal
+
+from llamanix.core.schema import CACHE_TYPES, SPEC_TYPES
+
+# Flags every dialect shares (short forms: the long ones were renamed more often).
+_COMMON_FLAGS: dict[str, str] = {
+    "model": "-m",
+    "alias": "--alias",
+    "listen": "--host",
+    "port": "--port",
+    "context": "-c",
+    "gpu_layers": "-ngl",
+    "flash_attn": "-fa",
+    "cache_type_k": "-ctk",
+    "cache_type_v": "-ctv",
+    "parallel": "-np",
+    "batch": "-b",
+    "ubatch": "-ub",
+    "threads": "-t",
+    "jinja": "--jinja",
+    "reasoning_budget": "--reasoning-budget",
+    "metrics": "--metrics",
+    "api_key_file": "--api-key-file",
+    "spec_type": "--spec-type",
+}
+
+
+@dataclass(frozen=True)
+class Dialect:
+    name: str
+    description: str
+    flags: Mapping[str, str]
+    # "flags": --spec-type T plus one flag per parameter; "stages": --spec-type T:k=v,k=v (ik).
+    spec_style: Literal["flags", "stages"]
+    # Canonical speculative type -> this dialect's spelling; absent = not supported. "mtp" is not
+    # here: its spelling depends on the pinned commit, so it is a property of the Variant.
+    spec_types: Mapping[str, str]
+    # Per canonical type, canonical parameter -> flag ("flags") or stage key ("stages").
+    spec_params: Mapping[str, Mapping[str, str]]
+    # b8770: a draft model given with -md drafts by itself and --spec-type has no draft value.
+    draft_type_flag: bool = True
+    layers_words: bool = True  # -ngl / -ngld accept "all" and "auto"
+    jinja_default: bool = True
+    no_jinja_flag: str | None = "--no-jinja"
+    spec_single_slot: bool = False  # speculation only with -np 1
+    cache_types: tuple[str, ...] = CACHE_TYPES
+    # Speculation on hybrid (recurrent) models needs checkpointing (llama.cpp PR #19493).
+    hybrid_spec_checkpoints: bool = True
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    description: str
+    flake_input: str | None  # None: nixpkgs' own llama-cpp package
+    dialect: Dialect
+    # Spelling of MTP at the pinned commit (PR #22673 said "mtp" until 2026-05-13, then
+    # "draft-mtp"); None when the build has no MTP.
+    mtp_spec_type: str | None = None
+    upstream: str = ""
+
+    def spec_spelling(self, spec_type: str) -> str | None:
+        if spec_type == "mtp":
+            return self.mtp_spec_type
+        return self.dialect.spec_types.get(spec_type)
+
+    def supported_spec_types(self) -> list[str]:
+        names = ["none", *self.dialect.spec_types]
+        if self.mtp_spec_type:
+            names.append("mtp")
+        return names
+
+
+def _frozen(d: dict[str, dict[str, str]]) -> Mapping[str, Mapping[str, str]]:
+    return MappingProxyType({k: MappingProxyType(v) for k, v in d.items()})
+
+
+_DRAFT_PARAMS_UPSTREAM = {
+    "n_max": "--spec-draft-n-max",
+    "n_min": "--spec-draft-n-min",
+    "p_min": "--spec-draft-p-min",
+}
+
+# The n-gram drafters have their own flags; --spec-draft-* does not reach them. ngram-cache has
+# none (its draft length is fixed at 8).
+_NGRAM_PARAMS_UPSTREAM: dict[str, dict[str, str]] = {
+    "ngram-mod": {"n_max": "--spec-ngram-mod-n-max", "n_min": "--spec-ngram-mod-n-min"},
+    "ngram-simple": {"n_max": "--spec-ngram-simple-size-m"},
+    "ngram-map-k": {"n_max": "--spec-ngram-map-k-size-m"},
+}
+
+# ggml-org/llama.cpp after #22397 (spec params refactor) and #22964 (draft-* type names).
+UPSTREAM = Dialect(
+    name="upstream",
+    description="ggml-org/llama.cpp master (Oct 2026): --spec-type draft-simple|draft-mtp|...",
+    flags=MappingProxyType(
+        {
+            **_COMMON_FLAGS,
+            "draft_model": "--spec-draft-model",
+            "draft_gpu_layers": "--spec-draft-ngl",
+        }
+    ),
+    spec_style="flags",
+    spec_types=MappingProxyType(
+        {
+            "draft": "draft-simple",
+            "dflash": "draft-dflash",
+            "eagle3": "draft-eagle3",
+            "ngram-simple": "ngram-simple",
+            "ngram-mod": "ngram-mod",
+            "ngram-cache": "ngram-cache",
+            "ngram-map-k": "ngram-map-k",
+        }
+    ),
+    spec_params=_frozen(
+        {
+            "draft": _DRAFT_PARAMS_UPSTREAM,
+            "mtp": _DRAFT_PARAMS_UPSTREAM,
+            "dflash": _DRAFT_PARAMS_UPSTREAM,
+            "eagle3": _DRAFT_PARAMS_UPSTREAM,
+            **_NGRAM_PARAMS_UPSTREAM,
+        }
+    ),
+)
+
+# The May 2026 tree PR #22673 was merged from: the same refactored flags, -md/-ngld spellings
+# for the draft, no DFlash yet, EAGLE3 only a stub.
+_NOT_YET_IN_MAY_2026 = ("dflash", "eagle3")
+UPSTREAM_MAY_2026 = replace(
+    UPSTREAM,
+    name="upstream-2026-05",
+    description="llama.cpp as of the MTP merge (May 2026): refactored --spec-* flags, no DFlash",
+    flags=MappingProxyType({**_COMMON_FLAGS, "draft_model": "-md", "draft_gpu_layers": "-ngld"}),
+    spec_types=MappingProxyType(
+        {k: v for k, v in UPSTREAM.spec_types.items() if k not in _NOT_YET_IN_MAY_2026}
+    ),
+    spec_params=MappingProxyType(
+        {k: v for k, v in UPSTREAM.spec_params.items() if k not in _NOT_YET_IN_MAY_2026}
+    ),
+)
+
+# llama.cpp b8770 (April 2026), what nixpkgs packaged: before the speculative refactor.
+LEGACY_B8770 = Dialect(
+    name="b8770",
+    description="llama.cpp b8770 (Apr 2026): -md drafts by itself, --draft-max/-min/-p-min",
+    flags=MappingProxyType({**_COMMON_FLAGS, "draft_model": "-md", "draft_gpu_layers": "-ngld"}),
+    spec_style="flags",
+    spec_types=MappingProxyType(
+        {
+            "draft": "",  # no --spec-type value: -md alone enables draft-model speculation
+            "ngram-simple": "ngram-simple",
+            "ngram-mod": "ngram-mod",
+            "ngram-cache": "ngram-cache",
+            "ngram-map-k": "ngram-map-k",
+        }
+    ),
+    spec_params=_frozen(
+        {
+            "draft": {"n_max": "--draft-max", "n_min": "--draft-min", "p_min": "--draft-p-min"},
+            "ngram-mod": {"n_max": "--draft-max", "n_min": "--draft-min"},
+        }
+    ),
+    draft_type_flag=False,
+    hybrid_spec_checkpoints=False,
+)
+
+_IK_KEYS = {"n_max": "n_max", "n_min": "n_min", "p_min": "p_min"}
+
+# ikawrakow/ik_llama.cpp: --spec-type STAGE[:k=v,...], integer-only layer counts, --jinja off by
+# default (and no --no-jinja), speculation only with one slot.
+IK = Dialect(
+    name="ik",
+    description="ik_llama.cpp: --spec-type draft:n_max=..,p_min=.., -np 1 for speculation",
+    flags=MappingProxyType({**_COMMON_FLAGS, "draft_model": "-md", "draft_gpu_layers": "-ngld"}),
+    spec_style="stages",
+    spec_types=MappingProxyType(
+        {
+            "draft": "draft",
+            "dflash": "dflash",
+            "eagle3": "eagle3",
+            "ngram-simple": "ngram-simple",
+            "ngram-mod": "ngram-mod",
+            "ngram-cache": "ngram-cache",
+            "ngram-map-k": "ngram-map-k",
+        }
+    ),
+    # ik's stage parser accepts every key on every stage.
+    spec_params=_frozen({t: _IK_KEYS for t in SPEC_TYPES if t != "none"}),
+    layers_words=False,
+    jinja_default=False,
+    no_jinja_flag=None,
+    spec_single_slot=True,
+    cache_types=(*CACHE_TYPES, "q6_0", "q8_KV"),
+)
+
+DIALECTS: Mapping[str, Dialect] = MappingProxyType(
+    {d.name: d for d in (UPSTREAM, UPSTREAM_MAY_2026, LEGACY_B8770, IK)}
+)
+
+VARIANTS: Mapping[str, Variant] = MappingProxyType(
+    {
+        v.name: v
+        for v in (
+            Variant(
+                name="nixpkgs",
+                description="nixpkgs' own llama-cpp package (b8770), rebuilt with CUDA",
+                flake_input=None,
+                dialect=LEGACY_B8770,
+                mtp_spec_type=None,
+                upstream="nixpkgs#llama-cpp",
+            ),
+            Variant(
+                name="upstream",
+                description="ggml-org/llama.cpp master",
+                flake_input="llama-cpp-upstream",
+                dialect=UPSTREAM,
+                mtp_spec_type="draft-mtp",
+                upstream="github:ggml-org/llama.cpp",
+            ),
+            Variant(
+                name="ik",
+                description="ikawrakow/ik_llama.cpp fork",
+                flake_input="ik-llama-cpp",
+                dialect=IK,
+                mtp_spec_type="mtp",
+                upstream="github:ikawrakow/ik_llama.cpp",
+            ),
+            Variant(
+                name="mtp",
+                description="PR #22673 branch head (am17an/llama.cpp mtp-clean), pinned at merge",
+                flake_input="llama-cpp-mtp",
+                dialect=UPSTREAM_MAY_2026,
+                # Pinned after the 2026-05-13 rename; an earlier pin would say "mtp".
+                mtp_spec_type="draft-mtp",
+                upstream="github:am17an/llama.cpp/mtp-clean",
+            ),
+        )
+    }
+)
+
+
+def variant_names() -> list[str]:
+    return list(VARIANTS)
+
+
+__all__ = ["DIALECTS", "VARIANTS", "Dialect", "Variant", "variant_names"]

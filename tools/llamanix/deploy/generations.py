@@ -1,0 +1,172 @@
+"""Numbered generations of a host's installed units, with the gate's verdict on each.
+
+The state lives beside the config, in ``.llamanix-state/HOST/``:
+
+- ``generations/N/files/``: everything the render produced (units, ``NAME.argv.json``,
+  ``manifest.json``); ``generations/N/config.toml`` (or ``.json``): the config it came from;
+  ``generations/N/result.json``: date, instances (variant, source revision), the gate's result.
+- ``current``: the number of the generation that is serving.
+- ``manager.json``: how this host was switched last (so ``rollback`` does the same).
+- ``bench/NAME.json``: the last successful bench of an instance, the ``--max-regression`` baseline.
+
+A generation directory is assembled under a temporary name and renamed into place, and every
+single file is written atomically, so a crash never leaves a half-written generation.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from llamanix.core.errors import Problem, UserError
+from llamanix.external.files import atomic_write
+
+STATE_DIR = ".llamanix-state"
+FILES = "files"
+RESULT = "result.json"
+
+
+def now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def _write_json(path: Path, data: Any) -> None:
+    atomic_write(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+@dataclass(frozen=True)
+class Generation:
+    number: int
+    path: Path
+
+    @property
+    def result(self) -> dict[str, Any]:
+        data = _read_json(self.path / RESULT)
+        return data if isinstance(data, dict) else {}
+
+    @property
+    def gate(self) -> str:
+        gate = self.result.get("gate") or {}
+        return str(gate.get("result", "unknown"))
+
+    def files(self) -> dict[str, str]:
+        folder = self.path / FILES
+        if not folder.is_dir():
+            return {}
+        return {p.name: p.read_text() for p in sorted(folder.iterdir()) if p.is_file()}
+
+    def config_snapshot(self) -> Path | None:
+        found = sorted(self.path.glob("config.*"))
+        return found[0] if found else None
+
+    def update(self, **changes: Any) -> None:
+        _write_json(self.path / RESULT, {**self.result, **changes})
+
+
+@dataclass(frozen=True)
+class HostState:
+    """The state directory of one host of one config."""
+
+    root: Path
+    host: str
+
+    @staticmethod
+    def beside(config: Path, host: str) -> HostState:
+        return HostState(config.resolve().parent / STATE_DIR / host, host)
+
+    @property
+    def generations_dir(self) -> Path:
+        return self.root / "generations"
+
+    def generations(self) -> list[Generation]:
+        if not self.generations_dir.is_dir():
+            return []
+        found = [
+            Generation(int(p.name), p)
+            for p in self.generations_dir.iterdir()
+            if p.name.isdigit() and p.is_dir()
+        ]
+        return sorted(found, key=lambda g: g.number)
+
+    def get(self, number: int) -> Generation:
+        for gen in self.generations():
+            if gen.number == number:
+                return gen
+        known = ", ".join(str(g.number) for g in self.generations()) or "none yet"
+        raise UserError(
+            Problem(
+                str(self.generations_dir),
+                "--to",
+                f"host '{self.host}' has no generation {number}",
+                f"known: {known}",
+            )
+        )
+
+    def current(self) -> Generation | None:
+        try:
+            number = int((self.root / "current").read_text().strip())
+        except (FileNotFoundError, ValueError):
+            return None
+        path = self.generations_dir / str(number)
+        return Generation(number, path) if path.is_dir() else None
+
+    def set_current(self, gen: Generation) -> None:
+        atomic_write(self.root / "current", f"{gen.number}\n")
+
+    def create(
+        self,
+        files: dict[str, str],
+        config_text: str,
+        config_suffix: str,
+        result: dict[str, Any],
+    ) -> Generation:
+        """A new numbered generation, complete on disk before it becomes visible."""
+        self.generations_dir.mkdir(parents=True, exist_ok=True)
+        existing = self.generations()
+        number = existing[-1].number + 1 if existing else 1
+        staging = self.generations_dir / f".{number}.tmp"
+        shutil.rmtree(staging, ignore_errors=True)
+        (staging / FILES).mkdir(parents=True)
+        for name, text in files.items():
+            atomic_write(staging / FILES / name, text)
+        atomic_write(staging / f"config{config_suffix}", config_text)
+        _write_json(staging / RESULT, {"number": number, "date": now(), **result})
+        os.replace(staging, self.generations_dir / str(number))
+        return Generation(number, self.generations_dir / str(number))
+
+    def previous_good(self, before: int) -> Generation | None:
+        """The newest generation older than ``before`` whose gate passed (or was not run)."""
+        for gen in reversed(self.generations()):
+            if gen.number < before and gen.gate in ("passed", "unverified", "rollback target"):
+                return gen
+        return None
+
+    # -- how the host was switched --------------------------------------------------------
+
+    def manager(self) -> dict[str, str]:
+        data = _read_json(self.root / "manager.json")
+        return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
+
+    def set_manager(self, data: dict[str, str]) -> None:
+        _write_json(self.root / "manager.json", data)
+
+    # -- bench baselines --------------------------------------------------------------------
+
+    def baseline(self, instance: str) -> dict[str, Any] | None:
+        data = _read_json(self.root / "bench" / f"{instance}.json")
+        return data if isinstance(data, dict) else None
+
+    def save_baseline(self, instance: str, data: dict[str, Any]) -> None:
+        _write_json(self.root / "bench" / f"{instance}.json", {"date": now(), **data})

@@ -1,0 +1,147 @@
+"""What a config would run: per host, each instance's command line, unit exposure and warnings."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from llamanix.core.config import Config, Host, Instance
+from llamanix.core.errors import UserError
+from llamanix.core.variants import VARIANTS
+from llamanix.external import systemd_analyze
+from llamanix.external.files import atomic_write
+from llamanix.external.nix import locked_revisions
+from llamanix.render.units import CapabilityMap, RenderedInstance, pick_host, render_host
+
+
+def speculative_summary(inst: Instance) -> str:
+    spec = inst.speculative
+    if not spec.enabled:
+        return "none"
+    parts = [spec.type]
+    for key in ("n_max", "n_min", "p_min"):
+        value = getattr(spec, key)
+        if value is not None:
+            parts.append(f"{key}={value:g}")
+    if spec.draft_model:
+        parts.append(f"draft={Path(spec.draft_model).name}")
+    return " ".join(parts)
+
+
+def warnings_for(inst: Instance) -> list[str]:
+    """Legal but probably not what the user meant."""
+    spec = inst.speculative
+    out: list[str] = []
+    if not spec.enabled:
+        if spec.draft_model:
+            out.append("draft_model set but speculative.type = none: the draft is not loaded")
+        stray = [
+            k
+            for k in ("n_max", "n_min", "p_min", "draft_gpu_layers")
+            if getattr(spec, k) is not None
+        ]
+        if stray:
+            out.append(f"{', '.join(stray)} set but speculative.type = none: ignored")
+    if spec.type == "mtp" and spec.draft_model:
+        out.append("mtp with a draft_model: only right for a predictor-only companion GGUF")
+    if inst.listen not in ("127.0.0.1", "::1", "localhost") and inst.api_key_file is None:
+        out.append(
+            f"listens on {inst.listen} without api_key_file: anyone who can reach it can use it"
+        )
+    return out
+
+
+def fit_and_ceiling(inst: Instance, host: Host) -> dict[str, Any] | None:
+    """VRAM fit and decode ceiling, when the host names a GPU and the model file is readable."""
+    if host.gpu is None:
+        return None
+    from llamanix.core.gpus import load_gpus
+    from llamanix.measure.ceiling import decode_ceiling_tok_s, gpu_memory_bytes, vram_breakdown
+    from llamanix.measure.gguf_info import read_gguf
+
+    gpu = load_gpus()[host.gpu]
+    try:
+        model = read_gguf(Path(inst.model))
+        draft = (
+            read_gguf(Path(inst.speculative.draft_model))
+            if inst.speculative.draft_model and inst.speculative.enabled
+            else None
+        )
+    except UserError as err:
+        return {"gpu": gpu.name, "error": str(err.problems[0])}
+    context = inst.context or model.context_length or 4096
+    budget = vram_breakdown(
+        model, draft, context, inst.parallel or 1, inst.cache_type_k, inst.cache_type_v
+    )
+    memory = gpu_memory_bytes(gpu)
+    return {
+        "gpu": gpu.name,
+        "vram_bytes": budget.total,
+        "gpu_memory_bytes": memory,
+        "fits": budget.total <= memory,
+        "ceiling_tok_s": decode_ceiling_tok_s(gpu.bandwidth_gb_s, model.weight_bytes_per_token()),
+    }
+
+
+def fit_summary(fit: dict[str, Any] | None) -> str | None:
+    if fit is None:
+        return None
+    if "error" in fit:
+        return "model not readable"
+    used, total = fit["vram_bytes"] / 2**30, fit["gpu_memory_bytes"] / 2**30
+    verdict = "fits" if fit["fits"] else "DOES NOT FIT"
+    return f"{verdict} {used:.1f}/{total:.0f} GiB, <= {fit['ceiling_tok_s']:.0f} tok/s"
+
+
+def _exposure(rendered: RenderedInstance, tmp: Path) -> float | None:
+    unit = tmp / rendered.unit
+    atomic_write(unit, rendered.unit_text)
+    return systemd_analyze.security_exposure(unit)
+
+
+def plan_config(
+    config: Config,
+    caps: CapabilityMap,
+    host: str | None = None,
+    security: bool = True,
+    flake_dir: Path | None = None,
+) -> dict[str, Any]:
+    """``flake_dir`` holds the flake.lock whose pins are shown (default: beside the config)."""
+    hosts = (
+        [pick_host(config, host)] if host else [h for h in config.hosts if config.instances_on(h)]
+    )
+    measure = security and systemd_analyze.available()
+    pins = locked_revisions(flake_dir or Path(config.source).resolve().parent)
+    out: dict[str, Any] = {"config": config.source, "hosts": {}}
+    with tempfile.TemporaryDirectory(prefix="llamanix-plan-") as tmp:
+        for name in hosts:
+            render = render_host(config, name, caps)
+            rows = []
+            for r in render.instances:
+                inst = config.instances[r.name]
+                fit = fit_and_ceiling(inst, config.hosts[name])
+                rows.append(
+                    {
+                        "name": r.name,
+                        "variant": r.variant,
+                        "pinned_revision": pins.get(VARIANTS[r.variant].flake_input or "nixpkgs"),
+                        "address": f"{r.listen}:{r.port}",
+                        "speculative": speculative_summary(inst),
+                        "argv": r.argv,
+                        "unit": r.unit,
+                        "gpu": r.gpu,
+                        "security_exposure": _exposure(r, Path(tmp)) if measure else None,
+                        "warnings": warnings_for(inst),
+                        "vram": fit,
+                        "fit": fit_summary(fit),
+                    }
+                )
+            out["hosts"][name] = {"kind": render.kind, "instances": rows}
+            if render.kind == "systemd-user":
+                # systemd-analyze --offline scores any unit as a system service running as
+                # root; user units run unprivileged, so their score reads worse than it is.
+                out["hosts"][name]["security_note"] = (
+                    "user units are scored as if they ran as root (systemd-analyze --offline)"
+                )
+    return out

@@ -1,0 +1,425 @@
+"""``llamanix up``: a small service manager for machines (and tests) without systemd.
+
+It runs a host's instances in the foreground from a render directory (``llamanix-NAME.service``,
+``NAME.argv.json``, ``manifest.json``): the command line is ``NAME.argv.json`` (the unit's
+ExecStart with the real key file path in place of systemd's credential), the environment and
+the restart policy (``Restart=``, ``RestartSec=``, ``StartLimitBurst=``,
+``StartLimitIntervalSec=``) are read from the unit.
+
+Control: ``up`` polls the directory's ``manifest.json`` (which ``switch`` and ``render`` write
+last, atomically). When it changes, the instances whose command line, environment or policy
+changed are restarted, new ones started and removed ones stopped. After every change of state
+``up`` writes ``up-status.json`` beside the manifest (the manifest's hash, and per instance a
+key of what it runs, its state and the last error), which is how ``switch`` learns that the
+new set has been picked up and whether each instance came up. A file needs no extra IPC, works
+the same for any number of readers, and survives a reader that crashes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import shlex
+import signal
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from llamanix.core.errors import ExternalCommandError, Problem, UserError
+from llamanix.external.files import atomic_write
+from llamanix.measure.server_process import LlamaServer, ServerStartError, tail
+from llamanix.render.units import MANIFEST
+
+STATUS = "up-status.json"
+POLL_S = 0.25
+# llama-server has no readiness notification; a model load of this long is treated as failed.
+DEFAULT_START_TIMEOUT_S = 300.0
+# States in which an instance has finished its start attempt (switch waits for one of these).
+SETTLED = ("running", "restarting", "failed", "exited")
+_TIME = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|sec|min|m|h)?")
+_UNITS_S = {None: 1.0, "ms": 0.001, "s": 1.0, "sec": 1.0, "min": 60.0, "m": 60.0, "h": 3600.0}
+
+Log = Callable[[str], None]
+
+
+def parse_timespan(text: str) -> float:
+    """systemd time spans as the renderer writes them: ``10s``, ``10min``, ``500ms``, ``5``."""
+    total = 0.0
+    pos = 0
+    text = text.strip()
+    for match in _TIME.finditer(text):
+        if text[pos : match.start()].strip():
+            break
+        total += float(match.group(1)) * _UNITS_S[match.group(2)]
+        pos = match.end()
+    if pos != len(text) or not text:
+        raise ValueError(f"not a time span: {text!r}")
+    return total
+
+
+@dataclass(frozen=True)
+class ServiceSpec:
+    """What ``up`` runs for one instance, and how it restarts it."""
+
+    name: str
+    unit: str
+    argv: tuple[str, ...]
+    environment: tuple[tuple[str, str], ...]
+    restart: str = "on-failure"
+    restart_sec: float = 10.0
+    start_limit_burst: int = 5
+    start_limit_interval_s: float = 600.0
+
+    @property
+    def key(self) -> str:
+        data = json.dumps(
+            [
+                self.argv,
+                self.environment,
+                self.restart,
+                self.restart_sec,
+                self.start_limit_burst,
+                self.start_limit_interval_s,
+            ]
+        )
+        return hashlib.sha256(data.encode()).hexdigest()[:16]
+
+
+def unit_settings(text: str) -> dict[str, list[str]]:
+    """``Key=value`` lines of a unit (all sections; keys may repeat)."""
+    out: dict[str, list[str]] = {}
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith(("#", ";", "[")) or "=" not in line:
+            continue
+        key, value = line.split("=", 1)
+        out.setdefault(key.strip(), []).append(value.strip())
+    return out
+
+
+def expand_specifiers(value: str, cache_dir: Path) -> str:
+    # %C is systemd's cache directory; under ``up`` it is the render directory's cache/.
+    return re.sub(
+        r"%(.)",
+        lambda m: "%" if m.group(1) == "%" else str(cache_dir) if m.group(1) == "C" else m.group(0),
+        value,
+    )
+
+
+def unit_environment(values: list[str], cache_dir: Path) -> list[tuple[str, str]]:
+    env: list[tuple[str, str]] = []
+    for value in values:
+        # systemd quotes Environment= words like a POSIX shell's double quotes.
+        for word in shlex.split(value):
+            key, _, val = word.partition("=")
+            env.append((key, expand_specifiers(val, cache_dir)))
+    return env
+
+
+def manifest_digest(units_dir: Path) -> str | None:
+    try:
+        return hashlib.sha256((units_dir / MANIFEST).read_bytes()).hexdigest()
+    except FileNotFoundError:
+        return None
+
+
+def load_specs(units_dir: Path) -> dict[str, ServiceSpec]:
+    """The services a render directory describes; UserError when it is not a render."""
+    manifest_path = units_dir / MANIFEST
+    try:
+        manifest = json.loads(manifest_path.read_text())
+        instances = manifest["instances"]
+        if not isinstance(instances, dict):
+            raise TypeError("instances is not a table")
+    except FileNotFoundError:
+        raise UserError(
+            Problem(
+                str(manifest_path),
+                "",
+                "no render here",
+                "run llamanix up CONFIG or llamanix render first",
+            )
+        ) from None
+    except (json.JSONDecodeError, KeyError, TypeError) as err:
+        raise UserError(
+            Problem(str(manifest_path), "", f"not a llamanix manifest: {err}")
+        ) from None
+    cache = units_dir / "cache"
+    specs: dict[str, ServiceSpec] = {}
+    for name, entry in instances.items():
+        unit = str(entry.get("unit", f"llamanix-{name}.service"))
+        try:
+            argv = json.loads((units_dir / f"{name}.argv.json").read_text())
+            settings = unit_settings((units_dir / unit).read_text())
+        except (FileNotFoundError, json.JSONDecodeError) as err:
+            raise UserError(Problem(str(units_dir), name, f"incomplete render: {err}")) from None
+        try:
+            specs[name] = ServiceSpec(
+                name=name,
+                unit=unit,
+                argv=tuple(str(a) for a in argv),
+                environment=tuple(unit_environment(settings.get("Environment", []), cache)),
+                restart=settings.get("Restart", ["no"])[-1],
+                restart_sec=parse_timespan(settings.get("RestartSec", ["100ms"])[-1]),
+                start_limit_burst=int(settings.get("StartLimitBurst", ["5"])[-1]),
+                start_limit_interval_s=parse_timespan(
+                    settings.get("StartLimitIntervalSec", ["10s"])[-1]
+                ),
+            )
+        except ValueError as err:
+            raise UserError(Problem(str(units_dir / unit), "", str(err))) from None
+    return specs
+
+
+def read_status(units_dir: Path) -> dict[str, Any] | None:
+    """``up``'s status file, or None when no live ``up`` owns this directory."""
+    try:
+        data = json.loads((units_dir / STATUS).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    if not isinstance(data, dict) or not _alive(int(data.get("pid", 0))):
+        return None
+    return data
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@dataclass
+class InstanceState:
+    spec: ServiceSpec
+    state: str = "starting"
+    pid: int | None = None
+    url: str | None = None
+    starts: int = 0
+    last_error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "key": self.spec.key,
+            "state": self.state,
+            "pid": self.pid,
+            "url": self.url,
+            "starts": self.starts,
+            "last_error": self.last_error,
+        }
+
+
+@dataclass
+class ServiceRunner:
+    """One instance: start, watch, restart per its policy, until told to stop."""
+
+    spec: ServiceSpec
+    log_dir: Path
+    start_timeout_s: float
+    on_change: Callable[[], None]
+    log: Log
+    status: InstanceState = field(init=False)
+    _stop: threading.Event = field(default_factory=threading.Event, init=False)
+    _server: LlamaServer | None = field(default=None, init=False)
+    _thread: threading.Thread | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        self.status = InstanceState(self.spec)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name=self.spec.name, daemon=True)
+        self._thread.start()
+
+    def request_stop(self) -> None:
+        self._stop.set()
+        server = self._server
+        if server is not None:
+            server.stop()  # also ends a start that is still waiting for /health
+
+    def join(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+        if self._server is not None:
+            self._server.stop()
+
+    def _set(self, **changes: Any) -> None:
+        for key, value in changes.items():
+            setattr(self.status, key, value)
+        self.on_change()
+
+    def _run(self) -> None:
+        name = self.spec.name
+        starts: deque[float] = deque()
+        env = {**os.environ, **dict(self.spec.environment)}
+        for key, value in self.spec.environment:
+            if key in ("HOME", "LLAMA_CACHE"):
+                Path(value).mkdir(parents=True, exist_ok=True)
+        while not self._stop.is_set():
+            now = time.monotonic()
+            while starts and now - starts[0] > self.spec.start_limit_interval_s:
+                starts.popleft()
+            if len(starts) >= self.spec.start_limit_burst:
+                self.log(
+                    f"[{name}] start limit hit ({self.spec.start_limit_burst} starts in "
+                    f"{self.spec.start_limit_interval_s:g}s); not restarting"
+                )
+                self._set(state="failed", pid=None)
+                return
+            starts.append(now)
+            server = LlamaServer(
+                list(self.spec.argv),
+                self.log_dir / f"{name}.log",
+                env=env,
+                start_timeout_s=self.start_timeout_s,
+            )
+            self._server = server
+            self._set(state="starting", starts=self.status.starts + 1, pid=None)
+            try:
+                server.start()
+            except (ServerStartError, ExternalCommandError) as err:
+                if self._stop.is_set():
+                    break
+                error = str(err).splitlines()[0]
+                self.log(f"[{name}] failed to start: {error}")
+                if not self._restart_after(error):
+                    return
+                continue
+            if self._stop.is_set():
+                break
+            self.log(f"[{name}] serving at {server.url} (pid {server.pid})")
+            self._set(state="running", pid=server.pid, url=server.url, last_error=None)
+            assert server.process is not None
+            while not self._stop.is_set() and server.process.poll() is None:
+                with contextlib.suppress(Exception):
+                    server.process.wait(timeout=POLL_S)
+            if self._stop.is_set():
+                break
+            code = server.process.returncode
+            server.stop()
+            error = f"exited with code {code}: {tail(server.log_text(), 3)}"
+            self.log(f"[{name}] {error}")
+            if code == 0 and self.spec.restart == "on-failure":
+                self._set(state="exited", pid=None, last_error=error)
+                return
+            if not self._restart_after(error):
+                return
+        if self._server is not None:
+            self._server.stop()
+        self._set(state="stopped", pid=None)
+
+    def _restart_after(self, error: str) -> bool:
+        if self.spec.restart not in ("on-failure", "always", "on-abnormal"):
+            self._set(state="failed", pid=None, last_error=error)
+            return False
+        self._set(state="restarting", pid=None, last_error=error)
+        self.log(f"[{self.spec.name}] restarting in {self.spec.restart_sec:g}s")
+        return not self._stop.wait(self.spec.restart_sec)
+
+
+@dataclass
+class Supervisor:
+    """Runs every instance of a render directory and follows changes to it."""
+
+    units_dir: Path
+    start_timeout_s: float = DEFAULT_START_TIMEOUT_S
+    log: Log = print
+    runners: dict[str, ServiceRunner] = field(default_factory=dict)
+    digest: str | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _shutdown: threading.Event = field(default_factory=threading.Event)
+
+    def claim(self) -> None:
+        other = read_status(self.units_dir)
+        if other is not None and int(other["pid"]) != os.getpid():
+            raise UserError(
+                Problem(
+                    str(self.units_dir),
+                    "",
+                    f"llamanix up (pid {other['pid']}) already manages this directory",
+                    "stop that one first",
+                )
+            )
+
+    def write_status(self) -> None:
+        with self._lock:
+            data = {
+                "pid": os.getpid(),
+                "manifest": self.digest,
+                "instances": {n: r.status.to_json() for n, r in self.runners.items()},
+            }
+            atomic_write(self.units_dir / STATUS, json.dumps(data, indent=2) + "\n")
+
+    def apply(self, specs: dict[str, ServiceSpec]) -> None:
+        """Stop what went away or changed, start what is new or changed."""
+        going = [n for n, r in self.runners.items() if specs.get(n) != r.spec]
+        for name in going:
+            self.runners[name].request_stop()
+        for name in going:
+            with self._lock:
+                runner = self.runners.pop(name)
+            runner.join()  # outside the lock: the runner writes the status while it stops
+            self.log(f"[{name}] stopped")
+        for name, spec in specs.items():
+            if name not in self.runners:
+                runner = ServiceRunner(
+                    spec, self.units_dir / "logs", self.start_timeout_s, self.write_status, self.log
+                )
+                with self._lock:
+                    self.runners[name] = runner
+                runner.start()
+        self.write_status()
+
+    def stop_all(self) -> None:
+        with self._lock:
+            runners = list(self.runners.values())
+            self.runners.clear()
+        for runner in runners:
+            runner.request_stop()
+        for runner in runners:
+            runner.join()
+
+    def shutdown(self, *_: object) -> None:
+        self._shutdown.set()
+
+    def run(self) -> None:
+        """Serve until SIGINT/SIGTERM; then stop every instance and remove the status file."""
+        self.claim()
+        previous: dict[signal.Signals, Any] = {}
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, self._on_signal)
+        try:
+            while not self._shutdown.is_set():
+                digest = manifest_digest(self.units_dir)
+                if digest != self.digest:
+                    try:
+                        specs = load_specs(self.units_dir)
+                    except UserError as err:
+                        self.log(f"up: ignoring {self.units_dir}: {err}")
+                        specs = None
+                    self.digest = digest
+                    if specs is not None:
+                        self.log(f"up: applying {self.units_dir / MANIFEST}")
+                        self.apply(specs)
+                self._shutdown.wait(POLL_S)
+        finally:
+            self.log("up: stopping all instances")
+            self.stop_all()
+            (self.units_dir / STATUS).unlink(missing_ok=True)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self._shutdown.set()

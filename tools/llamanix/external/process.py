@@ -1,0 +1,56 @@
+"""The one place llamanix runs deployment commands (nixos-rebuild, nix, systemctl).
+
+Like nixos-rebuild-ng's ``run_wrapper``: every external command goes through ``Runner.run``, so
+``--dry-run`` prints exactly the argv a real run would execute (and runs nothing), and tests
+can check the recorded argv lists.
+"""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from llamanix.core.errors import ExternalCommandError
+
+Echo = Callable[[str], None]
+
+
+def _print(line: str) -> None:
+    print(line, flush=True)
+
+
+@dataclass
+class Runner:
+    """Runs (or, with ``dry_run``, only prints) external commands; keeps the argv it ran."""
+
+    dry_run: bool = False
+    echo: Echo = _print
+    executed: list[list[str]] = field(default_factory=list)
+
+    def run(
+        self, argv: Sequence[str], *, cwd: Path | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        args = list(argv)
+        self.executed.append(args)
+        where = f"(cd {shlex.quote(str(cwd))} && {shlex.join(args)})" if cwd else shlex.join(args)
+        if self.dry_run:
+            self.echo(where)
+            return subprocess.CompletedProcess(args, 0, "", "")
+        self.echo(f"$ {where}")
+        try:
+            # Output goes straight to the terminal: nixos-rebuild's progress is the user's.
+            proc = subprocess.run(args, cwd=cwd, check=False, text=True, errors="surrogateescape")
+        except OSError as err:
+            raise ExternalCommandError(f"cannot run {args[0]}: {err}") from err
+        if check and proc.returncode != 0:
+            raise ExternalCommandError(
+                f"{shlex.join(args)} failed with exit code {proc.returncode}"
+            )
+        return proc
+
+    def note(self, line: str) -> None:
+        """Something that is not a command (a file written): shown, marked as such, in dry runs."""
+        self.echo(f"# {line}")

@@ -1,0 +1,622 @@
+"""``llamanix doctor``: find what silently costs speed or memory, and say how to fix it.
+
+Each check reads one source of truth: the GGUF files an instance names (vocabularies, sizes,
+recurrent layers), the variant registry (who can checkpoint for speculation), the server's log
+(refusals, acceptance), a live server (does it draft?), bench results (does speculation pay?)
+and nvidia-smi (which compute capability the card has). Every finding carries a severity and
+the fix; any error makes the command exit 1.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import httpx
+
+from llamanix.core.argv import instance_argv
+from llamanix.core.config import Config, Host, Instance
+from llamanix.core.errors import ExternalCommandError, Problem, UserError
+from llamanix.core.gpus import Gpu
+from llamanix.core.variants import VARIANTS
+from llamanix.measure.bench import BenchResult
+from llamanix.measure.ceiling import find_gpu, gpu_memory_bytes, vram_breakdown
+from llamanix.measure.gguf_info import GgufInfo, read_gguf, read_vocab, vocab_mismatch
+from llamanix.measure.server_log import ServerLog
+
+Severity = Literal["error", "warning", "info"]
+# Below this share of drafted tokens kept, drafting costs more than it saves (the seeds saw 12%
+# on ik and 50% with a draft spending 78% of the time).
+MIN_ACCEPTANCE = 0.5
+# A budget above this share of the card's memory leaves no room for fragmentation.
+VRAM_WARN_SHARE = 0.95
+JOURNAL_LINES = 500
+PROBE_PROMPT = "Write a Python function that computes the Fibonacci sequence."
+PROBE_TOKENS = 64
+PROBE_TIMEOUT_S = 300.0
+_QUANTIZED_FREE = ("f32", "f16", "bf16")
+
+
+@dataclass(frozen=True)
+class Finding:
+    severity: Severity
+    code: str
+    instance: str | None
+    message: str
+    fix: str
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Report:
+    findings: list[Finding] = field(default_factory=list)
+    # check name -> "ok", "finding" or "skipped: why": what was looked at, for --json.
+    checks: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def has_errors(self) -> bool:
+        return any(f.severity == "error" for f in self.findings)
+
+    def add(
+        self, severity: Severity, code: str, instance: str | None, message: str, fix: str
+    ) -> None:
+        # Several sources can show the same fault (config and log, log and probe): say it once.
+        if any(f.code == code and f.instance == instance for f in self.findings):
+            return
+        self.findings.append(Finding(severity, code, instance, message, fix))
+
+    def ran(self, check: str, outcome: str = "ok") -> None:
+        previous = self.checks.get(check)
+        if previous == "finding":
+            return
+        self.checks[check] = outcome
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ok": not self.has_errors,
+            "errors": sum(f.severity == "error" for f in self.findings),
+            "warnings": sum(f.severity == "warning" for f in self.findings),
+            "findings": [f.to_json() for f in self.findings],
+            "checks": self.checks,
+        }
+
+
+# --- external commands: one function each ---------------------------------------------------
+
+
+def journalctl_argv(unit: str, user: bool = False, lines: int = JOURNAL_LINES) -> list[str]:
+    argv = ["journalctl"]
+    if user:
+        argv.append("--user")
+    return [*argv, "-u", unit, "-n", str(lines), "--no-pager", "-o", "cat"]
+
+
+def read_journal(unit: str, user: bool = False, lines: int = JOURNAL_LINES) -> str:
+    """The unit's last log lines, as llama-server printed them."""
+    argv = journalctl_argv(unit, user, lines)
+    try:
+        proc = subprocess.run(
+            argv, capture_output=True, text=True, errors="replace", timeout=60, check=False
+        )
+    except FileNotFoundError:
+        raise ExternalCommandError("journalctl not found: use --log FILE instead") from None
+    if proc.returncode != 0:
+        raise ExternalCommandError(
+            f"{' '.join(argv)} failed with exit code {proc.returncode}: {proc.stderr.strip()}"
+        )
+    return proc.stdout
+
+
+NVIDIA_SMI_ARGV = (
+    "nvidia-smi",
+    "--query-gpu=name,compute_cap,memory.total",
+    "--format=csv,noheader",
+)
+
+
+@dataclass(frozen=True)
+class SmiGpu:
+    name: str
+    compute_capability: str
+    memory_mib: int | None
+
+
+def parse_nvidia_smi(text: str) -> list[SmiGpu]:
+    """``NVIDIA GeForce RTX 5090, 12.0, 32607 MiB`` per line."""
+    out: list[SmiGpu] = []
+    for line in text.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) < 2 or not parts[0]:
+            continue
+        memory = None
+        if len(parts) > 2:
+            digits = parts[2].split()[0] if parts[2].split() else ""
+            memory = int(digits) if digits.isdigit() else None
+        out.append(SmiGpu(name=parts[0], compute_capability=parts[1], memory_mib=memory))
+    return out
+
+
+def query_gpus() -> list[SmiGpu] | None:
+    """The local GPUs per nvidia-smi; None where there is no nvidia-smi."""
+    if shutil.which(NVIDIA_SMI_ARGV[0]) is None:
+        return None
+    try:
+        proc = subprocess.run(
+            list(NVIDIA_SMI_ARGV),
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=60,
+            check=False,
+        )
+    except OSError:
+        return None
+    if proc.returncode != 0:
+        return None
+    return parse_nvidia_smi(proc.stdout)
+
+
+# --- probing a live server ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Probe:
+    predicted_n: int | None
+    draft_n: int | None
+    draft_n_accepted: int | None
+
+    @property
+    def acceptance(self) -> float | None:
+        if not self.draft_n or self.draft_n_accepted is None:
+            return None
+        return self.draft_n_accepted / self.draft_n
+
+
+def probe_server(url: str, api_key: str | None = None) -> Probe:
+    """One short completion: did the server draft, and how much of it was kept?"""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    body = {
+        "messages": [{"role": "user", "content": PROBE_PROMPT}],
+        "max_tokens": PROBE_TOKENS,
+        "temperature": 0,
+        "seed": 42,
+        "ignore_eos": True,
+        "cache_prompt": False,
+    }
+    try:
+        with httpx.Client(timeout=PROBE_TIMEOUT_S, headers=headers) as client:
+            resp = client.post(url.rstrip("/") + "/v1/chat/completions", json=body)
+    except httpx.TransportError as err:
+        raise UserError(
+            Problem(url, "--url", f"cannot connect ({err})", "start the server or fix --url")
+        ) from None
+    if resp.status_code != 200:
+        raise UserError(
+            Problem(
+                url,
+                "--url",
+                f"HTTP {resp.status_code} from the server",
+                "check --url (and the instance's api_key_file)",
+            )
+        )
+    timings = resp.json().get("timings") or {}
+
+    def number(key: str) -> int | None:
+        value = timings.get(key)
+        return int(value) if isinstance(value, int | float) else None
+
+    return Probe(number("predicted_n"), number("draft_n"), number("draft_n_accepted"))
+
+
+# --- the checks ------------------------------------------------------------------------------
+
+
+@dataclass
+class Inputs:
+    """What the checks may look at for one instance; None where the user gave nothing."""
+
+    log: ServerLog | None = None
+    probe: Probe | None = None
+    benches: Sequence[BenchResult] = ()
+    gpu: Gpu | None = None
+    smi: list[SmiGpu] | None = None
+
+
+def _read_model(path: str | None) -> GgufInfo | None:
+    if path is None or not Path(path).is_file():
+        return None
+    return read_gguf(Path(path))
+
+
+def check_vocab(report: Report, inst: Instance) -> None:
+    spec = inst.speculative
+    if spec.draft_model is None:
+        return
+    if not (Path(inst.model).is_file() and Path(spec.draft_model).is_file()):
+        report.ran("vocab", "skipped: model files not readable here")
+        return
+    why = vocab_mismatch(read_vocab(Path(inst.model)), read_vocab(Path(spec.draft_model)))
+    if why is None:
+        report.ran("vocab")
+        return
+    report.ran("vocab", "finding")
+    report.add(
+        "error",
+        "vocab-mismatch",
+        inst.name,
+        f"the draft's vocabulary does not match the target's: {why}; llama.cpp refuses "
+        "the draft (or, in older builds, loads it and never drafts)",
+        "use a draft from the target's model family (same tokenizer), "
+        "e.g. a smaller model of the same release",
+    )
+
+
+def check_vram(report: Report, inst: Instance, gpu: Gpu | None) -> None:
+    if gpu is None:
+        report.ran("vram", "skipped: no GPU known (set hosts.NAME.gpu or pass --gpu)")
+        return
+    if inst.gpu_layers == 0:
+        report.ran("vram", "skipped: gpu_layers = 0")
+        return
+    model = _read_model(inst.model)
+    if model is None:
+        report.ran("vram", "skipped: model file not readable here")
+        return
+    if isinstance(inst.gpu_layers, int) and inst.gpu_layers < model.block_count:
+        # A partial offload is a split the user chose; the budget below assumes every layer.
+        report.ran("vram", f"skipped: partial offload (gpu_layers = {inst.gpu_layers})")
+        return
+    draft = _read_model(inst.speculative.draft_model) if inst.speculative.enabled else None
+    context = inst.context or model.context_length or 4096
+    budget = vram_breakdown(
+        model, draft, context, inst.parallel or 1, inst.cache_type_k, inst.cache_type_v
+    )
+    memory = gpu_memory_bytes(gpu)
+    gib = 1 << 30
+    detail = (
+        f"weights {budget.weights / gib:.1f} GiB + draft {budget.draft_weights / gib:.1f}"
+        f" + KV cache {(budget.kv_cache + budget.draft_kv_cache) / gib:.1f}"
+        f" (context {context})"
+        + (
+            f" + recurrent state {budget.recurrent_state / gib:.2f}"
+            if budget.recurrent_state
+            else ""
+        )
+        + f" + margin {budget.compute_margin / gib:.1f}"
+        f" = {budget.total / gib:.1f} GiB on a {gpu.memory_gib:g} GiB {gpu.label}"
+    )
+    if budget.total > memory:
+        report.ran("vram", "finding")
+        report.add(
+            "error",
+            "vram",
+            inst.name,
+            f"does not fit: {detail}",
+            'lower context, quantize the KV cache (cache_type_k/v = "q8_0"), '
+            "use a smaller quantization, or offload fewer layers",
+        )
+    elif budget.total > memory * VRAM_WARN_SHARE:
+        report.ran("vram", "finding")
+        report.add(
+            "warning",
+            "vram",
+            inst.name,
+            f"barely fits: {detail}",
+            "leave headroom: lower context or quantize the KV cache",
+        )
+    else:
+        report.ran("vram")
+
+
+def check_hybrid(report: Report, inst: Instance) -> None:
+    if not inst.speculative.enabled:
+        return
+    model = _read_model(inst.model)
+    if model is None:
+        report.ran("hybrid", "skipped: model file not readable here")
+        return
+    variant = VARIANTS[inst.variant]
+    if not model.is_recurrent or variant.dialect.hybrid_spec_checkpoints:
+        report.ran("hybrid")
+        return
+    able = [v.name for v in VARIANTS.values() if v.dialect.hybrid_spec_checkpoints]
+    report.ran("hybrid", "finding")
+    report.add(
+        "error",
+        "hybrid-no-checkpoint",
+        inst.name,
+        f"{model.architecture} has {model.recurrent_layers} recurrent layers; the "
+        f"{variant.name} variant cannot checkpoint them, so it refuses speculation "
+        "('speculative decoding not supported by this context') and the draft sits idle",
+        f"switch variant to one that checkpoints ({', '.join(able)}) "
+        'or set speculative.type = "none"',
+    )
+
+
+def _flag_value(argv: Sequence[str], *names: str) -> str | None:
+    """The last value given for any of ``names`` (llama-server lets a later flag win)."""
+    value = None
+    for i, arg in enumerate(argv):
+        for name in names:
+            if arg == name and i + 1 < len(argv):
+                value = argv[i + 1]
+            elif arg.startswith(name + "="):
+                value = arg.split("=", 1)[1]
+    return value
+
+
+def flash_attn_off(argv: Sequence[str]) -> bool:
+    """Does this command line turn flash attention off (``-fa off``, ik's ``-no-fa``)?"""
+    if "-no-fa" in argv or "--no-flash-attn" in argv:
+        return True
+    return _flag_value(argv, "-fa", "--flash-attn") in ("off", "0", "false", "disabled")
+
+
+def check_flash_attn(
+    report: Report, inst: Instance, argv: Sequence[str], log: ServerLog | None
+) -> None:
+    """A quantized V cache needs flash attention; judged on the exact rendered command line."""
+    v = _flag_value(argv, "-ctv", "--cache-type-v") or inst.cache_type_v or "f16"
+    k = _flag_value(argv, "-ctk", "--cache-type-k") or inst.cache_type_k or "f16"
+    refused_in_log = log is not None and log.v_quant_needs_fa
+    if (v not in _QUANTIZED_FREE and flash_attn_off(argv)) or refused_in_log:
+        report.ran("flash-attn", "finding")
+        report.add(
+            "error",
+            "quantized-v-without-fa",
+            inst.name,
+            f"the V cache is quantized ({v}) but flash attention is off: "
+            "llama-server refuses to start ('quantized V cache requires flash_attn')",
+            'set flash_attn = "on" (or "auto") and drop -fa off from extra_args, '
+            'or use cache_type_v = "f16"',
+        )
+    else:
+        report.ran("flash-attn")
+    if k != v and (k not in _QUANTIZED_FREE or v not in _QUANTIZED_FREE):
+        report.ran("kv-pair", "finding")
+        report.add(
+            "warning",
+            "kv-type-pair",
+            inst.name,
+            f"K cache {k} with V cache {v}: CUDA builds only carry flash-attention "
+            "kernels for matching pairs, so this pair runs attention on the CPU",
+            "use the same type for both, or build with GGML_CUDA_FA_ALL_QUANTS=ON "
+            "(GGML_CUDA_FA_QUANTS=all on current master)",
+        )
+
+
+def check_cuda_arch(
+    report: Report,
+    inst: Instance,
+    host: Host,
+    gpu: Gpu | None,
+    smi: list[SmiGpu] | None,
+    log: ServerLog | None,
+) -> None:
+    capabilities: list[tuple[str, str]] = []
+    if smi:
+        capabilities = [(g.name, g.compute_capability) for g in smi]
+    elif log is not None and log.cuda_devices:
+        capabilities = [(d.name, d.compute_capability) for d in log.cuda_devices]
+    elif gpu is not None:
+        capabilities = [(gpu.label, gpu.compute_capability)]
+    if not capabilities:
+        report.ran("cuda-arch", "skipped: no GPU known")
+        return
+    if not host.cuda_archs:
+        report.ran("cuda-arch", "skipped: hosts.cuda_archs not set")
+        return
+    built = {a.rstrip("af") for a in host.cuda_archs}
+    for name, cc in capabilities:
+        if cc in built:
+            continue
+        report.ran("cuda-arch", "finding")
+        report.add(
+            "warning",
+            "cuda-arch",
+            inst.name,
+            f"{name} has compute capability {cc} but host {host.name} builds for "
+            f"{', '.join(host.cuda_archs)}: kernels are JIT-compiled from PTX on first "
+            "use (a first prefill of 33 s in one report) or fail outright",
+            f'add "{cc}" to hosts.{host.name}.cuda_archs and rebuild',
+        )
+        return
+    report.ran("cuda-arch")
+
+
+def check_speculation(report: Report, inst: Instance, inputs: Inputs) -> None:
+    requested = inst.speculative.enabled
+    log = inputs.log
+    if log is not None:
+        if log.vocab_incompatible:
+            report.ran("vocab", "finding")
+            report.add(
+                "error",
+                "vocab-mismatch",
+                inst.name,
+                "the log says the target and draft vocabularies are not compatible"
+                + (f" ({log.spec_init_error})" if log.spec_init_error else ""),
+                "use a draft with the target's tokenizer",
+            )
+        elif log.spec_init_error:
+            report.ran("spec-log", "finding")
+            report.add(
+                "error",
+                "spec-init-failed",
+                inst.name,
+                f"speculative decoding failed to start: {log.spec_init_error}",
+                "read the log around that line; fix the draft settings",
+            )
+        if log.spec_refused and (requested or log.draft_loaded):
+            report.ran("spec-log", "finding")
+            report.add(
+                "error",
+                "spec-refused",
+                inst.name,
+                "speculation was requested but the server refused it at start-up "
+                "('speculative decoding not supported by this context'): the draft is "
+                "loaded into memory and never used",
+                "use a variant that checkpoints recurrent models (upstream, mtp, ik) "
+                'or set speculative.type = "none" to free the draft\'s memory',
+            )
+        elif log.draft_loaded and not log.drafted and log.eval_timings:
+            report.ran("spec-log", "finding")
+            report.add(
+                "error",
+                "spec-not-drafting",
+                inst.name,
+                f"the draft model ({log.draft_model}) is loaded but "
+                f"{len(log.eval_timings)} requests drafted nothing",
+                "upstream needs --spec-type draft-simple besides the draft model: set "
+                'speculative.type = "draft" (llamanix renders it), or drop the draft',
+            )
+        else:
+            report.ran("spec-log")
+        rate = log.overall_acceptance()
+        if rate is not None and rate < MIN_ACCEPTANCE:
+            report.ran("acceptance", "finding")
+            report.add(
+                "warning",
+                "spec-low-acceptance",
+                inst.name,
+                f"the log shows draft acceptance {rate:.0%} (below "
+                f"{MIN_ACCEPTANCE:.0%}): drafting costs more than it saves",
+                "use a draft closer to the target (same family, bigger), raise "
+                "speculative.p_min, or turn speculation off",
+            )
+    probe = inputs.probe
+    if probe is not None:
+        if requested and not probe.draft_n:
+            report.ran("spec-probe", "finding")
+            report.add(
+                "error",
+                "spec-not-drafting",
+                inst.name,
+                f"speculation is configured ({inst.speculative.type}) but a "
+                f"{PROBE_TOKENS}-token completion drafted nothing (no draft_n in timings)",
+                "check the log for a refusal; on upstream the draft needs "
+                "--spec-type (speculative.type); lower speculative.p_min",
+            )
+        else:
+            report.ran("spec-probe")
+        rate = probe.acceptance
+        if rate is not None and rate < MIN_ACCEPTANCE:
+            report.ran("acceptance", "finding")
+            report.add(
+                "warning",
+                "spec-low-acceptance",
+                inst.name,
+                f"a probe completion kept {probe.draft_n_accepted} of {probe.draft_n} "
+                f"drafted tokens ({rate:.0%}, below {MIN_ACCEPTANCE:.0%})",
+                "use a draft closer to the target (same family), raise "
+                "speculative.p_min, or turn speculation off",
+            )
+        elif rate is not None:
+            report.ran("acceptance")
+    if inputs.benches:
+        check_bench_pays(report, inst, inputs.benches)
+
+
+def _drafted(result: BenchResult) -> bool:
+    return any(q.draft_n for run in result.runs for q in run.requests)
+
+
+def check_bench_pays(report: Report, inst: Instance, benches: Sequence[BenchResult]) -> None:
+    """Speculative results against baseline ones, prompt x length, by median decode tok/s."""
+    spec = [b for b in benches if _drafted(b)]
+    base = [b for b in benches if not _drafted(b)]
+    if not spec or not base:
+        report.ran("spec-bench", "skipped: needs a speculative and a baseline bench result")
+        return
+    slower: list[str] = []
+    for s in spec:
+        for b in base:
+            for row in s.summaries:
+                other = next(
+                    (
+                        x
+                        for x in b.summaries
+                        if (x.prompt, x.max_tokens) == (row.prompt, row.max_tokens)
+                    ),
+                    None,
+                )
+                mine = row.stats.get("server_decode_tok_s")
+                theirs = other.stats.get("server_decode_tok_s") if other else None
+                if mine is None or theirs is None:
+                    continue
+                if mine.median < theirs.median and not mine.overlaps(theirs):
+                    slower.append(
+                        f"{row.prompt}/{row.max_tokens}: {mine.median:.1f} vs "
+                        f"{theirs.median:.1f} tok/s ({s.label} vs {b.label})"
+                    )
+    if not slower:
+        report.ran("spec-bench")
+        return
+    report.ran("spec-bench", "finding")
+    report.add(
+        "warning",
+        "spec-slower",
+        inst.name,
+        "speculative decoding is slower than the baseline: "
+        + "; ".join(slower[:4])
+        + (f" (+{len(slower) - 4} more)" if len(slower) > 4 else ""),
+        "turn speculation off, or try a smaller/closer draft, n_max and p_min",
+    )
+
+
+def instance_gpu(
+    config: Config, host: Host, override: str | None, smi: list[SmiGpu] | None
+) -> Gpu | None:
+    if override:
+        return find_gpu(override, "llamanix doctor")
+    if host.gpu:
+        return find_gpu(host.gpu, config.source, f"hosts.{host.name}.gpu")
+    if smi:
+        try:
+            return find_gpu(smi[0].name, "nvidia-smi", "name")
+        except UserError:
+            return None
+    return None
+
+
+def diagnose(
+    config: Config,
+    names: Sequence[str],
+    per_instance: dict[str, Inputs],
+    gpu_override: str | None = None,
+    smi: list[SmiGpu] | None = None,
+) -> Report:
+    report = Report()
+    for name in names:
+        inst = config.instances[name]
+        host = config.host_of(inst)
+        inputs = per_instance.get(name, Inputs())
+        local = host.target is None
+        gpu = instance_gpu(config, host, gpu_override, smi if local else None)
+        check_vocab(report, inst)
+        check_vram(report, inst, gpu)
+        check_hybrid(report, inst)
+        check_flash_attn(report, inst, instance_argv(config, name), inputs.log)
+        check_cuda_arch(report, inst, host, gpu, smi if local else None, inputs.log)
+        check_speculation(report, inst, inputs)
+    return report
+
+
+def read_api_key(inst: Instance) -> str | None:
+    """The instance's key when its file is readable here (sent in a header, never shown)."""
+    if inst.api_key_file is None:
+        return None
+    try:
+        return Path(inst.api_key_file).read_text().strip() or None
+    except OSError:
+        return None
+
+
+def unit_name(instance: str) -> str:
+    return f"llamanix-{instance}.service"

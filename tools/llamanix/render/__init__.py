@@ -1,0 +1,1 @@
+"""Render a host: systemd units, argv files and the manifest, from a checked config."""

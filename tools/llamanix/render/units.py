@@ -1,0 +1,301 @@
+"""Render a host's instances into hardened systemd units, argv files and a manifest.
+
+Everything is computed in memory first, so a bad config writes nothing; then the previous render
+moves to ``DIR/.previous/`` (the rollback point) and each new file is written atomically, the
+manifest last, so a reader that trusts the manifest never sees a half-written set.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from llamanix.core.argv import flatten, instance_arg_pieces, resolve_variant
+from llamanix.core.config import Config, Instance, suggest
+from llamanix.core.errors import Problem, UserError
+from llamanix.core.probe import Capabilities
+from llamanix.external.files import atomic_write
+
+MANIFEST = "manifest.json"
+PREVIOUS = ".previous"
+CREDENTIAL = "api-key"
+# systemd's specifier for $CREDENTIALS_DIRECTORY: the key file is read there by llama-server,
+# so neither the key nor its source path needs to be in argv.
+_CREDENTIAL_PATH = f"%d/{CREDENTIAL}"
+_PLAIN_ARG = re.compile(r"[\w@+=:,./-]+")
+
+
+def unit_name(instance: str) -> str:
+    return f"llamanix-{instance}.service"
+
+
+def systemd_escape_arg(arg: str) -> str:
+    """One ExecStart word: specifiers and variables are not expanded in user data."""
+    escaped = arg.replace("%", "%%").replace("$", "$$")
+    if _PLAIN_ARG.fullmatch(escaped):
+        return escaped
+    escaped = escaped.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return f'"{escaped}"'
+
+
+def _environment_line(key: str, value: str, expand: bool = False) -> str:
+    body = f"{key}={value}" if expand else f"{key}={value.replace('%', '%%')}"
+    body = body.replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{body}"'
+
+
+@dataclass
+class RenderedInstance:
+    name: str
+    unit: str
+    unit_text: str
+    argv: list[str]
+    variant: str
+    source_revision: str | None
+    version: str | None
+    environment: dict[str, str]
+    listen: str
+    port: int
+    alias: str | None
+    gpu: bool
+
+
+@dataclass
+class Render:
+    host: str
+    kind: str
+    config_hash: str
+    instances: list[RenderedInstance] = field(default_factory=list)
+
+    def manifest(self) -> dict[str, Any]:
+        return {
+            "config_hash": self.config_hash,
+            "host": self.host,
+            "kind": self.kind,
+            "instances": {
+                r.name: {
+                    "unit": r.unit,
+                    "variant": r.variant,
+                    "source_revision": r.source_revision,
+                    "version": r.version,
+                    "argv": r.argv,
+                    "environment": r.environment,
+                    "listen": r.listen,
+                    "port": r.port,
+                    "alias": r.alias,
+                    "gpu": r.gpu,
+                }
+                for r in self.instances
+            },
+        }
+
+    def files(self) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for r in self.instances:
+            out[r.unit] = r.unit_text
+            out[f"{r.name}.argv.json"] = json.dumps(r.argv, indent=2) + "\n"
+        out[MANIFEST] = json.dumps(self.manifest(), indent=2) + "\n"
+        return out
+
+
+def config_hash(config: Config) -> str:
+    canonical = json.dumps(config.raw, sort_keys=True, separators=(",", ":"), default=str)
+    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _template() -> jinja2.Template:
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("llamanix.render", "templates"),
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,  # systemd unit text, not HTML; values are escaped by systemd rules
+    )
+    return env.get_template("llamanix.service.j2")
+
+
+def pick_host(config: Config, host: str | None) -> str:
+    if host is not None:
+        if host not in config.hosts:
+            raise UserError(
+                Problem(
+                    config.source,
+                    "--host",
+                    f"no host '{host}' in the config",
+                    suggest(host, tuple(config.hosts)),
+                )
+            )
+        return host
+    if len(config.hosts) == 1:
+        return next(iter(config.hosts))
+    raise UserError(
+        Problem(
+            config.source,
+            "--host",
+            "the config has several hosts",
+            "name one with --host: " + ", ".join(config.hosts),
+        )
+    )
+
+
+CapabilityMap = Mapping[str, Capabilities]
+
+
+def capabilities_for(caps: CapabilityMap, instance: str) -> Capabilities | None:
+    """Per-instance probe if one was given for it, else the one given for all ("*")."""
+    return caps.get(instance, caps.get("*"))
+
+
+def render_instance(
+    config: Config, inst: Instance, caps: Capabilities | None, user: bool, digest: str
+) -> RenderedInstance:
+    host = config.host_of(inst)
+    variant = resolve_variant(inst, None, config.source)
+    pieces = instance_arg_pieces(config, inst.name, None, caps)
+    argv = flatten(pieces)
+    unit_pieces = instance_arg_pieces(config, inst.name, None, caps, api_key_path=_CREDENTIAL_PATH)
+    words = [
+        token if token == _CREDENTIAL_PATH else systemd_escape_arg(token)
+        for token in flatten(unit_pieces)
+    ]
+    state = f"llamanix-{inst.name}"
+    environment = [
+        _environment_line("HOME", f"%C/{state}", expand=True),
+        _environment_line("LLAMA_CACHE", f"%C/{state}", expand=True),
+        *(_environment_line(k, v) for k, v in sorted(inst.environment.items())),
+    ]
+    # gpu_layers = 0 keeps an instance on the CPU even on a GPU host: no device access then.
+    gpu = (host.has_gpu or (caps is not None and caps.cuda)) and inst.gpu_layers != 0
+    # Models often live in a home directory on desktop machines; read-only keeps them readable.
+    paths = [inst.model, inst.speculative.draft_model or ""]
+    protect_home = "read-only" if any(p.startswith(("/home/", "/root/")) for p in paths) else "yes"
+    text = _template().render(
+        source=Path(config.source).name,
+        config_hash=digest[:19],
+        name=inst.name,
+        variant=variant.name,
+        exec_start=" ".join(words),
+        environment=environment,
+        api_key_file=inst.api_key_file,
+        user=user,
+        gpu=gpu,
+        protect_home=protect_home,
+        wanted_by="default.target" if user else "multi-user.target",
+    )
+    return RenderedInstance(
+        name=inst.name,
+        unit=unit_name(inst.name),
+        unit_text=text,
+        argv=argv,
+        variant=variant.name,
+        source_revision=caps.commit if caps else None,
+        version=caps.version if caps else None,
+        environment=dict(inst.environment),
+        listen=inst.listen,
+        port=inst.port,
+        alias=inst.alias,
+        gpu=gpu,
+    )
+
+
+def render_host(
+    config: Config, host: str | None, caps: CapabilityMap | None = None, user: bool | None = None
+) -> Render:
+    """Render in memory; raises UserError (nothing written) when anything is wrong."""
+    name = pick_host(config, host)
+    kind = config.hosts[name].kind
+    as_user = (kind == "systemd-user") if user is None else user
+    digest = config_hash(config)
+    caps = caps or {}
+    for key in caps:
+        if key != "*" and key not in config.instances:
+            raise UserError(
+                Problem(
+                    config.source,
+                    "--capabilities",
+                    f"no instance '{key}'",
+                    suggest(key, tuple(config.instances)),
+                )
+            )
+    problems: list[Problem] = []
+    rendered: list[RenderedInstance] = []
+    for inst in config.instances_on(name):
+        try:
+            rendered.append(
+                render_instance(config, inst, capabilities_for(caps, inst.name), as_user, digest)
+            )
+        except UserError as err:
+            problems.extend(err.problems)
+    if problems:
+        raise UserError(problems)
+    return Render(
+        host=name, kind="systemd-user" if as_user else kind, config_hash=digest, instances=rendered
+    )
+
+
+def write_render(render: Render, out: Path) -> list[Path]:
+    """Keep the current render as .previous, then write the new one file by file, atomically."""
+    out.mkdir(parents=True, exist_ok=True)
+    current = _rendered_files(out)
+    if current:
+        staging = out / f"{PREVIOUS}.tmp"
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir()
+        for name in current:
+            shutil.copy2(out / name, staging / name)
+        old = out / f"{PREVIOUS}.old"
+        shutil.rmtree(old, ignore_errors=True)
+        if (out / PREVIOUS).exists():
+            (out / PREVIOUS).rename(old)
+        staging.rename(out / PREVIOUS)
+        shutil.rmtree(old, ignore_errors=True)
+    files = render.files()
+    written: list[Path] = []
+    for name, text in files.items():
+        if name == MANIFEST:
+            continue
+        atomic_write(out / name, text)
+        written.append(out / name)
+    atomic_write(out / MANIFEST, files[MANIFEST])
+    written.append(out / MANIFEST)
+    for name in set(current) - set(files):
+        (out / name).unlink(missing_ok=True)
+    return written
+
+
+def _rendered_files(out: Path) -> list[str]:
+    manifest = out / MANIFEST
+    if not manifest.exists():
+        return []
+    try:
+        data = json.loads(manifest.read_text())
+        names = [MANIFEST]
+        for name, entry in data.get("instances", {}).items():
+            names += [entry["unit"], f"{name}.argv.json"]
+    except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
+        return []
+    return [n for n in names if (out / n).exists()]
+
+
+def read_manifest(out: Path) -> dict[str, Any]:
+    path = out / MANIFEST
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UserError(
+            Problem(str(path), "", "no render here", "run llamanix render CONFIG --out DIR first")
+        ) from None
+    except json.JSONDecodeError as err:
+        raise UserError(Problem(str(path), "", f"not a llamanix manifest: {err}")) from None
+    if not isinstance(data, dict):
+        raise UserError(Problem(str(path), "", "not a llamanix manifest"))
+    return data

@@ -1,0 +1,414 @@
+"""A real CPU llama-server for tests, the demo and smoke runs, built once and cached.
+
+The source is upstream llama.cpp as vendored in the llama-cpp-python sdist on PyPI: PyPI is
+reachable where GitHub may not be, and the sdist's sha256 pins the exact tree. The build is
+CPU-only, Release, server and quantize tools only, no curl/openssl, no web UI.
+
+Cache layout (outside the repository)::
+
+    $LLAMANIX_CACHE or ${XDG_CACHE_HOME:-~/.cache}/llamanix
+      llama-server/<version>/
+        src/        the sdist's vendor/llama.cpp (includes models/ggml-vocab-*.gguf)
+        build/      the cmake build directory; binaries in build/bin/
+        build.log   output of the last build
+        ok.json     written last, only after a build succeeded
+        .lock       flock'ed while the source is unpacked or the build runs
+
+``LLAMANIX_LLAMA_SERVER=/path/to/llama-server`` skips all of this.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from llamanix.core.errors import ExternalCommandError, Problem, UserError
+from llamanix.core.probe import commit_of
+from llamanix.external.files import atomic_write
+from llamanix.external.llama_server import binary_version_line
+
+# The one place the pinned source is named.
+LLAMA_CPP_PYTHON_VERSION = "0.3.36"
+LLAMA_CPP_PYTHON_SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
+# The upstream llama.cpp commit the sdist vendors. The sdist has no .git, so without this
+# the binary would report "commit unknown".
+LLAMA_CPP_COMMIT = "0c1e570"
+SDIST_FILENAME = f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}.tar.gz"
+VENDOR_PREFIX = f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}/vendor/llama.cpp/"
+
+CMAKE_OPTIONS = (
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DGGML_NATIVE=ON",
+    "-DBUILD_SHARED_LIBS=OFF",
+    "-DLLAMA_CURL=OFF",
+    "-DLLAMA_OPENSSL=OFF",
+    "-DLLAMA_BUILD_UI=OFF",
+    "-DLLAMA_USE_PREBUILT_UI=OFF",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
+    "-DLLAMA_BUILD_SERVER=ON",
+    f"-DLLAMA_BUILD_COMMIT={LLAMA_CPP_COMMIT}",
+)
+BUILD_TARGETS = ("llama-server", "llama-quantize")
+
+SERVER_ENV = "LLAMANIX_LLAMA_SERVER"
+QUANTIZE_ENV = "LLAMANIX_LLAMA_QUANTIZE"
+CACHE_ENV = "LLAMANIX_CACHE"
+JOBS_ENV = "LLAMANIX_BUILD_JOBS"
+
+
+@dataclass(frozen=True)
+class BuildLayout:
+    """Where one pinned version lives in the cache."""
+
+    root: Path
+
+    @property
+    def src(self) -> Path:
+        return self.root / "src"
+
+    @property
+    def build(self) -> Path:
+        return self.root / "build"
+
+    @property
+    def bin_dir(self) -> Path:
+        return self.build / "bin"
+
+    @property
+    def server(self) -> Path:
+        return self.bin_dir / "llama-server"
+
+    @property
+    def quantize(self) -> Path:
+        return self.bin_dir / "llama-quantize"
+
+    @property
+    def models(self) -> Path:
+        return self.src / "models"
+
+    @property
+    def marker(self) -> Path:
+        return self.root / "ok.json"
+
+    @property
+    def lock(self) -> Path:
+        return self.root / ".lock"
+
+    @property
+    def log(self) -> Path:
+        return self.root / "build.log"
+
+
+def cache_root() -> Path:
+    explicit = os.environ.get(CACHE_ENV)
+    if explicit:
+        return Path(explicit).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base / "llamanix"
+
+
+def default_layout(cache: Path | None = None) -> BuildLayout:
+    return BuildLayout((cache or cache_root()) / "llama-server" / LLAMA_CPP_PYTHON_VERSION)
+
+
+# --- external commands: one function per command line -------------------------------------
+
+
+def pip_download_argv(dest: Path) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--no-binary",
+        ":all:",
+        f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}",
+        "-d",
+        str(dest),
+    ]
+
+
+def cmake_configure_argv(layout: BuildLayout) -> list[str]:
+    return ["cmake", "-S", str(layout.src), "-B", str(layout.build), *CMAKE_OPTIONS]
+
+
+def cmake_build_argv(layout: BuildLayout, jobs: int) -> list[str]:
+    return [
+        "cmake",
+        "--build",
+        str(layout.build),
+        "--target",
+        *BUILD_TARGETS,
+        f"-j{jobs}",
+    ]
+
+
+def build_jobs() -> int:
+    explicit = os.environ.get(JOBS_ENV)
+    if explicit and explicit.isdigit() and int(explicit) > 0:
+        return int(explicit)
+    return max(1, len(os.sched_getaffinity(0)))
+
+
+def run_logged(argv: list[str], log_path: Path, progress: bool) -> None:
+    """Run a command, appending its output to ``log_path`` and, with ``progress``, to stderr."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    tail: list[str] = []
+    with log_path.open("a", encoding="utf-8") as log:
+        log.write(f"$ {' '.join(argv)}\n")
+        log.flush()
+        try:
+            proc = subprocess.Popen(
+                argv,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                errors="replace",
+                bufsize=1,
+            )
+        except FileNotFoundError as err:
+            raise ExternalCommandError(
+                f"{argv[0]} not found: install it to build llama-server "
+                f"(or set {SERVER_ENV} to a llama-server binary)"
+            ) from err
+        assert proc.stdout is not None
+        with proc:
+            for line in proc.stdout:
+                log.write(line)
+                tail.append(line.rstrip("\n"))
+                del tail[:-20]
+                if progress:
+                    sys.stderr.write(line)
+                    sys.stderr.flush()
+        if proc.returncode != 0:
+            shown = "\n".join(tail)
+            raise ExternalCommandError(
+                f"{argv[0]} {argv[1]} failed with exit code {proc.returncode} "
+                f"(full log: {log_path}):\n{shown}"
+            )
+
+
+# --- source -------------------------------------------------------------------------------
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def verify_sdist(path: Path) -> None:
+    actual = sha256_of(path)
+    if actual != LLAMA_CPP_PYTHON_SDIST_SHA256:
+        raise ExternalCommandError(
+            f"{path.name} has sha256 {actual}, expected {LLAMA_CPP_PYTHON_SDIST_SHA256}: "
+            "the download is not the pinned source"
+        )
+
+
+def download_sdist(dest: Path, layout: BuildLayout, progress: bool) -> Path:
+    run_logged(pip_download_argv(dest), layout.log, progress)
+    sdist = dest / SDIST_FILENAME
+    if not sdist.is_file():
+        raise ExternalCommandError(f"pip download did not produce {SDIST_FILENAME} in {dest}")
+    verify_sdist(sdist)
+    return sdist
+
+
+def extract_vendor_tree(sdist: Path, dest: Path) -> None:
+    """Unpack the sdist's vendor/llama.cpp into ``dest`` (which must not exist yet)."""
+
+    def vendor_only(member: tarfile.TarInfo, path: str) -> tarfile.TarInfo | None:
+        if not member.name.startswith(VENDOR_PREFIX):
+            return None
+        renamed = member.replace(name=member.name[len(VENDOR_PREFIX) :], deep=False)
+        return tarfile.data_filter(renamed, path)
+
+    dest.mkdir(parents=True)
+    with tarfile.open(sdist, "r:gz") as tar:
+        tar.extractall(dest, filter=vendor_only)
+    if not (dest / "CMakeLists.txt").is_file():
+        raise ExternalCommandError(f"{sdist.name} holds no {VENDOR_PREFIX}CMakeLists.txt")
+
+
+def source_present(layout: BuildLayout) -> bool:
+    return (layout.src / "CMakeLists.txt").is_file()
+
+
+def unpack_source(layout: BuildLayout, progress: bool) -> None:
+    """Download, verify and unpack the pinned source. Call with the build lock held."""
+    with tempfile.TemporaryDirectory(prefix="sdist.", dir=layout.root) as tmp:
+        sdist = download_sdist(Path(tmp), layout, progress)
+        staging = Path(tmp) / "src"
+        extract_vendor_tree(sdist, staging)
+        # A half-unpacked tree never sits at src/: it appears whole or not at all.
+        if layout.src.exists():
+            shutil.rmtree(layout.src)
+        staging.rename(layout.src)
+
+
+# --- locking and the marker -----------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def build_lock(layout: BuildLayout) -> Iterator[None]:
+    """Hold the cache's lock: a second caller waits here instead of building twice."""
+    layout.root.mkdir(parents=True, exist_ok=True)
+    with layout.lock.open("a") as fh:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
+def read_marker(layout: BuildLayout) -> dict[str, Any] | None:
+    """The marker of a finished build of the pinned source, or None."""
+    try:
+        data = json.loads(layout.marker.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    if data.get("version") != LLAMA_CPP_PYTHON_VERSION:
+        return None
+    if data.get("sha256") != LLAMA_CPP_PYTHON_SDIST_SHA256:
+        return None
+    if not all(os.access(b, os.X_OK) for b in (layout.server, layout.quantize)):
+        return None
+    return data
+
+
+def write_marker(layout: BuildLayout, version_line: str) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "version": LLAMA_CPP_PYTHON_VERSION,
+        "sha256": LLAMA_CPP_PYTHON_SDIST_SHA256,
+        "commit": commit_of(version_line) or LLAMA_CPP_COMMIT,
+        "version_line": version_line,
+        "server": str(layout.server),
+        "quantize": str(layout.quantize),
+    }
+    atomic_write(layout.marker, json.dumps(data, indent=2) + "\n")
+    return data
+
+
+# --- the public entry points ----------------------------------------------------------------
+
+
+def ensure_build(progress: bool = False, layout: BuildLayout | None = None) -> BuildLayout:
+    """Build the pinned llama-server/llama-quantize unless a finished build is cached."""
+    layout = layout or default_layout()
+    if read_marker(layout) is not None:
+        return layout
+    with build_lock(layout):
+        # Whoever held the lock before us may have finished the build meanwhile.
+        if read_marker(layout) is not None:
+            return layout
+        if not source_present(layout):
+            unpack_source(layout, progress)
+        # An existing build dir is reused: configuring again with the same options changes
+        # nothing, and cmake --build only redoes what is out of date, so an interrupted
+        # build resumes where it stopped.
+        run_logged(cmake_configure_argv(layout), layout.log, progress)
+        run_logged(cmake_build_argv(layout, build_jobs()), layout.log, progress)
+        write_marker(layout, binary_version_line(layout.server))
+    return layout
+
+
+def ensure_source(progress: bool = False, layout: BuildLayout | None = None) -> BuildLayout:
+    """Unpack the pinned source (no build) unless it is already there."""
+    layout = layout or default_layout()
+    if source_present(layout):
+        return layout
+    with build_lock(layout):
+        if not source_present(layout):
+            unpack_source(layout, progress)
+    return layout
+
+
+def _override(env: str) -> Path | None:
+    value = os.environ.get(env)
+    if not value:
+        return None
+    path = Path(value).expanduser()
+    if not (path.is_file() and os.access(path, os.X_OK)):
+        raise UserError(
+            Problem(
+                env,
+                "",
+                f"{value} is not an executable file",
+                f"point {env} at a built binary or unset it",
+            )
+        )
+    return path
+
+
+def find_llama_server(layout: BuildLayout | None = None) -> Path | None:
+    """The binary to use if one is available without building, else None."""
+    override = _override(SERVER_ENV)
+    if override is not None:
+        return override
+    layout = layout or default_layout()
+    return layout.server if read_marker(layout) is not None else None
+
+
+def ensure_llama_server(progress: bool = False) -> Path:
+    """Path of a llama-server binary: the override, the cached build, or a fresh build."""
+    found = find_llama_server()
+    if found is not None:
+        return found
+    return ensure_build(progress).server
+
+
+def ensure_llama_quantize(progress: bool = False) -> Path:
+    override = _override(QUANTIZE_ENV)
+    if override is not None:
+        return override
+    server = _override(SERVER_ENV)
+    if server is not None and os.access(server.parent / "llama-quantize", os.X_OK):
+        return server.parent / "llama-quantize"
+    return ensure_build(progress).quantize
+
+
+def vocab_dir(progress: bool = False) -> Path:
+    """Directory of the vocab-only GGUFs (``ggml-vocab-*.gguf``) shipped with the source."""
+    return ensure_source(progress).models
+
+
+def vocab_names(progress: bool = False) -> list[str]:
+    """Names accepted by vocab_file(): llama-spm, gpt-2, qwen2, ..."""
+    prefix, suffix = "ggml-vocab-", ".gguf"
+    found = vocab_dir(progress).glob(f"{prefix}*{suffix}")
+    return sorted(p.name[len(prefix) : -len(suffix)] for p in found)
+
+
+def vocab_file(name: str, progress: bool = False) -> Path:
+    """``vocab_file("llama-spm")`` -> .../models/ggml-vocab-llama-spm.gguf."""
+    path = vocab_dir(progress) / f"ggml-vocab-{name}.gguf"
+    if not path.is_file():
+        raise UserError(
+            Problem(
+                "synth-model",
+                "--vocab",
+                f"no vocab file named {name!r}",
+                f"use a path or one of: {', '.join(vocab_names())}",
+            )
+        )
+    return path
