@@ -176,6 +176,7 @@ def test_bad_override_is_one_line_exit_2(
 _HOLDER = """
 import sys
 from pathlib import Path
+from llamanix.external import llama_server
 from llamanix.testbed import server_build as sb
 layout = sb.BuildLayout(Path(sys.argv[1]))
 real = Path(sys.argv[2])
