@@ -17,6 +17,9 @@ let
   dropNulls = filterAttrs (_: value: value != null);
   hasInfix = needle: text: builtins.length (builtins.split needle text) > 1;
   hasPrefix = prefix: text: builtins.substring 0 (builtins.stringLength prefix) text == prefix;
+  toLower = builtins.replaceStrings (upperChars) (lowerChars);
+  lowerChars = builtins.genList (i: builtins.substring i 1 "abcdefghijklmnopqrstuvwxyz") 26;
+  upperChars = builtins.genList (i: builtins.substring i 1 "ABCDEFGHIJKLMNOPQRSTUVWXYZ") 26;
 in
 rec {
   inherit schema dropNulls;
@@ -159,6 +162,43 @@ rec {
     builtins.all (l: (l.free or true) || builtins.elem (l.shortName or "") cudaLicenseNames) (
       if builtins.isList license then license else [ license ]
     );
+
+  # --- Python dependencies: pyproject.toml is the only list ----------------------------------
+
+  # Systems the flake builds for. Anything else gets `unsupportedSystem`'s one line.
+  systems = [
+    "x86_64-linux"
+    "aarch64-linux"
+  ];
+  unsupportedSystem =
+    system:
+    "services.llamanix: ${system} is not supported; the llamanix flake builds for ${builtins.concatStringsSep " and " systems}.";
+
+  # python3Packages attribute names that differ from the PEP 503 normalised project name of a
+  # pyproject.toml requirement. Today every dependency's attribute is its normalised name, so the
+  # map is empty; a dependency whose attribute differs gets an entry here, and tests/test_nix_deps.py
+  # fails until it has one.
+  pythonAttrOverrides = { };
+
+  # "Prometheus_Client>=0.20" -> "prometheus-client": the project name of a PEP 508
+  # requirement, PEP 503 normalised (lower case, runs of - _ . become one -).
+  requirementName =
+    requirement:
+    let
+      name = builtins.head (builtins.match "[[:space:]]*([A-Za-z0-9][A-Za-z0-9._-]*).*" requirement);
+    in
+    toLower (builtins.concatStringsSep "-" (builtins.filter builtins.isString (builtins.split "[-_.]+" name)));
+
+  # The python3Packages attribute of one requirement.
+  pythonAttrOf = overrides: requirement: overrides.${requirementName requirement} or (requirementName requirement);
+
+  # pyproject (as lib.importTOML reads it) -> the attribute names of its [project] dependencies,
+  # or of one [project.optional-dependencies] group.
+  pythonDependencies =
+    pyproject: map (pythonAttrOf pythonAttrOverrides) (pyproject.project.dependencies or [ ]);
+  pythonOptionalDependencies =
+    pyproject: group:
+    map (pythonAttrOf pythonAttrOverrides) (pyproject.project.optional-dependencies.${group} or [ ]);
 
   # --- The NixOS module's JSON: the same shape as llamanix.toml -----------------------------
 

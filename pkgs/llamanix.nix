@@ -5,18 +5,27 @@
   src,
 }:
 let
+  llamanixLib = import ../nix/lib.nix;
   pyproject = lib.importTOML (src + "/pyproject.toml");
-  # pyproject.toml's [project] dependencies, as nixpkgs Python packages.
-  runtimeDeps =
-    ps: with ps; [
-      click
-      gguf
-      httpx
-      jinja2
-      numpy
-      prometheus-client
-      rich
-    ];
+  # pyproject.toml is the one list of dependencies: adding one there adds it here.
+  attrsOf =
+    names: ps:
+    map (
+      name:
+      ps.${name}
+        or (throw "llamanix: pyproject.toml names '${name}', which python3Packages lacks; map it in nix/lib.nix pythonAttrOverrides")
+    ) names;
+  runtimeDeps = attrsOf (llamanixLib.pythonDependencies pyproject);
+  # An optional-dependencies group (plot, test) for another Python package set.
+  optionalDeps = group: attrsOf (llamanixLib.pythonOptionalDependencies pyproject group);
+  # One command of every CLI group, so a dependency imported only inside a command is loaded.
+  helpChecks = [
+    "plan"
+    "switch"
+    "bench"
+    "doctor"
+    "synth-model"
+  ];
 in
 python3Packages.buildPythonApplication {
   pname = "llamanix";
@@ -38,11 +47,19 @@ python3Packages.buildPythonApplication {
     runHook preInstallCheck
     $out/bin/llamanix --version
     $out/bin/llamanix schema --json > /dev/null
+    for command in ${lib.escapeShellArgs helpChecks}; do
+      $out/bin/llamanix "$command" --help > /dev/null
+    done
+    # Every module imports with only the declared dependencies.
+    PYTHONPATH="$out/${python3Packages.python.sitePackages}''${PYTHONPATH:+:$PYTHONPATH}" \
+      ${python3Packages.python.interpreter} -c 'import importlib, pkgutil, llamanix
+    for m in pkgutil.walk_packages(llamanix.__path__, "llamanix."):
+        importlib.import_module(m.name)'
     runHook postInstallCheck
   '';
 
   # For the development shell: the same list for another Python package set.
-  passthru = { inherit runtimeDeps; };
+  passthru = { inherit runtimeDeps optionalDeps helpChecks; };
 
   meta = {
     description = "Build, serve, switch, measure and roll back llama.cpp variants as hardened llama-server services";

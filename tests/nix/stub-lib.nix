@@ -9,6 +9,17 @@ let
   type = name: attrs: { inherit name; } // attrs;
 in
 {
+  importTOML = path: builtins.fromTOML (builtins.readFile path);
+  escapeShellArg = arg: "'" + builtins.replaceStrings [ "'" ] [ "'\\''" ] (toString arg) + "'";
+  escapeShellArgs = args: builtins.concatStringsSep " " (map (arg: "'" + builtins.replaceStrings [ "'" ] [ "'\\''" ] (toString arg) + "'") args);
+  licenses.mit = {
+    shortName = "mit";
+    free = true;
+  };
+  platforms.linux = [
+    "x86_64-linux"
+    "aarch64-linux"
+  ];
   mkOption = args: { _type = "option"; } // args;
   mkEnableOption = what: {
     _type = "option";

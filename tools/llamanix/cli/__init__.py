@@ -15,7 +15,56 @@ from llamanix import __version__
 from llamanix.core.errors import ExternalCommandError, UserError
 
 
+# `llamanix --help` lists commands by job, in this order; a command missing here is listed
+# under "Other commands" so nothing is hidden.
+COMMAND_GROUPS: dict[str, tuple[str, ...]] = {
+    "Serve and deploy": (
+        "plan",
+        "validate",
+        "render",
+        "argv",
+        "probe",
+        "schema",
+        "switch",
+        "rollback",
+        "generations",
+        "pin",
+        "up",
+        "readiness",
+    ),
+    "Measure and diagnose": (
+        "bench",
+        "lossless",
+        "ceiling",
+        "inspect",
+        "doctor",
+        "smoke",
+    ),
+    "Test bed": ("build-server", "synth-model", "demo"),
+}
+
+
 class LlamanixGroup(click.Group):
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        commands = {
+            name: cmd
+            for name in self.list_commands(ctx)
+            if (cmd := self.get_command(ctx, name)) is not None and not cmd.hidden
+        }
+        width = formatter.width - 6 - max((len(name) for name in commands), default=0)
+        grouped = {name for names in COMMAND_GROUPS.values() for name in names}
+        sections = [
+            (title, [name for name in names if name in commands])
+            for title, names in COMMAND_GROUPS.items()
+        ]
+        sections.append(("Other commands", sorted(set(commands) - grouped)))
+        for title, names in sections:
+            if not names:
+                continue
+            rows = [(name, commands[name].get_short_help_str(width)) for name in names]
+            with formatter.section(title):
+                formatter.write_dl(rows)
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
