@@ -277,18 +277,40 @@ rec {
       ) instances;
     };
 
-  # llamanix.toml -> the `services.llamanix.instances` of one host, so the file `llamanix switch`
+  # llamanix.toml -> `services.llamanix` settings for one host, so the file `llamanix switch`
   # edits is the one the NixOS configuration is built from:
-  #   services.llamanix.instances = llamanix.lib.instancesFromToml ./llamanix.toml "gpu1";
-  # [defaults] is merged under each instance (speculative key by key), instances of other hosts
-  # are dropped, and `host`/`binary` (set by the module) are removed.
+  #   services.llamanix = llamanix.lib.fromToml ./llamanix.toml "gpu1" // { enable = true; };
+  # The host table's `gpu` and `cuda_archs` become the module's `gpu` and `cudaArchs` (left out
+  # when the table has none, so the module's defaults apply); `kind`, `target` and `binaries`
+  # describe how other hosts are reached and have no meaning inside the module
+  # (hostKeysSetByModule). [defaults] is merged under each instance (speculative key by key),
+  # instances of other hosts are dropped, and `host`/`binary` (set by the module) are removed.
+  fromToml =
+    path: host:
+    let
+      config = builtins.fromTOML (builtins.readFile path);
+      hostTable = (config.hosts or { }).${host} or { };
+      settings = dropNulls (
+        builtins.listToAttrs (
+          map (key: {
+            name = hostKeyOptions.${key};
+            value = hostTable.${key} or null;
+          }) (builtins.attrNames hostKeyOptions)
+        )
+      );
+    in
+    settings // { instances = instancesFromToml path host; };
+
+  # Only the instances: `services.llamanix.instances = llamanix.lib.instancesFromToml ./llamanix.toml "gpu1";`
   instancesFromToml =
     path: host:
     let
       config = builtins.fromTOML (builtins.readFile path);
       defaults = config.defaults or { };
       hosts = builtins.attrNames (config.hosts or { });
-      onHost = _: instance: (instance.host or (if builtins.length hosts == 1 then builtins.head hosts else host)) == host;
+      onHost =
+        _: instance:
+        (instance.host or (if builtins.length hosts == 1 then builtins.head hosts else host)) == host;
       merge =
         _: instance:
         builtins.removeAttrs (

@@ -160,13 +160,15 @@ def test_install_check_runs_one_command_of_every_cli_group() -> None:
     from llamanix.cli import COMMAND_GROUPS, main
 
     groups_checked = {
-        group for group, names in COMMAND_GROUPS.items() for name in package["helpChecks"]
+        group
+        for group, names in COMMAND_GROUPS.items()
+        for name in package["helpChecks"]
         if name in names
     }
     assert groups_checked == set(COMMAND_GROUPS)
     assert all(name in main.commands for name in package["helpChecks"])
     phase = package["installCheckPhase"]
-    assert 'for command in' in phase and '"$command" --help' in phase
+    assert "for command in" in phase and '"$command" --help' in phase
     assert "pkgutil.walk_packages" in phase  # every module is imported, not only the CLI's
     # The same commands, run here: their --help loads the modules they import.
     for name in package["helpChecks"]:

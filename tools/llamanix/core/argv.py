@@ -67,8 +67,10 @@ def instance_args(
     opt("batch", inst.batch)
     opt("ubatch", inst.ubatch)
     opt("threads", inst.threads)
-    # Absent means "on" (the schema default); ik's own default is off, so it is said explicitly.
-    if inst.jinja is True or (inst.jinja is None and not d.jinja_default):
+    # jinja = true and an absent key mean the same (on), so they render the same argv; the flag
+    # is only said where the variant's default is off. (The NixOS module always passes the
+    # option's value, true by default: both front ends must give the same units.)
+    if inst.jinja is not False and not d.jinja_default:
         args.append(Arg("jinja", (f["jinja"],)))
     elif inst.jinja is False and d.jinja_default and d.no_jinja_flag:
         args.append(Arg("jinja", (d.no_jinja_flag,)))

@@ -1,0 +1,148 @@
+# services.llamanix = llamanix.lib.fromToml TOML HOST, evaluated the way a NixOS host would, for
+# tests/test_nix_equivalence.py:
+#
+#   nix-instantiate --eval --strict --json tests/nix/module-eval.nix \
+#     --argstr toml PATH --argstr host HOST [--argstr libPath DIR]
+#
+# Returns { config = the JSON the module hands `llamanix render`; cudaArchs = NAME -> the CUDA
+# architectures of the package instance NAME runs; options = the option names it declares }.
+#
+# Without libPath (CI: no nixpkgs) the stub lib stands in, and option defaults are applied the
+# way the module system applies them (tests/nix/module-json.nix). With libPath (a real nixpkgs
+# lib/ directory) the real modules/llamanix.nix is evaluated by lib.evalModules, with the few
+# NixOS options it reads or sets declared loosely and a package set whose derivations are plain
+# attribute sets, so nothing is built.
+{
+  toml,
+  host,
+  libPath ? "",
+}:
+let
+  llamanixLib = import ../../nix/lib.nix;
+  settings = llamanixLib.fromToml (/. + toml) host;
+
+  # What mkVariant would build: a store-like path naming the variant and its architectures.
+  fakePackage =
+    { variant, cudaArchs }:
+    {
+      outPath = "/nix/store/00000000000000000000000000000000-llama-cpp-${variant}-${builtins.concatStringsSep "_" cudaArchs}";
+      passthru.cudaSupport = cudaArchs != [ ];
+      inherit variant cudaArchs;
+    };
+  packageSet = {
+    llamanix = {
+      outPath = "/nix/store/00000000000000000000000000000000-llamanix";
+    };
+    mkVariant = fakePackage;
+    mkCapabilities = _: "/nix/store/00000000000000000000000000000000-capabilities.json";
+  };
+
+  stubEval =
+    let
+      lib = import ./stub-lib.nix;
+      schemaOptions = import ../../nix/schema-options.nix { inherit lib; };
+      withDefaults =
+        options: values: builtins.mapAttrs (name: option: values.${name} or (option.default or null)) options;
+      # The module's own defaults: variant from the schema, cudaArchs from the host.
+      hostArchs = settings.cudaArchs or [
+        "8.6"
+        "12.0"
+      ];
+      instance =
+        values:
+        withDefaults schemaOptions.instanceOptions values
+        // {
+          speculative = withDefaults schemaOptions.speculativeOptions (values.speculative or { });
+        };
+      packages = builtins.mapAttrs (
+        _: values:
+        fakePackage {
+          variant = (instance values).variant;
+          cudaArchs = values.cudaArchs or hostArchs;
+        }
+      ) settings.instances;
+    in
+    {
+      config = llamanixLib.configData {
+        inherit host;
+        gpu = settings.gpu or null;
+        cudaArchs = hostArchs;
+        instances = builtins.mapAttrs (name: values: {
+          binary = "${packages.${name}}/bin/llama-server";
+          instance = instance values;
+        }) settings.instances;
+      };
+      cudaArchs = builtins.mapAttrs (_: p: p.cudaArchs) packages;
+    };
+
+  realEval =
+    let
+      lib = import libPath;
+      inherit (lib) mkOption types;
+      loose = mkOption {
+        type = types.anything;
+        default = { };
+      };
+      # Just enough of NixOS for the module: the options it reads and the ones it sets.
+      nixosStub = {
+        options = {
+          networking.hostName = mkOption {
+            type = types.str;
+            default = "";
+          };
+          networking.firewall = loose;
+          hardware = loose;
+          systemd = loose;
+          environment = loose;
+          system.build = loose;
+          warnings = mkOption {
+            type = types.listOf types.str;
+            default = [ ];
+          };
+        };
+      };
+      pkgs = {
+        writeText = name: text: {
+          inherit name text;
+          outPath = "/nix/store/00000000000000000000000000000000-${name}";
+        };
+        runCommand = name: attrs: script: attrs // { inherit name script; };
+        runtimeShell = "/bin/sh";
+        llamanixPackages = packageSet;
+      };
+      evaluated = lib.evalModules {
+        modules = [
+          ../../modules/llamanix.nix
+          nixosStub
+          {
+            _module.args.pkgs = pkgs;
+            networking.hostName = host;
+            services.llamanix = settings // {
+              enable = true;
+            };
+          }
+        ];
+      };
+      cfg = evaluated.config.services.llamanix;
+    in
+    {
+      config = builtins.fromJSON evaluated.config.system.build.llamanixUnits.passthru.configFile.text;
+      cudaArchs = builtins.mapAttrs (_: inst: inst.package.cudaArchs) cfg.instances;
+      options = {
+        top = builtins.attrNames evaluated.options.services.llamanix;
+        instance = builtins.attrNames (
+          builtins.removeAttrs (evaluated.options.services.llamanix.instances.type.getSubOptions [ ]) [
+            "_module"
+          ]
+        );
+        speculative = builtins.attrNames (
+          builtins.removeAttrs
+            ((evaluated.options.services.llamanix.instances.type.getSubOptions [ ]).speculative.type.getSubOptions
+              [ ]
+            )
+            [ "_module" ]
+        );
+      };
+    };
+in
+if libPath == "" then stubEval else realEval
