@@ -14,7 +14,6 @@ import click
 from llamanix import __version__
 from llamanix.core.errors import ExternalCommandError, UserError
 
-
 # `llamanix --help` lists commands by job, in this order; a command missing here is listed
 # under "Other commands" so nothing is hidden.
 COMMAND_GROUPS: dict[str, tuple[str, ...]] = {
