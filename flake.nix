@@ -14,9 +14,11 @@
       url = "github:ikawrakow/ik_llama.cpp";
       flake = false;
     };
-    # The branch of ggml-org/llama.cpp PR #22673 ("llama + spec: MTP Support").
+    # ggml-org/llama.cpp PR #22673 ("llama + spec: MTP Support"), pinned by URL to its squash
+    # merge into master: the PR's branch is gone once merged, and master has carried MTP since
+    # (variant "upstream"). `nix flake update` keeps this commit (docs/pins.md).
     llama-cpp-mtp = {
-      url = "github:am17an/llama.cpp/mtp-clean";
+      url = "github:ggml-org/llama.cpp/255582687b8dd211fdbc582e43ab842491554e94";
       flake = false;
     };
   };
@@ -31,8 +33,8 @@
     }:
     let
       inherit (nixpkgs) lib;
-      system = "x86_64-linux";
       llamanixLib = import ./nix/lib.nix;
+      forAllSystems = lib.genAttrs llamanixLib.systems;
 
       # Variant name -> source tree; the "nixpkgs" variant uses nixpkgs' own.
       sources = {
@@ -66,168 +68,219 @@
         }
         // set.variants;
 
-      pkgs = import nixpkgs {
-        inherit system;
-        overlays = [ overlay ];
-        # CUDA is unfree; allow exactly its licenses. CUDA itself is switched on per package
-        # (cudaArchs), not with nixpkgs' global cudaSupport, so nothing else is rebuilt.
-        config.allowUnfreePredicate = llamanixLib.allowCudaUnfree;
-      };
+      # Everything that depends on the system: nixpkgs with the overlay, and what is built from it.
+      perSystem =
+        system:
+        let
+          pkgs = import nixpkgs {
+            inherit system;
+            overlays = [ overlay ];
+            # CUDA is unfree; allow exactly its licenses. CUDA itself is switched on per package
+            # (cudaArchs), not with nixpkgs' global cudaSupport, so nothing else is rebuilt.
+            config.allowUnfreePredicate = llamanixLib.allowCudaUnfree;
+          };
 
-      # A tiny GGUF made at build time (`llamanix synth-model`): the model of the VM test and
-      # the GPU smoke checks, which may download nothing.
-      syntheticModel = pkgs.callPackage ./pkgs/synthetic-model.nix { };
+          # A tiny GGUF made at build time (`llamanix synth-model`): the model of the VM test and
+          # the GPU smoke checks, which may download nothing.
+          syntheticModel = pkgs.callPackage ./pkgs/synthetic-model.nix { };
 
-      # `llamanix smoke` of every CUDA package on the builder's GPU. Not in `checks`: they need
-      # the `cuda` system feature (README.md, "Checking the builds").
-      gpuChecks = pkgs.callPackage ./tests/gpu-smoke.nix {
-        packages = pkgs.llamanixPackages.variants;
-        model = syntheticModel;
-      };
+          # `llamanix smoke` of every CUDA package on the builder's GPU. Not in `checks`: they need
+          # the `cuda` system feature (README.md, "Checking the builds").
+          gpuChecks = pkgs.callPackage ./tests/gpu-smoke.nix {
+            packages = pkgs.llamanixPackages.variants;
+            model = syntheticModel;
+          };
 
-      # `nix run .#smoke -- VARIANT [sm120|sm86|cpu] [llamanix smoke options]`: builds that
-      # package of this flake and smokes it outside the sandbox, on this machine's GPU.
-      smokeApp = pkgs.writeShellApplication {
-        name = "llamanix-smoke";
-        runtimeInputs = [
-          pkgs.llamanix
-          (lib.getBin pkgs.cudaPackages.cuda_cuobjdump)
-        ];
-        # Nix is the caller's own (its settings, its daemon), so it is not an input.
-        text = ''
-          usage="usage: nix run .#smoke -- VARIANT [${lib.concatStringsSep "|" llamanixLib.smokeArchs}] [llamanix smoke options]; VARIANT is one of: ${lib.concatStringsSep " " llamanixLib.variants}"
-          if [ "$#" -lt 1 ]; then
-            echo "$usage" >&2
-            exit 2
-          fi
-          variant=$1
-          shift
-          case "$variant" in
-            ${lib.concatStringsSep "|" llamanixLib.variants}) ;;
-            *)
-              echo "llamanix smoke: unknown variant '$variant'; $usage" >&2
-              exit 2
-              ;;
-          esac
-          suffix=""
-          case "''${1:-}" in
-            ${lib.concatStringsSep "|" llamanixLib.smokeArchs})
-              suffix="-$1"
+          # `nix run .#smoke -- VARIANT [sm120|sm86|cpu] [llamanix smoke options]`: builds that
+          # package of this flake and smokes it outside the sandbox, on this machine's GPU.
+          smokeApp = pkgs.writeShellApplication {
+            name = "llamanix-smoke";
+            runtimeInputs = [
+              pkgs.llamanix
+              (lib.getBin pkgs.cudaPackages.cuda_cuobjdump)
+            ];
+            # Nix is the caller's own (its settings, its daemon), so it is not an input.
+            text = ''
+              usage="usage: nix run .#smoke -- VARIANT [${lib.concatStringsSep "|" llamanixLib.smokeArchs}] [llamanix smoke options]; VARIANT is one of: ${lib.concatStringsSep " " llamanixLib.variants}"
+              if [ "$#" -lt 1 ]; then
+                echo "$usage" >&2
+                exit 2
+              fi
+              variant=$1
               shift
-              ;;
-          esac
-          attr="llama-cpp-$variant$suffix"
-          work=$(mktemp -d)
-          trap 'rm -rf "$work"' EXIT
-          # The out link keeps the build from being garbage-collected while it is smoked.
-          nix --extra-experimental-features "nix-command flakes" build \
-            --out-link "$work/result" "path:${self}#$attr"
-          llamanix smoke --binary "$work/result/bin/llama-server" --variant "$variant" "$@"
-        '';
-      };
+              case "$variant" in
+                ${lib.concatStringsSep "|" llamanixLib.variants}) ;;
+                *)
+                  echo "llamanix smoke: unknown variant '$variant'; $usage" >&2
+                  exit 2
+                  ;;
+              esac
+              suffix=""
+              case "''${1:-}" in
+                ${lib.concatStringsSep "|" llamanixLib.smokeArchs})
+                  suffix="-$1"
+                  shift
+                  ;;
+              esac
+              attr="llama-cpp-$variant$suffix"
+              work=$(mktemp -d)
+              trap 'rm -rf "$work"' EXIT
+              # The out link keeps the build from being garbage-collected while it is smoked.
+              nix --extra-experimental-features "nix-command flakes" build \
+                --out-link "$work/result" "path:${self}#$attr"
+              llamanix smoke --binary "$work/result/bin/llama-server" --variant "$variant" "$@"
+            '';
+          };
 
-      # An evaluation of the module with one CPU instance: builds (and so validates) its units.
-      exampleSystem = lib.nixosSystem {
-        modules = [
-          self.nixosModules.default
-          {
-            nixpkgs.hostPlatform = system;
-            networking.hostName = "llamanix-check";
-            system.stateVersion = "25.11";
-            services.llamanix = {
-              enable = true;
-              cudaArchs = [ ];
-              instances.tiny = {
-                variant = "nixpkgs";
-                model = "/var/lib/models/tiny.gguf";
-                alias = "tiny";
-                port = 8091;
-                context = 4096;
-                flash_attn = "on";
-                cache_type_k = "q8_0";
-                cache_type_v = "q8_0";
-              };
-            };
-          }
-        ];
-      };
+          # An evaluation of the module with one CPU instance: builds (and so validates) its units.
+          exampleSystem = lib.nixosSystem {
+            modules = [
+              self.nixosModules.default
+              {
+                nixpkgs.hostPlatform = system;
+                networking.hostName = "llamanix-check";
+                system.stateVersion = "25.11";
+                services.llamanix = {
+                  enable = true;
+                  cudaArchs = [ ];
+                  instances.tiny = {
+                    variant = "nixpkgs";
+                    model = "/var/lib/models/tiny.gguf";
+                    alias = "tiny";
+                    port = 8091;
+                    context = 4096;
+                    flash_attn = "on";
+                    cache_type_k = "q8_0";
+                    cache_type_v = "q8_0";
+                  };
+                };
+              }
+            ];
+          };
+        in
+        {
+          inherit
+            pkgs
+            syntheticModel
+            gpuChecks
+            smokeApp
+            exampleSystem
+            ;
+        };
+      systems = forAllSystems perSystem;
     in
     {
-      # `services.llamanix.instances = llamanix.lib.instancesFromToml ./llamanix.toml "gpu1";`
-      # builds a host from the same llamanix.toml that `llamanix switch` edits.
-      lib = { inherit (llamanixLib) instancesFromToml; };
+      # `services.llamanix = llamanix.lib.fromToml ./llamanix.toml "gpu1" // { enable = true; };`
+      # builds a host from the same llamanix.toml that `llamanix switch` edits (its instances and
+      # the host table's gpu and cuda_archs); instancesFromToml gives the instances alone.
+      lib = { inherit (llamanixLib) fromToml instancesFromToml; };
 
       overlays.default = overlay;
 
+      # services.llamanix.useSystemNixpkgs = true builds the variants with the system's own
+      # nixpkgs (its overlays and config) through overlays.default; by default they come from
+      # this flake's pinned nixpkgs, the set CI and the checks below were built with.
       nixosModules.default =
-        { lib, pkgs, ... }:
+        {
+          config,
+          lib,
+          pkgs,
+          ...
+        }:
+        let
+          system = pkgs.stdenv.hostPlatform.system;
+          useSystemNixpkgs = config.services.llamanix.useSystemNixpkgs;
+        in
         {
           imports = [ ./modules/llamanix.nix ];
-          services.llamanix.packageSet = lib.mkDefault self.legacyPackages.${pkgs.stdenv.hostPlatform.system}.llamanixPackages;
+          nixpkgs.overlays = lib.mkIf useSystemNixpkgs [ overlay ];
+          services.llamanix.packageSet = lib.mkDefault (
+            if useSystemNixpkgs then
+              pkgs.llamanixPackages
+            else
+              self.legacyPackages.${system}.llamanixPackages or (throw (llamanixLib.unsupportedSystem system))
+          );
         };
 
-      legacyPackages.${system} = {
-        inherit (pkgs) llamanixPackages;
-        inherit gpuChecks syntheticModel;
-      };
+      legacyPackages = forAllSystems (system: {
+        inherit (systems.${system}.pkgs) llamanixPackages;
+        inherit (systems.${system}) gpuChecks syntheticModel;
+      });
 
-      packages.${system} = pkgs.llamanixPackages.variants // {
-        inherit (pkgs) llamanix;
-        default = pkgs.llamanix;
-      };
+      packages = forAllSystems (
+        system:
+        let
+          inherit (systems.${system}) pkgs;
+        in
+        pkgs.llamanixPackages.variants
+        // {
+          inherit (pkgs) llamanix;
+          default = pkgs.llamanix;
+        }
+      );
 
-      apps.${system} = {
+      apps = forAllSystems (system: {
         default = {
           type = "app";
-          program = lib.getExe pkgs.llamanix;
+          program = lib.getExe systems.${system}.pkgs.llamanix;
           meta.description = "the llamanix command";
         };
         smoke = {
           type = "app";
-          program = lib.getExe smokeApp;
+          program = lib.getExe systems.${system}.smokeApp;
           meta.description = "build one llama.cpp package of this flake and run `llamanix smoke` on it";
         };
-      };
+      });
 
-      devShells.${system}.default = pkgs.mkShell {
-        packages = [
-          (pkgs.python3.withPackages (
-            ps:
-            pkgs.llamanix.runtimeDeps ps
-            ++ (with ps; [
-              hypothesis
-              mypy
-              pytest
-              pytest-timeout
-            ])
-          ))
-          pkgs.ruff
-          pkgs.nixfmt
-          # `llamanix` from this checkout (the tests run the command, as CI's pip install -e does).
-          (pkgs.writeShellScriptBin "llamanix" ''exec python3 -m llamanix "$@"'')
-        ];
-        shellHook = ''
-          export PYTHONPATH="$PWD/tools''${PYTHONPATH:+:$PYTHONPATH}"
-        '';
-      };
+      devShells = forAllSystems (
+        system:
+        let
+          inherit (systems.${system}) pkgs;
+        in
+        {
+          default = pkgs.mkShell {
+            packages = [
+              # pyproject.toml's dependencies and its test and plot groups.
+              (pkgs.python3.withPackages (
+                ps:
+                pkgs.llamanix.runtimeDeps ps
+                ++ pkgs.llamanix.optionalDeps "test" ps
+                ++ pkgs.llamanix.optionalDeps "plot" ps
+              ))
+              pkgs.nixfmt
+              # `llamanix` from this checkout (the tests run the command, as CI's pip install -e does).
+              (pkgs.writeShellScriptBin "llamanix" ''exec python3 -m llamanix "$@"'')
+            ];
+            shellHook = ''
+              export PYTHONPATH="$PWD/tools''${PYTHONPATH:+:$PYTHONPATH}"
+            '';
+          };
+        }
+      );
 
       # RFC-style nixfmt (the formatter nixpkgs uses; formerly the nixfmt-rfc-style attribute).
-      formatter.${system} = pkgs.nixfmt;
+      formatter = forAllSystems (system: systems.${system}.pkgs.nixfmt);
 
       # Everything here builds on a machine without a GPU (the VM test needs KVM). The GPU
       # checks are legacyPackages.<system>.gpuChecks: `nix build .#gpuChecks.gpu-smoke-sm120`.
-      checks.${system} = {
-        # The module's units for a CPU instance, rendered and checked against a probe of
-        # nixpkgs' llama-server.
-        module-units = exampleSystem.config.system.build.llamanixUnits;
+      checks = forAllSystems (
+        system:
+        let
+          inherit (systems.${system}) pkgs exampleSystem syntheticModel;
+        in
+        {
+          # The module's units for a CPU instance, rendered and checked against a probe of
+          # nixpkgs' llama-server.
+          module-units = exampleSystem.config.system.build.llamanixUnits;
 
-        # A NixOS VM running the module: serving, drafting, hardening, and a flip between the
-        # CPU builds of two variants and back (tests/vm.nix).
-        vm = import ./tests/vm.nix {
-          inherit pkgs;
-          module = self.nixosModules.default;
-          model = syntheticModel;
-        };
-      };
+          # A NixOS VM running the module: serving, drafting, hardening, and a flip between the
+          # CPU builds of two variants and back (tests/vm.nix).
+          vm = import ./tests/vm.nix {
+            inherit pkgs;
+            module = self.nixosModules.default;
+            model = syntheticModel;
+          };
+        }
+      );
     };
 }

@@ -170,6 +170,18 @@ in
       '';
     };
 
+    useSystemNixpkgs = mkOption {
+      type = types.bool;
+      default = false;
+      description = ''
+        Build the llama.cpp variants and llamanix with this system's own nixpkgs (its overlays
+        and `nixpkgs.config`) instead of the llamanix flake's pinned one. The flake's module
+        then adds its `overlays.default` to `nixpkgs.overlays`. The pinned set is what llamanix
+        is tested and cached with; the system's set shares one nixpkgs with everything else,
+        at the price of builds nobody has tried at that revision.
+      '';
+    };
+
     packageSet = mkOption {
       type = types.raw;
       internal = true;
@@ -182,6 +194,13 @@ in
   };
 
   config = mkIf (cfg.enable && cfg.instances != { }) {
+    assertions = [
+      {
+        assertion = builtins.elem pkgs.stdenv.hostPlatform.system llamanixLib.systems;
+        message = llamanixLib.unsupportedSystem pkgs.stdenv.hostPlatform.system;
+      }
+    ];
+
     warnings =
       lib.optional (anyCuda && !(config.hardware.graphics.enable or false)) ''
         services.llamanix: an instance uses a CUDA build but hardware.graphics.enable is off;

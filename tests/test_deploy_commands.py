@@ -272,17 +272,6 @@ def test_rollback_on_nixos_runs_nixos_rebuild_rollback(tmp_path: Path, recorder:
                 "github:ikawrakow/ik_llama.cpp/0123abcd",
             ],
         ),
-        (
-            ["mtp", "ebe4fca"],
-            [
-                "nix",
-                "flake",
-                "lock",
-                "--override-input",
-                "llama-cpp-mtp",
-                "github:am17an/llama.cpp/ebe4fca",
-            ],
-        ),
         (["nixpkgs", "--latest"], ["nix", "flake", "lock", "--update-input", "nixpkgs"]),
     ],
 )
@@ -291,6 +280,21 @@ def test_pin(tmp_path: Path, recorder: Path, args: list[str], expected: list[str
     result = cli("pin", *args, "--flake", str(tmp_path))
     assert result.exit_code == 0, result.output
     assert recorded(recorder) == [{"argv": expected, "cwd": str(tmp_path)}]
+
+
+@pytest.mark.parametrize("args", [["mtp", "ebe4fca"], ["mtp", "--latest"]])
+def test_pin_refuses_an_input_pinned_by_url(
+    tmp_path: Path, recorder: Path, args: list[str]
+) -> None:
+    (tmp_path / "flake.nix").write_text("{ }\n")
+    result = CliRunner().invoke(main, ["pin", *args, "--flake", str(tmp_path)])
+    assert result.exit_code == 2
+    assert result.output == (
+        "pin: VARIANT: mtp is pinned by URL in flake.nix "
+        "(github:ggml-org/llama.cpp/255582687b8dd211fdbc582e43ab842491554e94) "
+        "(edit that URL to move it, or pin variant upstream, which carries the same code)\n"
+    )
+    assert recorded(recorder) == []
 
 
 def test_bad_set_value_is_one_line_and_writes_nothing(tmp_path: Path, recorder: Path) -> None:

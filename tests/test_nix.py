@@ -225,6 +225,7 @@ def test_host_keys_are_module_options_or_set_by_the_module(options: dict[str, An
         "instances",
         "gpu",
         "cudaArchs",
+        "useSystemNixpkgs",
         "packageSet",
     }
     assert options["moduleHostOptionTypes"]["gpu"] == {"name": "nullOr", "elem": {"name": "str"}}
@@ -306,7 +307,8 @@ def parse_github_url(url: str) -> dict[str, str]:
     assert m, url
     out = {"type": "github", "owner": m.group(1), "repo": m.group(2)}
     if m.group(3):
-        out["ref"] = m.group(3)
+        # A 40-hex third part pins a commit (rev); anything else names a branch or tag (ref).
+        out["rev" if re.fullmatch(r"[0-9a-f]{40}", m.group(3)) else "ref"] = m.group(3)
     return out
 
 
@@ -334,10 +336,11 @@ def test_flake_lock_pins_every_input_completely() -> None:
         locked = node["locked"]
         assert locked["type"] == "github", name
         assert locked["repo"] == node["original"]["repo"], name
-        # The MTP pin is PR #22673's merge commit, which lives in ggml-org/llama.cpp (the fork
-        # network of am17an/llama.cpp); every other pin is a commit of the repository named.
-        owner = "ggml-org" if name == "llama-cpp-mtp" else node["original"]["owner"]
-        assert locked["owner"] == owner, name
+        # Every pin is a commit of the repository its input names, and one pinned by URL is
+        # locked at exactly that commit, so `nix flake update` cannot move it.
+        assert locked["owner"] == node["original"]["owner"], name
+        if "rev" in node["original"]:
+            assert locked["rev"] == node["original"]["rev"], name
         assert re.fullmatch(r"[0-9a-f]{40}", locked["rev"]), name
         assert re.fullmatch(r"sha256-[A-Za-z0-9+/]{43}=", locked["narHash"]), name
         # Between 2026-01-01 and 2027-01-01: a commit date, not a placeholder.
@@ -496,3 +499,41 @@ def test_render_command_usage() -> None:
     proc = subprocess.run(["bash", str(RENDER_UNITS)], capture_output=True, text=True, check=False)
     assert proc.returncode == 2
     assert proc.stderr.startswith("usage: ")
+
+
+# --- systems ----------------------------------------------------------------------------------
+
+REAL_LIB = os.environ.get("LLAMANIX_NIXPKGS_LIB", "")
+
+
+def flake_outputs(attr: str) -> subprocess.CompletedProcess[str]:
+    argv = ["nix-instantiate", "--readonly-mode", "--eval", "--strict", "--json"]
+    argv += [str(ROOT / "tests/nix/flake-outputs.nix"), "--argstr", "libPath", REAL_LIB, "-A", attr]
+    return subprocess.run(argv, capture_output=True, text=True, check=False)
+
+
+def test_every_output_covers_x86_64_and_aarch64_linux() -> None:
+    proc = flake_outputs("systems")
+    assert proc.returncode == 0, proc.stderr
+    systems: dict[str, list[str]] = json.loads(proc.stdout)
+    assert set(systems) == {
+        "packages",
+        "legacyPackages",
+        "apps",
+        "devShells",
+        "checks",
+        "formatter",
+    }
+    for output, names in systems.items():
+        assert sorted(names) == ["aarch64-linux", "x86_64-linux"], output
+    assert json.loads(flake_outputs("libFunctions").stdout) == ["fromToml", "instancesFromToml"]
+    assert json.loads(flake_outputs("moduleOnSupported").stdout) is True
+
+
+def test_the_module_on_another_system_fails_with_one_line() -> None:
+    proc = flake_outputs("moduleOnUnsupported")
+    assert proc.returncode != 0
+    assert proc.stderr.splitlines()[0] == (
+        "error: services.llamanix: riscv64-linux is not supported; "
+        "the llamanix flake builds for x86_64-linux and aarch64-linux."
+    )

@@ -9,6 +9,14 @@ let
   type = name: attrs: { inherit name; } // attrs;
 in
 {
+  genAttrs =
+    names: f:
+    builtins.listToAttrs (
+      map (name: {
+        inherit name;
+        value = f name;
+      }) names
+    );
   importTOML = path: builtins.fromTOML (builtins.readFile path);
   escapeShellArg = arg: "'" + builtins.replaceStrings [ "'" ] [ "'\\''" ] (toString arg) + "'";
   escapeShellArgs = args: builtins.concatStringsSep " " (map (arg: "'" + builtins.replaceStrings [ "'" ] [ "'\\''" ] (toString arg) + "'") args);
@@ -26,6 +34,11 @@ in
     type = type "bool" { };
     default = false;
     description = "Whether to enable ${what}.";
+  };
+  mkDefault = content: {
+    _type = "override";
+    priority = 1000;
+    inherit content;
   };
   mkIf = condition: content: {
     _type = "if";

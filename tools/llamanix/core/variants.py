@@ -243,12 +243,13 @@ VARIANTS: Mapping[str, Variant] = MappingProxyType(
             ),
             Variant(
                 name="mtp",
-                description="PR #22673 branch head (am17an/llama.cpp mtp-clean), pinned at merge",
+                description="PR #22673 (MTP) as squash-merged into ggml-org/llama.cpp, b9180",
                 flake_input="llama-cpp-mtp",
                 dialect=UPSTREAM_MAY_2026,
                 # Pinned after the 2026-05-13 rename; an earlier pin would say "mtp".
                 mtp_spec_type="draft-mtp",
-                upstream="github:am17an/llama.cpp/mtp-clean",
+                # Pinned by URL: the merge commit; upstream master has carried MTP since.
+                upstream="github:ggml-org/llama.cpp/255582687b8dd211fdbc582e43ab842491554e94",
             ),
         )
     }

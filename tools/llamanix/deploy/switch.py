@@ -748,6 +748,7 @@ def rollback(
 # --- pin -------------------------------------------------------------------------------------
 
 _REV = re.compile(r"^[A-Za-z0-9._-]+$")
+_PINNED_BY_URL = re.compile(r"/[0-9a-f]{40}$")
 
 
 def pin(variant: str, rev: str | None, latest: bool, flake_dir: Path, runner: Runner) -> str:
@@ -778,6 +779,17 @@ def pin(variant: str, rev: str | None, latest: bool, flake_dir: Path, runner: Ru
         )
     v = VARIANTS[variant]
     flake_input = v.flake_input or "nixpkgs"
+    if _PINNED_BY_URL.search(v.upstream):
+        # `nix flake lock` cannot move an input whose URL names a commit (and an override would
+        # be undone by the next lock, whose `original` no longer matches flake.nix).
+        raise UserError(
+            Problem(
+                "pin",
+                "VARIANT",
+                f"{variant} is pinned by URL in flake.nix ({v.upstream})",
+                "edit that URL to move it, or pin variant upstream, which carries the same code",
+            )
+        )
     if latest:
         nix.flake_lock_update_input(runner, flake_dir, flake_input)
         return flake_input

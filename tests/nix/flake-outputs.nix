@@ -1,0 +1,50 @@
+# The flake's outputs with a stand-in nixpkgs input (a lib, no packages), for tests/test_nix.py:
+# what can be evaluated without nixpkgs' packages, i.e. which systems each output covers and
+# what the module says on a system llamanix does not build for.
+#
+#   nix-instantiate --eval --strict --json tests/nix/flake-outputs.nix [--argstr libPath DIR]
+{
+  libPath ? "",
+}:
+let
+  lib = if libPath == "" then import ./stub-lib.nix else import libPath;
+  flake = import ../../flake.nix;
+  source = name: { outPath = "/nix/store/00000000000000000000000000000000-${name}"; };
+  outputs = flake.outputs {
+    inherit self;
+    nixpkgs = {
+      inherit lib;
+    };
+    llama-cpp-upstream = source "upstream";
+    ik-llama-cpp = source "ik";
+    llama-cpp-mtp = source "mtp";
+  };
+  self = outputs;
+  # The module on a system without packages: the package set's default is what fails.
+  moduleOn =
+    system:
+    (outputs.nixosModules.default {
+      inherit lib;
+      config.services.llamanix.useSystemNixpkgs = false;
+      pkgs.stdenv.hostPlatform.system = system;
+    }).services.llamanix.packageSet.content;
+  supported = import ../../nix/lib.nix;
+in
+{
+  systems = {
+    packages = builtins.attrNames outputs.packages;
+    legacyPackages = builtins.attrNames outputs.legacyPackages;
+    apps = builtins.attrNames outputs.apps;
+    devShells = builtins.attrNames outputs.devShells;
+    checks = builtins.attrNames outputs.checks;
+    formatter = builtins.attrNames outputs.formatter;
+  };
+  libFunctions = builtins.attrNames outputs.lib;
+  expected = supported.systems;
+  unsupportedMessage = supported.unsupportedSystem "riscv64-linux";
+  # On a supported system the default is the flake's package set for it (a thunk that needs
+  # nixpkgs, so only its presence is checked); on another one it throws unsupportedMessage,
+  # which the test reads from the error of `moduleOnUnsupported`.
+  moduleOnSupported = outputs.legacyPackages ? x86_64-linux;
+  moduleOnUnsupported = builtins.seq (moduleOn "riscv64-linux") null;
+}
