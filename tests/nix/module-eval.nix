@@ -95,6 +95,10 @@ let
           systemd = loose;
           environment = loose;
           system.build = loose;
+          assertions = mkOption {
+            type = types.listOf types.attrs;
+            default = [ ];
+          };
           warnings = mkOption {
             type = types.listOf types.str;
             default = [ ];
@@ -108,6 +112,7 @@ let
         };
         runCommand = name: attrs: script: attrs // { inherit name script; };
         runtimeShell = "/bin/sh";
+        stdenv.hostPlatform.system = "x86_64-linux";
         llamanixPackages = packageSet;
       };
       evaluated = lib.evalModules {
@@ -126,7 +131,14 @@ let
       cfg = evaluated.config.services.llamanix;
     in
     {
-      config = builtins.fromJSON evaluated.config.system.build.llamanixUnits.passthru.configFile.text;
+      config =
+        let
+          failed = builtins.filter (a: !a.assertion) evaluated.config.assertions;
+        in
+        if failed != [ ] then
+          throw (builtins.concatStringsSep "\n" (map (a: a.message) failed))
+        else
+          builtins.fromJSON evaluated.config.system.build.llamanixUnits.passthru.configFile.text;
       cudaArchs = builtins.mapAttrs (_: inst: inst.package.cudaArchs) cfg.instances;
       options = {
         top = builtins.attrNames evaluated.options.services.llamanix;
