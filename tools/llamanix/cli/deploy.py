@@ -240,7 +240,51 @@ def pin(variant: str, rev: str | None, latest: bool, flake_dir: Path, dry_run: b
         click.echo(f"{variant}: {flake_input} = {locked_revisions(flake_dir).get(flake_input)}")
 
 
+@click.command()
+@click.option("--url", required=True, help="The server's base URL (loopback).")
+@click.option(
+    "--model",
+    "model_files",
+    multiple=True,
+    help="A model file the server loads (repeatable); their size sets the deadline.",
+)
+@click.option(
+    "--api-key-file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="File holding the API key (the unit passes systemd's credential).",
+)
+@click.option("--pid", type=int, help="The server's pid ($MAINPID): stop waiting once it exits.")
+@click.option("--deadline", type=float, help="Seconds to wait (default: from the model size).")
+def readiness(
+    url: str,
+    model_files: tuple[str, ...],
+    api_key_file: Path | None,
+    pid: int | None,
+    deadline: float | None,
+) -> None:
+    """Exit 0 once a llama-server serves: /health is 200 and a one-token completion answers.
+
+    Rendered units run it as ExecStartPost=, so a unit only counts as started (and
+    `nixos-rebuild switch` only succeeds) when its new backend serves. Exit 1 with one line
+    when the deadline passes or the server exits first.
+
+    \b
+    Examples:
+      llamanix readiness --url http://127.0.0.1:8080 --model /srv/models/qwen.gguf
+      llamanix readiness --url http://127.0.0.1:8080 --deadline 30
+    """
+    from llamanix.measure.readiness import NotReady, ReadinessCheck, wait_ready
+
+    check = ReadinessCheck(url.rstrip("/"), model_files, api_key_file, pid, deadline)
+    try:
+        took = wait_ready(check)
+    except NotReady as err:
+        click.echo(f"llamanix readiness: {err}", err=True)
+        sys.exit(1)
+    click.echo(f"{url}: serving after {took:.1f}s")
+
+
 def register(group: click.Group) -> None:
     """Add this module's commands to the main group."""
-    for command in (up, switch, rollback, generations, pin):
+    for command in (up, switch, rollback, generations, pin, readiness):
         group.add_command(command)

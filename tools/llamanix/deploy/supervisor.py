@@ -24,6 +24,7 @@ import os
 import re
 import shlex
 import signal
+import subprocess
 import threading
 import time
 from collections import deque
@@ -77,6 +78,25 @@ class ServiceSpec:
     restart_sec: float = 10.0
     start_limit_burst: int = 5
     start_limit_interval_s: float = 600.0
+    # ExecStartPost= commands (the readiness check) with systemd's $MAINPID still in place, and
+    # the credential files (LoadCredential=) they may name as %d/NAME.
+    start_post: tuple[tuple[str, ...], ...] = ()
+    credentials: tuple[tuple[str, str], ...] = ()
+    start_timeout_s: float | None = None
+
+    def start_post_argv(self, pid: int) -> list[list[str]]:
+        """The ExecStartPost= commands as ``up`` runs them for the server with this pid."""
+        creds = dict(self.credentials)
+
+        def word(w: str) -> str:
+            if w == "$MAINPID":
+                return str(pid)
+            m = re.fullmatch(r"%d/(.+)", w)
+            if m and m.group(1) in creds:
+                return creds[m.group(1)]
+            return w.replace("%%", "%").replace("$$", "$")
+
+        return [[word(w) for w in argv] for argv in self.start_post]
 
     @property
     def key(self) -> str:
@@ -88,6 +108,8 @@ class ServiceSpec:
                 self.restart_sec,
                 self.start_limit_burst,
                 self.start_limit_interval_s,
+                self.start_post,
+                self.start_timeout_s,
             ]
         )
         return hashlib.sha256(data.encode()).hexdigest()[:16]
@@ -172,6 +194,17 @@ def load_specs(units_dir: Path) -> dict[str, ServiceSpec]:
                 start_limit_burst=int(settings.get("StartLimitBurst", ["5"])[-1]),
                 start_limit_interval_s=parse_timespan(
                     settings.get("StartLimitIntervalSec", ["10s"])[-1]
+                ),
+                start_post=tuple(tuple(shlex.split(v)) for v in settings.get("ExecStartPost", [])),
+                credentials=tuple(
+                    tuple(v.split(":", 1))  # type: ignore[misc]
+                    for v in settings.get("LoadCredential", [])
+                    if ":" in v
+                ),
+                start_timeout_s=(
+                    parse_timespan(settings["TimeoutStartSec"][-1])
+                    if "TimeoutStartSec" in settings
+                    else None
                 ),
             )
         except ValueError as err:
@@ -299,6 +332,15 @@ class ServiceRunner:
                 continue
             if self._stop.is_set():
                 break
+            not_ready = self._start_post(server, env)
+            if not_ready is not None:
+                server.stop()
+                if self._stop.is_set():
+                    break
+                self.log(f"[{name}] failed to start: {not_ready}")
+                if not self._restart_after(not_ready):
+                    return
+                continue
             self.log(f"[{name}] serving at {server.url} (pid {server.pid})")
             self._set(state="running", pid=server.pid, url=server.url, last_error=None)
             assert server.process is not None
@@ -319,6 +361,24 @@ class ServiceRunner:
         if self._server is not None:
             self._server.stop()
         self._set(state="stopped", pid=None)
+
+    def _start_post(self, server: LlamaServer, env: dict[str, str]) -> str | None:
+        """Run ExecStartPost= as systemd would; the first failure's line, or None."""
+        assert server.pid is not None
+        timeout = self.spec.start_timeout_s or self.start_timeout_s
+        for argv in self.spec.start_post_argv(server.pid):
+            try:
+                done = subprocess.run(
+                    argv, env=env, capture_output=True, text=True, timeout=timeout, check=False
+                )
+            except subprocess.TimeoutExpired:
+                return f"ExecStartPost timed out after {timeout:g}s: {argv[0]}"
+            except OSError as err:
+                return f"ExecStartPost {argv[0]}: {err.strerror}"
+            if done.returncode != 0:
+                lines = (done.stderr or done.stdout).strip().splitlines()
+                return f"ExecStartPost exited with {done.returncode}: {lines[-1] if lines else ''}"
+        return None
 
     def _restart_after(self, error: str) -> bool:
         if self.spec.restart not in ("on-failure", "always", "on-abnormal"):

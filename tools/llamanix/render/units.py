@@ -11,6 +11,7 @@ import hashlib
 import json
 import re
 import shutil
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,7 @@ from llamanix.core.argv import flatten, instance_arg_pieces, resolve_variant
 from llamanix.core.config import Config, Instance, suggest
 from llamanix.core.errors import Problem, UserError
 from llamanix.core.probe import Capabilities
+from llamanix.core.readiness import start_timeout_s
 from llamanix.external.files import atomic_write
 
 MANIFEST = "manifest.json"
@@ -44,6 +46,36 @@ def systemd_escape_arg(arg: str) -> str:
         return escaped
     escaped = escaped.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
     return f'"{escaped}"'
+
+
+def llamanix_command() -> list[str]:
+    """How a unit runs llamanix itself (its readiness check): the command on PATH, resolved now.
+
+    In the NixOS module's build that is the llamanix package, so the unit names its store path.
+    """
+    found = shutil.which("llamanix")
+    if found:
+        return [str(Path(found).resolve())]
+    return [str(Path(sys.executable).resolve()), "-m", "llamanix"]
+
+
+def readiness_url(listen: str, port: int) -> str:
+    """Where the readiness check reaches the server: loopback when it listens everywhere."""
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1", "localhost": "127.0.0.1"}.get(listen, listen)
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def _readiness_line(inst: Instance, api_key: bool) -> str:
+    words = [systemd_escape_arg(w) for w in llamanix_command()]
+    words += ["readiness", "--url", systemd_escape_arg(readiness_url(inst.listen, inst.port))]
+    for path in (inst.model, inst.speculative.draft_model):
+        if path:
+            words += ["--model", systemd_escape_arg(path)]
+    if api_key:
+        words += ["--api-key-file", _CREDENTIAL_PATH]
+    # systemd substitutes the main process's pid: the check stops as soon as the server exits.
+    words += ["--pid", "$MAINPID"]
+    return " ".join(words)
 
 
 def _environment_line(key: str, value: str, expand: bool = False) -> str:
@@ -176,14 +208,18 @@ def render_instance(
     # gpu_layers = 0 keeps an instance on the CPU even on a GPU host: no device access then.
     gpu = (host.has_gpu or (caps is not None and caps.cuda)) and inst.gpu_layers != 0
     # Models often live in a home directory on desktop machines; read-only keeps them readable.
-    paths = [inst.model, inst.speculative.draft_model or ""]
+    # llamanix itself (the readiness check) may be installed in a home directory, too.
+    paths = [inst.model, inst.speculative.draft_model or "", llamanix_command()[0]]
     protect_home = "read-only" if any(p.startswith(("/home/", "/root/")) for p in paths) else "yes"
+    model_files = [p for p in (inst.model, inst.speculative.draft_model) if p]
     text = _template().render(
         source=Path(config.source).name,
         config_hash=digest[:19],
         name=inst.name,
         variant=variant.name,
         exec_start=" ".join(words),
+        exec_start_post=_readiness_line(inst, api_key=inst.api_key_file is not None),
+        timeout_start_s=start_timeout_s(model_files),
         environment=environment,
         api_key_file=inst.api_key_file,
         user=user,
