@@ -20,9 +20,9 @@ def test_schema_json_is_current() -> None:
     assert json.loads(shipped) == schema.schema_json()
 
 
-def test_readme_config_reference_is_current() -> None:
+def test_config_reference_is_current() -> None:
     # Regenerate with `llamanix schema --markdown` and paste between the markers.
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs/configuration.md").read_text()
     begin, end = "<!-- schema:begin -->\n", "<!-- schema:end -->"
     assert readme[readme.index(begin) + len(begin) : readme.index(end)].strip() == (
         schema.schema_markdown().strip()

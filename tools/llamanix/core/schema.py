@@ -205,7 +205,7 @@ def schema_markdown() -> str:
         ("`[instances.NAME]` (and `[defaults]`)", INSTANCE_FIELDS),
         ("`[instances.NAME.speculative]`", SPECULATIVE_FIELDS),
     ):
-        out += [f"#### {title}", "", "| key | type | default | meaning |", "|---|---|---|---|"]
+        out += [f"### {title}", "", "| key | type | default | meaning |", "|---|---|---|---|"]
         for f in fields:
             req = " **required**" if f.required else ""
             out.append(

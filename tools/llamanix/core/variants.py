@@ -5,8 +5,8 @@ refactor, nixpkgs' b8770 from before it, ik_llama.cpp's stage syntax). A *varian
 a flake input plus a dialect plus what depends on the commit it is pinned to (the MTP spelling).
 Adding a fork means adding one ``Variant`` entry, and a dialect only if it spells things anew.
 
-Facts are from ../shared/research/flag-matrix.md, checked against source where it said "likely"
-(see docs/variants.md for the sources).
+Each fact was read in the variant's source at its pinned commit; docs/variants.md names the file
+and line.
 """
 
 from __future__ import annotations
