@@ -40,7 +40,7 @@ let
       server = lib.getExe' llama-cpp "llama-server";
       run =
         spec:
-        "llamanix smoke --binary ${server} --variant ${variant} --model ${model} --spec ${spec} --json $out/${spec}.json || failed=1";
+        "llamanix smoke --binary ${server} --variant ${variant} --model ${model} --spec ${spec} -o $out/${spec}.json || failed=1";
     in
     runCommand "llamanix-${name}"
       {

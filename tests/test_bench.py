@@ -72,7 +72,7 @@ def test_prompt_file_shapes() -> None:
 )
 def test_bad_input_is_one_line_exit_2(args: list[str], tmp_path: Path) -> None:
     out = tmp_path / "r.json"
-    result = bench(*args, "--json", str(out))
+    result = bench(*args, "-o", str(out))
     assert result.exit_code == 2, result.output
     assert result.stdout == ""
     assert len(result.stderr.strip().splitlines()) == 1
@@ -81,7 +81,7 @@ def test_bad_input_is_one_line_exit_2(args: list[str], tmp_path: Path) -> None:
 
 def test_nothing_listening_is_one_line_exit_2(tmp_path: Path) -> None:
     port = free_port()
-    result = bench("--url", f"http://127.0.0.1:{port}", "--json", str(tmp_path / "r.json"))
+    result = bench("--url", f"http://127.0.0.1:{port}", "-o", str(tmp_path / "r.json"))
     assert result.exit_code == 2
     assert "cannot connect" in result.stderr and "--url" in result.stderr
     assert not (tmp_path / "r.json").exists()
@@ -150,7 +150,7 @@ def base_run(
         "1",
         "--label",
         "base",
-        "--json",
+        "-o",
         str(out / "base.json"),
         "--csv",
         str(out / "base.csv"),
@@ -251,10 +251,9 @@ def test_bench_concurrency(base_server: LlamaServer, tmp_path: Path) -> None:
         "--concurrency",
         "2",
         "--json",
-        "-",
     )
     assert result.exit_code == 0, result.output
-    (run,) = json.loads(result.stdout)["runs"]  # "--json -": the JSON instead of the table
+    (run,) = json.loads(result.stdout)["runs"]  # "--json": the JSON instead of the table
     assert len(run["requests"]) == 2
     assert run["metrics_delta"]["tokens_predicted_total"] == 64
     assert run["aggregate_decode_tok_s"] > 0
@@ -301,7 +300,7 @@ def test_compare_and_plot_real_results(
             "1",
             "--label",
             "spec",
-            "--json",
+            "-o",
             str(tmp_path / "spec.json"),
         )
     assert result.exit_code == 0, result.output

@@ -358,7 +358,7 @@ def test_speculative_bench_slower_than_baseline(
                     "1",
                     "--label",
                     label,
-                    "--json",
+                    "-o",
                     str(out),
                 ],
             )

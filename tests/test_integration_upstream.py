@@ -389,3 +389,26 @@ def test_demo_prints_both_rows_with_acceptance(llama_server_bin: Path, tmp_path:
     assert "draft acceptance" in (keep / "speculative.log").read_text()
     bench_json = json.loads((keep / "speculative.bench.json").read_text())
     assert bench_json["runs"][0]["requests"][0]["draft_n"] > 0
+
+
+def test_demo_json_prints_both_rows_and_the_speedup(llama_server_bin: Path) -> None:
+    result = subprocess.run(
+        [
+            *(sys.executable, "-m", "llamanix", "demo", "--binary", str(llama_server_bin)),
+            *("--tokens", "16", "--runs", "1", "--json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    figures = json.loads(result.stdout)  # stdout holds the JSON alone
+    rows = {row["instance"]: row for row in figures["rows"]}
+    assert set(rows) == {"plain", "speculative"}
+    assert rows["speculative"]["drafted"] > 0
+    assert rows["speculative"]["acceptance"] == 1.0
+    assert rows["plain"]["acceptance"] is None
+    assert figures["speedup"] == pytest.approx(
+        rows["speculative"]["server_decode_tok_s"] / rows["plain"]["server_decode_tok_s"]
+    )

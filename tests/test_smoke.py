@@ -76,7 +76,7 @@ def one_line(result: Result) -> str:
 @pytest.mark.server
 def test_cpu_build_passes_without_speculation(llama_server_bin: Path, tmp_path: Path) -> None:
     out = tmp_path / "smoke.json"
-    proc = smoke_process("--binary", str(llama_server_bin), "--tokens", TOKENS, "--json", str(out))
+    proc = smoke_process("--binary", str(llama_server_bin), "--tokens", TOKENS, "-o", str(out))
     assert proc.returncode == 0, proc.stderr
     report = json.loads(out.read_text())
     checks = by_name(report)
@@ -96,7 +96,7 @@ def test_cpu_build_passes_without_speculation(llama_server_bin: Path, tmp_path: 
     figures = report["figures"]
     assert figures["predicted_n"] == int(TOKENS) and figures["decode_tok_s"] > 0
     assert figures["draft_n"] == 0
-    # Without --json - the table goes to stdout as well.
+    # Without --json the table goes to stdout as well.
     assert "gpu-offload" in proc.stdout and "not a CUDA build" in proc.stdout
     assert "smoke passed" in proc.stderr
 
@@ -104,10 +104,10 @@ def test_cpu_build_passes_without_speculation(llama_server_bin: Path, tmp_path: 
 @pytest.mark.server
 def test_cpu_build_passes_with_a_self_draft(llama_server_bin: Path) -> None:
     proc = smoke_process(
-        "--binary", str(llama_server_bin), "--spec", "draft", "--tokens", TOKENS, "--json", "-"
+        "--binary", str(llama_server_bin), "--spec", "draft", "--tokens", TOKENS, "--json"
     )
     assert proc.returncode == 0, proc.stderr
-    report = json.loads(proc.stdout)  # --json - prints the JSON alone
+    report = json.loads(proc.stdout)  # --json prints the JSON alone
     checks = by_name(report)
     assert checks["drafting"]["status"] == "pass", checks["drafting"]
     assert report["figures"]["draft_n"] > 0
@@ -130,7 +130,7 @@ def test_a_model_the_server_cannot_load_fails_with_its_reason(
         str(llama_server_bin),
         "--model",
         str(vocab_dir / "ggml-vocab-llama-spm.gguf"),
-        "--json",
+        "-o",
         str(out),
     )
     assert proc.returncode == 1

@@ -33,7 +33,6 @@ COMMAND_GROUPS: dict[str, tuple[str, ...]] = {
     ),
     "Measure and diagnose": (
         "bench",
-        "lossless",
         "ceiling",
         "inspect",
         "doctor",
@@ -84,9 +83,12 @@ def main() -> None:
 
 def _register_all() -> None:
     from llamanix.cli import checks, core, deploy, measure, testbed
+    from llamanix.cli.examples import with_examples
 
     for module in (core, testbed, measure, deploy, checks):
         module.register(main)
+    for name, command in main.commands.items():
+        with_examples(command, name)
 
 
 _register_all()

@@ -85,11 +85,13 @@ def summary_line(report: SmokeReport) -> str:
     type=click.Path(path_type=Path, file_okay=False),
     help="Keep the synthetic model and the server log in this directory.",
 )
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON, not a table.")
 @click.option(
-    "--json",
+    "-o",
+    "--output",
     "json_out",
-    metavar="OUT",
-    help="Write the report as JSON to OUT ('-': stdout, instead of the table).",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Also write the report as JSON to this file.",
 )
 def smoke(
     binary: Path,
@@ -99,7 +101,8 @@ def smoke(
     variant: str,
     tokens: int,
     keep: Path | None,
-    json_out: str | None,
+    as_json: bool,
+    json_out: Path | None,
 ) -> None:
     """Start a llama-server with all layers offloaded and check that it really serves.
 
@@ -122,11 +125,11 @@ def smoke(
     with console.status("llamanix smoke") as status:
         report = smoke_module.run_smoke(settings, lambda msg: status.update(f"smoke: {msg}"))
     text = json.dumps(report.to_json(), indent=2) + "\n"
-    if json_out == "-":
+    if json_out is not None:
+        atomic_write(json_out, text)
+    if as_json:
         sys.stdout.write(text)
     else:
-        if json_out is not None:
-            atomic_write(Path(json_out), text)
         out = Console()
         out.print(smoke_table(report))
         for key, value in report.figures.items():

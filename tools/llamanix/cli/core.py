@@ -12,6 +12,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from llamanix.cli.completion import complete_hosts, complete_instances
 from llamanix.core import schema
 from llamanix.core.argv import instance_argv
 from llamanix.core.config import Config, load_config
@@ -85,7 +86,7 @@ def validate(config: Path, capabilities: tuple[str, ...], as_json: bool) -> None
 
 @click.command("argv")
 @CONFIG
-@click.argument("instance")
+@click.argument("instance", shell_complete=complete_instances)
 @click.option("--variant", help="Render for this variant instead (preview a flip).")
 @_capability_option(multiple=False)
 def argv_cmd(config: Path, instance: str, variant: str | None, capabilities: str | None) -> None:
@@ -97,7 +98,7 @@ def argv_cmd(config: Path, instance: str, variant: str | None, capabilities: str
 
 @click.command()
 @CONFIG
-@click.option("--host", help="Only this host.")
+@click.option("--host", shell_complete=complete_hosts, help="Only this host.")
 @_capability_option(multiple=True)
 @click.option("--no-security", is_flag=True, help="Skip the systemd-analyze exposure score.")
 @click.option(
@@ -163,7 +164,11 @@ def plan(
     type=click.Path(path_type=Path, file_okay=False),
     help="Directory for the units, argv files and manifest.json.",
 )
-@click.option("--host", help="Host to render (may be left out when the config has one).")
+@click.option(
+    "--host",
+    shell_complete=complete_hosts,
+    help="Host to render (may be left out when the config has one).",
+)
 @click.option("--user", is_flag=True, help="Render systemd --user units.")
 @_capability_option(multiple=True)
 def render(

@@ -10,6 +10,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from llamanix.cli.completion import complete_hosts
 from llamanix.core.config import load_config
 from llamanix.deploy import switch as deploy
 from llamanix.deploy.generations import HostState
@@ -41,7 +42,11 @@ def _manager_options(f: click.decorators.FC) -> click.decorators.FC:
 
 @click.command()
 @click.argument("config", type=CONFIG_PATH)
-@click.option("--host", help="Host to run (may be left out when the config has one).")
+@click.option(
+    "--host",
+    shell_complete=complete_hosts,
+    help="Host to run (may be left out when the config has one).",
+)
 @click.option(
     "--units-dir",
     type=click.Path(path_type=Path, file_okay=False),
@@ -78,7 +83,11 @@ def up(config: Path, host: str | None, units_dir: Path | None, start_timeout: fl
 
 @click.command()
 @click.argument("config", type=CONFIG_PATH)
-@click.option("--host", required=True, help="Host to switch, or 'all' (in config order).")
+@click.option(
+    "--host",
+    shell_complete=complete_hosts,
+    help="Host to switch, or 'all' (in config order); may be left out when the config has one.",
+)
 @click.option(
     "--set",
     "sets",
@@ -110,7 +119,7 @@ def up(config: Path, host: str | None, units_dir: Path | None, start_timeout: fl
 @_manager_options
 def switch(
     config: Path,
-    host: str,
+    host: str | None,
     sets: tuple[str, ...],
     gate: str | None,
     min_tok_s: float | None,
@@ -121,6 +130,8 @@ def switch(
     units_dir: Path | None,
 ) -> None:
     """Change what a host runs, gate it, and roll back when the gate fails (exit 1)."""
+    if host is None:
+        host = pick_host(load_config(config), None)
     opts = deploy.SwitchOptions(
         sets=sets,
         gate=gate,
@@ -149,7 +160,11 @@ def switch(
 
 @click.command()
 @click.argument("config", type=CONFIG_PATH, default="llamanix.toml")
-@click.option("--host", help="Host to roll back (may be left out when the config has one).")
+@click.option(
+    "--host",
+    shell_complete=complete_hosts,
+    help="Host to roll back (may be left out when the config has one).",
+)
 @click.option(
     "--to",
     "to",
@@ -179,7 +194,9 @@ def rollback(
 
 @click.command()
 @click.argument("config", type=CONFIG_PATH, default="llamanix.toml")
-@click.option("--host", help="Host (may be left out when the config has one).")
+@click.option(
+    "--host", shell_complete=complete_hosts, help="Host (may be left out when the config has one)."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def generations(config: Path, host: str | None, as_json: bool) -> None:
     """List a host's generations: date, variant and source revision per instance, gate."""
@@ -267,11 +284,6 @@ def readiness(
     Rendered units run it as ExecStartPost=, so a unit only counts as started (and
     `nixos-rebuild switch` only succeeds) when its new backend serves. Exit 1 with one line
     when the deadline passes or the server exits first.
-
-    \b
-    Examples:
-      llamanix readiness --url http://127.0.0.1:8080 --model /srv/models/qwen.gguf
-      llamanix readiness --url http://127.0.0.1:8080 --deadline 30
     """
     from llamanix.measure.readiness import NotReady, ReadinessCheck, wait_ready
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -14,6 +15,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from llamanix.cli.completion import complete_instances
 from llamanix.core.config import load_config
 from llamanix.core.errors import Problem, UserError
 from llamanix.core.gpus import Gpu, load_gpus
@@ -101,27 +103,73 @@ def _bench_ceiling(
     benchmod.attach_ceiling(result, ceiling.to_json())
 
 
-def _run_bench(
-    ctx: click.Context,
-    url: str | None,
-    model: str | None,
-    prompts: str,
-    max_tokens: str,
-    runs: int,
-    warmup: int,
-    concurrency: int,
-    temperature: float,
-    seed: int,
-    label: str | None,
-    json_out: Path | None,
-    csv_out: Path | None,
-    plot_out: Path | None,
-    ignore_eos: bool,
-    cache_prompt: bool,
-    api_key_file: Path | None,
-    gpu: str | None,
-    gguf: Path | None,
-) -> None:
+@dataclass(frozen=True)
+class BenchOptions:
+    """What `llamanix bench` was asked, option by option."""
+
+    url: str | None
+    model: str | None
+    prompts: str
+    max_tokens: str
+    runs: int
+    warmup: int
+    concurrency: int
+    temperature: float
+    seed: int
+    label: str | None
+    as_json: bool
+    json_out: Path | None
+    csv_out: Path | None
+    plot_out: Path | None
+    ignore_eos: bool
+    cache_prompt: bool
+    api_key_file: Path | None
+    gpu: str | None
+    gguf: Path | None
+
+
+def _run_bench(ctx: click.Context, opts: BenchOptions) -> None:
+    (
+        url,
+        model,
+        prompts,
+        max_tokens,
+        runs,
+        warmup,
+        concurrency,
+        temperature,
+        seed,
+        label,
+        as_json,
+        json_out,
+        csv_out,
+        plot_out,
+        ignore_eos,
+        cache_prompt,
+        api_key_file,
+        gpu,
+        gguf,
+    ) = (
+        opts.url,
+        opts.model,
+        opts.prompts,
+        opts.max_tokens,
+        opts.runs,
+        opts.warmup,
+        opts.concurrency,
+        opts.temperature,
+        opts.seed,
+        opts.label,
+        opts.as_json,
+        opts.json_out,
+        opts.csv_out,
+        opts.plot_out,
+        opts.ignore_eos,
+        opts.cache_prompt,
+        opts.api_key_file,
+        opts.gpu,
+        opts.gguf,
+    )
     if url is None:
         raise UserError(
             Problem(
@@ -191,17 +239,17 @@ def _run_bench(
     else:
         result = benchmod.run_bench(settings, prompt_list, headers=headers)
     _bench_ceiling(result, url, gpu, gguf)
-    if json_out is not None and str(json_out) == "-":
+    if as_json:
         _echo_json(result.to_json())
     else:
         console.print(bench_report.summary_table(result))
-    if result.ceiling and str(json_out) != "-":
+    if result.ceiling and not as_json:
         console.print(
             f"ceiling: {result.ceiling['tok_s']:.1f} tok/s "
             f"({result.ceiling['gpu']}, {_size(result.ceiling['bytes_per_token'])} "
             "read per token)"
         )
-    if json_out is not None and str(json_out) != "-":
+    if json_out is not None:
         atomic_write(json_out, json.dumps(result.to_json(), indent=2) + "\n")
     if csv_out is not None:
         bench_report.write_csv(result, csv_out)
@@ -248,12 +296,13 @@ def _run_bench(
 @click.option("--temperature", type=float, default=0.0, show_default=True)
 @click.option("--seed", type=int, default=benchmod.DEFAULT_SEED, show_default=True)
 @click.option("--label", help="Name of this configuration in tables and plots.")
+@click.option("--json", "as_json", is_flag=True, help="Print the JSON instead of the table.")
 @click.option(
-    "--json",
+    "-o",
+    "--output",
     "json_out",
     type=click.Path(path_type=Path, dir_okay=False),
-    help="Write every run and the summaries to this JSON file ('-': print it "
-    "instead of the table).",
+    help="Also write every run and the summaries to this JSON file.",
 )
 @click.option(
     "--csv",
@@ -292,14 +341,59 @@ def _run_bench(
     "when readable here).",
 )
 @click.pass_context
-def bench_group(ctx: click.Context, /, **options: Any) -> None:
+def bench_group(
+    ctx: click.Context,
+    /,
+    url: str | None,
+    model: str | None,
+    prompts: str,
+    max_tokens: str,
+    runs: int,
+    warmup: int,
+    concurrency: int,
+    temperature: float,
+    seed: int,
+    label: str | None,
+    as_json: bool,
+    json_out: Path | None,
+    csv_out: Path | None,
+    plot_out: Path | None,
+    ignore_eos: bool,
+    cache_prompt: bool,
+    api_key_file: Path | None,
+    gpu: str | None,
+    gguf: Path | None,
+) -> None:
     """Benchmark a running llama-server: TTFT, prefill and decode, server and client clocks.
 
     `llamanix bench compare A.json B.json` compares saved results.
     """
     if ctx.invoked_subcommand is not None:
         return
-    _run_bench(ctx, **options)
+    _run_bench(
+        ctx,
+        BenchOptions(
+            url=url,
+            model=model,
+            prompts=prompts,
+            max_tokens=max_tokens,
+            runs=runs,
+            warmup=warmup,
+            concurrency=concurrency,
+            temperature=temperature,
+            seed=seed,
+            label=label,
+            as_json=as_json,
+            json_out=json_out,
+            csv_out=csv_out,
+            plot_out=plot_out,
+            ignore_eos=ignore_eos,
+            cache_prompt=cache_prompt,
+            api_key_file=api_key_file,
+            gpu=gpu,
+            gguf=gguf,
+        ),
+    )
 
 
 @bench_group.command("compare")
@@ -514,7 +608,7 @@ _STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
 @click.command("doctor")
 @click.argument("config_path", metavar="CONFIG", type=click.Path(path_type=Path, dir_okay=False))
-@click.argument("instance", required=False)
+@click.argument("instance", required=False, shell_complete=complete_instances)
 @click.option(
     "--log",
     "log_file",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import click
@@ -138,16 +139,21 @@ def synth_model_command(
     show_default=True,
     help="Measured runs per server (after one warm-up).",
 )
-def demo(binary: Path | None, keep: Path | None, tokens: int, runs: int) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON, not a table.")
+def demo(binary: Path | None, keep: Path | None, tokens: int, runs: int, as_json: bool) -> None:
     """Serve a synthetic model with and without speculation and compare them side by side.
 
     Synthesizes a model, writes a config with two instances (plain, and drafting with the
     model as its own draft), renders it, starts the real llama-server for each in turn,
     measures streamed requests, prints a table, and stops everything.
     """
-    console = Console()
+    # With --json the progress goes to stderr and stdout holds only the JSON.
+    console = Console(stderr=as_json)
     rows = demo_module.run_demo(binary, keep, console, tokens=tokens, runs=runs)
-    console.print(demo_module.demo_table(rows, tokens, runs))
+    if as_json:
+        click.echo(json.dumps(demo_module.demo_json(rows, tokens, runs), indent=2))
+    else:
+        console.print(demo_module.demo_table(rows, tokens, runs))
 
 
 def register(group: click.Group) -> None:

@@ -171,6 +171,38 @@ def run_demo(
     return rows
 
 
+def speedup(rows: list[DemoRow]) -> float | None:
+    """Speculative decode tok/s over plain decode tok/s (server clock), when both exist."""
+    plain = next((r for r in rows if r.speculation == "none"), None)
+    spec = next((r for r in rows if r.speculation != "none"), None)
+    if plain is None or spec is None:
+        return None
+    if not plain.server_decode_tok_s or spec.server_decode_tok_s is None:
+        return None
+    return spec.server_decode_tok_s / plain.server_decode_tok_s
+
+
+def demo_json(rows: list[DemoRow], tokens: int, runs: int) -> dict[str, object]:
+    return {
+        "tokens": tokens,
+        "runs": runs,
+        "rows": [
+            {
+                "instance": r.instance,
+                "speculation": r.speculation,
+                "server_decode_tok_s": r.server_decode_tok_s,
+                "client_decode_tok_s": r.client_decode_tok_s,
+                "ttft_ms": r.ttft_ms,
+                "drafted": r.drafted,
+                "accepted": r.accepted,
+                "acceptance": r.acceptance,
+            }
+            for r in rows
+        ],
+        "speedup": speedup(rows),
+    }
+
+
 def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 

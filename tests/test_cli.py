@@ -1,0 +1,118 @@
+"""The CLI's shape: help grouped by job, examples in every command's help, completion of host
+and instance names from the config, and one meaning of --json (JSON on stdout)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from llamanix.cli import COMMAND_GROUPS, main
+from llamanix.cli.examples import EXAMPLES
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def every_command() -> list[tuple[str, click.Command]]:
+    out: list[tuple[str, click.Command]] = []
+
+    def walk(prefix: str, group: click.Group) -> None:
+        for name, command in group.commands.items():
+            path = f"{prefix} {name}".strip()
+            if command.hidden:
+                continue
+            out.append((path, command))
+            if isinstance(command, click.Group):
+                walk(path, command)
+
+    walk("", main)
+    return out
+
+
+def test_help_lists_commands_by_job() -> None:
+    result = CliRunner().invoke(main, ["--help"], terminal_width=120)
+    assert result.exit_code == 0
+    text = result.output
+    positions = [text.index(f"{title}:") for title in COMMAND_GROUPS]
+    assert positions == sorted(positions)
+    assert "Other commands:" not in text  # every command has a group
+    for title, names in COMMAND_GROUPS.items():
+        section = text[text.index(f"{title}:") :]
+        for name in names:
+            assert f"\n  {name} " in section, (title, name)
+
+
+def test_every_command_is_in_a_group() -> None:
+    grouped = {name for names in COMMAND_GROUPS.values() for name in names}
+    assert set(main.commands) - {n for n, c in main.commands.items() if c.hidden} == grouped
+
+
+@pytest.mark.parametrize("path", [p for p, _ in every_command()])
+def test_every_command_help_has_examples(path: str) -> None:
+    result = CliRunner().invoke(main, [*path.split(), "--help"], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    text = result.output
+    assert "Examples:" in text, path
+    examples = [line.strip() for line in text[text.index("Examples:") :].splitlines()[1:]]
+    examples = [line for line in examples if line.startswith("llamanix ")]
+    assert len(examples) >= 2, path
+    assert all(line.startswith(f"llamanix {path.split()[0]}") for line in examples), path
+    assert tuple(EXAMPLES[path]) == tuple(examples[: len(EXAMPLES[path])])
+
+
+def complete(words: str, cwd: Path) -> list[str]:
+    env = {
+        **os.environ,
+        "_LLAMANIX_COMPLETE": "bash_complete",
+        "COMP_WORDS": words,
+        "COMP_CWORD": str(len(words.split()) - (0 if words.endswith(" ") else 1)),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "llamanix"], cwd=cwd, env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    return [line.split(",", 1)[1] for line in proc.stdout.splitlines() if line]
+
+
+def test_completion_names_hosts_and_instances_from_the_config(tmp_path: Path) -> None:
+    config = tmp_path / "two.toml"
+    config.write_text(
+        '[hosts.gpu1]\nkind = "nixos"\n[hosts.gpu2]\nkind = "nixos"\n'
+        '[instances.qwen]\nhost = "gpu1"\nmodel = "/m/q.gguf"\n'
+        '[instances.coder]\nhost = "gpu2"\nmodel = "/m/c.gguf"\n'
+    )
+    assert complete("llamanix argv two.toml ", tmp_path) == ["qwen", "coder"]
+    assert complete("llamanix argv two.toml co", tmp_path) == ["coder"]
+    assert complete("llamanix render two.toml --host ", tmp_path) == ["gpu1", "gpu2"]
+    assert complete("llamanix switch two.toml --host g", tmp_path) == ["gpu1", "gpu2"]
+    assert complete("llamanix switch two.toml --host ", tmp_path) == ["gpu1", "gpu2", "all"]
+    # The default config name when none is on the line (rollback, generations).
+    (tmp_path / "llamanix.toml").write_text(config.read_text())
+    assert complete("llamanix rollback --host ", tmp_path) == ["gpu1", "gpu2"]
+    # A broken config completes nothing, and says nothing.
+    config.write_text("[hosts\n")
+    assert complete("llamanix argv two.toml ", tmp_path) == []
+
+
+def test_json_means_stdout_and_output_means_a_file() -> None:
+    for path, command in every_command():
+        for param in command.params:
+            if "--json" in param.opts:
+                assert isinstance(param, click.Option) and param.is_flag, path
+            if "-o" in param.opts:
+                assert "--output" in param.opts, path
+
+
+def test_switch_infers_the_only_host(tmp_path: Path) -> None:
+    config = tmp_path / "llamanix.toml"
+    config.write_text('[hosts.box]\nkind = "systemd"\n[instances.a]\nmodel = "/m/a.gguf"\n')
+    result = CliRunner().invoke(
+        main, ["switch", str(config), "--set", "instances.a.port=8081", "--dry-run"]
+    )
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith("box: ")

@@ -1,0 +1,123 @@
+"""Examples for every command's help, kept in one table so a test can check none is missing.
+
+Each entry is shown at the end of ``llamanix COMMAND --help`` under "Examples:".
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import click
+
+EXAMPLES: dict[str, tuple[str, ...]] = {
+    "plan": (
+        "llamanix plan llamanix.toml",
+        "llamanix plan examples/rtx5090-qwen27b-draft.toml --json",
+    ),
+    "validate": (
+        "llamanix validate llamanix.toml",
+        "llamanix validate examples/*.toml",
+    ),
+    "render": (
+        "llamanix render llamanix.toml --out ./units",
+        "llamanix render llamanix.toml --host gpu1 --out ./units --capabilities caps.json",
+    ),
+    "argv": (
+        "llamanix argv llamanix.toml qwen",
+        "llamanix argv llamanix.toml qwen --variant ik",
+        "llamanix argv llamanix.toml qwen --variant nixpkgs --capabilities caps.json",
+    ),
+    "probe": (
+        "llamanix probe /opt/llama.cpp/bin/llama-server",
+        "llamanix probe ./result/bin/llama-server --json > caps.json",
+    ),
+    "schema": (
+        "llamanix schema --json > tools/llamanix/data/schema.json",
+        "llamanix schema --markdown",
+    ),
+    "switch": (
+        "llamanix switch llamanix.toml --set instances.qwen.variant=ik",
+        "llamanix switch llamanix.toml --set instances.qwen.variant=upstream --gate bench "
+        "--max-regression 5",
+        "llamanix switch llamanix.toml --host all --dry-run",
+    ),
+    "rollback": (
+        "llamanix rollback",
+        "llamanix rollback llamanix.toml --host gpu1 --to 3",
+    ),
+    "generations": (
+        "llamanix generations",
+        "llamanix generations llamanix.toml --host gpu1 --json",
+    ),
+    "pin": (
+        "llamanix pin upstream --latest",
+        "llamanix pin ik 8337e4cd --flake ~/src/llamanix --dry-run",
+    ),
+    "up": (
+        "llamanix up llamanix.toml",
+        "llamanix up llamanix.toml --host dev --start-timeout 600",
+    ),
+    "readiness": (
+        "llamanix readiness --url http://127.0.0.1:8080 --model /srv/models/qwen.gguf",
+        "llamanix readiness --url http://127.0.0.1:8080 --deadline 30",
+    ),
+    "bench": (
+        "llamanix bench --url http://127.0.0.1:8080 -o base.json",
+        "llamanix bench --url http://127.0.0.1:8080 --prompts builtin:code-long "
+        "--max-tokens 128,512 --runs 5 --json",
+        "llamanix bench compare base.json spec.json",
+    ),
+    "bench compare": (
+        "llamanix bench compare base.json spec.json",
+        "llamanix bench compare base.json spec.json --json",
+        "llamanix bench compare base.json spec.json --plot decode.png",
+    ),
+    "ceiling": (
+        "llamanix ceiling --bandwidth 1792 --bytes 15.3GB",
+        "llamanix ceiling --gpu rtx3090 --model /srv/models/qwen.gguf",
+        "llamanix ceiling --list",
+    ),
+    "inspect": (
+        "llamanix inspect /srv/models/Qwen3.6-27B-Q4_K_M.gguf",
+        "llamanix inspect draft.gguf --json",
+    ),
+    "doctor": (
+        "llamanix doctor llamanix.toml",
+        "llamanix doctor llamanix.toml qwen --url http://127.0.0.1:8080",
+        "llamanix doctor llamanix.toml qwen --log server.log --json",
+    ),
+    "smoke": (
+        "llamanix smoke --binary ./result/bin/llama-server",
+        "llamanix smoke --binary ./result/bin/llama-server --spec draft -o smoke.json",
+    ),
+    "build-server": (
+        "llamanix build-server",
+        "llamanix build-server --print-path",
+    ),
+    "synth-model": (
+        "llamanix synth-model tiny.gguf",
+        "llamanix synth-model target.gguf --layers 8 --embd 512 --seed 1",
+    ),
+    "demo": (
+        "llamanix demo",
+        "llamanix demo --json",
+        "llamanix demo --keep ./demo --runs 5",
+    ),
+}
+
+
+def command_path(ctx_path: str) -> str:
+    """ "llamanix bench compare" -> "bench compare"."""
+    return ctx_path.split(" ", 1)[1] if " " in ctx_path else ctx_path
+
+
+def with_examples(command: click.Command, path: str) -> None:
+    """Append the examples of ``path`` to the command's help (and its subcommands')."""
+    lines = EXAMPLES.get(path, ())
+    if lines:
+        block = "\n\n\b\nExamples:\n" + "\n".join(f"  {line}" for line in lines)
+        # Docstrings keep their indentation until click formats them: dedent before appending.
+        command.help = inspect.cleandoc(command.help or "") + block
+    if isinstance(command, click.Group):
+        for name, sub in command.commands.items():
+            with_examples(sub, f"{path} {name}")
