@@ -16,12 +16,11 @@ from llamanix.cli.completion import complete_hosts, complete_instances
 from llamanix.core import schema
 from llamanix.core.argv import instance_argv
 from llamanix.core.config import Config, load_config
-from llamanix.core.errors import Problem, UserError
+from llamanix.core.errors import UserError
 from llamanix.core.probe import Capabilities, load_capabilities
 from llamanix.deploy.plan import plan_config
-from llamanix.external import systemd_analyze
 from llamanix.external.llama_server import probe_binary
-from llamanix.render.units import CapabilityMap, read_manifest, render_host, write_render
+from llamanix.render.units import CapabilityMap, render_host, write_render
 
 FC = TypeVar("FC", bound=Callable[..., Any])
 CONFIG = click.argument("config", type=click.Path(path_type=Path, dir_okay=False))
@@ -221,26 +220,6 @@ def schema_cmd(as_json: bool, markdown: bool) -> None:
             click.echo(f"  {f.name:<18} {f.kind:<9} default {default:<12} {f.doc}")
 
 
-@click.command("units-check", hidden=True)
-@click.argument("out", type=click.Path(path_type=Path, file_okay=False))
-def units_check(out: Path) -> None:
-    """Verify and score the units of a render directory (used by CI and the Nix check)."""
-    manifest = read_manifest(out)
-    if not systemd_analyze.available():
-        raise UserError(Problem("systemd-analyze", "", "not installed", "install systemd"))
-    worst = 0.0
-    for entry in manifest["instances"].values():
-        unit = out / entry["unit"]
-        proc = systemd_analyze.verify(unit, user=manifest.get("kind") == "systemd-user")
-        exposure = systemd_analyze.security_exposure(unit)
-        click.echo(f"{unit.name}: verify rc={proc.returncode} exposure={exposure}")
-        if proc.returncode != 0:
-            click.echo(proc.stderr, err=True)
-            raise SystemExit(1)
-        worst = max(worst, exposure or 0.0)
-    click.echo(f"worst exposure: {worst:.1f}")
-
-
 def register(group: click.Group) -> None:
-    for command in (validate, argv_cmd, plan, render, probe, schema_cmd, units_check):
+    for command in (validate, argv_cmd, plan, render, probe, schema_cmd):
         group.add_command(command)

@@ -138,7 +138,6 @@ def switch(
         min_tok_s=min_tok_s,
         max_regression=max_regression,
         timeout_s=timeout_s,
-        dry_run=dry_run,
         manager=manager,
         units_dir=units_dir,
     )

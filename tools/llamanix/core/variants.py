@@ -209,10 +209,6 @@ IK = Dialect(
     cache_types=(*CACHE_TYPES, "q6_0", "q8_KV"),
 )
 
-DIALECTS: Mapping[str, Dialect] = MappingProxyType(
-    {d.name: d for d in (UPSTREAM, UPSTREAM_MAY_2026, LEGACY_B8770, IK)}
-)
-
 VARIANTS: Mapping[str, Variant] = MappingProxyType(
     {
         v.name: v
@@ -260,4 +256,4 @@ def variant_names() -> list[str]:
     return list(VARIANTS)
 
 
-__all__ = ["DIALECTS", "VARIANTS", "Dialect", "Variant", "variant_names"]
+__all__ = ["VARIANTS", "Dialect", "Variant", "variant_names"]

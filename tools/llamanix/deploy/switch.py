@@ -441,7 +441,6 @@ class SwitchOptions:
     min_tok_s: float | None = None
     max_regression: float | None = None
     timeout_s: float = 120.0
-    dry_run: bool = False
     manager: str | None = None
     units_dir: Path | None = None
 

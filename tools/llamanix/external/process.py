@@ -10,7 +10,7 @@ from __future__ import annotations
 import shlex
 import subprocess
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from llamanix.core.errors import ExternalCommandError
@@ -24,17 +24,15 @@ def _print(line: str) -> None:
 
 @dataclass
 class Runner:
-    """Runs (or, with ``dry_run``, only prints) external commands; keeps the argv it ran."""
+    """Runs (or, with ``dry_run``, only prints) external commands."""
 
     dry_run: bool = False
     echo: Echo = _print
-    executed: list[list[str]] = field(default_factory=list)
 
     def run(
         self, argv: Sequence[str], *, cwd: Path | None = None, check: bool = True
     ) -> subprocess.CompletedProcess[str]:
         args = list(argv)
-        self.executed.append(args)
         where = f"(cd {shlex.quote(str(cwd))} && {shlex.join(args)})" if cwd else shlex.join(args)
         if self.dry_run:
             self.echo(where)

@@ -79,29 +79,6 @@ def summary_table(result: BenchResult) -> Table:
     return table
 
 
-def markdown_table(result: BenchResult) -> str:
-    """The summary as a Markdown table (for READMEs and issue reports)."""
-    lines = [
-        "| prompt | out | runs | TTFT ms | prefill tok/s | decode tok/s median (min-max) "
-        "| client decode tok/s | wall s | acceptance |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for s in result.summaries:
-        ttft = s.stats.get("ttft_s")
-        wall = s.stats.get("wall_s")
-        accept = _median(s, "acceptance")
-        lines.append(
-            f"| {s.prompt} | {s.max_tokens} | {wall.n if wall else 0} "
-            f"| {_fmt(ttft.median * 1000 if ttft else None, 0)} "
-            f"| {_fmt(_median(s, 'server_prefill_tok_s'), 0)} "
-            f"| {_range(s.stats.get('server_decode_tok_s'))} "
-            f"| {_fmt(_median(s, 'client_decode_tok_s'))} "
-            f"| {_fmt(wall.median if wall else None, 2)} "
-            f"| {_fmt(accept, 2)} |"
-        )
-    return "\n".join(lines) + "\n"
-
-
 def write_csv(result: BenchResult, path: Path) -> None:
     rows = csv_rows(result)
     buf = io.StringIO()
@@ -215,29 +192,6 @@ def compare_table(results: Sequence[BenchResult], rows: Sequence[CompareRow]) ->
                 cells.append(f"{cell.ratio:.2f}x{mark}")
         table.add_row(*cells)
     return table
-
-
-def compare_markdown(
-    results: Sequence[BenchResult], rows: Sequence[CompareRow], metric: str = "server_decode_tok_s"
-) -> str:
-    """One metric's comparison as a Markdown table."""
-    labels = unique_labels(results)
-    head = (
-        "| prompt | out | "
-        + " | ".join([labels[0], *[f"{label} | ratio" for label in labels[1:]]])
-        + " |"
-    )
-    lines = [head, "|---|---:|" + "---:|" * (1 + 2 * (len(labels) - 1))]
-    for row in rows:
-        if row.metric != metric:
-            continue
-        cells = [row.prompt, str(row.max_tokens), _fmt(row.cells[0].median)]
-        for cell in row.cells[1:]:
-            cells.append(_fmt(cell.median))
-            mark = f" {NOISE_MARK}" if cell.noise else ""
-            cells.append("-" if cell.ratio is None else f"{cell.ratio:.2f}x{mark}")
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
 
 
 def compare_json(results: Sequence[BenchResult], rows: Sequence[CompareRow]) -> dict[str, Any]:
