@@ -1,25 +1,60 @@
-"""Recording stand-ins for programs that cannot run here (nvidia-smi, cuobjdump, journalctl).
+"""Recording stand-ins for programs that cannot run here (nixos-rebuild, nix, systemctl,
+nvidia-smi, cuobjdump, journalctl): the one helper every test uses for them.
 
-A stand-in only records its argv and prints a recorded output, so a test can assert the exact
-command line llamanix runs and feed the parser real-shaped text.
+A stand-in only appends its argv and working directory to a JSON-lines record, prints a
+recorded output if it has one, and exits with ``$STANDIN_EXIT_<name>`` (default 0), so a test
+can assert the exact command lines llamanix runs and feed its parsers real-shaped text.
 """
 
 from __future__ import annotations
 
+import json
 import stat
+import sys
 from pathlib import Path
 
+_SCRIPT = """#!{python}
+import json, os, sys
+with open({record!r}, "a") as fh:
+    fh.write(json.dumps({{"argv": [os.path.basename(sys.argv[0]), *sys.argv[1:]],
+                         "cwd": os.getcwd()}}) + "\\n")
+output = {output!r}
+if output:
+    with open(output) as fh:
+        sys.stdout.write(fh.read())
+name = os.path.basename(sys.argv[0]).replace("-", "_")
+sys.exit(int(os.environ.get("STANDIN_EXIT_" + name, "0")))
+"""
 
-def stand_in(bin_dir: Path, name: str, output_file: Path) -> Path:
-    """A script named ``name`` that records its argv (one per line) and prints a recording."""
+
+def stand_in(
+    bin_dir: Path, name: str, output_file: Path | None = None, record: Path | None = None
+) -> Path:
+    """Write the stand-in ``bin_dir/name``; returns its record (default ``bin_dir/name.jsonl``,
+    or ``record``, which several stand-ins may share to keep their calls in order)."""
     bin_dir.mkdir(exist_ok=True)
+    record = record or bin_dir / f"{name}.jsonl"
     script = bin_dir / name
-    record = bin_dir / f"{name}.argv"
-    script.write_text(f'#!/bin/sh\nprintf "%s\\n" "$0" "$@" > "{record}"\ncat "{output_file}"\n')
+    script.write_text(
+        _SCRIPT.format(
+            python=sys.executable,
+            record=str(record),
+            output=str(output_file) if output_file else "",
+        )
+    )
     script.chmod(script.stat().st_mode | stat.S_IXUSR)
     return record
 
 
+def recorded(record: Path) -> list[dict[str, object]]:
+    """Every call, in order: {"argv": [NAME, ARG...], "cwd": DIR}."""
+    if not record.exists():
+        return []
+    return [json.loads(line) for line in record.read_text().splitlines()]
+
+
 def recorded_argv(record: Path) -> list[str]:
-    lines = record.read_text().splitlines()
-    return [Path(lines[0]).name, *lines[1:]]
+    """The argv of the last call."""
+    argv = recorded(record)[-1]["argv"]
+    assert isinstance(argv, list)
+    return [str(a) for a in argv]

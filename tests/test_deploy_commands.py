@@ -9,46 +9,26 @@ from __future__ import annotations
 
 import json
 import os
-import stat
-import sys
 import tomllib
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
+from standins import recorded, stand_in
 
 from llamanix.cli import main
 from llamanix.deploy.switch import apply_sets
 from llamanix.measure.server_process import free_port
 
-STANDIN = """#!{python}
-import json, os, sys
-with open(os.environ["LLAMANIX_RECORD"], "a") as fh:
-    fh.write(json.dumps({{"argv": [os.path.basename(sys.argv[0]), *sys.argv[1:]],
-                         "cwd": os.getcwd()}}) + "\\n")
-sys.exit(int(os.environ.get("STANDIN_EXIT_" + os.path.basename(sys.argv[0]).replace("-", "_"),
-                            "0")))
-"""
-
 
 @pytest.fixture
 def recorder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     bin_dir = tmp_path / "standins"
-    bin_dir.mkdir()
-    for name in ("nixos-rebuild", "nix", "systemctl"):
-        path = bin_dir / name
-        path.write_text(STANDIN.format(python=sys.executable))
-        path.chmod(path.stat().st_mode | stat.S_IXUSR)
     record = tmp_path / "record.jsonl"
+    for name in ("nixos-rebuild", "nix", "systemctl"):
+        stand_in(bin_dir, name, record=record)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.setenv("LLAMANIX_RECORD", str(record))
     return record
-
-
-def recorded(record: Path) -> list[dict[str, object]]:
-    if not record.exists():
-        return []
-    return [json.loads(line) for line in record.read_text().splitlines()]
 
 
 def argvs(record: Path) -> list[list[str]]:

@@ -159,7 +159,6 @@ def test_speculation_that_never_drafts_fails(
         "--tokens",
         TOKENS,
         "--json",
-        "-",
     )
     assert proc.returncode == 1
     report = json.loads(proc.stdout)
@@ -181,7 +180,7 @@ def smoke_cli(*args: str) -> Result:
 
 def test_mtp_without_a_model_is_refused(tmp_path: Path) -> None:
     out = tmp_path / "smoke.json"
-    result = smoke_cli("--binary", sys.executable, "--spec", "mtp", "--json", str(out))
+    result = smoke_cli("--binary", sys.executable, "--spec", "mtp", "-o", str(out))
     assert result.exit_code == 2
     line = one_line(result)
     assert "--spec mtp" in line and "MTP" in line and "--model" in line
