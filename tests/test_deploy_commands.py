@@ -17,7 +17,7 @@ from click.testing import CliRunner, Result
 from standins import recorded, stand_in
 
 from llamanix.cli import main
-from llamanix.deploy.switch import apply_sets
+from llamanix.deploy.config_edit import apply_sets
 from llamanix.measure.server_process import free_port
 
 

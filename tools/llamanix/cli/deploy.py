@@ -12,8 +12,12 @@ from rich.table import Table
 
 from llamanix.cli.completion import complete_hosts
 from llamanix.core.config import load_config
+from llamanix.deploy import managers
+from llamanix.deploy import pin as pin_module
 from llamanix.deploy import switch as deploy
+from llamanix.deploy.gate import GATES, GateKind
 from llamanix.deploy.generations import HostState
+from llamanix.deploy.managers import ManagerKind
 from llamanix.deploy.supervisor import DEFAULT_START_TIMEOUT_S, Supervisor
 from llamanix.external.process import Runner
 from llamanix.render.units import pick_host, render_host
@@ -34,7 +38,7 @@ def _manager_options(f: click.decorators.FC) -> click.decorators.FC:
     )(f)
     return click.option(
         "--manager",
-        type=click.Choice(deploy.MANAGERS),
+        type=click.Choice(managers.MANAGERS),
         help="Override the host's kind: 'up' installs into the directory a running "
         "`llamanix up` watches (no systemd needed).",
     )(f)
@@ -71,11 +75,10 @@ def up(config: Path, host: str | None, units_dir: Path | None, start_timeout: fl
     directory = units_dir or HostState.beside(config, name).root / "up"
     supervisor = Supervisor(directory, start_timeout_s=start_timeout, log=_echo)
     supervisor.claim()
-    render = render_host(cfg, name)
-    deploy.fill_source_revisions(render, cfg, "up")
-    manager = deploy.UpManager(directory)
-    deploy.install_files(
-        Runner(echo=_echo), directory, render.files(), manager.installed(), deploy.is_render_file
+    render = deploy.with_source_revisions(render_host(cfg, name), cfg, "up")
+    manager = managers.UpManager(directory)
+    managers.install_files(
+        Runner(echo=_echo), directory, render.files(), manager.installed(), managers.is_render_file
     )
     click.echo(f"up: {len(render.instances)} instance(s) of host {name} from {directory}")
     supervisor.run()
@@ -97,7 +100,7 @@ def up(config: Path, host: str | None, units_dir: Path | None, start_timeout: fl
 )
 @click.option(
     "--gate",
-    type=click.Choice(["health", "smoke", "bench"]),
+    type=click.Choice(GATES),
     help="What a changed instance must pass (default: health; bench with a threshold).",
 )
 @click.option("--min-tok-s", type=float, help="bench gate: minimum decode tok/s.")
@@ -121,12 +124,12 @@ def switch(
     config: Path,
     host: str | None,
     sets: tuple[str, ...],
-    gate: str | None,
+    gate: GateKind | None,
     min_tok_s: float | None,
     max_regression: float | None,
     timeout_s: float,
     dry_run: bool,
-    manager: str | None,
+    manager: ManagerKind | None,
     units_dir: Path | None,
 ) -> None:
     """Change what a host runs, gate it, and roll back when the gate fails (exit 1)."""
@@ -180,7 +183,7 @@ def rollback(
     to: int | None,
     timeout_s: float,
     dry_run: bool,
-    manager: str | None,
+    manager: ManagerKind | None,
     units_dir: Path | None,
 ) -> None:
     """Serve an earlier generation again (and put its config back)."""
@@ -249,7 +252,9 @@ def generations(config: Path, host: str | None, as_json: bool) -> None:
 @click.option("--dry-run", is_flag=True, help="Print the command instead of running it.")
 def pin(variant: str, rev: str | None, latest: bool, flake_dir: Path, dry_run: bool) -> None:
     """Pin a variant's flake input to REV (or --latest); `plan` shows the pins."""
-    flake_input = deploy.pin(variant, rev, latest, flake_dir, Runner(dry_run=dry_run, echo=_echo))
+    flake_input = pin_module.pin(
+        variant, rev, latest, flake_dir, Runner(dry_run=dry_run, echo=_echo)
+    )
     if not dry_run:
         from llamanix.external.nix import locked_revisions
 

@@ -15,13 +15,13 @@ import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from llamanix.core import schema
 from llamanix.core.errors import Problem, UserError
 from llamanix.core.gpus import load_gpus
-from llamanix.core.schema import SPEC_TYPES_WITH_DRAFT_MODEL, Field
-from llamanix.core.variants import VARIANTS
+from llamanix.core.schema import SPEC_TYPES_WITH_DRAFT_MODEL, Field, HostKind
+from llamanix.core.variants import VARIANTS, VariantName
 
 IMPLICIT_HOST = "local"
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -48,7 +48,7 @@ class Speculative:
 @dataclass(frozen=True)
 class Host:
     name: str
-    kind: str = "nixos"
+    kind: HostKind = "nixos"
     target: str | None = None
     gpu: str | None = None
     cuda_archs: tuple[str, ...] = ()
@@ -64,7 +64,7 @@ class Instance:
     name: str
     host: str
     model: str
-    variant: str = "upstream"
+    variant: VariantName = "upstream"
     binary: str | None = None
     alias: str | None = None
     listen: str = "127.0.0.1"
@@ -332,7 +332,7 @@ def _parse_hosts(c: _Checker, raw: dict[str, Any]) -> dict[str, Host]:
                 )
         hosts[name] = Host(
             name=name,
-            kind=values.get("kind") or "nixos",
+            kind=cast(HostKind, values.get("kind") or "nixos"),  # checked against the enum
             target=values.get("target"),
             gpu=gpu,
             cuda_archs=tuple(archs),

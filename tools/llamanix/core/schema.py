@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 # Field kinds. Each maps to a TOML value check here and to a lib.types type in the module.
 STR = "str"
@@ -50,7 +50,8 @@ class Field:
         return out
 
 
-HOST_KINDS = ("nixos", "systemd", "systemd-user")
+HostKind = Literal["nixos", "systemd", "systemd-user"]
+HOST_KINDS: tuple[HostKind, ...] = get_args(HostKind)
 FLASH_ATTN = ("on", "off", "auto")
 # The cache types every variant shares; a variant may add more (ik: q6_0, q8_KV).
 CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")

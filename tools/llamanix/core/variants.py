@@ -64,9 +64,13 @@ class Dialect:
     hybrid_spec_checkpoints: bool = True
 
 
+# The variant names, checked once when a config is loaded; the registry below has one entry each.
+VariantName = Literal["nixpkgs", "upstream", "ik", "mtp"]
+
+
 @dataclass(frozen=True)
 class Variant:
-    name: str
+    name: VariantName
     description: str
     flake_input: str | None  # None: nixpkgs' own llama-cpp package
     dialect: Dialect

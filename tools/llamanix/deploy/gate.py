@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
 import httpx
 
@@ -20,7 +20,8 @@ from llamanix.core.errors import ExternalCommandError, UserError
 from llamanix.measure.bench import BenchSettings, builtin_prompts, run_bench
 from llamanix.measure.metrics import parse_metrics
 
-GATES = ("health", "smoke", "bench")
+GateKind = Literal["health", "smoke", "bench"]
+GATES: tuple[GateKind, ...] = get_args(GateKind)
 BENCH_MAX_TOKENS = 64
 BENCH_RUNS = 5  # N >= 5 after a warm-up: fewer runs make a regression check noise
 POLL_S = 0.2
@@ -48,7 +49,7 @@ class Thresholds:
 @dataclass
 class GateResult:
     name: str
-    gate: str
+    gate: GateKind
     passed: bool
     detail: str
     tok_s: float | None = None
@@ -166,7 +167,7 @@ def _bench(target: GateTarget, limits: Thresholds) -> tuple[float, str]:
 
 
 def run_gate(
-    gate: str, target: GateTarget, timeout_s: float, limits: Thresholds | None = None
+    gate: GateKind, target: GateTarget, timeout_s: float, limits: Thresholds | None = None
 ) -> GateResult:
     """Run one gate against one instance; never raises for a failing server."""
     limits = limits or Thresholds()

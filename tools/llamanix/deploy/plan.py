@@ -12,7 +12,8 @@ from llamanix.core.variants import VARIANTS
 from llamanix.external import systemd_analyze
 from llamanix.external.files import atomic_write
 from llamanix.external.nix import locked_revisions
-from llamanix.render.units import CapabilityMap, RenderedInstance, pick_host, render_host
+from llamanix.render.manifest import RenderedInstance
+from llamanix.render.units import CapabilityMap, pick_host, render_host
 
 
 def speculative_summary(inst: Instance) -> str:

@@ -37,7 +37,7 @@ from typing import Any
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
 from llamanix.external.files import atomic_write
 from llamanix.measure.server_process import LlamaServer, ServerStartError, tail
-from llamanix.render.units import MANIFEST
+from llamanix.render.manifest import MANIFEST
 
 STATUS = "up-status.json"
 POLL_S = 0.25

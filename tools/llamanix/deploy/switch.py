@@ -10,399 +10,37 @@ before the switch reports failure (exit 1).
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
-import re
-import time
-import tomllib
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Literal
 
-import tomlkit
-import tomlkit.exceptions
-
-from llamanix.core.config import Config, parse_config, suggest
+from llamanix.core.config import Config, suggest
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
 from llamanix.core.probe import commit_of
 from llamanix.core.variants import VARIANTS
-from llamanix.deploy.gate import GATES, GateResult, GateTarget, Thresholds, run_gate
+from llamanix.deploy.config_edit import apply_sets, lenient_parse, parse_text, read_config_text
+from llamanix.deploy.gate import GATES, GateKind, GateResult, GateTarget, Thresholds, run_gate
 from llamanix.deploy.generations import Generation, HostState, now
-from llamanix.deploy.supervisor import SETTLED, load_specs, read_status
-from llamanix.external import nix, systemctl
+from llamanix.deploy.managers import (
+    ManagerKind,
+    NixosManager,
+    diff_files,
+    diff_instances,
+    make_manager,
+    summary_of,
+)
+from llamanix.external import nix
 from llamanix.external.files import atomic_write
 from llamanix.external.llama_server import binary_version_line
 from llamanix.external.process import Runner
-from llamanix.render.units import MANIFEST, Render, pick_host, render_host
+from llamanix.render.manifest import Render, RenderedInstance
+from llamanix.render.units import pick_host, render_host
 
-MANAGERS = ("nixos", "systemd", "systemd-user", "up")
+# What a switch did on one host.
+Outcome = Literal["passed", "failed", "unchanged", "dry-run"]
 Echo = Callable[[str], None]
-
-# --- config edits ----------------------------------------------------------------------------
-
-
-def _parse_value(text: str) -> Any:
-    """A TOML value (3, 0.75, true, "x", ["a"]); anything else is taken as a bare string."""
-    try:
-        return tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
-        return text
-
-
-def apply_sets(path: Path, text: str, sets: tuple[str, ...]) -> str:
-    """The config text with each ``KEY.PATH=VALUE`` applied (comments and layout kept)."""
-    if not sets:
-        return text
-    edits: list[tuple[list[str], Any]] = []
-    for item in sets:
-        key, sep, value = item.partition("=")
-        parts = key.strip().split(".")
-        if not sep or not all(parts):
-            raise UserError(
-                Problem(
-                    str(path),
-                    "--set",
-                    f"'{item}' is not KEY=VALUE",
-                    "write e.g. --set instances.qwen.variant=ik",
-                )
-            )
-        edits.append((parts, _parse_value(value.strip())))
-    if path.suffix == ".json":
-        data = json.loads(text)
-        for parts, value in edits:
-            _assign(data, parts, value, path)
-        return json.dumps(data, indent=2) + "\n"
-    try:
-        doc = tomlkit.parse(text)
-    except tomlkit.exceptions.ParseError as err:
-        raise UserError(Problem(str(path), "", f"TOML syntax error: {err}")) from None
-    for parts, value in edits:
-        _assign(doc, parts, value, path)
-    return tomlkit.dumps(doc)
-
-
-def _assign(container: Any, parts: list[str], value: Any, path: Path) -> None:
-    node = container
-    for i, part in enumerate(parts[:-1]):
-        if part not in node:
-            node[part] = tomlkit.table() if not isinstance(container, dict) else {}
-        node = node[part]
-        if not hasattr(node, "__setitem__") or isinstance(node, str | list):
-            where = ".".join(parts[: i + 1])
-            raise UserError(
-                Problem(
-                    str(path),
-                    "--set",
-                    f"{where} is not a table",
-                    "set a key inside a table, e.g. instances.NAME.KEY=VALUE",
-                )
-            )
-    node[parts[-1]] = value
-
-
-def parse_text(path: Path, text: str) -> Config:
-    """Validate a (changed) config text as if it were the file."""
-    try:
-        data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
-    except (json.JSONDecodeError, tomllib.TOMLDecodeError) as err:
-        raise UserError(Problem(str(path), "", f"syntax error: {err}")) from None
-    return parse_config(data, str(path))
-
-
-def read_config_text(path: Path) -> str:
-    try:
-        return path.read_text()
-    except FileNotFoundError:
-        raise UserError(Problem(str(path), "", "no such file", "check the path")) from None
-
-
-# --- what changed ----------------------------------------------------------------------------
-
-
-def manifest_instances(files: dict[str, str]) -> dict[str, dict[str, Any]]:
-    if MANIFEST not in files:
-        # A bare set of installed units (no manifest): one entry per unit file.
-        return {
-            n[len("llamanix-") : -len(".service")]: {"unit": n}
-            for n in files
-            if n.startswith("llamanix-") and n.endswith(".service")
-        }
-    data = json.loads(files[MANIFEST])
-    instances = data.get("instances", {})
-    return instances if isinstance(instances, dict) else {}
-
-
-def diff_instances(new: dict[str, str], old: dict[str, str]) -> tuple[list[str], list[str]]:
-    """(changed or added, removed) instance names."""
-    new_i, old_i = manifest_instances(new), manifest_instances(old)
-    changed = []
-    for name, entry in new_i.items():
-        unit, argv = entry["unit"], f"{name}.argv.json"
-        if (
-            name not in old_i
-            or new.get(unit) != old.get(unit)
-            or (argv in old and new.get(argv) != old.get(argv))
-        ):
-            changed.append(name)
-    return sorted(changed), sorted(set(old_i) - set(new_i))
-
-
-def summary_of(files: dict[str, str]) -> dict[str, dict[str, Any]]:
-    return {
-        name: {
-            "variant": e.get("variant"),
-            "source_revision": e.get("source_revision"),
-            "port": e.get("port"),
-        }
-        for name, e in manifest_instances(files).items()
-    }
-
-
-# --- managers --------------------------------------------------------------------------------
-
-
-class Manager(Protocol):
-    @property
-    def name(self) -> str: ...
-
-    def describe(self) -> dict[str, str]: ...
-
-    def preflight(self, runner: Runner) -> None: ...
-
-    def installed(self) -> dict[str, str]: ...
-
-    def activate(
-        self, runner: Runner, new: dict[str, str], old: dict[str, str], timeout_s: float
-    ) -> dict[str, str]:
-        """Install ``new`` in place of ``old``; returns instances known to have failed."""
-        ...
-
-    def restore(
-        self, runner: Runner, old: dict[str, str], new: dict[str, str], timeout_s: float
-    ) -> None: ...
-
-
-def install_files(
-    runner: Runner,
-    dest: Path,
-    new: dict[str, str],
-    old: dict[str, str],
-    only: Callable[[str], bool],
-) -> None:
-    """Write what differs (manifest last, each file atomically), then remove what went away."""
-    names = sorted((n for n in new if only(n)), key=lambda n: n == MANIFEST)
-    for name in names:
-        if new[name] != old.get(name) or not (dest / name).exists():
-            if runner.dry_run:
-                runner.note(f"write {dest / name}")
-            else:
-                atomic_write(dest / name, new[name])
-    for name in sorted(n for n in old if only(n) and n not in new):
-        if runner.dry_run:
-            runner.note(f"remove {dest / name}")
-        else:
-            (dest / name).unlink(missing_ok=True)
-
-
-def _is_unit(name: str) -> bool:
-    return name.startswith("llamanix-") and name.endswith(".service")
-
-
-def is_render_file(name: str) -> bool:
-    return name == MANIFEST or _is_unit(name) or name.endswith(".argv.json")
-
-
-@dataclass
-class SystemdManager:
-    """systemd (system or --user) on this machine: unit files plus systemctl."""
-
-    units_dir: Path
-    user: bool
-
-    @property
-    def name(self) -> str:
-        return "systemd-user" if self.user else "systemd"
-
-    def describe(self) -> dict[str, str]:
-        return {"manager": self.name, "units_dir": str(self.units_dir)}
-
-    def preflight(self, runner: Runner) -> None:
-        pass
-
-    def installed(self) -> dict[str, str]:
-        if not self.units_dir.is_dir():
-            return {}
-        return {p.name: p.read_text() for p in sorted(self.units_dir.glob("llamanix-*.service"))}
-
-    def activate(
-        self, runner: Runner, new: dict[str, str], old: dict[str, str], timeout_s: float
-    ) -> dict[str, str]:
-        new_u = {n: t for n, t in new.items() if _is_unit(n)}
-        old_u = {n: t for n, t in old.items() if _is_unit(n)}
-        removed = sorted(set(old_u) - set(new_u))
-        added = sorted(set(new_u) - set(old_u))
-        changed = sorted(n for n in new_u if old_u.get(n) != new_u[n])
-        systemctl.disable_now(runner, self.user, removed)
-        install_files(runner, self.units_dir, new_u, old_u, _is_unit)
-        systemctl.daemon_reload(runner, self.user)
-        systemctl.enable(runner, self.user, added)
-        systemctl.restart(runner, self.user, changed)
-        return {}
-
-    def restore(
-        self, runner: Runner, old: dict[str, str], new: dict[str, str], timeout_s: float
-    ) -> None:
-        self.activate(runner, old, new, timeout_s)
-
-
-@dataclass
-class UpManager:
-    """A running ``llamanix up`` watching ``units_dir`` (machines and tests without systemd)."""
-
-    units_dir: Path
-    name: str = "up"
-
-    def describe(self) -> dict[str, str]:
-        return {"manager": self.name, "units_dir": str(self.units_dir)}
-
-    def preflight(self, runner: Runner) -> None:
-        if not runner.dry_run and read_status(self.units_dir) is None:
-            raise UserError(
-                Problem(
-                    str(self.units_dir),
-                    "--manager up",
-                    "no llamanix up is running for this directory",
-                    "start it first: llamanix up CONFIG --host HOST",
-                )
-            )
-
-    def installed(self) -> dict[str, str]:
-        try:
-            manifest = (self.units_dir / MANIFEST).read_text()
-        except FileNotFoundError:
-            return {}
-        files = {MANIFEST: manifest}
-        for name, entry in manifest_instances(files).items():
-            for fname in (entry["unit"], f"{name}.argv.json"):
-                if (self.units_dir / fname).exists():
-                    files[fname] = (self.units_dir / fname).read_text()
-        return files
-
-    def activate(
-        self, runner: Runner, new: dict[str, str], old: dict[str, str], timeout_s: float
-    ) -> dict[str, str]:
-        install_files(runner, self.units_dir, new, old, is_render_file)
-        if runner.dry_run:
-            runner.note(f"wait for llamanix up to apply {self.units_dir / MANIFEST}")
-            return {}
-        return self.wait_applied(new, timeout_s)
-
-    def wait_applied(self, new: dict[str, str], timeout_s: float) -> dict[str, str]:
-        """Wait until ``up`` runs exactly ``new``; returns {instance: error} for failed starts."""
-        digest = hashlib.sha256(new[MANIFEST].encode()).hexdigest()
-        keys = {n: s.key for n, s in load_specs(self.units_dir).items()}
-        deadline = time.monotonic() + timeout_s
-        while True:
-            status = read_status(self.units_dir)
-            if status is None:
-                raise ExternalCommandError(f"llamanix up for {self.units_dir} is gone")
-            states = status.get("instances", {})
-            if status.get("manifest") == digest and all(
-                states.get(n, {}).get("key") == k and states[n].get("state") in SETTLED
-                for n, k in keys.items()
-            ):
-                return {
-                    n: str(states[n].get("last_error") or states[n]["state"])
-                    for n in keys
-                    if states[n]["state"] != "running"
-                }
-            if time.monotonic() > deadline:
-                return {
-                    n: f"not serving within {timeout_s:g}s "
-                    f"(state {states.get(n, {}).get('state', 'unknown')})"
-                    for n in keys
-                    if states.get(n, {}).get("state") != "running"
-                }
-            time.sleep(0.1)
-
-    def restore(
-        self, runner: Runner, old: dict[str, str], new: dict[str, str], timeout_s: float
-    ) -> None:
-        self.activate(runner, old, new, timeout_s)
-
-
-@dataclass
-class NixosManager:
-    """A NixOS host: the flake beside the config declares it; nixos-rebuild activates it."""
-
-    flake_dir: Path
-    host: str
-    target: str | None
-    name: str = "nixos"
-
-    def describe(self) -> dict[str, str]:
-        return {"manager": self.name, "flake": str(self.flake_dir)}
-
-    def preflight(self, runner: Runner) -> None:
-        if not runner.dry_run and not (self.flake_dir / "flake.nix").exists():
-            raise UserError(
-                Problem(
-                    str(self.flake_dir),
-                    "flake.nix",
-                    "no flake beside the config",
-                    f"keep the config in the flake that defines nixosConfigurations.{self.host}",
-                )
-            )
-
-    def installed(self) -> dict[str, str]:
-        return {}
-
-    def activate(
-        self, runner: Runner, new: dict[str, str], old: dict[str, str], timeout_s: float
-    ) -> dict[str, str]:
-        nix.nixos_rebuild_switch(runner, self.flake_dir, self.host, self.target)
-        return {}
-
-    def restore(
-        self, runner: Runner, old: dict[str, str], new: dict[str, str], timeout_s: float
-    ) -> None:
-        nix.nixos_rebuild_rollback(runner, self.flake_dir, self.target)
-
-
-def user_units_dir() -> Path:
-    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-    return Path(base) / "systemd" / "user"
-
-
-def make_manager(
-    config: Config, host: str, state: HostState, manager: str | None, units_dir: Path | None
-) -> Manager:
-    recorded = state.manager()
-    kind = manager or recorded.get("manager") or config.hosts[host].kind
-    if units_dir is None and recorded.get("manager") == kind and recorded.get("units_dir"):
-        units_dir = Path(recorded["units_dir"])
-    target = config.hosts[host].target
-    if kind == "nixos":
-        return NixosManager(Path(config.source).resolve().parent, host, target)
-    if target:
-        raise UserError(
-            Problem(
-                config.source,
-                f"hosts.{host}.target",
-                f"switching a remote {kind} host is not supported",
-                "run llamanix switch on that machine",
-            )
-        )
-    if kind == "up":
-        return UpManager(units_dir or state.root / "up")
-    if kind == "systemd-user":
-        return SystemdManager(units_dir or user_units_dir(), user=True)
-    return SystemdManager(units_dir or Path("/etc/systemd/system"), user=False)
-
-
-# --- gating ----------------------------------------------------------------------------------
 
 
 def gate_url(config: Config, name: str) -> str:
@@ -437,14 +75,14 @@ def gate_target(config: Config, name: str) -> GateTarget:
 @dataclass(frozen=True)
 class SwitchOptions:
     sets: tuple[str, ...] = ()
-    gate: str | None = None
+    gate: GateKind | None = None
     min_tok_s: float | None = None
     max_regression: float | None = None
     timeout_s: float = 120.0
-    manager: str | None = None
+    manager: ManagerKind | None = None
     units_dir: Path | None = None
 
-    def gate_kind(self, source: str) -> str:
+    def gate_kind(self, source: str) -> GateKind:
         wants_bench = self.min_tok_s is not None or self.max_regression is not None
         if self.min_tok_s is not None and self.max_regression is not None:
             raise UserError(
@@ -470,7 +108,7 @@ class SwitchOptions:
 @dataclass
 class HostOutcome:
     host: str
-    result: str  # passed | failed | unchanged | dry-run
+    result: Outcome
     generation: int | None = None
     detail: str = ""
     changed: list[str] = field(default_factory=list)
@@ -480,22 +118,28 @@ class HostOutcome:
         return self.result != "failed"
 
 
-def fill_source_revisions(render: Render, config: Config, kind: str) -> None:
-    """Which source each instance runs: the flake.lock pin (NixOS) or the binary's --version."""
+def with_source_revisions(render: Render, config: Config, kind: str) -> Render:
+    """The render with each instance's source: the flake.lock pin (NixOS) or the binary's
+    --version, where the probe did not already say."""
     locked = nix.locked_revisions(Path(config.source).resolve().parent) if kind == "nixos" else {}
-    for inst in render.instances:
+
+    def revision(inst: RenderedInstance) -> str | None:
         if inst.source_revision:
-            continue
+            return inst.source_revision
         if kind == "nixos":
-            variant = VARIANTS[inst.variant]
-            inst.source_revision = locked.get(variant.flake_input or "nixpkgs")
-            continue
+            return locked.get(VARIANTS[inst.variant].flake_input or "nixpkgs")
         program = Path(inst.argv[0])
         if program.is_absolute() and os.access(program, os.X_OK):
             try:
-                inst.source_revision = commit_of(binary_version_line(program))
+                return commit_of(binary_version_line(program))
             except (ExternalCommandError, OSError, ValueError):
-                inst.source_revision = None
+                return None
+        return None
+
+    return replace(
+        render,
+        instances=tuple(replace(i, source_revision=revision(i)) for i in render.instances),
+    )
 
 
 def _check_serving(
@@ -511,13 +155,6 @@ def _check_serving(
     for r in results:
         echo(f"  {r.name}: {'serving' if r.passed else 'NOT serving'} ({r.detail})")
     return all(r.passed for r in results), results
-
-
-def _lenient_parse(path: Path, text: str) -> Config | None:
-    try:
-        return parse_text(path, text)
-    except UserError:
-        return None
 
 
 def switch_host(
@@ -536,14 +173,13 @@ def switch_host(
     state = HostState.beside(path, host)
     manager = make_manager(config, host, state, opts.manager, opts.units_dir)
     manager.preflight(runner)
-    render = render_host(config, host)
-    fill_source_revisions(render, config, manager.name)
+    render = with_source_revisions(render_host(config, host), config, manager.name)
     new_files = render.files()
     current = state.current()
     old_files = current.files() if current else manager.installed()
-    changed, removed = diff_instances(new_files, old_files)
+    changed, removed = diff_instances(render, old_files)
     if manager.name == "nixos" and not old_files:
-        changed = sorted(manifest_instances(new_files))  # nothing recorded yet: gate them all
+        changed = sorted(render.names())  # nothing recorded yet: gate them all
     file_text = read_config_text(path)
     if not changed and not removed and file_text == new_text:
         echo(f"{host}: nothing changed")
@@ -642,7 +278,7 @@ def switch_host(
         return HostOutcome(host, "failed", gen.number, detail, changed)
     try:
         manager.restore(runner, old_files, new_files, opts.timeout_s)
-        old_config = _lenient_parse(path, old_text)
+        old_config = lenient_parse(path, old_text)
         serving, _ = _check_serving(
             old_config, sorted(set(changed) | set(removed)), opts.timeout_s, echo
         )
@@ -734,71 +370,11 @@ def rollback(
             raise ExternalCommandError(f"generation {target.number} did not start: {failed}")
     if runner.dry_run:
         return target
-    changed, _ = diff_instances(new_files, old_files)
-    target_config = _lenient_parse(path, snapshot.read_text()) if snapshot else None
+    changed, _ = diff_files(new_files, old_files)
+    target_config = lenient_parse(path, snapshot.read_text()) if snapshot else None
     serving, _ = _check_serving(target_config, changed, timeout_s, echo)
     state.set_current(target)
     target.update(activated_again=now())
     if not serving:
         raise ExternalCommandError(f"generation {target.number} is installed but not answering")
     return target
-
-
-# --- pin -------------------------------------------------------------------------------------
-
-_REV = re.compile(r"^[A-Za-z0-9._-]+$")
-_PINNED_BY_URL = re.compile(r"/[0-9a-f]{40}$")
-
-
-def pin(variant: str, rev: str | None, latest: bool, flake_dir: Path, runner: Runner) -> str:
-    """Point the variant's flake input at REV (or its newest commit); returns the input name."""
-    if variant not in VARIANTS:
-        raise UserError(
-            Problem(
-                "pin", "VARIANT", f"unknown variant '{variant}'", suggest(variant, tuple(VARIANTS))
-            )
-        )
-    if (rev is None) == (not latest):
-        raise UserError(
-            Problem(
-                "pin",
-                "REV",
-                "give a revision or --latest (not both)",
-                f"e.g. llamanix pin {variant} --latest",
-            )
-        )
-    if not (flake_dir / "flake.nix").exists():
-        raise UserError(
-            Problem(
-                str(flake_dir),
-                "--flake",
-                "no flake.nix here",
-                "run in the llamanix flake or pass --flake DIR",
-            )
-        )
-    v = VARIANTS[variant]
-    flake_input = v.flake_input or "nixpkgs"
-    if _PINNED_BY_URL.search(v.upstream):
-        # `nix flake lock` cannot move an input whose URL names a commit (and an override would
-        # be undone by the next lock, whose `original` no longer matches flake.nix).
-        raise UserError(
-            Problem(
-                "pin",
-                "VARIANT",
-                f"{variant} is pinned by URL in flake.nix ({v.upstream})",
-                "edit that URL to move it, or pin variant upstream, which carries the same code",
-            )
-        )
-    if latest:
-        nix.flake_lock_update_input(runner, flake_dir, flake_input)
-        return flake_input
-    assert rev is not None
-    if not _REV.match(rev):
-        raise UserError(
-            Problem(
-                "pin", "REV", f"'{rev}' is not a revision", "give a commit hash, tag or branch name"
-            )
-        )
-    repo = "github:NixOS/nixpkgs" if v.flake_input is None else "/".join(v.upstream.split("/")[:2])
-    nix.flake_lock_override_input(runner, flake_dir, flake_input, f"{repo}/{rev}")
-    return flake_input

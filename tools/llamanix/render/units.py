@@ -13,9 +13,7 @@ import re
 import shutil
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import jinja2
 
@@ -25,8 +23,8 @@ from llamanix.core.errors import Problem, UserError
 from llamanix.core.probe import Capabilities
 from llamanix.core.readiness import start_timeout_s
 from llamanix.external.files import atomic_write
+from llamanix.render.manifest import MANIFEST, Render, RenderedInstance
 
-MANIFEST = "manifest.json"
 PREVIOUS = ".previous"
 CREDENTIAL = "api-key"
 # systemd's specifier for $CREDENTIALS_DIRECTORY: the key file is read there by llama-server,
@@ -82,60 +80,6 @@ def _environment_line(key: str, value: str, expand: bool = False) -> str:
     body = f"{key}={value}" if expand else f"{key}={value.replace('%', '%%')}"
     body = body.replace("\\", "\\\\").replace('"', '\\"')
     return f'"{body}"'
-
-
-@dataclass
-class RenderedInstance:
-    name: str
-    unit: str
-    unit_text: str
-    argv: list[str]
-    variant: str
-    source_revision: str | None
-    version: str | None
-    environment: dict[str, str]
-    listen: str
-    port: int
-    alias: str | None
-    gpu: bool
-
-
-@dataclass
-class Render:
-    host: str
-    kind: str
-    config_hash: str
-    instances: list[RenderedInstance] = field(default_factory=list)
-
-    def manifest(self) -> dict[str, Any]:
-        return {
-            "config_hash": self.config_hash,
-            "host": self.host,
-            "kind": self.kind,
-            "instances": {
-                r.name: {
-                    "unit": r.unit,
-                    "variant": r.variant,
-                    "source_revision": r.source_revision,
-                    "version": r.version,
-                    "argv": r.argv,
-                    "environment": r.environment,
-                    "listen": r.listen,
-                    "port": r.port,
-                    "alias": r.alias,
-                    "gpu": r.gpu,
-                }
-                for r in self.instances
-            },
-        }
-
-    def files(self) -> dict[str, str]:
-        out: dict[str, str] = {}
-        for r in self.instances:
-            out[r.unit] = r.unit_text
-            out[f"{r.name}.argv.json"] = json.dumps(r.argv, indent=2) + "\n"
-        out[MANIFEST] = json.dumps(self.manifest(), indent=2) + "\n"
-        return out
 
 
 def config_hash(config: Config) -> str:
@@ -231,7 +175,7 @@ def render_instance(
         name=inst.name,
         unit=unit_name(inst.name),
         unit_text=text,
-        argv=argv,
+        argv=tuple(argv),
         variant=variant.name,
         source_revision=caps.commit if caps else None,
         version=caps.version if caps else None,
@@ -274,7 +218,10 @@ def render_host(
     if problems:
         raise UserError(problems)
     return Render(
-        host=name, kind="systemd-user" if as_user else kind, config_hash=digest, instances=rendered
+        host=name,
+        kind="systemd-user" if as_user else kind,
+        config_hash=digest,
+        instances=tuple(rendered),
     )
 
 
@@ -320,18 +267,3 @@ def _rendered_files(out: Path) -> list[str]:
     except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
         return []
     return [n for n in names if (out / n).exists()]
-
-
-def read_manifest(out: Path) -> dict[str, Any]:
-    path = out / MANIFEST
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise UserError(
-            Problem(str(path), "", "no render here", "run llamanix render CONFIG --out DIR first")
-        ) from None
-    except json.JSONDecodeError as err:
-        raise UserError(Problem(str(path), "", f"not a llamanix manifest: {err}")) from None
-    if not isinstance(data, dict):
-        raise UserError(Problem(str(path), "", "not a llamanix manifest"))
-    return data

@@ -1,0 +1,327 @@
+"""The managers that put a render on a host: NixOS (nixos-rebuild), systemd (system or user
+units and systemctl), and ``llamanix up`` (a directory it watches). One protocol, so switch and
+rollback do not care which one runs."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Protocol, get_args
+
+from llamanix.core.config import Config
+from llamanix.core.errors import ExternalCommandError, Problem, UserError
+from llamanix.deploy.generations import HostState
+from llamanix.deploy.supervisor import SETTLED, load_specs, read_status
+from llamanix.external import nix, systemctl
+from llamanix.external.files import atomic_write
+from llamanix.external.process import Runner
+from llamanix.render.manifest import MANIFEST, Render
+
+# How units reach a host: its kind's own tool, or `llamanix up` watching a directory.
+ManagerKind = Literal["nixos", "systemd", "systemd-user", "up"]
+MANAGERS: tuple[ManagerKind, ...] = get_args(ManagerKind)
+Echo = Callable[[str], None]
+
+
+def manifest_instances(files: dict[str, str]) -> dict[str, dict[str, Any]]:
+    if MANIFEST not in files:
+        # A bare set of installed units (no manifest): one entry per unit file.
+        return {
+            n[len("llamanix-") : -len(".service")]: {"unit": n}
+            for n in files
+            if n.startswith("llamanix-") and n.endswith(".service")
+        }
+    data = json.loads(files[MANIFEST])
+    instances = data.get("instances", {})
+    return instances if isinstance(instances, dict) else {}
+
+
+def diff_files(new: dict[str, str], old: dict[str, str]) -> tuple[list[str], list[str]]:
+    """(changed or added, removed) instance names between two sets of files from disk (a
+    recorded generation against what is installed: rollback)."""
+    new_i, old_i = manifest_instances(new), manifest_instances(old)
+    changed = []
+    for name, entry in new_i.items():
+        unit, argv = entry["unit"], f"{name}.argv.json"
+        if (
+            name not in old_i
+            or new.get(unit) != old.get(unit)
+            or (argv in old and new.get(argv) != old.get(argv))
+        ):
+            changed.append(name)
+    return sorted(changed), sorted(set(old_i) - set(new_i))
+
+
+def diff_instances(new: Render, old: dict[str, str]) -> tuple[list[str], list[str]]:
+    """(changed or added, removed) instance names: the typed new render against the files of
+    what is installed or recorded (the only side read back from text)."""
+    old_i = manifest_instances(old)
+    new_files = new.files()
+    changed = []
+    for inst in new.instances:
+        argv = f"{inst.name}.argv.json"
+        if (
+            inst.name not in old_i
+            or inst.unit_text != old.get(inst.unit)
+            or (argv in old and new_files[argv] != old.get(argv))
+        ):
+            changed.append(inst.name)
+    return sorted(changed), sorted(set(old_i) - set(new.names()))
+
+
+def summary_of(files: dict[str, str]) -> dict[str, dict[str, Any]]:
+    return {
+        name: {
+            "variant": e.get("variant"),
+            "source_revision": e.get("source_revision"),
+            "port": e.get("port"),
+        }
+        for name, e in manifest_instances(files).items()
+    }
+
+
+# --- what changed, and the managers ---------------------------------------------------------
+
+
+class Manager(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    def describe(self) -> dict[str, str]: ...
+
+    def preflight(self, runner: Runner) -> None: ...
+
+    def installed(self) -> dict[str, str]: ...
+
+    def activate(
+        self, runner: Runner, new: dict[str, str], old: dict[str, str], timeout_s: float
+    ) -> dict[str, str]:
+        """Install ``new`` in place of ``old``; returns instances known to have failed."""
+        ...
+
+    def restore(
+        self, runner: Runner, old: dict[str, str], new: dict[str, str], timeout_s: float
+    ) -> None: ...
+
+
+def install_files(
+    runner: Runner,
+    dest: Path,
+    new: dict[str, str],
+    old: dict[str, str],
+    only: Callable[[str], bool],
+) -> None:
+    """Write what differs (manifest last, each file atomically), then remove what went away."""
+    names = sorted((n for n in new if only(n)), key=lambda n: n == MANIFEST)
+    for name in names:
+        if new[name] != old.get(name) or not (dest / name).exists():
+            if runner.dry_run:
+                runner.note(f"write {dest / name}")
+            else:
+                atomic_write(dest / name, new[name])
+    for name in sorted(n for n in old if only(n) and n not in new):
+        if runner.dry_run:
+            runner.note(f"remove {dest / name}")
+        else:
+            (dest / name).unlink(missing_ok=True)
+
+
+def _is_unit(name: str) -> bool:
+    return name.startswith("llamanix-") and name.endswith(".service")
+
+
+def is_render_file(name: str) -> bool:
+    return name == MANIFEST or _is_unit(name) or name.endswith(".argv.json")
+
+
+@dataclass
+class SystemdManager:
+    """systemd (system or --user) on this machine: unit files plus systemctl."""
+
+    units_dir: Path
+    user: bool
+
+    @property
+    def name(self) -> str:
+        return "systemd-user" if self.user else "systemd"
+
+    def describe(self) -> dict[str, str]:
+        return {"manager": self.name, "units_dir": str(self.units_dir)}
+
+    def preflight(self, runner: Runner) -> None:
+        pass
+
+    def installed(self) -> dict[str, str]:
+        if not self.units_dir.is_dir():
+            return {}
+        return {p.name: p.read_text() for p in sorted(self.units_dir.glob("llamanix-*.service"))}
+
+    def activate(
+        self, runner: Runner, new: dict[str, str], old: dict[str, str], timeout_s: float
+    ) -> dict[str, str]:
+        new_u = {n: t for n, t in new.items() if _is_unit(n)}
+        old_u = {n: t for n, t in old.items() if _is_unit(n)}
+        removed = sorted(set(old_u) - set(new_u))
+        added = sorted(set(new_u) - set(old_u))
+        changed = sorted(n for n in new_u if old_u.get(n) != new_u[n])
+        systemctl.disable_now(runner, self.user, removed)
+        install_files(runner, self.units_dir, new_u, old_u, _is_unit)
+        systemctl.daemon_reload(runner, self.user)
+        systemctl.enable(runner, self.user, added)
+        systemctl.restart(runner, self.user, changed)
+        return {}
+
+    def restore(
+        self, runner: Runner, old: dict[str, str], new: dict[str, str], timeout_s: float
+    ) -> None:
+        self.activate(runner, old, new, timeout_s)
+
+
+@dataclass
+class UpManager:
+    """A running ``llamanix up`` watching ``units_dir`` (machines and tests without systemd)."""
+
+    units_dir: Path
+    name: str = "up"
+
+    def describe(self) -> dict[str, str]:
+        return {"manager": self.name, "units_dir": str(self.units_dir)}
+
+    def preflight(self, runner: Runner) -> None:
+        if not runner.dry_run and read_status(self.units_dir) is None:
+            raise UserError(
+                Problem(
+                    str(self.units_dir),
+                    "--manager up",
+                    "no llamanix up is running for this directory",
+                    "start it first: llamanix up CONFIG --host HOST",
+                )
+            )
+
+    def installed(self) -> dict[str, str]:
+        try:
+            manifest = (self.units_dir / MANIFEST).read_text()
+        except FileNotFoundError:
+            return {}
+        files = {MANIFEST: manifest}
+        for name, entry in manifest_instances(files).items():
+            for fname in (entry["unit"], f"{name}.argv.json"):
+                if (self.units_dir / fname).exists():
+                    files[fname] = (self.units_dir / fname).read_text()
+        return files
+
+    def activate(
+        self, runner: Runner, new: dict[str, str], old: dict[str, str], timeout_s: float
+    ) -> dict[str, str]:
+        install_files(runner, self.units_dir, new, old, is_render_file)
+        if runner.dry_run:
+            runner.note(f"wait for llamanix up to apply {self.units_dir / MANIFEST}")
+            return {}
+        return self.wait_applied(new, timeout_s)
+
+    def wait_applied(self, new: dict[str, str], timeout_s: float) -> dict[str, str]:
+        """Wait until ``up`` runs exactly ``new``; returns {instance: error} for failed starts."""
+        digest = hashlib.sha256(new[MANIFEST].encode()).hexdigest()
+        keys = {n: s.key for n, s in load_specs(self.units_dir).items()}
+        deadline = time.monotonic() + timeout_s
+        while True:
+            status = read_status(self.units_dir)
+            if status is None:
+                raise ExternalCommandError(f"llamanix up for {self.units_dir} is gone")
+            states = status.get("instances", {})
+            if status.get("manifest") == digest and all(
+                states.get(n, {}).get("key") == k and states[n].get("state") in SETTLED
+                for n, k in keys.items()
+            ):
+                return {
+                    n: str(states[n].get("last_error") or states[n]["state"])
+                    for n in keys
+                    if states[n]["state"] != "running"
+                }
+            if time.monotonic() > deadline:
+                return {
+                    n: f"not serving within {timeout_s:g}s "
+                    f"(state {states.get(n, {}).get('state', 'unknown')})"
+                    for n in keys
+                    if states.get(n, {}).get("state") != "running"
+                }
+            time.sleep(0.1)
+
+    def restore(
+        self, runner: Runner, old: dict[str, str], new: dict[str, str], timeout_s: float
+    ) -> None:
+        self.activate(runner, old, new, timeout_s)
+
+
+@dataclass
+class NixosManager:
+    """A NixOS host: the flake beside the config declares it; nixos-rebuild activates it."""
+
+    flake_dir: Path
+    host: str
+    target: str | None
+    name: str = "nixos"
+
+    def describe(self) -> dict[str, str]:
+        return {"manager": self.name, "flake": str(self.flake_dir)}
+
+    def preflight(self, runner: Runner) -> None:
+        if not runner.dry_run and not (self.flake_dir / "flake.nix").exists():
+            raise UserError(
+                Problem(
+                    str(self.flake_dir),
+                    "flake.nix",
+                    "no flake beside the config",
+                    f"keep the config in the flake that defines nixosConfigurations.{self.host}",
+                )
+            )
+
+    def installed(self) -> dict[str, str]:
+        return {}
+
+    def activate(
+        self, runner: Runner, new: dict[str, str], old: dict[str, str], timeout_s: float
+    ) -> dict[str, str]:
+        nix.nixos_rebuild_switch(runner, self.flake_dir, self.host, self.target)
+        return {}
+
+    def restore(
+        self, runner: Runner, old: dict[str, str], new: dict[str, str], timeout_s: float
+    ) -> None:
+        nix.nixos_rebuild_rollback(runner, self.flake_dir, self.target)
+
+
+def user_units_dir() -> Path:
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "systemd" / "user"
+
+
+def make_manager(
+    config: Config, host: str, state: HostState, manager: str | None, units_dir: Path | None
+) -> Manager:
+    recorded = state.manager()
+    kind = manager or recorded.get("manager") or config.hosts[host].kind
+    if units_dir is None and recorded.get("manager") == kind and recorded.get("units_dir"):
+        units_dir = Path(recorded["units_dir"])
+    target = config.hosts[host].target
+    if kind == "nixos":
+        return NixosManager(Path(config.source).resolve().parent, host, target)
+    if target:
+        raise UserError(
+            Problem(
+                config.source,
+                f"hosts.{host}.target",
+                f"switching a remote {kind} host is not supported",
+                "run llamanix switch on that machine",
+            )
+        )
+    if kind == "up":
+        return UpManager(units_dir or state.root / "up")
+    if kind == "systemd-user":
+        return SystemdManager(units_dir or user_units_dir(), user=True)
+    return SystemdManager(units_dir or Path("/etc/systemd/system"), user=False)
