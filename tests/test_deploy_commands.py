@@ -270,7 +270,7 @@ def test_pin_refuses_an_input_pinned_by_url(
     result = CliRunner().invoke(main, ["pin", *args, "--flake", str(tmp_path)])
     assert result.exit_code == 2
     assert result.output == (
-        "pin: VARIANT: mtp is pinned by URL in flake.nix "
+        "llamanix pin: VARIANT: mtp is pinned by URL in flake.nix "
         "(github:ggml-org/llama.cpp/255582687b8dd211fdbc582e43ab842491554e94) "
         "(edit that URL to move it, or pin variant upstream, which carries the same code)\n"
     )

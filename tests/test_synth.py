@@ -140,7 +140,7 @@ def test_bad_arguments_one_line_exit_2_nothing_written(
     assert result.exit_code == 2, result.output
     lines = result.output.strip().splitlines()
     assert len(lines) == 1, result.output
-    assert lines[0].startswith(f"synth-model: {field}: ")
+    assert lines[0].startswith(f"llamanix synth-model: {field}: ")
     assert "Traceback" not in result.output
     assert not out.exists()
     assert list(tmp_path.iterdir()) == []
@@ -153,7 +153,7 @@ def test_not_a_gguf_vocab_is_a_user_error(tmp_path: Path) -> None:
         main, ["synth-model", str(tmp_path / "m.gguf"), "--vocab", str(bogus)]
     )
     assert result.exit_code == 2, result.output
-    assert result.output.startswith("synth-model: --vocab: ")
+    assert result.output.startswith("llamanix synth-model: --vocab: ")
     assert not (tmp_path / "m.gguf").exists()
 
 

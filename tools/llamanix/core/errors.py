@@ -11,7 +11,13 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Problem:
-    """One thing wrong with the user's input."""
+    """One thing wrong with the user's input.
+
+    ``source`` is where the bad input is, as the user wrote it: a file path (a config, a model,
+    a results file), a URL or an environment variable the user set, or, for a command-line
+    argument, the command (``llamanix pin``). ``field`` then names the key, option or argument
+    inside it.
+    """
 
     source: str
     field: str

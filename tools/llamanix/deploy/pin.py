@@ -20,13 +20,16 @@ def pin(variant: str, rev: str | None, latest: bool, flake_dir: Path, runner: Ru
     if variant not in VARIANTS:
         raise UserError(
             Problem(
-                "pin", "VARIANT", f"unknown variant '{variant}'", suggest(variant, tuple(VARIANTS))
+                "llamanix pin",
+                "VARIANT",
+                f"unknown variant '{variant}'",
+                suggest(variant, tuple(VARIANTS)),
             )
         )
     if (rev is None) == (not latest):
         raise UserError(
             Problem(
-                "pin",
+                "llamanix pin",
                 "REV",
                 "give a revision or --latest (not both)",
                 f"e.g. llamanix pin {variant} --latest",
@@ -48,7 +51,7 @@ def pin(variant: str, rev: str | None, latest: bool, flake_dir: Path, runner: Ru
         # be undone by the next lock, whose `original` no longer matches flake.nix).
         raise UserError(
             Problem(
-                "pin",
+                "llamanix pin",
                 "VARIANT",
                 f"{variant} is pinned by URL in flake.nix ({v.upstream})",
                 "edit that URL to move it, or pin variant upstream, which carries the same code",
@@ -61,7 +64,10 @@ def pin(variant: str, rev: str | None, latest: bool, flake_dir: Path, runner: Ru
     if not _REV.match(rev):
         raise UserError(
             Problem(
-                "pin", "REV", f"'{rev}' is not a revision", "give a commit hash, tag or branch name"
+                "llamanix pin",
+                "REV",
+                f"'{rev}' is not a revision",
+                "give a commit hash, tag or branch name",
             )
         )
     repo = "github:NixOS/nixpkgs" if v.flake_input is None else "/".join(v.upstream.split("/")[:2])

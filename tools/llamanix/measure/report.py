@@ -244,8 +244,8 @@ def plot_decode(results: Sequence[BenchResult], path: Path, prompt: str | None =
     except ImportError:
         raise UserError(
             Problem(
+                "llamanix bench",
                 "--plot",
-                "matplotlib",
                 "matplotlib is not installed",
                 "pip install 'llamanix[plot]' (or matplotlib)",
             )
@@ -276,8 +276,8 @@ def plot_decode(results: Sequence[BenchResult], path: Path, prompt: str | None =
         plt.close(fig)
         raise UserError(
             Problem(
+                "llamanix bench",
                 "--plot",
-                "results",
                 "no decode figures to plot",
                 "bench with output lengths of 2 tokens or more",
             )

@@ -133,7 +133,7 @@ def run_demo(
     elif not (binary.is_file() and os.access(binary, os.X_OK)):
         raise UserError(
             Problem(
-                "demo",
+                "llamanix demo",
                 "--binary",
                 f"{binary} is not an executable file",
                 "give the path of a llama-server binary",

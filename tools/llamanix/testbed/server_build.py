@@ -405,7 +405,7 @@ def vocab_file(name: str, progress: bool = False) -> Path:
     if not path.is_file():
         raise UserError(
             Problem(
-                "synth-model",
+                "llamanix synth-model",
                 "--vocab",
                 f"no vocab file named {name!r}",
                 f"use a path or one of: {', '.join(vocab_names())}",
