@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import httpx
 import pytest
 
-from llamanix.measure.metrics import MetricsSnapshot, metrics_delta, parse_metrics, scrape_metrics
+from llamanix.measure.client import LlamaClient
+from llamanix.measure.metrics import MetricsSnapshot, metrics_delta, parse_metrics
 
 if TYPE_CHECKING:
     from conftest import ServerFactory, SynthModels
@@ -67,11 +67,11 @@ def test_live_delta_matches_the_request(
         "temperature": 0,
         "cache_prompt": False,
     }
-    with httpx.Client(timeout=120) as client:
-        client.post(f"{server.url}/v1/chat/completions", json=body).raise_for_status()
-        before = scrape_metrics(client, server.url)
-        timings = client.post(f"{server.url}/v1/chat/completions", json=body).json()["timings"]
-        after = scrape_metrics(client, server.url)
+    with LlamaClient(server.url, timeout_s=120) as client:
+        client.chat(body).raise_for_status()
+        before = client.metrics()
+        timings = client.chat(body).json()["timings"]
+        after = client.metrics()
     assert before is not None and after is not None
     delta = metrics_delta(before, after)
     assert delta["tokens_predicted_total"] == timings["predicted_n"] == 24
@@ -89,5 +89,5 @@ def test_no_metrics_flag_means_none(
     server = server_factory(
         [str(llama_server_bin), "-m", str(synth_models.target), "-c", "512", "-np", "1", "-t", "1"]
     )
-    with httpx.Client(timeout=30) as client:
-        assert scrape_metrics(client, server.url) is None
+    with LlamaClient(server.url, timeout_s=30) as client:
+        assert client.metrics() is None

@@ -29,6 +29,7 @@ from llamanix.measure.ceiling import (
     find_gpu,
     parse_bytes,
 )
+from llamanix.measure.client import read_api_key
 from llamanix.measure.gguf_info import CACHE_TYPES, GgufInfo, read_gguf
 from llamanix.measure.server_log import parse_server_log
 
@@ -59,23 +60,6 @@ def _count(n: float) -> str:
 
 
 # --- bench ----------------------------------------------------------------------------------
-
-
-def _read_key(path: Path | None) -> dict[str, str]:
-    if path is None:
-        return {}
-    try:
-        key = path.read_text().strip()
-    except OSError as err:
-        raise UserError(
-            Problem(
-                str(path),
-                "--api-key-file",
-                f"cannot read ({err.strerror})",
-                "give a readable file holding the key",
-            )
-        ) from None
-    return {"Authorization": f"Bearer {key}"} if key else {}
 
 
 def _bench_ceiling(
@@ -219,7 +203,7 @@ def _run_bench(ctx: click.Context, opts: BenchOptions) -> None:
         label=label,
     )
     prompt_list = benchmod.load_prompts(prompts)
-    headers = _read_key(api_key_file)
+    api_key = read_api_key(api_key_file) if api_key_file else None
     console = _console()
     if sys.stdout.isatty():
         with Progress(
@@ -235,9 +219,9 @@ def _run_bench(ctx: click.Context, opts: BenchOptions) -> None:
             def step(kind: str) -> None:
                 bar.update(task, advance=1, description=kind)
 
-            result = benchmod.run_bench(settings, prompt_list, headers=headers, progress=step)
+            result = benchmod.run_bench(settings, prompt_list, api_key=api_key, progress=step)
     else:
-        result = benchmod.run_bench(settings, prompt_list, headers=headers)
+        result = benchmod.run_bench(settings, prompt_list, api_key=api_key)
     _bench_ceiling(result, url, gpu, gguf)
     if as_json:
         _echo_json(result.to_json())

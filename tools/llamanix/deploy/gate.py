@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
@@ -18,6 +17,7 @@ import httpx
 
 from llamanix.core.errors import ExternalCommandError, UserError
 from llamanix.measure.bench import BenchSettings, builtin_prompts, run_bench
+from llamanix.measure.client import LlamaClient, NotServing
 from llamanix.measure.metrics import parse_metrics
 
 GateKind = Literal["health", "smoke", "bench"]
@@ -71,27 +71,7 @@ class GateFailed(Exception):
         self.tok_s = tok_s
 
 
-def _headers(target: GateTarget) -> dict[str, str]:
-    return {"Authorization": f"Bearer {target.api_key}"} if target.api_key else {}
-
-
-def wait_health(client: httpx.Client, url: str, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    last = "no answer"
-    while True:
-        try:
-            resp = client.get(url + "/health")
-            if resp.status_code == 200:
-                return
-            last = f"HTTP {resp.status_code}"
-        except httpx.TransportError as err:
-            last = f"{err.__class__.__name__}"
-        if time.monotonic() > deadline:
-            raise GateFailed(f"/health did not answer 200 within {timeout_s:g}s ({last})")
-        time.sleep(POLL_S)
-
-
-def chat(client: httpx.Client, target: GateTarget, max_tokens: int) -> dict[str, Any]:
+def chat(client: LlamaClient, target: GateTarget, max_tokens: int) -> dict[str, Any]:
     body: dict[str, Any] = {
         "messages": [{"role": "user", "content": "Say hello in one short sentence."}],
         "max_tokens": max_tokens,
@@ -99,7 +79,7 @@ def chat(client: httpx.Client, target: GateTarget, max_tokens: int) -> dict[str,
     }
     if target.alias:
         body["model"] = target.alias
-    resp = client.post(target.url + "/v1/chat/completions", json=body)
+    resp = client.chat(body)
     if resp.status_code != 200:
         raise GateFailed(f"chat completion: HTTP {resp.status_code}: {resp.text[:200]}")
     data: Any = resp.json()
@@ -109,10 +89,10 @@ def chat(client: httpx.Client, target: GateTarget, max_tokens: int) -> dict[str,
     return dict(data)
 
 
-def _smoke(client: httpx.Client, target: GateTarget) -> str:
+def _smoke(client: LlamaClient, target: GateTarget) -> str:
     notes = []
     if target.metrics:
-        resp = client.get(target.url + "/metrics")
+        resp = client.metrics_response()
         if resp.status_code != 200:
             raise GateFailed(f"/metrics: HTTP {resp.status_code}")
         snapshot = parse_metrics(resp.text)
@@ -141,7 +121,7 @@ def _bench(target: GateTarget, limits: Thresholds) -> tuple[float, str]:
         label=f"gate:{target.name}",
     )
     try:
-        result = run_bench(settings, [prompt], headers=_headers(target) or None)
+        result = run_bench(settings, [prompt], api_key=target.api_key)
     except (UserError, ExternalCommandError, httpx.HTTPError) as err:
         raise GateFailed(f"bench: {err}") from None
     summary = result.summaries[0]
@@ -174,10 +154,13 @@ def run_gate(
     notes: list[str] = []
     tok_s: float | None = None
     try:
-        with httpx.Client(
-            timeout=httpx.Timeout(max(timeout_s, 30.0), connect=5.0), headers=_headers(target)
+        with LlamaClient(
+            target.url, api_key=target.api_key, timeout_s=max(timeout_s, 30.0), connect_s=5.0
         ) as client:
-            wait_health(client, target.url, timeout_s)
+            try:
+                client.wait_healthy(timeout_s)
+            except NotServing as err:
+                raise GateFailed(str(err)) from None
             chat(client, target, 8)
             notes.append("health ok, chat ok")
             if gate == "smoke":

@@ -34,7 +34,8 @@ import httpx
 
 from llamanix import __version__
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
-from llamanix.measure.metrics import MetricsSnapshot, metrics_delta, scrape_metrics
+from llamanix.measure.client import LlamaClient
+from llamanix.measure.metrics import MetricsSnapshot, metrics_delta
 
 DEFAULT_MAX_TOKENS = (100, 500, 1000, 2000)
 DEFAULT_RUNS = 5
@@ -441,9 +442,9 @@ def _http_error(url: str, status: int, text: str) -> Exception:
     return ExternalCommandError(f"{url}: HTTP {status}: {message}")
 
 
-def stream_completion(client: httpx.Client, url: str, body: dict[str, Any]) -> RequestResult:
+def stream_completion(client: LlamaClient, body: dict[str, Any]) -> RequestResult:
     """POST one streaming chat completion and time it."""
-    endpoint = url.rstrip("/") + "/v1/chat/completions"
+    url = client.url
     t0 = time.perf_counter()
     t_first: float | None = None
     t_last: float | None = None
@@ -451,7 +452,7 @@ def stream_completion(client: httpx.Client, url: str, body: dict[str, Any]) -> R
     usage: dict[str, Any] = {}
     finish: str | None = None
     chunks = 0
-    with client.stream("POST", endpoint, json=body) as resp:
+    with client.stream_chat(body) as resp:
         if resp.status_code != 200:
             raise _http_error(url, resp.status_code, resp.read().decode(errors="replace"))
         for event in _sse_events(resp.iter_lines()):
@@ -512,10 +513,11 @@ def stream_completion(client: httpx.Client, url: str, body: dict[str, Any]) -> R
 # --- the whole benchmark -------------------------------------------------------------------
 
 
-def server_props(client: httpx.Client, url: str) -> dict[str, Any]:
+def server_props(client: LlamaClient) -> dict[str, Any]:
     """GET /props (build, model path, slots); fails with a clear line when nothing answers."""
+    url = client.url
     try:
-        resp = client.get(url.rstrip("/") + "/props")
+        resp = client.props()
     except httpx.TransportError as err:
         raise UserError(
             Problem(
@@ -586,16 +588,19 @@ def run_bench(
     settings: BenchSettings,
     prompts: Sequence[Prompt],
     *,
-    headers: dict[str, str] | None = None,
+    api_key: str | None = None,
     progress: ProgressHook | None = None,
 ) -> BenchResult:
     """Warm up, run, and summarise every prompt x length against ``settings.url``."""
-    limits = httpx.Limits(max_connections=max(4, settings.concurrency * 2))
-    timeout = httpx.Timeout(REQUEST_TIMEOUT_S, connect=10.0)
-    with httpx.Client(timeout=timeout, limits=limits, headers=headers) as client:
-        props = server_props(client, settings.url)
+    with LlamaClient(
+        settings.url,
+        api_key=api_key,
+        timeout_s=REQUEST_TIMEOUT_S,
+        max_connections=max(4, settings.concurrency * 2),
+    ) as client:
+        props = server_props(client)
         try:
-            has_metrics = scrape_metrics(client, settings.url) is not None
+            has_metrics = client.metrics() is not None
         except httpx.HTTPError:
             has_metrics = False
         runs: list[RunResult] = []
@@ -647,17 +652,13 @@ def run_bench(
 
 
 def _warm_up(
-    client: httpx.Client, pool: ThreadPoolExecutor, settings: BenchSettings, body: dict[str, Any]
+    client: LlamaClient, pool: ThreadPoolExecutor, settings: BenchSettings, body: dict[str, Any]
 ) -> None:
-    list(
-        pool.map(
-            lambda _i: stream_completion(client, settings.url, body), range(settings.concurrency)
-        )
-    )
+    list(pool.map(lambda _i: stream_completion(client, body), range(settings.concurrency)))
 
 
 def _one_run(
-    client: httpx.Client,
+    client: LlamaClient,
     pool: ThreadPoolExecutor,
     settings: BenchSettings,
     prompt: str,
@@ -666,18 +667,18 @@ def _one_run(
     body: dict[str, Any],
     has_metrics: bool,
 ) -> RunResult:
-    before: MetricsSnapshot | None = scrape_metrics(client, settings.url) if has_metrics else None
+    before: MetricsSnapshot | None = client.metrics() if has_metrics else None
     # All requests of a run start together; the barrier keeps thread start-up out of the window.
     barrier = threading.Barrier(settings.concurrency)
 
     def one(_i: int) -> RequestResult:
         barrier.wait()
-        return stream_completion(client, settings.url, body)
+        return stream_completion(client, body)
 
     t0 = time.perf_counter()
     requests = list(pool.map(one, range(settings.concurrency)))
     wall = time.perf_counter() - t0
-    after = scrape_metrics(client, settings.url) if has_metrics else None
+    after = client.metrics() if has_metrics else None
     generated = sum(q.predicted_n or 0 for q in requests)
     return RunResult(
         prompt=prompt,

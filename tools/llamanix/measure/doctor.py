@@ -23,6 +23,7 @@ from llamanix.core.config import Config, Host, Instance
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
 from llamanix.core.gpus import Gpu
 from llamanix.core.variants import VARIANTS
+from llamanix.measure import client
 from llamanix.measure.bench import BenchResult
 from llamanix.measure.ceiling import find_gpu, gpu_memory_bytes, vram_breakdown
 from llamanix.measure.gguf_info import GgufInfo, read_gguf, read_vocab, vocab_mismatch
@@ -180,7 +181,6 @@ class Probe:
 
 def probe_server(url: str, api_key: str | None = None) -> Probe:
     """One short completion: did the server draft, and how much of it was kept?"""
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     body = {
         "messages": [{"role": "user", "content": PROBE_PROMPT}],
         "max_tokens": PROBE_TOKENS,
@@ -190,8 +190,8 @@ def probe_server(url: str, api_key: str | None = None) -> Probe:
         "cache_prompt": False,
     }
     try:
-        with httpx.Client(timeout=PROBE_TIMEOUT_S, headers=headers) as client:
-            resp = client.post(url.rstrip("/") + "/v1/chat/completions", json=body)
+        with client.LlamaClient(url, api_key=api_key, timeout_s=PROBE_TIMEOUT_S) as server:
+            resp = server.chat(body)
     except httpx.TransportError as err:
         raise UserError(
             Problem(url, "--url", f"cannot connect ({err})", "start the server or fix --url")
@@ -613,9 +613,9 @@ def read_api_key(inst: Instance) -> str | None:
     if inst.api_key_file is None:
         return None
     try:
-        return Path(inst.api_key_file).read_text().strip() or None
-    except OSError:
-        return None
+        return client.read_api_key(Path(inst.api_key_file))
+    except UserError:
+        return None  # e.g. root-only: doctor still checks what it can without the key
 
 
 def unit_name(instance: str) -> str:

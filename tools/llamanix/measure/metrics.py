@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 PREFIX = "llamacpp:"
@@ -65,12 +64,3 @@ def metrics_delta(before: MetricsSnapshot, after: MetricsSnapshot) -> dict[str, 
         else:
             out[key] = value
     return out
-
-
-def scrape_metrics(client: httpx.Client, base_url: str) -> MetricsSnapshot | None:
-    """GET /metrics; None when the server was started without ``--metrics``."""
-    resp = client.get(base_url.rstrip("/") + "/metrics")
-    if resp.status_code in (404, 501):
-        return None
-    resp.raise_for_status()
-    return parse_metrics(resp.text)

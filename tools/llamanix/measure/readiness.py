@@ -15,7 +15,9 @@ from pathlib import Path
 
 import httpx
 
+from llamanix.core.errors import UserError
 from llamanix.core.readiness import deadline_s, files_size
+from llamanix.measure.client import LlamaClient, read_api_key
 
 POLL_S = 0.25
 
@@ -58,17 +60,14 @@ def wait_ready(check: ReadinessCheck) -> float:
     """Block until the server serves; returns the seconds it took. Raises NotReady."""
     started = time.monotonic()
     limit = check.effective_deadline_s()
-    headers = {}
+    api_key = None
     if check.api_key_file is not None:
         try:
-            key = check.api_key_file.read_text().strip()
-        except OSError as err:
-            raise NotReady(
-                f"cannot read the API key file {check.api_key_file}: {err.strerror}"
-            ) from None
-        headers["Authorization"] = f"Bearer {key}"
+            api_key = read_api_key(check.api_key_file)
+        except UserError as err:
+            raise NotReady(str(err)) from None
     last = "no answer yet"
-    with httpx.Client(timeout=httpx.Timeout(10.0, read=max(10.0, limit))) as client:
+    with LlamaClient(check.url, api_key=api_key, timeout_s=max(10.0, limit)) as client:
         while True:
             elapsed = time.monotonic() - started
             if check.pid is not None and not _alive(check.pid):
@@ -76,15 +75,11 @@ def wait_ready(check: ReadinessCheck) -> float:
             if elapsed > limit:
                 raise NotReady(f"{check.url} not serving after {limit:g}s ({last})")
             try:
-                health = client.get(f"{check.url}/health")
+                health = client.health()
                 if health.status_code != 200:
                     last = f"/health answered {health.status_code}"
                 else:
-                    done = client.post(
-                        f"{check.url}/completion",
-                        json={"prompt": "Hello", "n_predict": 1, "temperature": 0},
-                        headers=headers,
-                    )
+                    done = client.complete("Hello", 1)
                     if done.status_code == 200:
                         return time.monotonic() - started
                     last = f"a one-token completion answered {done.status_code}"

@@ -12,15 +12,13 @@ import os
 import signal
 import socket
 import subprocess
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-import httpx
-
 from llamanix.core.errors import ExternalCommandError
+from llamanix.measure.client import LlamaClient, NotServing
 
 DEFAULT_HOST = "127.0.0.1"
 POLL_INTERVAL_S = 0.1
@@ -132,24 +130,21 @@ class LlamaServer:
 
     def wait_healthy(self) -> None:
         assert self.process is not None
-        deadline = time.monotonic() + self.start_timeout_s
-        with httpx.Client(timeout=5.0) as client:
-            while True:
-                code = self.process.poll()
+        process = self.process
+        with LlamaClient(self.url, timeout_s=5.0) as client:
+            try:
+                client.wait_healthy(self.start_timeout_s, alive=lambda: process.poll() is None)
+            except NotServing:
+                code = process.poll()
                 if code is not None:
                     raise ServerStartError(
                         f"llama-server exited with code {code} before it was ready "
                         f"(log {self.log_path}):\n{tail(self.log_text())}"
-                    )
-                with contextlib.suppress(httpx.TransportError):
-                    if client.get(f"{self.url}/health").status_code == 200:
-                        return
-                if time.monotonic() > deadline:
-                    raise ServerStartError(
-                        f"llama-server not healthy after {self.start_timeout_s:g}s "
-                        f"(log {self.log_path}):\n{tail(self.log_text())}"
-                    )
-                time.sleep(POLL_INTERVAL_S)
+                    ) from None
+                raise ServerStartError(
+                    f"llama-server not healthy after {self.start_timeout_s:g}s "
+                    f"(log {self.log_path}):\n{tail(self.log_text())}"
+                ) from None
 
     def stop(self) -> int | None:
         """Stop the process group (SIGTERM, then SIGKILL); return the exit code."""

@@ -29,6 +29,7 @@ from llamanix.core.config import Config, parse_config
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
 from llamanix.external.llama_server import probe_binary, run_binary
 from llamanix.measure import bench, cuda_check
+from llamanix.measure.client import LlamaClient
 from llamanix.measure.cuda_check import NOT_CUDA, Check
 from llamanix.measure.doctor import query_gpus
 from llamanix.measure.gguf_info import read_gguf
@@ -345,22 +346,22 @@ def _serve(url: str, tokens: int) -> _Served:
     prompt = bench.Prompt("smoke", ({"role": "user", "content": PROMPT},))
     # cache_prompt off: the second request redoes the same prefill, so the two compare.
     body = bench.request_body(prompt, tokens, bench.BenchSettings(url=url))
-    with httpx.Client(timeout=httpx.Timeout(REQUEST_TIMEOUT_S, connect=10.0)) as client:
-        out.health = _health(client, url)
-        out.metrics_before = _scrape(client, url, out)
+    with LlamaClient(url, timeout_s=REQUEST_TIMEOUT_S) as client:
+        out.health = _health(client)
+        out.metrics_before = _scrape(client, out)
         try:
-            out.first = bench.stream_completion(client, url, body)
-            out.second = bench.stream_completion(client, url, body)
+            out.first = bench.stream_completion(client, body)
+            out.second = bench.stream_completion(client, body)
         except (UserError, ExternalCommandError, httpx.HTTPError) as err:
             out.chat_error = f"{type(err).__name__}: {err}"
         if out.metrics_before is not None:
-            out.metrics_after = _scrape(client, url, out)
+            out.metrics_after = _scrape(client, out)
     return out
 
 
-def _health(client: httpx.Client, url: str) -> Check:
+def _health(client: LlamaClient) -> Check:
     try:
-        resp = client.get(f"{url}/health")
+        resp = client.health()
     except httpx.HTTPError as err:
         return Check("health", "fail", f"GET /health: {err}")
     if resp.status_code != 200:
@@ -374,9 +375,9 @@ def _health(client: httpx.Client, url: str) -> Check:
     return Check("health", "pass", 'GET /health: 200 {"status": "ok"}')
 
 
-def _scrape(client: httpx.Client, url: str, out: _Served) -> MetricsSnapshot | None:
+def _scrape(client: LlamaClient, out: _Served) -> MetricsSnapshot | None:
     try:
-        resp = client.get(f"{url}/metrics")
+        resp = client.metrics_response()
     except httpx.HTTPError as err:
         out.metrics_error = f"GET /metrics: {err}"
         return None
