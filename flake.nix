@@ -21,6 +21,11 @@
       url = "github:ggml-org/llama.cpp/255582687b8dd211fdbc582e43ab842491554e94";
       flake = false;
     };
+    # Anbeeld/beellama.cpp: DFlash drafting and TurboQuant KV caches (seeds 003 and 004).
+    beellama-cpp = {
+      url = "github:Anbeeld/beellama.cpp";
+      flake = false;
+    };
   };
 
   outputs =
@@ -30,6 +35,7 @@
       llama-cpp-upstream,
       ik-llama-cpp,
       llama-cpp-mtp,
+      beellama-cpp,
     }:
     let
       inherit (nixpkgs) lib;
@@ -41,6 +47,7 @@
         upstream = llama-cpp-upstream;
         ik = ik-llama-cpp;
         mtp = llama-cpp-mtp;
+        beellama = beellama-cpp;
       };
 
       # What the llamanix package is built from: the Python tool and its metadata only, so

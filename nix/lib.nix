@@ -136,6 +136,8 @@ rec {
     "255582687b8dd211fdbc582e43ab842491554e94" = 9180;
     # ik_llama.cpp counts commits (git rev-list --count)
     "de55d9e2f6c24d3f0c8a8a2a296e486b2ccf80b2" = 4743;
+    # Anbeeld/beellama.cpp, git rev-list --count (it keeps upstream's history)
+    "ba1fdce591f5a845cdbf6642767ecc1f8238519d" = 9353;
   };
   buildNumberOf = rev: buildNumbers.${rev} or 0;
 

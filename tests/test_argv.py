@@ -39,6 +39,9 @@ SPEC_INPUT: dict[str, dict[str, Any]] = {
     "ngram-mod": {"n_max": 64, "n_min": 48},
     "ngram-cache": {},
     "ngram-map-k": {},
+    "copyspec": {},
+    "suffix": {},
+    "recycle": {},
 }
 
 COMMON = ["--alias", "t", "--host", "127.0.0.1", "--port", "8080", "-c", "4096"]
@@ -47,6 +50,7 @@ PREFIX = {
     "upstream": ["llama-server", "-m", "/m/target.gguf", *COMMON, "-ngl", "all", *KV, "--metrics"],
     "nixpkgs": ["llama-server", "-m", "/m/target.gguf", *COMMON, "-ngl", "all", *KV, "--metrics"],
     "mtp": ["llama-server", "-m", "/m/target.gguf", *COMMON, "-ngl", "all", *KV, "--metrics"],
+    "beellama": ["llama-server", "-m", "/m/target.gguf", *COMMON, "-ngl", "all", *KV, "--metrics"],
     # ik: integer layer counts only, and --jinja said explicitly (its default is off).
     "ik": [
         "llama-server",
@@ -110,6 +114,9 @@ EXPECTED: dict[str, dict[str, list[str] | str]] = {
             "48",
         ],
         **UP_NGRAM,
+        "copyspec": NOT,
+        "suffix": NOT,
+        "recycle": NOT,
     },
     "mtp": {
         "none": [],
@@ -133,6 +140,9 @@ EXPECTED: dict[str, dict[str, list[str] | str]] = {
             "48",
         ],
         **UP_NGRAM,
+        "copyspec": NOT,
+        "suffix": NOT,
+        "recycle": NOT,
     },
     "nixpkgs": {
         "none": [],
@@ -154,6 +164,9 @@ EXPECTED: dict[str, dict[str, list[str] | str]] = {
         "eagle3": NOT,
         "ngram-mod": ["--spec-type", "ngram-mod", "--draft-max", "64", "--draft-min", "48"],
         **UP_NGRAM,
+        "copyspec": NOT,
+        "suffix": NOT,
+        "recycle": NOT,
     },
     "ik": {
         "none": [],
@@ -186,6 +199,40 @@ EXPECTED: dict[str, dict[str, list[str] | str]] = {
         "ngram-simple": ["--spec-type", "ngram-simple"],
         "ngram-cache": ["--spec-type", "ngram-cache"],
         "ngram-map-k": ["--spec-type", "ngram-map-k"],
+        "copyspec": NOT,
+        "suffix": NOT,
+        "recycle": NOT,
+    },
+    # BeeLlama: a draft model alone drafts (no --spec-type value), DFlash takes the drafter
+    # through --spec-draft-model, and copyspec/suffix/recycle are its own model-free drafters.
+    "beellama": {
+        "none": [],
+        "draft": ["--spec-draft-model", "/m/draft.gguf", "--spec-draft-ngl", "all", *UP_DRAFT],
+        "mtp": NOT,
+        "dflash": [
+            "--spec-draft-model",
+            "/m/draft.gguf",
+            "--spec-draft-ngl",
+            "all",
+            "--spec-type",
+            "dflash",
+            *UP_DRAFT,
+        ],
+        "eagle3": NOT,
+        "ngram-simple": ["--spec-type", "ngram-simple"],
+        "ngram-mod": [
+            "--spec-type",
+            "ngram-mod",
+            "--spec-ngram-mod-n-max",
+            "64",
+            "--spec-ngram-mod-n-min",
+            "48",
+        ],
+        "ngram-cache": ["--spec-type", "ngram-cache"],
+        "ngram-map-k": ["--spec-type", "ngram-map-k"],
+        "copyspec": ["--spec-type", "copyspec"],
+        "suffix": ["--spec-type", "suffix"],
+        "recycle": ["--spec-type", "recycle"],
     },
 }
 

@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 
 from llamanix.core.config import load_config
+from llamanix.core.probe import parse_capabilities
 from llamanix.testbed import server_build
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,6 +58,20 @@ def module_eval(toml: Path, host: str, lib_path: str) -> dict[str, Any]:
     assert proc.returncode == 0, proc.stderr
     result: dict[str, Any] = json.loads(proc.stdout)
     return result
+
+
+@pytest.fixture(scope="module")
+def beellama_capabilities(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """BeeLlama's probe, from the --help recorded from a local CPU build (tests/data/README.md)."""
+    help_dir = ROOT / "tests/data/help"
+    caps = parse_capabilities(
+        "llama-server",
+        (help_dir / "beellama-ba1fdce.version.txt").read_text(),
+        (help_dir / "beellama-ba1fdce.help.txt").read_text(),
+    )
+    path = tmp_path_factory.mktemp("probe") / "beellama.json"
+    path.write_text(json.dumps(caps.to_json()))
+    return path
 
 
 @pytest.fixture(scope="module")
@@ -109,11 +124,13 @@ def normalised(files: dict[str, str]) -> dict[str, Any]:
 
 @pytest.mark.parametrize(("toml", "host"), CASES, ids=[f"{p.stem}:{h}" for p, h in CASES])
 def test_toml_and_module_render_the_same_units(
-    tmp_path: Path, capabilities: Path, toml: Path, host: str
+    tmp_path: Path, capabilities: Path, beellama_capabilities: Path, toml: Path, host: str
 ) -> None:
     cfg = load_config(toml)
     names = [inst.name for inst in cfg.instances_on(host)]
-    caps = [f"{name}={capabilities}" for name in names]
+    # Each instance is checked against a probe of its own kind of binary.
+    probe_of = {"beellama": beellama_capabilities}
+    caps = [f"{n}={probe_of.get(cfg.instances[n].variant, capabilities)}" for n in names]
     env = {**os.environ, "PATH": llamanix_path()}
 
     direct = tmp_path / "direct"

@@ -18,9 +18,10 @@ from llamanix.testbed.synth import SynthSpec, synth_model
 EXAMPLES = sorted((Path(__file__).resolve().parent.parent / "examples").glob("*.toml"))
 
 
-def test_there_are_three_examples() -> None:
+def test_there_are_four_examples() -> None:
     assert [p.name for p in EXAMPLES] == [
         "rtx3090-qwen35b-a3b.toml",
+        "rtx3090ti-qwen27b-dflash.toml",
         "rtx3090ti-qwen27b-mtp.toml",
         "rtx5090-qwen27b-draft.toml",
     ]

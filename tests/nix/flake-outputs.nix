@@ -18,6 +18,7 @@ let
     llama-cpp-upstream = source "upstream";
     ik-llama-cpp = source "ik";
     llama-cpp-mtp = source "mtp";
+    beellama-cpp = source "beellama";
   };
   self = outputs;
   # The module on a system without packages: the package set's default is what fails.

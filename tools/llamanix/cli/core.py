@@ -14,10 +14,11 @@ from rich.table import Table
 
 from llamanix.cli.completion import complete_hosts, complete_instances
 from llamanix.core import schema
-from llamanix.core.argv import instance_argv
+from llamanix.core.argv import dialect_warning, instance_argv
 from llamanix.core.config import Config, load_config
-from llamanix.core.errors import UserError
+from llamanix.core.errors import Problem, UserError
 from llamanix.core.probe import Capabilities, load_capabilities
+from llamanix.core.probe_diff import probe_diff
 from llamanix.deploy.plan import plan_config
 from llamanix.external.llama_server import probe_binary
 from llamanix.render.units import CapabilityMap, render_host, write_render
@@ -92,7 +93,11 @@ def argv_cmd(config: Path, instance: str, variant: str | None, capabilities: str
     """Print INSTANCE's exact llama-server argv as a JSON list, program first."""
     caps = _load_caps(capabilities)
     cfg = load_config(config)
-    click.echo(json.dumps(instance_argv(cfg, instance, variant, caps.get("*"))))
+    argv = instance_argv(cfg, instance, variant, caps.get("*"))
+    warning = dialect_warning(cfg, instance, variant, caps.get("*"))
+    if warning:
+        click.echo(f"warning: {warning}", err=True)
+    click.echo(json.dumps(argv))
 
 
 @click.command()
@@ -106,6 +111,14 @@ def argv_cmd(config: Path, instance: str, variant: str | None, capabilities: str
     type=click.Path(path_type=Path, file_okay=False),
     help="Directory of the flake.lock whose pins to show (default: the config's).",
 )
+@click.option(
+    "--previous",
+    "previous",
+    multiple=True,
+    metavar="[NAME=]FILE",
+    help="The probe of the build an instance runs now: plan warns when the flip to the build "
+    "of --capabilities would drop something the instance uses (see probe --diff).",
+)
 @JSON_FLAG
 def plan(
     config: Path,
@@ -113,12 +126,18 @@ def plan(
     capabilities: tuple[str, ...],
     no_security: bool,
     flake_dir: Path | None,
+    previous: tuple[str, ...],
     as_json: bool,
 ) -> None:
     """Per host: each instance's variant, address, speculation and command line."""
     cfg = load_config(config)
     result = plan_config(
-        cfg, _load_caps(capabilities), host, security=not no_security, flake_dir=flake_dir
+        cfg,
+        _load_caps(capabilities),
+        host,
+        security=not no_security,
+        flake_dir=flake_dir,
+        previous=_load_caps(previous),
     )
     if as_json:
         _echo_json(result)
@@ -176,20 +195,43 @@ def render(
     """Write llamanix-NAME.service, NAME.argv.json and manifest.json for a host."""
     cfg = load_config(config)
     result = render_host(cfg, host, _load_caps(capabilities), user=True if user else None)
+    for inst in result.instances:
+        for warning in inst.warnings:
+            click.echo(f"warning: {inst.name}: {warning}", err=True)
     for path in write_render(result, out):
         click.echo(str(path))
 
 
 @click.command()
-@click.argument("binary", type=click.Path(path_type=Path, dir_okay=False))
+@click.argument("binary", type=click.Path(path_type=Path, dir_okay=False), required=False)
+@click.option(
+    "--diff",
+    "diff",
+    nargs=2,
+    type=click.Path(path_type=Path, dir_okay=False),
+    metavar="A.json B.json",
+    help="Compare two saved probes: what a flip from build A to build B gains or loses.",
+)
 @JSON_FLAG
-def probe(binary: Path, as_json: bool) -> None:
-    """Read a llama-server's version and every flag it accepts from --version and --help."""
+def probe(binary: Path | None, diff: tuple[Path, Path] | None, as_json: bool) -> None:
+    """Read a llama-server's version and every flag it accepts from --version and --help.
+
+    The dialect line says which family of flag spellings the binary's --help shows; rendering
+    with --capabilities spells every flag for it.
+    """
+    if diff:
+        _probe_diff(*diff, as_json=as_json)
+        return
+    if binary is None:
+        raise UserError(
+            Problem("llamanix probe", "BINARY", "missing", "give a llama-server, or --diff A B")
+        )
     caps = probe_binary(binary)
     if as_json:
         _echo_json(caps.to_json())
         return
     click.echo(f"binary:      {caps.binary}")
+    click.echo(f"dialect:     {caps.dialect or 'unknown (the variant declares it)'}")
     click.echo(f"version:     {caps.version}  build {caps.build}  commit {caps.commit}")
     click.echo(f"cuda:        {'yes' if caps.cuda else 'no'}")
     click.echo(f"flags:       {len(caps.flags)} (removed: {', '.join(caps.removed_flags) or '-'})")
@@ -218,6 +260,19 @@ def schema_cmd(as_json: bool, markdown: bool) -> None:
         for f in fields:
             default = "absent" if f.default is None else json.dumps(f.default)
             click.echo(f"  {f.name:<18} {f.kind:<9} default {default:<12} {f.doc}")
+
+
+def _probe_diff(a: Path, b: Path, as_json: bool) -> None:
+    diff = probe_diff(load_capabilities(a), load_capabilities(b))
+    if as_json:
+        _echo_json(diff.to_json())
+        return
+    for what, gained, lost in (
+        ("config keys", diff.gained_keys, diff.lost_keys),
+        ("speculative types", diff.gained_spec_types, diff.lost_spec_types),
+        ("cache types", diff.gained_cache_types, diff.lost_cache_types),
+    ):
+        click.echo(f"{what}: gains {', '.join(gained) or '-'}; loses {', '.join(lost) or '-'}")
 
 
 def register(group: click.Group) -> None:

@@ -13,6 +13,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "plan": (
         "llamanix plan llamanix.toml",
         "llamanix plan examples/rtx5090-qwen27b-draft.toml --json",
+        "llamanix plan llamanix.toml --previous qwen=upstream.json --capabilities qwen=ik.json",
     ),
     "validate": (
         "llamanix validate llamanix.toml",
@@ -30,6 +31,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "probe": (
         "llamanix probe /opt/llama.cpp/bin/llama-server",
         "llamanix probe ./result/bin/llama-server --json > caps.json",
+        "llamanix probe --diff upstream.json beellama.json",
     ),
     "schema": (
         "llamanix schema --json > tools/llamanix/data/schema.json",

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llamanix.core.config import Config, Host, Instance, check_instance, suggest
+from llamanix.core.config import SPEC_PARAMS, Config, Host, Instance, check_instance, suggest
 from llamanix.core.errors import Problem, UserError
 from llamanix.core.probe import FLAG, Capabilities
-from llamanix.core.variants import VARIANTS, Dialect, Variant
+from llamanix.core.variants import VARIANTS, Dialect, Variant, effective_variant
 
 # ik and other integer-only builds: any count above the model's layer count offloads them all.
 ALL_LAYERS = "999"
@@ -105,7 +105,7 @@ def _speculative_args(inst: Instance, variant: Variant) -> list[Arg]:
                     (f["draft_gpu_layers"], _layers(spec.draft_gpu_layers, d)),
                 )
             )
-    values = [(p, getattr(spec, p)) for p in ("n_max", "n_min", "p_min")]
+    values = [(p, getattr(spec, p)) for p in SPEC_PARAMS]
     given = [(p, v) for p, v in values if v is not None]
     if d.spec_style == "stages":
         stage = spelling
@@ -150,7 +150,7 @@ def instance_arg_pieces(
         )
     inst = config.instances[name]
     host = config.host_of(inst)
-    chosen = resolve_variant(inst, variant, config.source)
+    chosen, _ = effective_variant(resolve_variant(inst, variant, config.source), capabilities)
     problems = [
         Problem(
             config.source,
@@ -158,7 +158,7 @@ def instance_arg_pieces(
             message,
             fix,
         )
-        for where, message, fix in check_instance(inst, host, chosen.name)
+        for where, message, fix in check_instance(inst, host, chosen)
     ]
     if problems:
         raise UserError(problems)
@@ -235,6 +235,15 @@ def check_against(caps: Capabilities, args: list[Arg]) -> list[tuple[str, str, s
 
 def flatten(args: list[Arg]) -> list[str]:
     return [token for arg in args for token in arg.tokens]
+
+
+def dialect_warning(
+    config: Config, name: str, variant: str | None = None, capabilities: Capabilities | None = None
+) -> str | None:
+    """One line when the probed binary speaks another dialect than the variant declares."""
+    inst = config.instances[name]
+    _, warning = effective_variant(resolve_variant(inst, variant, config.source), capabilities)
+    return warning
 
 
 def instance_argv(

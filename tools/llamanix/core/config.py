@@ -20,8 +20,8 @@ from typing import Any, cast
 from llamanix.core import schema
 from llamanix.core.errors import Problem, UserError
 from llamanix.core.gpus import load_gpus
-from llamanix.core.schema import SPEC_TYPES_WITH_DRAFT_MODEL, Field, HostKind
-from llamanix.core.variants import VARIANTS, VariantName
+from llamanix.core.schema import SPEC_TYPES_WITH_DRAFT_MODEL, Field, HostKind, VariantName
+from llamanix.core.variants import VARIANTS, Variant
 
 IMPLICIT_HOST = "local"
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -29,6 +29,10 @@ _CUDA_ARCH = re.compile(r"^\d+\.\d+[af]?$")
 # Environment variables through which llama-server would read a key: a key there would end up
 # in the unit text, so it is refused in favour of api_key_file.
 _SECRET_ENV = ("LLAMA_API_KEY", "LLAMA_ARG_API_KEY")
+
+
+# Speculative parameters besides type and the draft model, in the order argv renders them.
+SPEC_PARAMS = ("n_max", "n_min", "p_min", "draft_ctx_size", "dflash_max_slots", "dflash_cross_ctx")
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,9 @@ class Speculative:
     n_max: int | None = None
     n_min: int | None = None
     p_min: float | None = None
+    draft_ctx_size: int | None = None
+    dflash_max_slots: int | None = None
+    dflash_cross_ctx: int | None = None
 
     @property
     def enabled(self) -> bool:
@@ -430,10 +437,11 @@ def _check_ports(c: _Checker, instances: dict[str, Instance]) -> None:
 
 
 def check_instance(
-    inst: Instance, host: Host, variant_name: str | None = None
+    inst: Instance, host: Host, variant: Variant | None = None
 ) -> list[tuple[str, str, str]]:
-    """Variant-dependent problems of an otherwise well-typed instance: (field, message, fix)."""
-    variant = VARIANTS[variant_name or inst.variant]
+    """Variant-dependent problems of an otherwise well-typed instance: (field, message, fix).
+    ``variant``: the one to check against (default: the instance's own, as declared)."""
+    variant = variant or VARIANTS[inst.variant]
     d = variant.dialect
     spec = inst.speculative
     out: list[tuple[str, str, str]] = []
@@ -463,13 +471,21 @@ def check_instance(
         )
     if spec.enabled and variant.spec_spelling(spec.type) is not None:
         allowed = d.spec_params.get(spec.type, {})
-        for param in ("n_max", "n_min", "p_min"):
+        for param in SPEC_PARAMS:
             if getattr(spec, param) is not None and param not in allowed:
                 add(
                     f"speculative.{param}",
                     f"'{spec.type}' on the {variant.name} variant takes no {param}",
                     "remove it",
                 )
+    slots = spec.dflash_max_slots or 1
+    if d.dflash_slot_limit and spec.type == "dflash" and (inst.parallel or 1) > slots:
+        add(
+            "parallel",
+            f"DFlash keeps its state for {slots} slot(s) (speculative.dflash_max_slots) and "
+            f"parallel is {inst.parallel}: the other slots would decode without speculation",
+            f"set parallel = {slots}, or raise speculative.dflash_max_slots",
+        )
     if d.spec_single_slot and spec.enabled and (inst.parallel or 1) > 1:
         add(
             "parallel",

@@ -37,6 +37,9 @@ class Capabilities:
     flash_attn_values: list[str] = field(default_factory=list)
     cache_types: list[str] = field(default_factory=list)
     cuda: bool = False
+    # The flag dialect this binary's --help shows (a name from core.variants.DIALECTS), or None
+    # when it matches none of them.
+    dialect: str | None = None
     source: str = ""  # the probe file, for messages
 
     def to_json(self) -> dict[str, Any]:
@@ -99,7 +102,9 @@ def parse_capabilities(binary: str, version_text: str, help_text: str) -> Capabi
         caps.build, caps.commit = int(b.group(1)), b.group(2)
     if "--spec-type" in details:
         hint, desc = details["--spec-type"]
-        caps.spec_types = _values_from_hint(hint) or _spec_types_from_text(desc)
+        # ik's hint is the stage syntax (SPEC[:k=v,...]); its types are listed in the prose.
+        from_hint = [] if hint.startswith("SPEC") else _values_from_hint(hint)
+        caps.spec_types = from_hint or _spec_types_from_text(desc)
     if "-fa" in details:
         caps.flash_attn_values = _values_from_hint(details["-fa"][0])
     if "-ctk" in details:
@@ -107,7 +112,24 @@ def parse_capabilities(binary: str, version_text: str, help_text: str) -> Capabi
         if a:
             caps.cache_types = [v.strip() for v in a.group(1).split(",") if v.strip()]
     caps.cuda = any(marker in version_text for marker in _CUDA_MARKERS)
+    caps.dialect = detect_dialect_name(caps, help_text)
     return caps
+
+
+def detect_dialect_name(caps: Capabilities, help_text: str) -> str | None:
+    """Which family of spellings the --help shows, checked from the most specific marker down:
+    BeeLlama's TurboQuant cache types, ik's ``--spec-type SPEC[:k=v,...]`` stages, upstream's
+    ``draft-*`` speculative types (with ``--spec-draft-model`` since mid 2026, ``-md`` before),
+    and b8770's ``--draft-max``, which later builds list only as removed."""
+    if any(t.startswith("turbo") for t in caps.cache_types):
+        return "beellama"
+    if re.search(r"--spec-type\s+SPEC\[:", help_text):
+        return "ik"
+    if "draft-simple" in caps.spec_types:
+        return "upstream" if "--spec-draft-model" in caps.flags else "upstream-2026-05"
+    if "--draft-max" in caps.flags:
+        return "b8770"
+    return None
 
 
 def _spec_types_from_text(desc: str) -> list[str]:

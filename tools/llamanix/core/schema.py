@@ -51,10 +51,17 @@ class Field:
 
 
 HostKind = Literal["nixos", "systemd", "systemd-user"]
+# The variant names (core.variants holds one registry entry for each; a test keeps them equal).
+VariantName = Literal["nixpkgs", "upstream", "ik", "mtp", "beellama"]
+VARIANT_NAMES: tuple[VariantName, ...] = get_args(VariantName)
 HOST_KINDS: tuple[HostKind, ...] = get_args(HostKind)
 FLASH_ATTN = ("on", "off", "auto")
-# The cache types every variant shares; a variant may add more (ik: q6_0, q8_KV).
+# The cache types every variant shares; a variant may add more (ik: q6_0, q8_KV; BeeLlama: the
+# TurboQuant types). The config accepts all of them; the variant check narrows it down.
 CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+IK_CACHE_TYPES = ("q6_0", "q8_KV")
+TURBO_CACHE_TYPES = ("turbo2", "turbo3", "turbo4", "turbo2_tcq", "turbo3_tcq")
+ALL_CACHE_TYPES = (*CACHE_TYPES, *IK_CACHE_TYPES, *TURBO_CACHE_TYPES)
 SPEC_TYPES = (
     "none",
     "draft",
@@ -65,6 +72,9 @@ SPEC_TYPES = (
     "ngram-mod",
     "ngram-cache",
     "ngram-map-k",
+    "copyspec",
+    "suffix",
+    "recycle",
 )
 # Speculative types that need a separate draft model file.
 SPEC_TYPES_WITH_DRAFT_MODEL = ("draft", "dflash", "eagle3")
@@ -104,7 +114,7 @@ INSTANCE_FIELDS: tuple[Field, ...] = (
         ENUM,
         "Which llama.cpp build serves this instance.",
         "upstream",
-        ("nixpkgs", "upstream", "ik", "mtp"),
+        VARIANT_NAMES,
     ),
     Field(
         "binary",
@@ -118,12 +128,12 @@ INSTANCE_FIELDS: tuple[Field, ...] = (
     Field("context", INT, "Context size in tokens (-c).", example=131072, minimum=1),
     Field("gpu_layers", LAYERS, 'Layers offloaded to the GPU (-ngl): integer, "all" or "auto".'),
     Field("flash_attn", ENUM, "Flash attention (-fa).", values=FLASH_ATTN),
-    Field("cache_type_k", ENUM, "K cache type (-ctk).", values=CACHE_TYPES),
+    Field("cache_type_k", ENUM, "K cache type (-ctk).", values=ALL_CACHE_TYPES),
     Field(
         "cache_type_v",
         ENUM,
         "V cache type (-ctv); quantized V needs flash attention.",
-        values=CACHE_TYPES,
+        values=ALL_CACHE_TYPES,
     ),
     Field("parallel", INT, "Server slots (-np).", minimum=1),
     Field("batch", INT, "Logical batch size (-b).", minimum=1),
@@ -154,6 +164,25 @@ SPECULATIVE_FIELDS: tuple[Field, ...] = (
     Field("n_max", INT, "Maximum tokens drafted per step.", minimum=0),
     Field("n_min", INT, "Minimum tokens drafted per step.", minimum=0),
     Field("p_min", FLOAT, "Minimum draft probability to keep drafting.", minimum=0.0, maximum=1.0),
+    Field(
+        "draft_ctx_size",
+        INT,
+        "Context of the drafter (beellama: --spec-draft-ctx-size; DFlash defaults to 256).",
+        minimum=0,
+    ),
+    Field(
+        "dflash_max_slots",
+        INT,
+        "DFlash only (beellama): slots that keep DFlash state (default 1); parallel may not "
+        "exceed it.",
+        minimum=1,
+    ),
+    Field(
+        "dflash_cross_ctx",
+        INT,
+        "DFlash only (beellama): target hidden states the drafter attends to (default 512).",
+        minimum=1,
+    ),
 )
 
 HOSTS = {f.name: f for f in HOST_FIELDS}

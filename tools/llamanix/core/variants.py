@@ -16,7 +16,14 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Literal
 
-from llamanix.core.schema import CACHE_TYPES, SPEC_TYPES
+from llamanix.core.probe import Capabilities
+from llamanix.core.schema import (
+    CACHE_TYPES,
+    IK_CACHE_TYPES,
+    SPEC_TYPES,
+    TURBO_CACHE_TYPES,
+    VariantName,
+)
 
 # Flags every dialect shares (short forms: the long ones were renamed more often).
 _COMMON_FLAGS: dict[str, str] = {
@@ -62,10 +69,8 @@ class Dialect:
     cache_types: tuple[str, ...] = CACHE_TYPES
     # Speculation on hybrid (recurrent) models needs checkpointing (llama.cpp PR #19493).
     hybrid_spec_checkpoints: bool = True
-
-
-# The variant names, checked once when a config is loaded; the registry below has one entry each.
-VariantName = Literal["nixpkgs", "upstream", "ik", "mtp"]
+    # BeeLlama keeps DFlash state for --spec-dflash-max-slots slots only; the rest decode plainly.
+    dflash_slot_limit: bool = False
 
 
 @dataclass(frozen=True)
@@ -210,8 +215,91 @@ IK = Dialect(
     jinja_default=False,
     no_jinja_flag=None,
     spec_single_slot=True,
-    cache_types=(*CACHE_TYPES, "q6_0", "q8_KV"),
+    cache_types=(*CACHE_TYPES, *IK_CACHE_TYPES),
 )
+
+# Anbeeld/beellama.cpp (ba1fdce, May 2026), an upstream fork with DFlash drafting and TurboQuant KV
+# caches. Facts, with source lines, in docs/variants.md: the refactored --spec-draft-* flags, -md
+# alone drafts (--spec-type names only the drafters that need no plain draft model), DFlash
+# takes the drafter through --spec-draft-model, and only --spec-dflash-max-slots slots draft.
+_BEELLAMA_DRAFT = {
+    "n_max": "--spec-draft-n-max",
+    "n_min": "--spec-draft-n-min",
+    "p_min": "--spec-draft-p-min",
+    "draft_ctx_size": "--spec-draft-ctx-size",
+}
+BEELLAMA = Dialect(
+    name="beellama",
+    description="BeeLlama: --spec-type dflash with a drafter, TurboQuant turbo* KV caches",
+    flags=MappingProxyType(
+        {
+            **_COMMON_FLAGS,
+            "draft_model": "--spec-draft-model",
+            "draft_gpu_layers": "--spec-draft-ngl",
+        }
+    ),
+    spec_style="flags",
+    spec_types=MappingProxyType(
+        {
+            "draft": "",  # no --spec-type value: a draft model alone drafts
+            "dflash": "dflash",
+            "ngram-simple": "ngram-simple",
+            "ngram-mod": "ngram-mod",
+            "ngram-cache": "ngram-cache",
+            "ngram-map-k": "ngram-map-k",
+            "copyspec": "copyspec",
+            "suffix": "suffix",
+            "recycle": "recycle",
+        }
+    ),
+    spec_params=_frozen(
+        {
+            "draft": _BEELLAMA_DRAFT,
+            "dflash": {
+                **_BEELLAMA_DRAFT,
+                "dflash_max_slots": "--spec-dflash-max-slots",
+                "dflash_cross_ctx": "--spec-dflash-cross-ctx",
+            },
+            **_NGRAM_PARAMS_UPSTREAM,
+        }
+    ),
+    draft_type_flag=False,
+    cache_types=(*CACHE_TYPES, *TURBO_CACHE_TYPES),
+    dflash_slot_limit=True,
+)
+
+DIALECTS: Mapping[str, Dialect] = MappingProxyType(
+    {d.name: d for d in (UPSTREAM, UPSTREAM_MAY_2026, LEGACY_B8770, IK, BEELLAMA)}
+)
+
+
+def detect_dialect(caps: Capabilities) -> Dialect | None:
+    """The dialect a probed binary speaks, from its own --help; None when the probe cannot tell
+    (an old probe file without the answer, or a build none of the known dialects matches)."""
+    return DIALECTS.get(caps.dialect) if caps.dialect else None
+
+
+def effective_variant(variant: Variant, caps: Capabilities | None) -> tuple[Variant, str | None]:
+    """The variant as this binary spells it, and a one-line warning when its --help shows another
+    dialect than the variant declares. Without a probe (or one that cannot tell) the declared
+    dialect applies and there is nothing to say."""
+    detected = detect_dialect(caps) if caps is not None else None
+    if caps is None or detected is None or detected is variant.dialect:
+        return variant, None
+    warning = (
+        f"variant {variant.name} declares the {variant.dialect.name} dialect, but "
+        f"{caps.describe()} speaks {detected.name}: spelling its flags for {detected.name}"
+    )
+    return replace(variant, dialect=detected, mtp_spec_type=mtp_spelling(caps)), warning
+
+
+def mtp_spelling(caps: Capabilities) -> str | None:
+    """How this binary spells MTP, if it lists it among its speculative types."""
+    for spelling in ("draft-mtp", "mtp"):
+        if spelling in caps.spec_types:
+            return spelling
+    return None
+
 
 VARIANTS: Mapping[str, Variant] = MappingProxyType(
     {
@@ -251,6 +339,14 @@ VARIANTS: Mapping[str, Variant] = MappingProxyType(
                 # Pinned by URL: the merge commit; upstream master has carried MTP since.
                 upstream="github:ggml-org/llama.cpp/255582687b8dd211fdbc582e43ab842491554e94",
             ),
+            Variant(
+                name="beellama",
+                description="Anbeeld/beellama.cpp fork: DFlash drafting, TurboQuant KV caches",
+                flake_input="beellama-cpp",
+                dialect=BEELLAMA,
+                mtp_spec_type=None,
+                upstream="github:Anbeeld/beellama.cpp",
+            ),
         )
     }
 )
@@ -260,4 +356,12 @@ def variant_names() -> list[str]:
     return list(VARIANTS)
 
 
-__all__ = ["VARIANTS", "Dialect", "Variant", "variant_names"]
+__all__ = [
+    "DIALECTS",
+    "VARIANTS",
+    "Dialect",
+    "Variant",
+    "detect_dialect",
+    "mtp_spelling",
+    "variant_names",
+]

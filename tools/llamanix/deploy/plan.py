@@ -8,12 +8,13 @@ from typing import Any
 
 from llamanix.core.config import Config, Host, Instance
 from llamanix.core.errors import UserError
+from llamanix.core.probe_diff import flip_warning, probe_diff
 from llamanix.core.variants import VARIANTS
 from llamanix.external import systemd_analyze
 from llamanix.external.files import atomic_write
 from llamanix.external.nix import locked_revisions
 from llamanix.render.manifest import RenderedInstance
-from llamanix.render.units import CapabilityMap, pick_host, render_host
+from llamanix.render.units import CapabilityMap, capabilities_for, pick_host, render_host
 
 
 def speculative_summary(inst: Instance) -> str:
@@ -101,12 +102,21 @@ def _exposure(rendered: RenderedInstance, tmp: Path) -> float | None:
     return systemd_analyze.security_exposure(unit)
 
 
+def _flip_warnings(inst: Instance, previous: CapabilityMap, caps: CapabilityMap) -> list[str]:
+    before, after = capabilities_for(previous, inst.name), capabilities_for(caps, inst.name)
+    if before is None or after is None:
+        return []
+    warning = flip_warning(probe_diff(before, after))
+    return [warning] if warning else []
+
+
 def plan_config(
     config: Config,
     caps: CapabilityMap,
     host: str | None = None,
     security: bool = True,
     flake_dir: Path | None = None,
+    previous: CapabilityMap | None = None,
 ) -> dict[str, Any]:
     """``flake_dir`` holds the flake.lock whose pins are shown (default: beside the config)."""
     hosts = (
@@ -133,7 +143,11 @@ def plan_config(
                         "unit": r.unit,
                         "gpu": r.gpu,
                         "security_exposure": _exposure(r, Path(tmp)) if measure else None,
-                        "warnings": warnings_for(inst),
+                        "warnings": [
+                            *warnings_for(inst),
+                            *r.warnings,
+                            *_flip_warnings(inst, previous or {}, caps),
+                        ],
                         "vram": fit,
                         "fit": fit_summary(fit),
                     }

@@ -32,6 +32,9 @@ class RenderedInstance:
     port: int
     alias: str | None
     gpu: bool
+    # What the renderer wants the user to know (e.g. the binary speaks another dialect than
+    # its variant declares); printed by `llamanix render`, not written to any file.
+    warnings: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

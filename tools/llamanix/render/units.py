@@ -17,7 +17,7 @@ from pathlib import Path
 
 import jinja2
 
-from llamanix.core.argv import flatten, instance_arg_pieces, resolve_variant
+from llamanix.core.argv import dialect_warning, flatten, instance_arg_pieces, resolve_variant
 from llamanix.core.config import Config, Instance, suggest
 from llamanix.core.errors import Problem, UserError
 from llamanix.core.probe import Capabilities
@@ -184,6 +184,7 @@ def render_instance(
         port=inst.port,
         alias=inst.alias,
         gpu=gpu,
+        warnings=tuple(w for w in [dialect_warning(config, inst.name, None, caps)] if w),
     )
 
 
