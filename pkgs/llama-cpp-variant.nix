@@ -1,6 +1,7 @@
 # One builder for every llama.cpp variant llamanix ships: nixpkgs' own llama-cpp package, rebuilt
 # for the given CUDA architectures (or for the CPU), from its own source (variant "nixpkgs") or
-# from another source tree (upstream master, ik_llama.cpp, the MTP pull request).
+# from another source tree (upstream master, ik_llama.cpp, the MTP merge, BeeLlama). BeeLlama needs
+# nothing of its own: its TurboQuant kernels build with the rest, and it turns 12X into 12Xa.
 #
 #   callPackage ./llama-cpp-variant.nix {
 #     variant = "ik";
