@@ -221,3 +221,99 @@ def test_up_restarts_a_crashed_instance(deploy_dir: Path, up: subprocess.Popen[s
         time.sleep(0.2)
     assert "Restart=on-failure" in unit.read_text()
     assert serving(now["url"])
+
+
+# --- one switch at a time per host --------------------------------------------------------
+
+
+def start_switch(deploy_dir: Path, *extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "llamanix", "switch", "llamanix.toml", "--manager", "up", *extra],
+        cwd=deploy_dir,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def lock_holder(deploy_dir: Path) -> dict[str, Any]:
+    """Who holds host dev's lock, as its file says (empty while nobody does)."""
+    try:
+        text = (deploy_dir / ".llamanix-state" / "dev" / "lock").read_text()
+    except FileNotFoundError:
+        return {}
+    data: dict[str, Any] = json.loads(text) if text else {}
+    return data
+
+
+def wait_for_holder(deploy_dir: Path, proc: subprocess.Popen[str]) -> dict[str, Any]:
+    deadline = time.monotonic() + DEADLINE_S
+    while not (holder := lock_holder(deploy_dir)):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the first switch never took the lock"
+        time.sleep(0.02)
+    return holder
+
+
+def test_two_switches_at_once_take_turns(deploy_dir: Path, up: subprocess.Popen[str]) -> None:
+    first = start_switch(deploy_dir, "--set", "instances.chat.context=1024")
+    holder = wait_for_holder(deploy_dir, first)
+    assert holder["pid"] == first.pid and holder["command"] == "switch"
+
+    # A second switch of the same host while the first runs: one line, exit 2, nothing changed.
+    refused = llamanix(
+        "switch",
+        "llamanix.toml",
+        "--manager",
+        "up",
+        "--set",
+        "instances.chat.context=768",
+        cwd=deploy_dir,
+    )
+    assert refused.returncode == 2
+    assert refused.stderr.splitlines() == [
+        f"llamanix.toml: host dev is being switched by pid {first.pid} (since {holder['since']}) "
+        "(try again, or pass --wait SECONDS)"
+    ]
+    assert "Traceback" not in refused.stderr
+
+    # With --wait it takes its turn after the first.
+    waiting = start_switch(deploy_dir, "--wait", "300", "--set", "instances.chat.context=768")
+    out, err = first.communicate(timeout=300)
+    assert first.returncode == 0, out + err
+    out, err = waiting.communicate(timeout=300)
+    assert waiting.returncode == 0, out + err
+
+    listing = llamanix("generations", "llamanix.toml", "--json", cwd=deploy_dir)
+    gens = json.loads(listing.stdout)
+    numbers = [g["number"] for g in gens]
+    assert numbers == sorted(set(numbers))  # never the same number twice
+    assert [g["gate"]["result"] for g in gens][-2:] == ["passed", "passed"]
+    assert "context = 768" in (deploy_dir / "llamanix.toml").read_text()
+    assert lock_holder(deploy_dir) == {}
+    settled_files(deploy_dir)
+
+
+def test_a_killed_switch_leaves_nothing_that_blocks(
+    deploy_dir: Path, up: subprocess.Popen[str]
+) -> None:
+    doomed = start_switch(deploy_dir, "--set", "instances.chat.context=1024")
+    wait_for_holder(deploy_dir, doomed)
+    doomed.kill()  # SIGKILL while it holds the lock
+    doomed.communicate()
+
+    # The kernel released the dead switch's lock: the next switch proceeds at once.
+    after = llamanix(
+        "switch",
+        "llamanix.toml",
+        "--manager",
+        "up",
+        "--set",
+        "instances.chat.context=768",
+        cwd=deploy_dir,
+    )
+    assert after.returncode == 0, after.stdout + after.stderr
+    assert "context = 768" in (deploy_dir / "llamanix.toml").read_text()
+    listing = llamanix("generations", "llamanix.toml", "--json", cwd=deploy_dir)
+    assert listing.returncode == 0 and json.loads(listing.stdout)
+    assert llamanix("validate", "llamanix.toml", cwd=deploy_dir).returncode == 0

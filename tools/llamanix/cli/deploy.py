@@ -118,6 +118,15 @@ def up(config: Path, host: str | None, units_dir: Path | None, start_timeout: fl
     show_default=True,
     help="Seconds each instance may take to become healthy.",
 )
+@click.option(
+    "--wait",
+    "wait_s",
+    type=click.FloatRange(min=0),
+    default=0.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="Wait this long for another switch, rollback or pin of the same host to finish.",
+)
 @click.option("--dry-run", is_flag=True, help="Print the commands a real run would execute.")
 @_manager_options
 def switch(
@@ -128,6 +137,7 @@ def switch(
     min_tok_s: float | None,
     max_regression: float | None,
     timeout_s: float,
+    wait_s: float,
     dry_run: bool,
     manager: ManagerKind | None,
     units_dir: Path | None,
@@ -141,6 +151,7 @@ def switch(
         min_tok_s=min_tok_s,
         max_regression=max_regression,
         timeout_s=timeout_s,
+        wait_s=wait_s,
         manager=manager,
         units_dir=units_dir,
     )
@@ -175,6 +186,15 @@ def switch(
     help="Generation number (default: the newest good one before the current).",
 )
 @click.option("--timeout", "timeout_s", type=float, default=120.0, show_default=True)
+@click.option(
+    "--wait",
+    "wait_s",
+    type=click.FloatRange(min=0),
+    default=0.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="Wait this long for another switch, rollback or pin of the same host to finish.",
+)
 @click.option("--dry-run", is_flag=True, help="Print the commands a real run would execute.")
 @_manager_options
 def rollback(
@@ -182,13 +202,22 @@ def rollback(
     host: str | None,
     to: int | None,
     timeout_s: float,
+    wait_s: float,
     dry_run: bool,
     manager: ManagerKind | None,
     units_dir: Path | None,
 ) -> None:
     """Serve an earlier generation again (and put its config back)."""
     gen = deploy.rollback(
-        config, host, to, Runner(dry_run=dry_run, echo=_echo), _echo, manager, units_dir, timeout_s
+        config,
+        host,
+        to,
+        Runner(dry_run=dry_run, echo=_echo),
+        _echo,
+        manager,
+        units_dir,
+        timeout_s,
+        wait_s,
     )
     if not dry_run:
         click.echo(f"now serving generation {gen.number}")
@@ -249,11 +278,22 @@ def generations(config: Path, host: str | None, as_json: bool) -> None:
     show_default=True,
     help="The llamanix flake (with flake.lock).",
 )
+@click.option(
+    "--wait",
+    "wait_s",
+    type=click.FloatRange(min=0),
+    default=0.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="Wait this long for another switch, rollback or pin of the same host to finish.",
+)
 @click.option("--dry-run", is_flag=True, help="Print the command instead of running it.")
-def pin(variant: str, rev: str | None, latest: bool, flake_dir: Path, dry_run: bool) -> None:
+def pin(
+    variant: str, rev: str | None, latest: bool, flake_dir: Path, wait_s: float, dry_run: bool
+) -> None:
     """Pin a variant's flake input to REV (or --latest); `plan` shows the pins."""
     flake_input = pin_module.pin(
-        variant, rev, latest, flake_dir, Runner(dry_run=dry_run, echo=_echo)
+        variant, rev, latest, flake_dir, Runner(dry_run=dry_run, echo=_echo), wait_s
     )
     if not dry_run:
         from llamanix.external.nix import locked_revisions

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import re
+from contextlib import nullcontext
 from pathlib import Path
 
 from llamanix.core.config import suggest
 from llamanix.core.errors import Problem, UserError
 from llamanix.core.variants import VARIANTS
+from llamanix.deploy.generations import STATE_DIR
+from llamanix.deploy.host_lock import host_lock
 from llamanix.external import nix
 from llamanix.external.process import Runner
 
@@ -15,7 +18,14 @@ _REV = re.compile(r"^[A-Za-z0-9._-]+$")
 _PINNED_BY_URL = re.compile(r"/[0-9a-f]{40}$")
 
 
-def pin(variant: str, rev: str | None, latest: bool, flake_dir: Path, runner: Runner) -> str:
+def pin(
+    variant: str,
+    rev: str | None,
+    latest: bool,
+    flake_dir: Path,
+    runner: Runner,
+    wait_s: float = 0.0,
+) -> str:
     """Point the variant's flake input at REV (or its newest commit); returns the input name."""
     if variant not in VARIANTS:
         raise UserError(
@@ -57,11 +67,7 @@ def pin(variant: str, rev: str | None, latest: bool, flake_dir: Path, runner: Ru
                 "edit that URL to move it, or pin variant upstream, which carries the same code",
             )
         )
-    if latest:
-        nix.flake_lock_update_input(runner, flake_dir, flake_input)
-        return flake_input
-    assert rev is not None
-    if not _REV.match(rev):
+    if rev is not None and not _REV.match(rev):
         raise UserError(
             Problem(
                 "llamanix pin",
@@ -70,6 +76,20 @@ def pin(variant: str, rev: str | None, latest: bool, flake_dir: Path, runner: Ru
                 "give a commit hash, tag or branch name",
             )
         )
-    repo = "github:NixOS/nixpkgs" if v.flake_input is None else "/".join(v.upstream.split("/")[:2])
-    nix.flake_lock_override_input(runner, flake_dir, flake_input, f"{repo}/{rev}")
-    return flake_input
+    # flake.lock is the flake's, shared by all its hosts: one pin at a time (a dry run changes
+    # nothing and locks nothing).
+    lock = (
+        nullcontext()
+        if runner.dry_run
+        else host_lock(flake_dir / STATE_DIR, f"flake {flake_dir}", str(flake_dir), wait_s, "pin")
+    )
+    with lock:
+        if latest:
+            nix.flake_lock_update_input(runner, flake_dir, flake_input)
+            return flake_input
+        assert rev is not None
+        repo = (
+            "github:NixOS/nixpkgs" if v.flake_input is None else "/".join(v.upstream.split("/")[:2])
+        )
+        nix.flake_lock_override_input(runner, flake_dir, flake_input, f"{repo}/{rev}")
+        return flake_input

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
@@ -23,6 +24,7 @@ from llamanix.core.variants import VARIANTS
 from llamanix.deploy.config_edit import apply_sets, lenient_parse, parse_text, read_config_text
 from llamanix.deploy.gate import GATES, GateKind, GateResult, GateTarget, Thresholds, run_gate
 from llamanix.deploy.generations import Generation, HostState, now
+from llamanix.deploy.host_lock import host_lock
 from llamanix.deploy.managers import (
     ManagerKind,
     NixosManager,
@@ -79,6 +81,8 @@ class SwitchOptions:
     min_tok_s: float | None = None
     max_regression: float | None = None
     timeout_s: float = 120.0
+    # Seconds to wait for another switch, rollback or pin of the same host to finish.
+    wait_s: float = 0.0
     manager: ManagerKind | None = None
     units_dir: Path | None = None
 
@@ -295,7 +299,26 @@ def switch_host(
 def switch(
     path: Path, host: str, opts: SwitchOptions, runner: Runner, echo: Echo
 ) -> list[HostOutcome]:
-    """Switch one host, or every host in order (``all``), stopping at the first failure."""
+    """Switch one host, or every host in order (``all``), stopping at the first failure.
+
+    Each host's lock is held for the whole switch, config read included (--wait: how long to
+    wait for another switch, rollback or pin to finish); a dry run changes nothing and locks
+    nothing."""
+    if runner.dry_run:
+        return _switch_locked(path, host, opts, runner, echo)
+    first = parse_text(path, apply_sets(path, read_config_text(path), opts.sets))
+    names = list(first.hosts) if host == "all" else [pick_host(first, host)]
+    with ExitStack() as locks:
+        for name in names:  # always in config order, so two callers cannot deadlock
+            locks.enter_context(
+                host_lock(HostState.beside(path, name).root, f"host {name}", str(path), opts.wait_s)
+            )
+        return _switch_locked(path, host, opts, runner, echo)
+
+
+def _switch_locked(
+    path: Path, host: str, opts: SwitchOptions, runner: Runner, echo: Echo
+) -> list[HostOutcome]:
     old_text = read_config_text(path)
     new_text = apply_sets(path, old_text, opts.sets)
     config = parse_text(path, new_text)  # every --set value checked before anything is written
@@ -331,10 +354,33 @@ def rollback(
     manager_name: str | None = None,
     units_dir: Path | None = None,
     timeout_s: float = 120.0,
+    wait_s: float = 0.0,
 ) -> Generation:
     config = parse_text(path, read_config_text(path))
     name = pick_host(config, host)
     state = HostState.beside(path, name)
+    if runner.dry_run:
+        return _rollback_locked(
+            path, name, state, to, runner, echo, manager_name, units_dir, timeout_s
+        )
+    with host_lock(state.root, f"host {name}", str(path), wait_s, command="rollback"):
+        return _rollback_locked(
+            path, name, state, to, runner, echo, manager_name, units_dir, timeout_s
+        )
+
+
+def _rollback_locked(
+    path: Path,
+    name: str,
+    state: HostState,
+    to: int | None,
+    runner: Runner,
+    echo: Echo,
+    manager_name: str | None,
+    units_dir: Path | None,
+    timeout_s: float,
+) -> Generation:
+    config = parse_text(path, read_config_text(path))
     current = state.current()
     found = (
         state.get(to)
