@@ -29,6 +29,18 @@ def _echo(line: str) -> None:
     click.echo(line)
 
 
+# switch, rollback and pin: how long to wait for the host's lock.
+_WAIT = click.option(
+    "--wait",
+    "wait_s",
+    type=click.FloatRange(min=0),
+    default=0.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="Wait this long for another switch, rollback or pin of the same host to finish.",
+)
+
+
 def _manager_options(f: click.decorators.FC) -> click.decorators.FC:
     f = click.option(
         "--units-dir",
@@ -118,15 +130,7 @@ def up(config: Path, host: str | None, units_dir: Path | None, start_timeout: fl
     show_default=True,
     help="Seconds each instance may take to become healthy.",
 )
-@click.option(
-    "--wait",
-    "wait_s",
-    type=click.FloatRange(min=0),
-    default=0.0,
-    show_default=True,
-    metavar="SECONDS",
-    help="Wait this long for another switch, rollback or pin of the same host to finish.",
-)
+@_WAIT
 @click.option("--dry-run", is_flag=True, help="Print the commands a real run would execute.")
 @_manager_options
 def switch(
@@ -186,15 +190,7 @@ def switch(
     help="Generation number (default: the newest good one before the current).",
 )
 @click.option("--timeout", "timeout_s", type=float, default=120.0, show_default=True)
-@click.option(
-    "--wait",
-    "wait_s",
-    type=click.FloatRange(min=0),
-    default=0.0,
-    show_default=True,
-    metavar="SECONDS",
-    help="Wait this long for another switch, rollback or pin of the same host to finish.",
-)
+@_WAIT
 @click.option("--dry-run", is_flag=True, help="Print the commands a real run would execute.")
 @_manager_options
 def rollback(
@@ -278,15 +274,7 @@ def generations(config: Path, host: str | None, as_json: bool) -> None:
     show_default=True,
     help="The llamanix flake (with flake.lock).",
 )
-@click.option(
-    "--wait",
-    "wait_s",
-    type=click.FloatRange(min=0),
-    default=0.0,
-    show_default=True,
-    metavar="SECONDS",
-    help="Wait this long for another switch, rollback or pin of the same host to finish.",
-)
+@_WAIT
 @click.option("--dry-run", is_flag=True, help="Print the command instead of running it.")
 def pin(
     variant: str, rev: str | None, latest: bool, flake_dir: Path, wait_s: float, dry_run: bool
