@@ -113,48 +113,7 @@ class BenchOptions:
 
 
 def _run_bench(ctx: click.Context, opts: BenchOptions) -> None:
-    (
-        url,
-        model,
-        prompts,
-        max_tokens,
-        runs,
-        warmup,
-        concurrency,
-        temperature,
-        seed,
-        label,
-        as_json,
-        json_out,
-        csv_out,
-        plot_out,
-        ignore_eos,
-        cache_prompt,
-        api_key_file,
-        gpu,
-        gguf,
-    ) = (
-        opts.url,
-        opts.model,
-        opts.prompts,
-        opts.max_tokens,
-        opts.runs,
-        opts.warmup,
-        opts.concurrency,
-        opts.temperature,
-        opts.seed,
-        opts.label,
-        opts.as_json,
-        opts.json_out,
-        opts.csv_out,
-        opts.plot_out,
-        opts.ignore_eos,
-        opts.cache_prompt,
-        opts.api_key_file,
-        opts.gpu,
-        opts.gguf,
-    )
-    if url is None:
+    if opts.url is None:
         raise UserError(
             Problem(
                 "llamanix bench",
@@ -163,20 +122,20 @@ def _run_bench(ctx: click.Context, opts: BenchOptions) -> None:
                 "pass --url http://HOST:PORT of a running llama-server",
             )
         )
-    parsed = urlparse(url)
+    parsed = urlparse(opts.url)
     if parsed.scheme not in ("http", "https") or not parsed.netloc:
         raise UserError(
             Problem(
                 "llamanix bench",
                 "--url",
-                f"{url!r} is not an http(s) URL",
+                f"{opts.url!r} is not an http(s) URL",
                 "write e.g. http://127.0.0.1:8080",
             )
         )
     for name, value, least in (
-        ("--runs", runs, 1),
-        ("--warmup", warmup, 0),
-        ("--concurrency", concurrency, 1),
+        ("--runs", opts.runs, 1),
+        ("--warmup", opts.warmup, 0),
+        ("--concurrency", opts.concurrency, 1),
     ):
         if value < least:
             raise UserError(
@@ -187,23 +146,23 @@ def _run_bench(ctx: click.Context, opts: BenchOptions) -> None:
                     f"pass {name} {least} or more",
                 )
             )
-    if gpu:
-        find_gpu(gpu, "llamanix bench")
+    if opts.gpu:
+        find_gpu(opts.gpu, "llamanix bench")
     settings = benchmod.BenchSettings(
-        url=url,
-        model=model,
-        max_tokens=tuple(benchmod.parse_lengths(max_tokens)),
-        runs=runs,
-        warmup=warmup,
-        concurrency=concurrency,
-        temperature=temperature,
-        seed=seed,
-        ignore_eos=ignore_eos,
-        cache_prompt=cache_prompt,
-        label=label,
+        url=opts.url,
+        model=opts.model,
+        max_tokens=tuple(benchmod.parse_lengths(opts.max_tokens)),
+        runs=opts.runs,
+        warmup=opts.warmup,
+        concurrency=opts.concurrency,
+        temperature=opts.temperature,
+        seed=opts.seed,
+        ignore_eos=opts.ignore_eos,
+        cache_prompt=opts.cache_prompt,
+        label=opts.label,
     )
-    prompt_list = benchmod.load_prompts(prompts)
-    api_key = read_api_key(api_key_file) if api_key_file else None
+    prompt_list = benchmod.load_prompts(opts.prompts)
+    api_key = read_api_key(opts.api_key_file) if opts.api_key_file else None
     console = _console()
     if sys.stdout.isatty():
         with Progress(
@@ -222,23 +181,23 @@ def _run_bench(ctx: click.Context, opts: BenchOptions) -> None:
             result = benchmod.run_bench(settings, prompt_list, api_key=api_key, progress=step)
     else:
         result = benchmod.run_bench(settings, prompt_list, api_key=api_key)
-    _bench_ceiling(result, url, gpu, gguf)
-    if as_json:
+    _bench_ceiling(result, opts.url, opts.gpu, opts.gguf)
+    if opts.as_json:
         _echo_json(result.to_json())
     else:
         console.print(bench_report.summary_table(result))
-    if result.ceiling and not as_json:
+    if result.ceiling and not opts.as_json:
         console.print(
             f"ceiling: {result.ceiling['tok_s']:.1f} tok/s "
             f"({result.ceiling['gpu']}, {_size(result.ceiling['bytes_per_token'])} "
             "read per token)"
         )
-    if json_out is not None:
-        atomic_write(json_out, json.dumps(result.to_json(), indent=2) + "\n")
-    if csv_out is not None:
-        bench_report.write_csv(result, csv_out)
-    if plot_out is not None:
-        bench_report.plot_decode([result], plot_out)
+    if opts.json_out is not None:
+        atomic_write(opts.json_out, json.dumps(result.to_json(), indent=2) + "\n")
+    if opts.csv_out is not None:
+        bench_report.write_csv(result, opts.csv_out)
+    if opts.plot_out is not None:
+        bench_report.plot_decode([result], opts.plot_out)
 
 
 @click.group("bench", invoke_without_command=True)
