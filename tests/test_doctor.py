@@ -312,7 +312,8 @@ def test_quantized_v_without_flash_attention_from_the_log(
 def test_speculative_bench_slower_than_baseline(
     llama_server_bin: Path, synth_models: SynthModels, tmp_path: Path
 ) -> None:
-    """On a CPU the model drafting for itself doubles the work: speculation does not pay."""
+    """A draft that is rarely accepted, asked for 16 tokens a step, costs many times what it
+    saves: the gap is an order of magnitude, far outside the noise of a shared machine."""
     results = []
     for label, extra in (
         ("base", []),
@@ -322,9 +323,11 @@ def test_speculative_bench_slower_than_baseline(
                 "--spec-type",
                 "draft-simple",
                 "--spec-draft-model",
-                str(synth_models.target),
+                str(synth_models.unrelated_draft),
                 "--spec-draft-n-max",
-                "8",
+                "16",
+                "--spec-draft-p-min",
+                "0",
             ],
         ),
     ):
