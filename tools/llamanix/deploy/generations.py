@@ -10,7 +10,14 @@ The state lives beside the config, in ``.llamanix-state/HOST/``:
 - ``bench/NAME.json``: the last successful bench of an instance, the ``--max-regression`` baseline.
 
 A generation directory is assembled under a temporary name and renamed into place, and every
-single file is written atomically, so a crash never leaves a half-written generation.
+single file is written atomically, so a crash never leaves a half-written generation. What a
+killed switch can leave is tidied by :meth:`HostState.recover`, which the next switch or rollback
+of the host runs under the host's lock (docs/switching.md, "Crash consistency"):
+
+- a staging directory ``generations/.N.tmp`` (never visible: its number is free again);
+- the temporary file of an atomic write that was killed before its rename;
+- a generation whose gate is still "pending": its switch died before the verdict, so it is
+  marked "interrupted" (never a rollback target; its number stays used).
 """
 
 from __future__ import annotations
@@ -24,11 +31,14 @@ from pathlib import Path
 from typing import Any
 
 from llamanix.core.errors import Problem, UserError
+from llamanix.deploy.crash_point import crash_point
 from llamanix.external.files import atomic_write
 
 STATE_DIR = ".llamanix-state"
 FILES = "files"
 RESULT = "result.json"
+# The gate verdict of a generation whose switch died before the gate finished.
+INTERRUPTED = "interrupted"
 
 
 def now() -> str:
@@ -44,6 +54,14 @@ def _read_json(path: Path) -> Any:
 
 def _write_json(path: Path, data: Any) -> None:
     atomic_write(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 @dataclass(frozen=True)
@@ -143,8 +161,37 @@ class HostState:
             atomic_write(staging / FILES / name, text)
         atomic_write(staging / f"config{config_suffix}", config_text)
         _write_json(staging / RESULT, {"number": number, "date": now(), **result})
+        crash_point("generation:before-rename")
         os.replace(staging, self.generations_dir / str(number))
+        _fsync_dir(self.generations_dir)  # the rename itself survives a power cut too
         return Generation(number, self.generations_dir / str(number))
+
+    def recover(self) -> list[str]:
+        """Tidy what a killed switch or rollback left; one line per thing done.
+
+        Only for a caller that holds the host's lock: then no other switch is half-way, so a
+        staging directory, a temporary file or a "pending" verdict can only be a dead one's.
+        """
+        notes: list[str] = []
+        if self.generations_dir.is_dir():
+            for staging in sorted(self.generations_dir.glob(".*.tmp")):
+                shutil.rmtree(staging, ignore_errors=True)
+                notes.append(f"removed {staging.name}, a generation a killed switch never finished")
+        folders = [self.root, self.root / "bench", *(g.path for g in self.generations())]
+        for folder in folders:
+            # atomic_write's temporary files: ``.NAME.RANDOM.tmp`` beside NAME.
+            for tmp in folder.glob(".*.tmp") if folder.is_dir() else ():
+                if tmp.is_file():
+                    tmp.unlink(missing_ok=True)
+        for gen in self.generations():
+            if gen.gate == "pending":
+                gate = gen.result.get("gate") or {}
+                gen.update(gate={**gate, "result": INTERRUPTED}, interrupted=now())
+                notes.append(
+                    f"generation {gen.number}: its switch was killed before the gate finished; "
+                    f"marked {INTERRUPTED}"
+                )
+        return notes
 
     def previous_good(self, before: int) -> Generation | None:
         """The newest generation older than ``before`` whose gate passed (or was not run)."""

@@ -22,10 +22,12 @@ from llamanix.core.errors import ExternalCommandError, Problem, UserError
 from llamanix.core.probe import commit_of
 from llamanix.core.variants import VARIANTS
 from llamanix.deploy.config_edit import apply_sets, lenient_parse, parse_text, read_config_text
+from llamanix.deploy.crash_point import crash_point
 from llamanix.deploy.gate import GATES, GateKind, GateResult, GateTarget, Thresholds, run_gate
 from llamanix.deploy.generations import Generation, HostState, now
 from llamanix.deploy.host_lock import host_lock
 from llamanix.deploy.managers import (
+    Manager,
     ManagerKind,
     NixosManager,
     diff_files,
@@ -146,6 +148,26 @@ def with_source_revisions(render: Render, config: Config, kind: str) -> Render:
     )
 
 
+def _as_installed(
+    manager: Manager, recorded: dict[str, str], new: dict[str, str]
+) -> tuple[dict[str, str], list[str]]:
+    """What is really installed, in place of the files a generation records, and the
+    instances where the two differ.
+
+    A switch or rollback killed half-way can leave other units installed than ``current``
+    says; activating from the recorded files would then skip the very files that differ.
+    Only the files of this render and of the recorded generation count, so units of another
+    config in the same directory are left alone."""
+    if manager.name == "nixos":  # nixos-rebuild knows what it installed; nothing to compare
+        return recorded, []
+    installed = manager.installed()
+    drifted, _ = diff_files(recorded, installed)
+    if not drifted:
+        return recorded, []
+    keep = set(recorded) | set(new)
+    return {**recorded, **{k: v for k, v in installed.items() if k in keep}}, drifted
+
+
 def _check_serving(
     config: Config | None, names: list[str], timeout_s: float, echo: Echo
 ) -> tuple[bool, list[GateResult]]:
@@ -182,6 +204,10 @@ def switch_host(
     current = state.current()
     old_files = current.files() if current else manager.installed()
     changed, removed = diff_instances(render, old_files)
+    activate_from, drifted = (
+        _as_installed(manager, old_files, new_files) if current else (old_files, [])
+    )
+    changed = sorted(set(changed) | (set(drifted) & set(render.names())))
     if manager.name == "nixos" and not old_files:
         changed = sorted(render.names())  # nothing recorded yet: gate them all
     file_text = read_config_text(path)
@@ -222,14 +248,17 @@ def switch_host(
         },
     )
     state.set_manager(manager.describe())
+    crash_point("switch:staged")
     if file_text != new_text:
         atomic_write(path, new_text)
+    crash_point("switch:config-written")
 
     results: list[GateResult] = []
     activated = False
     try:
-        early = manager.activate(runner, new_files, old_files, opts.timeout_s)
+        early = manager.activate(runner, new_files, activate_from, opts.timeout_s)
         activated = True
+        crash_point("switch:activated")
         for name in changed:
             if name in early:
                 results.append(GateResult(name, gate, False, f"did not start: {early[name]}"))
@@ -243,6 +272,7 @@ def switch_host(
     for r in results:
         echo(f"  gate {r.gate} {r.name}: {'passed' if r.passed else 'FAILED'}: {r.detail}")
     if all(r.passed for r in results):
+        crash_point("switch:gate-passed")
         gen.update(
             gate={
                 "result": "passed",
@@ -280,6 +310,7 @@ def switch_host(
             "was rolled back (check `nixos-rebuild list-generations`)"
         )
         return HostOutcome(host, "failed", gen.number, detail, changed)
+    crash_point("switch:restoring")
     try:
         manager.restore(runner, old_files, new_files, opts.timeout_s)
         old_config = lenient_parse(path, old_text)
@@ -296,6 +327,12 @@ def switch_host(
     return HostOutcome(host, "failed", gen.number, detail, changed)
 
 
+def _recover(state: HostState, echo: Echo) -> None:
+    """Tidy what a killed switch or rollback of this host left (the caller holds the lock)."""
+    for note in state.recover():
+        echo(f"{state.host}: {note}")
+
+
 def switch(
     path: Path, host: str, opts: SwitchOptions, runner: Runner, echo: Echo
 ) -> list[HostOutcome]:
@@ -310,9 +347,9 @@ def switch(
     names = list(first.hosts) if host == "all" else [pick_host(first, host)]
     with ExitStack() as locks:
         for name in names:  # always in config order, so two callers cannot deadlock
-            locks.enter_context(
-                host_lock(HostState.beside(path, name).root, f"host {name}", str(path), opts.wait_s)
-            )
+            state = HostState.beside(path, name)
+            locks.enter_context(host_lock(state.root, f"host {name}", str(path), opts.wait_s))
+            _recover(state, echo)
         return _switch_locked(path, host, opts, runner, echo)
 
 
@@ -364,6 +401,7 @@ def rollback(
             path, name, state, to, runner, echo, manager_name, units_dir, timeout_s
         )
     with host_lock(state.root, f"host {name}", str(path), wait_s, command="rollback"):
+        _recover(state, echo)
         return _rollback_locked(
             path, name, state, to, runner, echo, manager_name, units_dir, timeout_s
         )
@@ -401,6 +439,7 @@ def _rollback_locked(
     manager.preflight(runner)
     new_files = target.files()
     old_files = current.files() if current else manager.installed()
+    old_files, _ = _as_installed(manager, old_files, new_files)
     snapshot = target.config_snapshot()
     echo(f"{name}: rolling back to generation {target.number} via {manager.name}")
     if runner.dry_run:
@@ -408,12 +447,14 @@ def _rollback_locked(
             runner.note(f"write {path}")
     elif snapshot is not None:
         atomic_write(path, snapshot.read_text())
+        crash_point("rollback:config-written")
     if isinstance(manager, NixosManager) and to is None:
         nix.nixos_rebuild_rollback(runner, manager.flake_dir, manager.target)
     else:
         failed = manager.activate(runner, new_files, old_files, timeout_s)
         if failed:
             raise ExternalCommandError(f"generation {target.number} did not start: {failed}")
+        crash_point("rollback:activated")
     if runner.dry_run:
         return target
     changed, _ = diff_files(new_files, old_files)
