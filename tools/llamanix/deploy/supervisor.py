@@ -146,6 +146,16 @@ def unit_environment(values: list[str], cache_dir: Path) -> list[tuple[str, str]
     return env
 
 
+def one_line(message: str) -> str:
+    """A start failure in one line: its first line and the log's last line (llama-server
+    ends its log with why it exits, e.g. "exiting due to model loading error")."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    if len(lines) < 2:
+        return lines[0] if lines else message
+    last = re.sub(r"^\d+\.\d+\.\d+\.\d+ [A-Z] ", "", lines[-1])  # llama.cpp's time and level
+    return f"{lines[0].rstrip(':')}: {last}"
+
+
 def manifest_digest(units_dir: Path) -> str | None:
     try:
         return hashlib.sha256((units_dir / MANIFEST).read_bytes()).hexdigest()
@@ -305,9 +315,12 @@ class ServiceRunner:
             while starts and now - starts[0] > self.spec.start_limit_interval_s:
                 starts.popleft()
             if len(starts) >= self.spec.start_limit_burst:
+                # One line, as systemd's "Start request repeated too quickly", with the cause.
                 self.log(
-                    f"[{name}] start limit hit ({self.spec.start_limit_burst} starts in "
-                    f"{self.spec.start_limit_interval_s:g}s); not restarting"
+                    f"[{name}] start limit hit ({len(starts)} starts within "
+                    f"{self.spec.start_limit_interval_s:g}s, StartLimitBurst="
+                    f"{self.spec.start_limit_burst}); not restarting. Last error: "
+                    f"{self.status.last_error}"
                 )
                 self._set(state="failed", pid=None)
                 return
@@ -325,7 +338,7 @@ class ServiceRunner:
             except (ServerStartError, ExternalCommandError) as err:
                 if self._stop.is_set():
                     break
-                error = str(err).splitlines()[0]
+                error = one_line(str(err))
                 self.log(f"[{name}] failed to start: {error}")
                 if not self._restart_after(error):
                     return
