@@ -114,6 +114,21 @@ def test_api_key_never_leaks(tmp_path: Path, llama_server_bin: Path, synth_model
             "--dry-run",
         )
         assert dry.returncode == 0 and "# write" in dry.stdout, dry.stdout + dry.stderr
+        # What a systemd host would be told to do (systemctl, the unit files): printed only.
+        system_dry = llamanix(
+            "switch",
+            "llamanix.toml",
+            "--manager",
+            "systemd",
+            "--units-dir",
+            str(cycle_dir / "etc-systemd"),
+            "--set",
+            "instances.chat.context=1024",
+            "--dry-run",
+        )
+        assert system_dry.returncode == 0 and "systemctl" in system_dry.stdout, (
+            system_dry.stdout + system_dry.stderr
+        )
         switched = llamanix(
             "switch",
             "llamanix.toml",
