@@ -130,7 +130,8 @@ def ip_allow_list(listen: str) -> tuple[str, ...] | None:
         return None  # a host name: which addresses it stands for is not known when rendering
     if addr.is_loopback:
         return ("localhost",)
-    if addr.is_unspecified or any(addr in net for net in _LOCAL_NETS if net.version == addr.version):
+    local = any(addr in net for net in _LOCAL_NETS if net.version == addr.version)
+    if addr.is_unspecified or local:
         return LOCAL_NETWORKS
     return None
 
