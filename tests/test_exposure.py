@@ -118,6 +118,11 @@ def test_ip_filter_follows_the_listen_address(
         assert ip_lines == ["IPAddressDeny=any", f"IPAddressAllow={allowed}"]
 
 
+def test_an_instance_that_downloads_its_model_has_no_ip_filter(tmp_path: Path) -> None:
+    data = config(False, "127.0.0.1", extra_args=["-hf", "ggml-org/gemma-3-1b-it-GGUF"])
+    assert not any(line.startswith("IPAddress") for line in settings(render(tmp_path, data)))
+
+
 @pytest.mark.parametrize(
     ("extra", "environment", "resources"),
     [

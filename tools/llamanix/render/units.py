@@ -113,6 +113,12 @@ _RESOURCE_FLAGS = frozenset(
         "--prio-batch", "--numa",
     }
 )  # fmt: skip
+# llama-server flags that download a model at start: such an instance talks to the internet, so
+# it gets no IP filter.
+_DOWNLOAD_FLAGS = frozenset(
+    {"-hf", "-hfr", "--hf-repo", "-hfd", "-hfrd", "--hf-repo-draft", "-mu", "--model-url",
+     "-hfv", "-hfrv", "--hf-repo-v", "-hffv", "--hf-file-v", "--docker-repo", "-dr"}
+)  # fmt: skip
 _RESOURCE_ENV = frozenset({"GOMP_CPU_AFFINITY", "OMP_PROC_BIND", "OMP_PLACES", "KMP_AFFINITY"})
 
 
@@ -134,6 +140,10 @@ def ip_allow_list(listen: str) -> tuple[str, ...] | None:
     if addr.is_unspecified or local:
         return LOCAL_NETWORKS
     return None
+
+
+def downloads(argv: list[str]) -> bool:
+    return bool({token.split("=", 1)[0] for token in argv} & _DOWNLOAD_FLAGS)
 
 
 def needs_resource_syscalls(argv: list[str], environment: Mapping[str, str]) -> bool:
@@ -235,7 +245,7 @@ def render_instance(
         user=user,
         gpu=gpu,
         protect_home=protect_home,
-        ip_allow=ip_allow_list(inst.listen),
+        ip_allow=None if downloads(argv) else ip_allow_list(inst.listen),
         resources=gpu or needs_resource_syscalls(argv, inst.environment),
         nvidia_nodes=NVIDIA_NODES,
         wanted_by="default.target" if user else "multi-user.target",
