@@ -80,14 +80,16 @@ def test_gpu_unit_opens_only_the_nvidia_devices(tmp_path: Path) -> None:
         "DeviceAllow=char-nvidia-frontend rw",
         "DeviceAllow=char-nvidia-uvm rw",
         "DeviceAllow=char-nvidia-caps rw",
-        "PrivateDevices=no",
-        "SupplementaryGroups=video render",
+        "PrivateDevices=yes",
+        "BindPaths=/dev/nvidiactl",
+        "BindPaths=/dev/nvidia-uvm",
+        "BindPaths=-/dev/nvidia0",
         "SystemCallFilter=@system-service @resources",
         "SystemCallFilter=~@privileged",
         "ProcSubset=all",
     ):
         assert expected in lines
-    assert "PrivateDevices=yes" not in lines
+    assert not any(line.startswith("SupplementaryGroups") for line in lines)
 
 
 def test_cpu_unit_hardening(tmp_path: Path) -> None:
@@ -102,7 +104,10 @@ def test_cpu_unit_hardening(tmp_path: Path) -> None:
         "SystemCallFilter=@system-service",
         "SystemCallFilter=~@privileged",
         "UMask=0077",
-        "RestrictAddressFamilies=AF_INET AF_INET6 AF_UNIX",
+        "RestrictAddressFamilies=AF_INET AF_INET6",
+        "SystemCallFilter=~@resources",
+        "IPAddressDeny=any",
+        "IPAddressAllow=localhost",
         "StateDirectory=llamanix-a",
         "CacheDirectory=llamanix-a",
         'Environment="HOME=%C/llamanix-a"',

@@ -47,7 +47,8 @@ HARDENING = {
     "RestrictSUIDSGID": "yes",
     "UMask": "0077",
 }
-ADDRESS_FAMILIES = {"AF_UNIX", "AF_INET", "AF_INET6"}
+# CPU units speak TCP only (the readiness check included).
+ADDRESS_FAMILIES = {"AF_INET", "AF_INET6"}
 
 
 class Node(Protocol):
@@ -188,6 +189,8 @@ def check_hardening(node: Node, unit: str) -> None:
     assert not syscalls.startswith("~"), "SystemCallFilter is a deny-list"
     allowed = set(syscalls.split())
     assert "read" in allowed and not {"reboot", "init_module", "swapon"} & allowed, syscalls
+    # No thread pinning or priority flags in the test config: the @resources calls are refused.
+    assert not {"sched_setaffinity", "setpriority", "mbind"} & allowed, syscalls
 
     status = node.succeed(f"cat /proc/{main_pid(node, unit)}/status")
     fields = {k: v.strip() for k, _, v in (line.partition(":") for line in status.splitlines())}

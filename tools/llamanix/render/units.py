@@ -8,6 +8,7 @@ manifest last, so a reader that trusts the manifest never sees a half-written se
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
 import re
 import shutil
@@ -26,6 +27,17 @@ from llamanix.external.files import atomic_write
 from llamanix.render.manifest import MANIFEST, Render, RenderedInstance
 
 PREVIOUS = ".previous"
+# The NVIDIA device nodes CUDA opens (the driver README's "device files"), bound into a GPU
+# unit's private /dev the way container runtimes do. "-": a node absent on this machine (a GPU
+# index beyond the installed ones, nvidia-caps without MIG) is skipped; the control and UVM nodes
+# are required, so a host that has not created them fails the start with the missing path.
+NVIDIA_NODES = (
+    "/dev/nvidiactl",
+    "/dev/nvidia-uvm",
+    "-/dev/nvidia-uvm-tools",
+    "-/dev/nvidia-caps",
+    *(f"-/dev/nvidia{i}" for i in range(16)),
+)
 CREDENTIAL = "api-key"
 # systemd's specifier for $CREDENTIALS_DIRECTORY: the key file is read there by llama-server,
 # so neither the key nor its source path needs to be in argv.
@@ -74,6 +86,70 @@ def _readiness_line(inst: Instance, api_key: bool) -> str:
     # systemd substitutes the main process's pid: the check stops as soon as the server exits.
     words += ["--pid", "$MAINPID"]
     return " ".join(words)
+
+
+# Peers a listener on a wildcard or private address is meant for: loopback, link-local, RFC 1918,
+# shared address space (RFC 6598, used by overlay VPNs) and IPv6 unique-local. A server bound to a
+# public address gets no IP filter: it was put there to be reached from anywhere.
+LOCAL_NETWORKS = (
+    "localhost",
+    "link-local",
+    "10.0.0.0/8",
+    "172.16.0.0/12",
+    "192.168.0.0/16",
+    "100.64.0.0/10",
+    "fc00::/7",
+)
+_LOCAL_NETS = [ipaddress.ip_network(n) for n in LOCAL_NETWORKS[2:]] + [
+    ipaddress.ip_network("169.254.0.0/16"),
+    ipaddress.ip_network("fe80::/10"),
+]
+# llama-server flags (and OpenMP variables) that pin threads, change their priority or their
+# NUMA policy: these need the @resources system calls (sched_setaffinity, setpriority, mbind).
+_RESOURCE_FLAGS = frozenset(
+    {
+        "-C", "--cpu-mask", "-Cr", "--cpu-range", "--cpu-strict", "--prio",
+        "-Cb", "--cpu-mask-batch", "-Crb", "--cpu-range-batch", "--cpu-strict-batch",
+        "--prio-batch", "--numa",
+    }
+)  # fmt: skip
+# llama-server flags that download a model at start: such an instance talks to the internet, so
+# it gets no IP filter.
+_DOWNLOAD_FLAGS = frozenset(
+    {"-hf", "-hfr", "--hf-repo", "-hfd", "-hfrd", "--hf-repo-draft", "-mu", "--model-url",
+     "-hfv", "-hfrv", "--hf-repo-v", "-hffv", "--hf-file-v", "--docker-repo", "-dr"}
+)  # fmt: skip
+_RESOURCE_ENV = frozenset({"GOMP_CPU_AFFINITY", "OMP_PROC_BIND", "OMP_PLACES", "KMP_AFFINITY"})
+
+
+def ip_allow_list(listen: str) -> tuple[str, ...] | None:
+    """IPAddressAllow= for a listen address (with IPAddressDeny=any), or None for no IP filter.
+
+    Loopback listeners only ever talk to this machine; wildcard and private listeners to this
+    machine and the local networks; a public address to anyone, so it gets no filter.
+    """
+    if listen == "localhost":
+        return ("localhost",)
+    try:
+        addr = ipaddress.ip_address(listen)
+    except ValueError:
+        return None  # a host name: which addresses it stands for is not known when rendering
+    if addr.is_loopback:
+        return ("localhost",)
+    local = any(addr in net for net in _LOCAL_NETS if net.version == addr.version)
+    if addr.is_unspecified or local:
+        return LOCAL_NETWORKS
+    return None
+
+
+def downloads(argv: list[str]) -> bool:
+    return bool({token.split("=", 1)[0] for token in argv} & _DOWNLOAD_FLAGS)
+
+
+def needs_resource_syscalls(argv: list[str], environment: Mapping[str, str]) -> bool:
+    """Whether the instance pins threads or sets priorities/NUMA policy (the @resources group)."""
+    flags = {token.split("=", 1)[0] for token in argv}
+    return bool(flags & _RESOURCE_FLAGS) or bool(set(environment) & _RESOURCE_ENV)
 
 
 def _environment_line(key: str, value: str, expand: bool = False) -> str:
@@ -169,6 +245,9 @@ def render_instance(
         user=user,
         gpu=gpu,
         protect_home=protect_home,
+        ip_allow=None if downloads(argv) else ip_allow_list(inst.listen),
+        resources=gpu or needs_resource_syscalls(argv, inst.environment),
+        nvidia_nodes=NVIDIA_NODES,
         wanted_by="default.target" if user else "multi-user.target",
     )
     return RenderedInstance(
