@@ -448,16 +448,12 @@ def lossless_cmd(
             console=console,
             transient=True,
         ) as bar:
-            task = bar.add_task(
-                "lossless", total=losslessmod.planned_steps(settings, prompt_list)
-            )
+            task = bar.add_task("lossless", total=losslessmod.planned_steps(settings, prompt_list))
 
             def step(what: str) -> None:
                 bar.update(task, advance=1, description=what)
 
-            result = losslessmod.run_lossless(
-                settings, prompt_list, api_key=api_key, progress=step
-            )
+            result = losslessmod.run_lossless(settings, prompt_list, api_key=api_key, progress=step)
     else:
         result = losslessmod.run_lossless(settings, prompt_list, api_key=api_key)
     data = result.to_json()

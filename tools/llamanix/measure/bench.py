@@ -65,7 +65,7 @@ class Prompt:
     messages: tuple[dict[str, Any], ...]
     tools: tuple[dict[str, Any], ...] | None = None
     max_tokens: int | None = None  # fixed output length (the one-token probe); None: --max-tokens
-    # `llamanix lossless` exits 1 when two servers' outputs for this prompt differ; bench ignores it.
+    # `llamanix lossless` exits 1 when two servers answer this prompt differently; bench ignores it.
     must_match: bool = False
 
     def lengths(self, requested: Sequence[int]) -> list[int]:

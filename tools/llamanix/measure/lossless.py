@@ -25,6 +25,7 @@ from urllib.parse import urlparse
 
 import httpx
 from rapidfuzz.distance import Levenshtein
+from rich.console import JustifyMethod
 from rich.markup import escape
 from rich.table import Table
 
@@ -232,9 +233,7 @@ def ask(client: LlamaClient, body: dict[str, Any]) -> Answer:
     except httpx.TransportError as err:
         raise ExternalCommandError(f"{url}: request failed ({err.__class__.__name__})") from None
     if resp.status_code in (401, 403):
-        raise UserError(
-            Problem(url, "request", f"HTTP {resp.status_code}", "pass --api-key-file")
-        )
+        raise UserError(Problem(url, "request", f"HTTP {resp.status_code}", "pass --api-key-file"))
     if resp.status_code != 200:
         raise ExternalCommandError(f"{url}: HTTP {resp.status_code}: {resp.text.strip()[:300]}")
     try:
@@ -484,7 +483,7 @@ def summary_table(result: LosslessResult) -> Table:
         f"{s.runs} run(s))",
         title_justify="left",
     )
-    for heading, justify in (
+    columns: tuple[tuple[str, JustifyMethod], ...] = (
         ("workload", "left"),
         ("must match", "left"),
         ("identical", "left"),
@@ -494,12 +493,15 @@ def summary_table(result: LosslessResult) -> Table:
         ("tool calls", "left"),
         ("A / B repeat", "left"),
         ("drafted A / B", "right"),
-    ):
-        table.add_column(heading, justify=justify)  # type: ignore[arg-type]
+    )
+    for heading, justify in columns:
+        table.add_column(heading, justify=justify)
     for w in result.workloads:
         n = len(w.runs)
-        identical = _yes_no(w.identical) if n == 1 else (
-            _yes_no(w.identical, f"yes ({n}/{n})", f"no ({w.identical_runs}/{n})")
+        identical = (
+            _yes_no(w.identical)
+            if n == 1
+            else (_yes_no(w.identical, f"yes ({n}/{n})", f"no ({w.identical_runs}/{n})"))
         )
         calls = w.tool_calls
         if calls is None:
@@ -511,9 +513,7 @@ def summary_table(result: LosslessResult) -> Table:
         dist = f"{w.edit_distance_median:g}" + (
             f" (max {w.edit_distance_max})" if w.edit_distance_max != w.edit_distance_median else ""
         )
-        repeat = " / ".join(
-            "yes" if w.stable(side) else "[yellow]no[/]" for side in ("a", "b")
-        )
+        repeat = " / ".join("yes" if w.stable(side) else "[yellow]no[/]" for side in ("a", "b"))
         drafted = " / ".join(
             "-" if (d := w.drafted(side)) is None else str(d) for side in ("a", "b")
         )
