@@ -270,7 +270,7 @@ def test_self_draft_is_identical_to_baseline(
         assert w["draft_n"]["a"] is None and w["draft_n"]["b"] > 0
         for run in w["runs"]:
             assert run["a"]["text"] == run["b"]["text"] and len(run["a"]["text"]) > 100
-            assert run["a"]["predicted_n"] == run["b"]["predicted_n"] == 160
+            assert run["a"]["predicted_n"] == run["b"]["predicted_n"] > 100
     # The noise-writing model calls no tool, so there is no structure to compare.
     assert by_name["tool"]["tool_calls"] is None
 
@@ -335,3 +335,17 @@ def test_terminal_gets_a_progress_bar(servers: dict[str, LlamaServer]) -> None:
     screen = b"".join(chunks).decode(errors="replace")
     assert "fibonacci B 2/2" in screen or "fibonacci A 2/2" in screen, screen
     assert "yes (2/2)" in screen
+
+
+@pytest.mark.server
+def test_prompt_the_server_refuses_is_one_line(
+    servers: dict[str, LlamaServer], tmp_path: Path
+) -> None:
+    prompts = tmp_path / "p.json"
+    prompts.write_text(json.dumps([{"name": "bad", "messages": [{"role": "user"}]}]))
+    out = tmp_path / "r.json"
+    url = servers["base"].url
+    line = one_line_exit_2(
+        lossless(url, url, "--prompts", str(prompts), "--runs", "1", "-o", str(out)), out
+    )
+    assert line.startswith(f"{url}: --prompts: HTTP 400: ")

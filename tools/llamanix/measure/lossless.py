@@ -226,6 +226,13 @@ def request_body(prompt: Prompt, settings: LosslessSettings) -> dict[str, Any]:
     return body
 
 
+def _error_message(resp: httpx.Response) -> str:
+    try:
+        return str(resp.json()["error"]["message"])[:300]
+    except (ValueError, KeyError, TypeError):
+        return resp.text.strip()[:300]
+
+
 def ask(client: LlamaClient, body: dict[str, Any]) -> Answer:
     url = client.url
     try:
@@ -234,8 +241,19 @@ def ask(client: LlamaClient, body: dict[str, Any]) -> Answer:
         raise ExternalCommandError(f"{url}: request failed ({err.__class__.__name__})") from None
     if resp.status_code in (401, 403):
         raise UserError(Problem(url, "request", f"HTTP {resp.status_code}", "pass --api-key-file"))
+    if resp.status_code == 400:
+        # The server refused the request as written: a prompt's messages or tools (llama-server
+        # takes tools only with --jinja and a chat template that knows them).
+        raise UserError(
+            Problem(
+                url,
+                "--prompts",
+                f"HTTP 400: {_error_message(resp)}",
+                "check the prompts; tools need a server started with --jinja",
+            )
+        )
     if resp.status_code != 200:
-        raise ExternalCommandError(f"{url}: HTTP {resp.status_code}: {resp.text.strip()[:300]}")
+        raise ExternalCommandError(f"{url}: HTTP {resp.status_code}: {_error_message(resp)}")
     try:
         data = resp.json()
     except ValueError:
