@@ -33,6 +33,7 @@ COMMAND_GROUPS: dict[str, tuple[str, ...]] = {
     ),
     "Measure and diagnose": (
         "bench",
+        "lossless",
         "ceiling",
         "inspect",
         "doctor",

@@ -74,6 +74,11 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "llamanix bench compare base.json spec.json --json",
         "llamanix bench compare base.json spec.json --plot decode.png",
     ),
+    "lossless": (
+        "llamanix lossless http://127.0.0.1:8080 http://127.0.0.1:8081",
+        "llamanix lossless http://127.0.0.1:8080 http://127.0.0.1:8081 --prompts mine.json "
+        "--runs 5 --strict -o lossless.json",
+    ),
     "ceiling": (
         "llamanix ceiling --bandwidth 1792 --bytes 15.3GB",
         "llamanix ceiling --gpu rtx3090 --model /srv/models/qwen.gguf",

@@ -1,4 +1,4 @@
-"""llamanix CLI commands: bench (and bench compare), inspect, ceiling, doctor."""
+"""llamanix CLI commands: bench (and bench compare), lossless, inspect, ceiling, doctor."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from llamanix.core.gpus import Gpu, load_gpus
 from llamanix.external.files import atomic_write
 from llamanix.measure import bench as benchmod
 from llamanix.measure import doctor
+from llamanix.measure import lossless as losslessmod
 from llamanix.measure import report as bench_report
 from llamanix.measure.ceiling import (
     ceiling_for,
@@ -363,6 +364,114 @@ def bench_compare(
         bench_report.plot_decode(results, plot_out, prompt)
 
 
+# --- lossless -------------------------------------------------------------------------------
+
+
+@click.command("lossless")
+@click.argument("url_a", metavar="URL_A")
+@click.argument("url_b", metavar="URL_B")
+@click.option(
+    "--prompts",
+    default="builtin",
+    show_default=True,
+    help="'builtin', 'builtin:NAME,NAME' or a JSON file of prompts (as for bench; "
+    '"must_match": true marks a prompt whose outputs must be identical).',
+)
+@click.option(
+    "--runs",
+    type=int,
+    default=losslessmod.DEFAULT_RUNS,
+    show_default=True,
+    help="Requests per prompt and server; the edit distance is the median over them.",
+)
+@click.option(
+    "--max-tokens",
+    type=int,
+    default=losslessmod.DEFAULT_MAX_TOKENS,
+    show_default=True,
+    help="Output length asked for (a prompt's own max_tokens wins).",
+)
+@click.option("--seed", type=int, default=benchmod.DEFAULT_SEED, show_default=True)
+@click.option("--strict", is_flag=True, help="Every prompt must match, not only must_match ones.")
+@click.option(
+    "--api-key-file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="File holding the servers' API key (sent to both).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the JSON instead of the table.")
+@click.option(
+    "-o",
+    "--output",
+    "json_out",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Also write every answer and the comparison to this JSON file.",
+)
+@click.pass_context
+def lossless_cmd(
+    ctx: click.Context,
+    url_a: str,
+    url_b: str,
+    prompts: str,
+    runs: int,
+    max_tokens: int,
+    seed: int,
+    strict: bool,
+    api_key_file: Path | None,
+    as_json: bool,
+    json_out: Path | None,
+) -> None:
+    """Do two servers answer alike at temperature 0? Speculation (B) against a baseline (A).
+
+    Per prompt: identical or not, the character edit distance (median over --runs), where the
+    texts first differ, and whether tool calls keep their structure. Exit 1 when a prompt
+    marked must_match (or any, with --strict) differs.
+    """
+    losslessmod.check_url(url_a, "URL_A")
+    losslessmod.check_url(url_b, "URL_B")
+    for name, value in (("--runs", runs), ("--max-tokens", max_tokens)):
+        if value < 1:
+            raise UserError(
+                Problem("llamanix lossless", name, "must be at least 1", f"pass {name} 1 or more")
+            )
+    settings = losslessmod.LosslessSettings(
+        url_a=url_a, url_b=url_b, max_tokens=max_tokens, runs=runs, seed=seed, strict=strict
+    )
+    prompt_list = benchmod.load_prompts(prompts)
+    api_key = read_api_key(api_key_file) if api_key_file else None
+    console = _console()
+    if sys.stdout.isatty():
+        with Progress(
+            TextColumn("[progress.description]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            transient=True,
+        ) as bar:
+            task = bar.add_task("lossless", total=losslessmod.planned_steps(settings, prompt_list))
+
+            def step(what: str) -> None:
+                bar.update(task, advance=1, description=what)
+
+            result = losslessmod.run_lossless(settings, prompt_list, api_key=api_key, progress=step)
+    else:
+        result = losslessmod.run_lossless(settings, prompt_list, api_key=api_key)
+    data = result.to_json()
+    if as_json:
+        _echo_json(data)
+    else:
+        console.print(losslessmod.summary_table(result))
+        if result.failed:
+            console.print(
+                f"[bold red]must match but differ:[/] {escape(', '.join(result.failed))}",
+                highlight=False,
+            )
+    if json_out is not None:
+        atomic_write(json_out, json.dumps(data, indent=2) + "\n")
+    if result.failed:
+        ctx.exit(1)
+
+
 # --- inspect --------------------------------------------------------------------------------
 
 
@@ -680,6 +789,7 @@ def doctor_cmd(
 def register(group: click.Group) -> None:
     """Add this module's commands to the main group."""
     group.add_command(bench_group)
+    group.add_command(lossless_cmd)
     group.add_command(inspect_cmd)
     group.add_command(ceiling_cmd)
     group.add_command(doctor_cmd)

@@ -65,6 +65,8 @@ class Prompt:
     messages: tuple[dict[str, Any], ...]
     tools: tuple[dict[str, Any], ...] | None = None
     max_tokens: int | None = None  # fixed output length (the one-token probe); None: --max-tokens
+    # `llamanix lossless` exits 1 when two servers answer this prompt differently; bench ignores it.
+    must_match: bool = False
 
     def lengths(self, requested: Sequence[int]) -> list[int]:
         return [self.max_tokens] if self.max_tokens is not None else list(requested)
@@ -76,7 +78,7 @@ def _prompt_problem(source: str, where: str, message: str, fix: str) -> UserErro
 
 def parse_prompts(data: Any, source: str) -> list[Prompt]:
     """Prompts from JSON: a list (or ``{"prompts": [...]}``) of
-    ``{"name", "messages" | "prompt", "tools"?, "max_tokens"?}``."""
+    ``{"name", "messages" | "prompt", "tools"?, "max_tokens"?, "must_match"?}``."""
     items = data.get("prompts") if isinstance(data, dict) else data
     if not isinstance(items, list) or not items:
         raise _prompt_problem(
@@ -137,12 +139,21 @@ def parse_prompts(data: Any, source: str) -> list[Prompt]:
                 "must be a positive integer",
                 "remove it to use --max-tokens",
             )
+        must_match = item.get("must_match", False)
+        if not isinstance(must_match, bool):
+            raise _prompt_problem(
+                source,
+                f"{where}.must_match",
+                f"must be true or false, not {must_match!r}",
+                'write "must_match": true',
+            )
         out.append(
             Prompt(
                 name=name,
                 messages=tuple(messages),
                 tools=tuple(tools) if tools is not None else None,
                 max_tokens=max_tokens,
+                must_match=must_match,
             )
         )
     return out
