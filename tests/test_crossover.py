@@ -4,6 +4,7 @@ configurations against the real llama-server, checked against a hand calculation
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -163,3 +164,15 @@ def test_crossover_of_a_real_sweep_matches_the_hand_calculation(
     unknown = bench("compare", str(base_file), str(ngram_file), "--prompt", "nonesuch")
     assert unknown.exit_code == 2 and "--prompt" in unknown.stderr
     assert len(unknown.stderr.strip().splitlines()) == 1 and unknown.stdout == ""
+
+
+@pytest.mark.server
+def test_plot_without_matplotlib_is_one_line(
+    sweep: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    out = tmp_path / "x.png"
+    result = bench("compare", *map(str, sweep), "--json", "--plot", str(out))
+    assert result.exit_code == 2 and not out.exists() and result.stdout == ""
+    assert "matplotlib is not installed" in result.stderr and "--plot" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1

@@ -314,9 +314,6 @@ def bench_group(
     """Benchmark a running llama-server: TTFT, prefill and decode, server and client clocks.
 
     `llamanix bench compare A.json B.json` compares saved results.
-
-    Example: llamanix bench --url http://127.0.0.1:8080 --prompts agent:8000
-    --max-tokens 64,256,1024 -o base.json
     """
     if ctx.invoked_subcommand is not None:
         return
@@ -363,8 +360,6 @@ def bench_compare(
     """Medians of saved bench results side by side, with ratios against the first, and the
     output length from which each later result wins on wall clock (the crossover; needs
     results swept over two or more --max-tokens).
-
-    Example: llamanix bench compare base.json spec.json --plot crossover.png
     """
     results = [benchmod.load_result(f) for f in files]
     rows = bench_report.compare(results)
@@ -377,6 +372,8 @@ def bench_compare(
                 "name a prompt of the results, or leave --prompt out",
             )
         )
+    if plot_out is not None:
+        bench_report.pyplot()  # no matplotlib: one line before anything is printed
     crossovers = bench_report.compare_crossovers(results)
     if as_json:
         _echo_json(bench_report.compare_json(results, rows, crossovers))

@@ -299,7 +299,7 @@ def decode_series(result: BenchResult) -> dict[str, list[tuple[int, float, float
     return out
 
 
-def _pyplot() -> Any:
+def pyplot() -> Any:
     try:
         import matplotlib
 
@@ -340,7 +340,7 @@ def plot_compare(results: Sequence[BenchResult], path: Path, prompt: str | None 
     """Two panels against output length: decode tok/s (medians, min-max) and wall clock with
     each result's least-squares line; where a later result's line crosses the first's, the
     crossover is marked."""
-    plt = _pyplot()
+    plt = pyplot()
     labels = unique_labels(results)
     fig, (ax_decode, ax_wall) = plt.subplots(1, 2, figsize=(11, 4.2), dpi=110)
     try:
@@ -450,7 +450,7 @@ def plot_decode(results: Sequence[BenchResult], path: Path, prompt: str | None =
     With several prompts and no ``prompt`` chosen, each label's line is the mean over its
     prompts' medians at each length.
     """
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
     try:
         _decode_lines(ax, results, unique_labels(results), prompt)
