@@ -313,7 +313,8 @@ def test_speculative_bench_slower_than_baseline(
     llama_server_bin: Path, synth_models: SynthModels, tmp_path: Path
 ) -> None:
     """A draft that is rarely accepted, asked for 16 tokens a step, costs many times what it
-    saves: the gap is an order of magnitude, far outside the noise of a shared machine."""
+    saves: the gap is an order of magnitude, far outside the noise of a shared machine. Swept
+    over two lengths, the crossover check says it loses at the length the requests average."""
     results = []
     for label, extra in (
         ("base", []),
@@ -354,7 +355,7 @@ def test_speculative_bench_slower_than_baseline(
                     "--prompts",
                     "builtin:fibonacci",
                     "--max-tokens",
-                    "96",
+                    "32,96",
                     "--runs",
                     "3",
                     "--warmup",
@@ -373,11 +374,31 @@ def test_speculative_bench_slower_than_baseline(
         {"type": "draft", "draft_model": str(synth_models.target)},
         model=str(synth_models.target),
     )
-    result = doctor(
-        str(config), "main", "--bench", str(results[0]), "--bench", str(results[1]), "--json"
-    )
+    benches = ["--bench", str(results[0]), "--bench", str(results[1])]
+    result = doctor(str(config), "main", *benches, "--json")
     found = findings(result)["spec-slower"]
     assert found["severity"] == "warning" and "spec vs base" in found["message"]
+    # Decoding several times slower, the draft loses from a few tokens on (or at every length,
+    # where its fixed cost is also higher): either way it loses at 500 tokens.
+    result = doctor(str(config), "main", *benches, "--avg-output-tokens", "500", "--json")
+    crossing = findings(result)["spec-crossover"]
+    assert crossing["severity"] == "warning"
+    assert crossing["message"].startswith(
+        ("speculation wins only below ", "speculation never pays on wall clock")
+    )
+    assert "(fibonacci, spec vs base); your requests average 500" in crossing["message"]
+    assert json.loads(result.stdout)["checks"]["spec-crossover"] == "finding"
+    # Without --avg-output-tokens it compares with what the bench generated: (32 + 96) / 2.
+    result = doctor(str(config), "main", *benches, "--json")
+    assert "the benched requests average 64" in findings(result)["spec-crossover"]["message"]
+
+
+def test_avg_output_tokens_must_be_positive(tmp_path: Path) -> None:
+    config = write_config(tmp_path / "c.toml", None, None, model="/nonexistent.gguf")
+    result = doctor(str(config), "main", "--avg-output-tokens", "0")
+    assert result.exit_code == 2 and result.stdout == ""
+    assert "--avg-output-tokens" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
 
 
 # --- external commands: exact argv, recorded output ----------------------------------------

@@ -67,12 +67,14 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "llamanix bench --url http://127.0.0.1:8080 -o base.json",
         "llamanix bench --url http://127.0.0.1:8080 --prompts builtin:code-long "
         "--max-tokens 128,512 --runs 5 --json",
+        "llamanix bench --url http://127.0.0.1:8080 --prompts agent:8000 "
+        "--max-tokens 64,256,1024 -o base.json",
         "llamanix bench compare base.json spec.json",
     ),
     "bench compare": (
         "llamanix bench compare base.json spec.json",
         "llamanix bench compare base.json spec.json --json",
-        "llamanix bench compare base.json spec.json --plot decode.png",
+        "llamanix bench compare base.json spec.json --plot crossover.png",
     ),
     "lossless": (
         "llamanix lossless http://127.0.0.1:8080 http://127.0.0.1:8081",
@@ -92,6 +94,8 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "llamanix doctor llamanix.toml",
         "llamanix doctor llamanix.toml qwen --url http://127.0.0.1:8080",
         "llamanix doctor llamanix.toml qwen --log server.log --json",
+        "llamanix doctor llamanix.toml qwen --bench base.json --bench spec.json "
+        "--avg-output-tokens 400",
     ),
     "smoke": (
         "llamanix smoke --binary ./result/bin/llama-server",

@@ -187,6 +187,9 @@ def _run_bench(ctx: click.Context, opts: BenchOptions) -> None:
         _echo_json(result.to_json())
     else:
         console.print(bench_report.summary_table(result))
+        agent = bench_report.agent_table(result)
+        if agent is not None:
+            console.print(agent)
     if result.ceiling and not opts.as_json:
         console.print(
             f"ceiling: {result.ceiling['tok_s']:.1f} tok/s "
@@ -208,7 +211,8 @@ def _run_bench(ctx: click.Context, opts: BenchOptions) -> None:
     "--prompts",
     default="builtin",
     show_default=True,
-    help="'builtin', 'builtin:NAME,NAME' or a JSON file of prompts.",
+    help="'builtin', 'builtin:NAME,NAME', 'agent:N' (an agent-shaped prompt: N shared prefix "
+    "tokens, a new last turn per request, cold then warm) or a JSON file of prompts.",
 )
 @click.option(
     "--max-tokens",
@@ -347,21 +351,45 @@ def bench_group(
     "--plot",
     "plot_out",
     type=click.Path(path_type=Path, dir_okay=False),
-    help="Plot decode tok/s against output length, one line per result.",
+    help="Plot decode tok/s and wall clock against output length, one line per result, the "
+    "crossover marked (needs matplotlib).",
 )
 @click.option("--prompt", help="Plot only this prompt (default: mean over prompts).")
 def bench_compare(
     files: tuple[Path, ...], as_json: bool, plot_out: Path | None, prompt: str | None
 ) -> None:
-    """Medians of saved bench results side by side, with ratios against the first."""
+    """Medians of saved bench results side by side, with ratios against the first, and the
+    output length from which each later result wins on wall clock (the crossover; needs
+    results swept over two or more --max-tokens).
+    """
     results = [benchmod.load_result(f) for f in files]
     rows = bench_report.compare(results)
-    if as_json:
-        _echo_json(bench_report.compare_json(results, rows))
-    else:
-        _console().print(bench_report.compare_table(results, rows))
+    if prompt is not None and not any(s.prompt == prompt for r in results for s in r.summaries):
+        raise UserError(
+            Problem(
+                "llamanix bench compare",
+                "--prompt",
+                f"no result has prompt {prompt!r}",
+                "name a prompt of the results, or leave --prompt out",
+            )
+        )
     if plot_out is not None:
-        bench_report.plot_decode(results, plot_out, prompt)
+        bench_report.pyplot()  # no matplotlib: one line before anything is printed
+    crossovers = bench_report.compare_crossovers(results)
+    if as_json:
+        _echo_json(bench_report.compare_json(results, rows, crossovers))
+    else:
+        console = _console()
+        console.print(bench_report.compare_table(results, rows))
+        for c in crossovers:
+            console.print("crossover: " + escape(c.sentence()), highlight=False, soft_wrap=True)
+        if not crossovers:
+            console.print(
+                "crossover: needs both results swept over two or more --max-tokens",
+                highlight=False,
+            )
+    if plot_out is not None:
+        bench_report.plot_compare(results, plot_out, prompt)
 
 
 # --- lossless -------------------------------------------------------------------------------
@@ -677,6 +705,12 @@ _STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
     type=click.Path(path_type=Path, dir_okay=False),
     help="bench --json results (speculative and baseline) to check speculation pays.",
 )
+@click.option(
+    "--avg-output-tokens",
+    type=float,
+    help="Output tokens your requests average, for the --bench crossover check "
+    "(default: what the bench results generated).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 @click.pass_context
 def doctor_cmd(
@@ -688,9 +722,19 @@ def doctor_cmd(
     url: str | None,
     gpu: str | None,
     bench_files: tuple[Path, ...],
+    avg_output_tokens: float | None,
     as_json: bool,
 ) -> None:
     """Find what silently costs speed or memory; exit 1 on any error finding."""
+    if avg_output_tokens is not None and not avg_output_tokens > 0:
+        raise UserError(
+            Problem(
+                "llamanix doctor",
+                "--avg-output-tokens",
+                f"{avg_output_tokens:g} is not a positive number of tokens",
+                "give the output tokens your requests average, e.g. 400",
+            )
+        )
     config = load_config(config_path)
     if instance is not None and instance not in config.instances:
         raise UserError(
@@ -758,6 +802,7 @@ def doctor_cmd(
         assert instance is not None
         inputs.probe = doctor.probe_server(url, doctor.read_api_key(config.instances[instance]))
     inputs.benches = [benchmod.load_result(f) for f in bench_files]
+    inputs.avg_output_tokens = avg_output_tokens
     smi = doctor.query_gpus()
     report = doctor.diagnose(
         config, names, {n: inputs for n in names} if instance else {}, gpu, smi

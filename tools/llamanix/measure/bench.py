@@ -11,6 +11,15 @@ Defaults follow the lessons of the field reports: two warm-ups (CUDA JIT and fir
 five runs (one run lies), temperature 0 with a fixed seed, prompt caching off (a repeated
 prompt would otherwise be served from the KV cache and prefill would look free), and
 ``ignore_eos`` so every run generates exactly the requested length.
+
+Agent-shaped prompts (``agent:N``) measure what dominates an agent's wall clock: a long shared
+prefix (system prompt, tool definitions, history) that the server can reuse from its KV cache,
+and a last turn that changes every request. Per output length the first request opens a new
+session (a random marker at the very start makes the prefix unique, so nothing is cached: the
+cold prefill); the following runs reuse the session's prefix with a new last turn (warm:
+``timings.cache_n`` tokens come from the cache). Every request's wall clock is split into
+prefill (time to the first streamed token), reasoning (up to the last ``reasoning_content`` or
+``<think>`` token, zero when the model does not think) and decode (the rest).
 """
 
 from __future__ import annotations
@@ -19,6 +28,8 @@ import json
 import math
 import os
 import platform
+import random
+import secrets
 import statistics
 import threading
 import time
@@ -28,7 +39,7 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 
@@ -53,8 +64,27 @@ STAT_FIELDS = (
     "prompt_n",
     "predicted_n",
     "acceptance",
+    "cache_n",
+    "prefill_s",
+    "reasoning_s",
+    "decode_s",
 )
+# The figures summarised separately for cold and warm requests of agent prompts.
+PHASE_FIELDS = (
+    "cache_n",
+    "prompt_n",
+    "ttft_s",
+    "prefill_s",
+    "reasoning_s",
+    "decode_s",
+    "wall_s",
+    "reasoning_n",
+)
+# Old results (before agent prompts) lack the new fields and still load: the format only grows.
 RESULT_FORMAT = "llamanix-bench/1"
+Phase = Literal["cold", "warm"]
+AGENT_MIN_TOKENS = 512  # the fixed part alone is about 420
+AGENT_MAX_TOKENS = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -67,6 +97,9 @@ class Prompt:
     max_tokens: int | None = None  # fixed output length (the one-token probe); None: --max-tokens
     # `llamanix lossless` exits 1 when two servers answer this prompt differently; bench ignores it.
     must_match: bool = False
+    # Agent-shaped: ``messages`` are the shared prefix; each request gets a session marker in
+    # front and a new last turn behind (see agent_messages).
+    agent: bool = False
 
     def lengths(self, requested: Sequence[int]) -> list[int]:
         return [self.max_tokens] if self.max_tokens is not None else list(requested)
@@ -105,6 +138,24 @@ def parse_prompts(data: Any, source: str) -> list[Prompt]:
                 source, f"{where}.name", f"duplicate name {name!r}", "names must be unique"
             )
         seen.add(name)
+        agent = item.get("agent", False)
+        if isinstance(agent, int) and not isinstance(agent, bool):
+            if not AGENT_MIN_TOKENS <= agent <= AGENT_MAX_TOKENS:
+                raise _prompt_problem(
+                    source,
+                    f"{where}.agent",
+                    f"{agent} is not a prefix length in tokens",
+                    f"give {AGENT_MIN_TOKENS} to {AGENT_MAX_TOKENS}, or true with your messages",
+                )
+            out.append(agent_prompt(agent, name))
+            continue
+        if not isinstance(agent, bool):
+            raise _prompt_problem(
+                source,
+                f"{where}.agent",
+                "must be true (messages are the shared prefix) or a prefix length in tokens",
+                'write "agent": true or "agent": 8000',
+            )
         messages = item.get("messages")
         if messages is None and isinstance(item.get("prompt"), str):
             messages = [{"role": "user", "content": item["prompt"]}]
@@ -154,9 +205,158 @@ def parse_prompts(data: Any, source: str) -> list[Prompt]:
                 tools=tuple(tools) if tools is not None else None,
                 max_tokens=max_tokens,
                 must_match=must_match,
+                agent=agent,
             )
         )
     return out
+
+
+# --- agent-shaped prompts --------------------------------------------------------------------
+
+# Common short English words: about one token each in the llama, GPT-2 and Qwen vocabularies,
+# so N words of filler come to roughly N tokens (the server's prompt_n is the exact count).
+_FILLER_WORDS = [
+    "the",
+    "of",
+    "and",
+    "to",
+    "in",
+    "is",
+    "for",
+    "on",
+    "with",
+    "as",
+    "by",
+    "at",
+    "from",
+    "that",
+    "this",
+    "it",
+    "be",
+    "are",
+    "was",
+    "or",
+    "an",
+    "not",
+    "but",
+    "all",
+    "can",
+    "has",
+    "have",
+    "will",
+    "one",
+    "new",
+    "file",
+    "test",
+    "code",
+    "line",
+    "read",
+    "write",
+    "call",
+    "value",
+    "list",
+    "name",
+    "type",
+    "data",
+    "run",
+    "set",
+    "get",
+    "add",
+    "make",
+    "use",
+    "error",
+    "path",
+    "user",
+    "time",
+    "model",
+    "server",
+    "config",
+    "build",
+    "check",
+    "state",
+    "return",
+]
+_AGENT_SYSTEM = (
+    "You are a coding agent working in a software repository. Use the tools to read and "
+    "change files and to run commands. Keep answers short and exact.\n\nTools:\n"
+)
+_AGENT_TOOLS = (
+    ("read_file", "Read a file of the repository.", "path"),
+    ("write_file", "Replace a file of the repository.", "path"),
+    ("run_command", "Run a shell command in the repository and return its output.", "command"),
+    ("search", "Search the repository for a regular expression.", "pattern"),
+    ("list_dir", "List the files of a directory.", "path"),
+)
+_HISTORY_PAIRS = 4
+_AGENT_FIXED_TOKENS = 420
+
+
+def _filler(rng: random.Random, words: int) -> str:
+    out: list[str] = []
+    for i in range(words):
+        out.append(rng.choice(_FILLER_WORDS))
+        if i % 12 == 11:
+            out.append(".\n" if i % 48 == 47 else ".")
+    return " ".join(out).replace(" .", ".")
+
+
+def agent_prompt(prefix_tokens: int, name: str | None = None) -> Prompt:
+    """An agent-shaped prompt of about ``prefix_tokens`` shared tokens: a system prompt with
+    tool definitions, then a history of tool calls and their output. Same N, same text."""
+    rng = random.Random(f"llamanix-agent:{prefix_tokens}")
+    tools = "".join(
+        json.dumps(
+            {
+                "name": tool,
+                "description": what,
+                "parameters": {"type": "object", "properties": {arg: {"type": "string"}}},
+            }
+        )
+        + "\n"
+        for tool, what, arg in _AGENT_TOOLS
+    )
+    # Measured with the llama SentencePiece vocabulary: the fixed text (instructions, tool
+    # definitions, chat template, history requests) comes to about 420 tokens and each filler
+    # word to 1.1 (the full stops); other vocabularies land within a few percent.
+    budget = max(int((prefix_tokens - _AGENT_FIXED_TOKENS) / 1.1), _HISTORY_PAIRS * 16)
+    system_words = budget // 4
+    # Each history pair: a user request (about 12 tokens with the template) and the output.
+    output_words = (budget - system_words) // _HISTORY_PAIRS - 12
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": _AGENT_SYSTEM + tools + "\n" + _filler(rng, system_words)}
+    ]
+    for turn in range(_HISTORY_PAIRS):
+        messages.append({"role": "user", "content": f"Read src/module_{turn}.py and check it."})
+        messages.append({"role": "assistant", "content": _filler(rng, output_words)})
+    return Prompt(
+        name=name or f"agent-{prefix_tokens}",
+        messages=tuple(messages),
+        agent=True,
+    )
+
+
+def new_session() -> str:
+    """A marker no earlier request can have cached: random, not seeded, so that a second bench
+    against the same server still starts cold."""
+    return secrets.token_hex(8)
+
+
+def agent_messages(prompt: Prompt, session: str, turn: int) -> list[dict[str, Any]]:
+    """The shared prefix behind a session marker, then a last turn that differs per request."""
+    messages = [dict(m) for m in prompt.messages]
+    marker = f"[session {session}]\n"
+    first = messages[0]
+    if first.get("role") == "system" and isinstance(first.get("content"), str):
+        first["content"] = marker + first["content"]
+    else:
+        messages.insert(0, {"role": "system", "content": marker.strip()})
+    messages.append(
+        {
+            "role": "user",
+            "content": f"Turn {turn}: run the tests again and say which of them fail and why.",
+        }
+    )
+    return messages
 
 
 def builtin_prompts() -> list[Prompt]:
@@ -165,7 +365,21 @@ def builtin_prompts() -> list[Prompt]:
 
 
 def load_prompts(spec: str) -> list[Prompt]:
-    """``builtin``, ``builtin:NAME[,NAME]`` or a JSON file."""
+    """``builtin``, ``builtin:NAME[,NAME]``, ``agent:N`` or a JSON file."""
+    if spec.startswith("agent:"):
+        text = spec.split(":", 1)[1]
+        n = int(text) if text.isdigit() else 0
+        if not AGENT_MIN_TOKENS <= n <= AGENT_MAX_TOKENS:
+            raise UserError(
+                Problem(
+                    "--prompts",
+                    spec,
+                    f"{text!r} is not a shared-prefix length in tokens",
+                    f"write agent:N with N from {AGENT_MIN_TOKENS} to {AGENT_MAX_TOKENS}, "
+                    "e.g. agent:8000",
+                )
+            )
+        return [agent_prompt(n)]
     if spec == "builtin" or spec.startswith("builtin:"):
         prompts = builtin_prompts()
         if spec == "builtin":
@@ -253,6 +467,13 @@ class RequestResult:
     acceptance: float | None
     finish_reason: str | None
     chunks: int
+    # The wall clock split (added with agent prompts; None in older results): prefill is the
+    # time to the first streamed token, reasoning runs to the last thinking token, decode is
+    # the rest, so the three add up to wall_s.
+    prefill_s: float | None = None
+    reasoning_s: float | None = None
+    decode_s: float | None = None
+    reasoning_n: int | None = None  # streamed chunks of reasoning_content or <think> text
 
 
 @dataclass
@@ -264,6 +485,7 @@ class RunResult:
     aggregate_decode_tok_s: float | None
     requests: list[RequestResult]
     metrics_delta: dict[str, float] | None = None
+    phase: Phase | None = None  # agent prompts: cold (new session) or warm (prefix cached)
 
 
 @dataclass(frozen=True)
@@ -298,6 +520,8 @@ class Summary:
     stats: dict[str, Stats | None]
     aggregate_decode_tok_s: Stats | None
     ceiling_share: float | None = None
+    # Agent prompts: PHASE_FIELDS summarised for "cold" and "warm" requests apart.
+    phases: dict[str, dict[str, Stats | None]] | None = None
 
     def median(self, name: str) -> float | None:
         st = self.stats.get(name)
@@ -338,6 +562,25 @@ def _stats_from_json(data: Any) -> Stats | None:
     )
 
 
+def _phases_from_json(data: Any) -> dict[str, dict[str, Stats | None]] | None:
+    if data is None:
+        return None
+    return {
+        str(phase): {k: _stats_from_json(v) for k, v in stats.items()}
+        for phase, stats in data.items()
+    }
+
+
+def _phase_from_json(value: Any) -> Phase | None:
+    if value is None:
+        return None
+    if value == "cold":
+        return "cold"
+    if value == "warm":
+        return "warm"
+    raise ValueError(f"unknown phase {value!r}")
+
+
 def load_result(path: Path) -> BenchResult:
     """Read a file ``bench --json`` wrote."""
     source = str(path)
@@ -360,6 +603,7 @@ def load_result(path: Path) -> BenchResult:
                 stats={k: _stats_from_json(v) for k, v in s["stats"].items()},
                 aggregate_decode_tok_s=_stats_from_json(s.get("aggregate_decode_tok_s")),
                 ceiling_share=s.get("ceiling_share"),
+                phases=_phases_from_json(s.get("phases")),
             )
             for s in data["summaries"]
         ]
@@ -372,6 +616,7 @@ def load_result(path: Path) -> BenchResult:
                 aggregate_decode_tok_s=r["aggregate_decode_tok_s"],
                 requests=[RequestResult(**q) for q in r["requests"]],
                 metrics_delta=r.get("metrics_delta"),
+                phase=_phase_from_json(r.get("phase")),
             )
             for r in data["runs"]
         ]
@@ -396,15 +641,28 @@ def load_result(path: Path) -> BenchResult:
 # --- one request ---------------------------------------------------------------------------
 
 
-def request_body(prompt: Prompt, max_tokens: int, settings: BenchSettings) -> dict[str, Any]:
+def request_body(
+    prompt: Prompt,
+    max_tokens: int,
+    settings: BenchSettings,
+    session: str | None = None,
+    turn: int = 0,
+) -> dict[str, Any]:
+    """The streamed chat request; agent prompts get ``session``'s prefix and a new last turn."""
+    if prompt.agent:
+        messages = agent_messages(prompt, session or new_session(), turn)
+    else:
+        messages = list(prompt.messages)
     body: dict[str, Any] = {
-        "messages": list(prompt.messages),
+        "messages": messages,
         "max_tokens": max_tokens,
         "stream": True,
         "stream_options": {"include_usage": True},
         "temperature": settings.temperature,
         "seed": settings.seed,
-        "cache_prompt": settings.cache_prompt,
+        # Agent prompts measure prefix reuse, so they always ask for it; cold requests are made
+        # cold by a new session marker, not by turning the cache off.
+        "cache_prompt": settings.cache_prompt or prompt.agent,
     }
     if settings.ignore_eos:
         body["ignore_eos"] = True
@@ -463,6 +721,7 @@ def stream_completion(client: LlamaClient, body: dict[str, Any]) -> RequestResul
     usage: dict[str, Any] = {}
     finish: str | None = None
     chunks = 0
+    thinking = ThinkingClock()
     with client.stream_chat(body) as resp:
         if resp.status_code != 200:
             raise _http_error(url, resp.status_code, resp.read().decode(errors="replace"))
@@ -477,6 +736,9 @@ def stream_completion(client: LlamaClient, body: dict[str, Any]) -> RequestResul
                 if t_first is None:
                     t_first = now
                 t_last = now
+                delta = choices[0].get("delta")
+                if isinstance(delta, dict):
+                    thinking.see(delta, now)
                 reason = choices[0].get("finish_reason")
                 if reason:
                     finish = str(reason)
@@ -500,6 +762,12 @@ def stream_completion(client: LlamaClient, body: dict[str, Any]) -> RequestResul
     draft_n = _int(timings.get("draft_n"))
     draft_acc = _int(timings.get("draft_n_accepted"))
     server_decode = _num(timings.get("predicted_per_second"))
+    wall = t_end - t0
+    prefill_s = reasoning_s = decode_s = None
+    if t_first is not None:
+        prefill_s = t_first - t0
+        reasoning_s = thinking.last - t_first if thinking.last is not None else 0.0
+        decode_s = wall - prefill_s - reasoning_s
     return RequestResult(
         wall_s=t_end - t0,
         ttft_s=ttft,
@@ -518,7 +786,39 @@ def stream_completion(client: LlamaClient, body: dict[str, Any]) -> RequestResul
         acceptance=(draft_acc / draft_n) if draft_n and draft_acc is not None else None,
         finish_reason=finish,
         chunks=chunks,
+        prefill_s=prefill_s,
+        reasoning_s=reasoning_s,
+        decode_s=decode_s,
+        reasoning_n=thinking.chunks,
     )
+
+
+class ThinkingClock:
+    """When the model last streamed a reasoning token: ``reasoning_content`` deltas (servers
+    that separate thinking) or content between ``<think>`` and ``</think>`` (those that do not)."""
+
+    def __init__(self) -> None:
+        self.last: float | None = None
+        self.chunks = 0
+        self._inside = False
+
+    def see(self, delta: dict[str, Any], now: float) -> None:
+        reasoning = delta.get("reasoning_content")
+        content = delta.get("content")
+        text = content if isinstance(content, str) else ""
+        if isinstance(reasoning, str) and reasoning:
+            thought = True
+        elif "<think>" in text:
+            self._inside = "</think>" not in text.split("<think>", 1)[1]
+            thought = True
+        elif self._inside:
+            self._inside = "</think>" not in text
+            thought = True
+        else:
+            thought = False
+        if thought:
+            self.last = now
+            self.chunks += 1
 
 
 # --- the whole benchmark -------------------------------------------------------------------
@@ -581,15 +881,36 @@ def planned_steps(settings: BenchSettings, prompts: Sequence[Prompt]) -> int:
     )
 
 
+def _field_stats(
+    requests: Sequence[RequestResult], fields: Sequence[str]
+) -> dict[str, Stats | None]:
+    return {
+        name: Stats.of([getattr(q, name) for q in requests if getattr(q, name) is not None])
+        for name in fields
+    }
+
+
 def summarise(runs: Sequence[RunResult], prompt: str, max_tokens: int) -> Summary:
     mine = [r for r in runs if r.prompt == prompt and r.max_tokens == max_tokens]
     requests = [q for r in mine for q in r.requests]
-    stats = {
-        name: Stats.of([getattr(q, name) for q in requests if getattr(q, name) is not None])
-        for name in STAT_FIELDS
-    }
+    stats = _field_stats(requests, STAT_FIELDS)
     agg = Stats.of([r.aggregate_decode_tok_s for r in mine if r.aggregate_decode_tok_s is not None])
-    return Summary(prompt=prompt, max_tokens=max_tokens, stats=stats, aggregate_decode_tok_s=agg)
+    phases: dict[str, dict[str, Stats | None]] | None = None
+    if any(r.phase is not None for r in mine):
+        phases = {
+            phase: _field_stats(
+                [q for r in mine if r.phase == phase for q in r.requests], PHASE_FIELDS
+            )
+            for phase in ("cold", "warm")
+            if any(r.phase == phase for r in mine)
+        }
+    return Summary(
+        prompt=prompt,
+        max_tokens=max_tokens,
+        stats=stats,
+        aggregate_decode_tok_s=agg,
+        phases=phases,
+    )
 
 
 ProgressHook = Callable[[str], None]
@@ -620,21 +941,28 @@ def run_bench(
                 lengths = prompt.lengths(settings.max_tokens)
                 # Warm-ups absorb first-use costs (CUDA JIT, allocations) once per prompt, at the
                 # shortest length: later lengths reuse the same kernels.
-                warm_body = request_body(prompt, min(lengths), settings)
+                # Agent prompts warm up in a session of their own, so the measured sessions
+                # still start cold.
+                warm_body = request_body(prompt, min(lengths), settings, new_session())
                 for _ in range(settings.warmup):
                     _warm_up(client, pool, settings, warm_body)
                     if progress:
-                        progress("warmup")
+                        progress(f"{prompt.name}: warm-up")
                 for length in lengths:
-                    body = request_body(prompt, length, settings)
+                    # Agent prompts: one session per length, its first run cold, the rest warm.
+                    session = new_session()
                     for run in range(settings.runs):
-                        runs.append(
-                            _one_run(
-                                client, pool, settings, prompt.name, length, run, body, has_metrics
-                            )
+                        body = request_body(prompt, length, settings, session, run)
+                        phase: Phase | None = None
+                        if prompt.agent:
+                            phase = "cold" if run == 0 else "warm"
+                        result = _one_run(
+                            client, pool, settings, prompt.name, length, run, body, has_metrics
                         )
+                        result.phase = phase
+                        runs.append(result)
                         if progress:
-                            progress("run")
+                            progress(f"{prompt.name}: {length} tokens, run {run + 1}")
     label = settings.label or str(props.get("model_alias") or "bench")
     meta = {
         "url": settings.url,
@@ -737,6 +1065,9 @@ __all__ = [
     "RunResult",
     "Stats",
     "Summary",
+    "ThinkingClock",
+    "agent_messages",
+    "agent_prompt",
     "attach_ceiling",
     "builtin_prompts",
     "csv_rows",

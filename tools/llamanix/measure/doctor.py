@@ -26,6 +26,7 @@ from llamanix.core.variants import VARIANTS
 from llamanix.measure import client
 from llamanix.measure.bench import BenchResult
 from llamanix.measure.ceiling import find_gpu, gpu_memory_bytes, vram_breakdown
+from llamanix.measure.crossover import PromptCrossover, prompt_crossovers
 from llamanix.measure.gguf_info import GgufInfo, read_gguf, read_vocab, vocab_mismatch
 from llamanix.measure.server_log import ServerLog
 
@@ -224,6 +225,9 @@ class Inputs:
     log: ServerLog | None = None
     probe: Probe | None = None
     benches: Sequence[BenchResult] = ()
+    # The output length the instance's requests average (--avg-output-tokens); without it the
+    # crossover check compares with what the bench results generated.
+    avg_output_tokens: float | None = None
     gpu: Gpu | None = None
     smi: list[SmiGpu] | None = None
 
@@ -521,6 +525,7 @@ def check_speculation(report: Report, inst: Instance, inputs: Inputs) -> None:
             report.ran("acceptance")
     if inputs.benches:
         check_bench_pays(report, inst, inputs.benches)
+        check_crossover(report, inst, inputs.benches, inputs.avg_output_tokens)
 
 
 def _drafted(result: BenchResult) -> bool:
@@ -567,6 +572,83 @@ def check_bench_pays(report: Report, inst: Instance, benches: Sequence[BenchResu
         + "; ".join(slower[:4])
         + (f" (+{len(slower) - 4} more)" if len(slower) > 4 else ""),
         "turn speculation off, or try a smaller/closer draft, n_max and p_min",
+    )
+
+
+def _loses_at(c: PromptCrossover, tokens: float) -> bool:
+    x = c.crossover
+    if x.outcome == "never":
+        return True
+    if x.outcome == "above":
+        return x.tokens is not None and tokens < x.tokens
+    if x.outcome == "below":
+        return x.tokens is not None and tokens > x.tokens
+    return False
+
+
+def _crossover_phrase(c: PromptCrossover) -> str:
+    x = c.crossover
+    where = f"{c.prompt}, {c.candidate} vs {c.baseline}"
+    if x.outcome == "above":
+        return f"speculation pays only above {x.tokens:.0f} output tokens ({where})"
+    if x.outcome == "below":
+        return f"speculation wins only below {x.tokens:.0f} output tokens ({where})"
+    if x.outcome == "never":
+        return f"speculation never pays on wall clock ({where})"
+    return f"speculation wins at every output length ({where})"
+
+
+def check_crossover(
+    report: Report,
+    inst: Instance,
+    benches: Sequence[BenchResult],
+    avg_output_tokens: float | None,
+) -> None:
+    """The output length from which speculation wins on wall clock, against the length the
+    requests average: speculation that decodes faster but costs more up front loses on short
+    answers (the seeds: MTP beat plain decoding only above about 900 output tokens)."""
+    spec = [b for b in benches if _drafted(b)]
+    base = [b for b in benches if not _drafted(b)]
+    found = [c for s in spec for b in base for c in prompt_crossovers(b, s)]
+    if not found:
+        report.ran(
+            "spec-crossover",
+            "skipped: needs a speculative and a baseline result swept over two or more "
+            "--max-tokens",
+        )
+        return
+    if avg_output_tokens is not None:
+        average = avg_output_tokens
+        said = f"your requests average {average:.0f}"
+    else:
+        generated = [q.predicted_n for b in spec for r in b.runs for q in r.requests]
+        counts = [n for n in generated if n is not None]
+        average = sum(counts) / len(counts) if counts else 0.0
+        said = (
+            f"the benched requests average {average:.0f} (pass --avg-output-tokens "
+            "for what yours average)"
+        )
+    losing = [c for c in found if _loses_at(c, average)]
+    if losing:
+        report.ran("spec-crossover", "finding")
+        report.add(
+            "warning",
+            "spec-crossover",
+            inst.name,
+            "; ".join(_crossover_phrase(c) for c in losing[:3])
+            + (f" (+{len(losing) - 3} more)" if len(losing) > 3 else "")
+            + f"; {said}",
+            "turn speculation off for this workload, or lower its fixed cost (smaller "
+            "draft, fewer drafted tokens); it pays for long answers only",
+        )
+        return
+    report.ran("spec-crossover")
+    report.add(
+        "info",
+        "spec-crossover",
+        inst.name,
+        f"{_crossover_phrase(found[0])}; {said}: it pays",
+        "nothing to change; re-check when the typical answer length changes",
     )
 
 

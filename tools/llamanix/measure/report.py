@@ -1,4 +1,5 @@
-"""Showing bench results: the summary table, CSV, side-by-side comparison and the plot."""
+"""Showing bench results: the summary and agent tables, CSV, side-by-side comparison with the
+crossover length, and the plots."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from rich.table import Table
 from llamanix.core.errors import Problem, UserError
 from llamanix.external.files import atomic_write
 from llamanix.measure.bench import BenchResult, Stats, Summary, csv_rows
+from llamanix.measure.crossover import Line, PromptCrossover, crossover, fit_line, prompt_crossovers
 
 # Metrics compared side by side: (field, heading, higher is better).
 COMPARED: tuple[tuple[str, str, bool], ...] = (
@@ -76,6 +78,58 @@ def summary_table(result: BenchResult) -> Table:
             _fmt(accept, 2) if accept is not None else "-",
             f"{s.ceiling_share:.0%}" if s.ceiling_share is not None else "-",
         )
+    return table
+
+
+def agent_table(result: BenchResult) -> Table | None:
+    """Agent prompts: cold and warm requests apart, cache reuse and the wall clock split."""
+    rows = [s for s in result.summaries if s.phases]
+    if not rows:
+        return None
+    table = Table(
+        title=f"agent prompts: {result.label} (medians; cold = new prefix, warm = prefix cached)",
+        title_justify="left",
+        caption="prefill = time to the first token; reasoning = thinking tokens (0 when the "
+        "model does not think); decode = the rest of the wall clock",
+        caption_justify="left",
+    )
+    for heading, justify in (
+        ("prompt", "left"),
+        ("out", "right"),
+        ("phase", "left"),
+        ("n", "right"),
+        ("cached tok", "right"),
+        ("prefilled tok", "right"),
+        ("prefill s", "right"),
+        ("reasoning s", "right"),
+        ("decode s", "right"),
+        ("wall s", "right"),
+        ("prefill share", "right"),
+    ):
+        table.add_column(heading, justify=justify)  # type: ignore[arg-type]
+    for s in rows:
+        assert s.phases is not None
+        for phase, stats in s.phases.items():
+
+            def med(name: str, st: dict[str, Stats | None] = stats) -> float | None:
+                value = st.get(name)
+                return value.median if value is not None else None
+
+            wall, prefill = med("wall_s"), med("prefill_s")
+            n = stats.get("wall_s")
+            table.add_row(
+                s.prompt,
+                str(s.max_tokens),
+                phase,
+                str(n.n if n else 0),
+                _fmt(med("cache_n"), 0),
+                _fmt(med("prompt_n"), 0),
+                _fmt(prefill, 3),
+                _fmt(med("reasoning_s"), 3),
+                _fmt(med("decode_s"), 3),
+                _fmt(wall, 3),
+                f"{prefill / wall:.0%}" if prefill is not None and wall else "-",
+            )
     return table
 
 
@@ -194,11 +248,26 @@ def compare_table(results: Sequence[BenchResult], rows: Sequence[CompareRow]) ->
     return table
 
 
-def compare_json(results: Sequence[BenchResult], rows: Sequence[CompareRow]) -> dict[str, Any]:
+def compare_crossovers(results: Sequence[BenchResult]) -> list[PromptCrossover]:
+    """Each later result against the first, per prompt swept over two or more lengths."""
+    labels = unique_labels(results)
+    return [
+        c
+        for label, result in zip(labels[1:], results[1:], strict=True)
+        for c in prompt_crossovers(results[0], result, (labels[0], label))
+    ]
+
+
+def compare_json(
+    results: Sequence[BenchResult],
+    rows: Sequence[CompareRow],
+    crossovers: Sequence[PromptCrossover] = (),
+) -> dict[str, Any]:
     labels = unique_labels(results)
     return {
         "labels": labels,
         "baseline": labels[0],
+        "crossover": [c.to_json() for c in crossovers],
         "rows": [
             {
                 "prompt": r.prompt,
@@ -230,12 +299,7 @@ def decode_series(result: BenchResult) -> dict[str, list[tuple[int, float, float
     return out
 
 
-def plot_decode(results: Sequence[BenchResult], path: Path, prompt: str | None = None) -> None:
-    """Decode tok/s against output length, one line per label (medians, min-max error bars).
-
-    With several prompts and no ``prompt`` chosen, each label's line is the mean over its
-    prompts' medians at each length.
-    """
+def pyplot() -> Any:
     try:
         import matplotlib
 
@@ -250,8 +314,99 @@ def plot_decode(results: Sequence[BenchResult], path: Path, prompt: str | None =
                 "pip install 'llamanix[plot]' (or matplotlib)",
             )
         ) from None
+    return plt
+
+
+def wall_series(result: BenchResult, prompt: str | None) -> list[tuple[float, float]]:
+    """(output tokens, wall s) medians of one prompt, or the mean over prompts per length."""
+    by_length: dict[int, list[tuple[float, float]]] = {}
+    for s in result.summaries:
+        if prompt is not None and s.prompt != prompt:
+            continue
+        wall = s.median("wall_s")
+        if wall is None:
+            continue
+        tokens = s.median("predicted_n")
+        by_length.setdefault(s.max_tokens, []).append(
+            (tokens if tokens is not None else float(s.max_tokens), wall)
+        )
+    return [
+        (sum(p[0] for p in pts) / len(pts), sum(p[1] for p in pts) / len(pts))
+        for _, pts in sorted(by_length.items())
+    ]
+
+
+def plot_compare(results: Sequence[BenchResult], path: Path, prompt: str | None = None) -> None:
+    """Two panels against output length: decode tok/s (medians, min-max) and wall clock with
+    each result's least-squares line; where a later result's line crosses the first's, the
+    crossover is marked."""
+    plt = pyplot()
     labels = unique_labels(results)
-    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
+    fig, (ax_decode, ax_wall) = plt.subplots(1, 2, figsize=(11, 4.2), dpi=110)
+    try:
+        _decode_lines(ax_decode, results, labels, prompt)
+    except UserError:
+        plt.close(fig)
+        raise
+    lines: list[Line | None] = []
+    longest = 0.0
+    for label, result in zip(labels, results, strict=True):
+        series = wall_series(result, prompt)
+        line = fit_line(series)
+        lines.append(line)
+        if not series:
+            continue
+        xs = [p[0] for p in series]
+        longest = max(longest, max(xs))
+        dots = ax_wall.plot(xs, [p[1] for p in series], "o", label=label)
+        if line is not None:
+            ax_wall.plot(
+                [0, max(xs)],
+                [line.at(0), line.at(max(xs))],
+                "-",
+                color=dots[0].get_color(),
+                alpha=0.6,
+            )
+    base = lines[0]
+    for label, line in zip(labels[1:], lines[1:], strict=True):
+        if base is None or line is None:
+            continue
+        cross = crossover(base, line)
+        if cross.tokens is None:
+            continue
+        ax_wall.axvline(cross.tokens, color="grey", linestyle="--", alpha=0.8)
+        ax_wall.annotate(
+            f"{label}: {cross.outcome} {cross.tokens:.0f} tok",
+            (cross.tokens, base.at(cross.tokens)),
+            textcoords="offset points",
+            xytext=(5, -12),
+            fontsize=8,
+        )
+        if cross.tokens > longest:
+            ax_wall.plot([longest, cross.tokens], [base.at(longest), base.at(cross.tokens)], ":")
+            ax_wall.plot([longest, cross.tokens], [line.at(longest), line.at(cross.tokens)], ":")
+    suffix = f" ({prompt})" if prompt else ""
+    ax_wall.set_xlabel("output length (tokens)")
+    ax_wall.set_ylabel("wall clock s (median) and least-squares line")
+    ax_wall.set_title("wall clock vs output length" + suffix)
+    ax_wall.set_xlim(left=0)
+    ax_wall.set_ylim(bottom=0)
+    ax_wall.grid(True, alpha=0.3)
+    ax_wall.legend()
+    _save(plt, fig, path)
+
+
+def _save(plt: Any, fig: Any, path: Path) -> None:
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    atomic_write(path, buf.getvalue())
+
+
+def _decode_lines(
+    ax: Any, results: Sequence[BenchResult], labels: Sequence[str], prompt: str | None
+) -> None:
     plotted = 0
     for label, result in zip(labels, results, strict=True):
         series = decode_series(result)
@@ -273,7 +428,6 @@ def plot_decode(results: Sequence[BenchResult], path: Path, prompt: str | None =
         ax.errorbar(lengths, med, yerr=yerr, marker="o", capsize=3, label=label)
         plotted += 1
     if plotted == 0:
-        plt.close(fig)
         raise UserError(
             Problem(
                 "llamanix bench",
@@ -284,13 +438,23 @@ def plot_decode(results: Sequence[BenchResult], path: Path, prompt: str | None =
         )
     ax.set_xlabel("output length (tokens)")
     ax.set_ylabel("decode tok/s (median, min-max)")
-    title = "decode speed vs output length" + (f" ({prompt})" if prompt else "")
-    ax.set_title(title)
+    ax.set_title("decode speed vs output length" + (f" ({prompt})" if prompt else ""))
     ax.set_ylim(bottom=0)
     ax.grid(True, alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    plt.close(fig)
-    atomic_write(path, buf.getvalue())
+
+
+def plot_decode(results: Sequence[BenchResult], path: Path, prompt: str | None = None) -> None:
+    """Decode tok/s against output length, one line per label (medians, min-max error bars).
+
+    With several prompts and no ``prompt`` chosen, each label's line is the mean over its
+    prompts' medians at each length.
+    """
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
+    try:
+        _decode_lines(ax, results, unique_labels(results), prompt)
+    except UserError:
+        plt.close(fig)
+        raise
+    _save(plt, fig, path)
