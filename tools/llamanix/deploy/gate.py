@@ -43,6 +43,9 @@ GATES: tuple[GateKind, ...] = get_args(GateKind)
 BENCH_MAX_TOKENS = 64
 BENCH_RUNS = 5  # N >= 5 after a warm-up: fewer runs make a regression check noise
 BENCH_BATCH = 3  # runs added while the interval straddles the threshold
+# The baseline cannot take more runs once the switch has replaced it, and with five runs a side
+# its spread alone keeps the interval wider than a 5% threshold on a busy CPU: twice as many.
+BASELINE_RUNS = 2 * BENCH_RUNS
 DEFAULT_MAX_RUNS = 15
 POLL_S = 0.2
 
@@ -239,13 +242,13 @@ def bench_samples(target: GateTarget, runs: int, warmup: int) -> list[float]:
 
 
 def measure_baseline(target: GateTarget) -> Baseline | None:
-    """The instance as it serves now, measured exactly like the candidate's first batch; None
-    when it does not answer (nothing installed yet, or it is down)."""
+    """The instance as it serves now, measured like the candidate (same prompt, length and
+    warm-up; BASELINE_RUNS runs); None when it does not answer (nothing installed, or down)."""
     try:
         with LlamaClient(target.url, api_key=target.api_key, timeout_s=30.0, connect_s=5.0) as c:
             if c.health().status_code != 200:
                 return None
-        samples = bench_samples(target, BENCH_RUNS, warmup=1)
+        samples = bench_samples(target, BASELINE_RUNS, warmup=1)
     except (GateFailed, httpx.HTTPError):
         return None
     if len(samples) < MIN_SAMPLES:
