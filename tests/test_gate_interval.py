@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from test_deploy_e2e import llamanix, serving, settled_files, status
 
-from llamanix.deploy.gate import BENCH_RUNS, Baseline
+from llamanix.deploy.gate import BASELINE_RUNS, BENCH_RUNS, Baseline, resolve
 from llamanix.measure.interval import (
     MIN_SAMPLES,
     RatioInterval,
@@ -84,6 +84,13 @@ def test_decision_at_the_threshold() -> None:
     assert decide(RatioInterval(0.95, 0.97, 1.0), threshold) == "pass"  # low == threshold
     assert decide(RatioInterval(0.90, 0.93, 0.95), threshold) == "inconclusive"  # touches it
     assert decide(RatioInterval(0.90, 0.93, 0.9499), threshold) == "regression"
+
+
+def test_what_a_decision_does() -> None:
+    assert resolve("pass", "rollback") == "keep"
+    assert resolve("regression", "keep") == "rollback"
+    assert resolve("inconclusive", "keep") == "keep"
+    assert resolve("inconclusive", "rollback") == "rollback"
 
 
 @pytest.mark.parametrize(
@@ -179,7 +186,7 @@ def recorded_gate(gate_dir: Path, number: int) -> dict[str, Any]:
 def check_comparison(bench: dict[str, Any], max_regression: float, max_runs: int) -> None:
     """The recorded verdict follows from the recorded runs: same interval, same decision."""
     baseline, samples = bench["baseline"]["samples"], bench["samples"]
-    assert bench["baseline"]["source"] == "fresh" and len(baseline) == BENCH_RUNS
+    assert bench["baseline"]["source"] == "fresh" and len(baseline) == BASELINE_RUNS
     assert MIN_SAMPLES <= len(samples) == bench["runs"] <= max_runs
     assert bench["median"] == statistics.median(samples)
     threshold = threshold_of(max_regression)
@@ -272,7 +279,11 @@ def test_bench_gate_keeps_runs_and_judges_by_interval(
 
 @pytest.mark.parametrize(
     ("option", "value", "field"),
-    [("--max-runs", "0", "--max-runs"), ("--inconclusive", "maybe", "--inconclusive")],
+    [
+        ("--max-runs", "0", "--max-runs"),
+        ("--inconclusive", "maybe", "--inconclusive"),
+        ("--max-regression", "100", "--max-regression"),
+    ],
 )
 def test_bad_gate_options_are_one_line_exit_2(
     tmp_path: Path, option: str, value: str, field: str
@@ -287,7 +298,7 @@ def test_bad_gate_options_are_one_line_exit_2(
         "local",
         "--max-regression",
         "5",
-        option,
+        option,  # a repeated option: click keeps the last
         value,
         "--set",
         "instances.chat.port=8081",

@@ -292,6 +292,14 @@ def generations(config: Path, host: str | None, as_json: bool) -> None:
         )
         gate = row["gate"]
         verdict = f"{gate.get('kind', '')} {gate.get('result', 'unknown')}".strip()
+        for name, found in sorted((gate.get("instances") or {}).items()):
+            bench = found.get("bench") or {}
+            interval = bench.get("interval")
+            if interval:  # the bench comparison: decision and candidate/baseline interval
+                verdict += (
+                    f"\n{name}: {bench.get('decision')} {interval['ratio']:.3f} "
+                    f"[{interval['low']:.3f}, {interval['high']:.3f}]"
+                )
         table.add_row(
             f"{row['number']}{' *' if row['current'] else ''}", str(row["date"]), instances, verdict
         )

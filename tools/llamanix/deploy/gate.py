@@ -256,6 +256,13 @@ def measure_baseline(target: GateTarget) -> Baseline | None:
     return Baseline(tuple(samples), "fresh", date=now())
 
 
+def resolve(decision: Decision, inconclusive: Action) -> Action:
+    """What a decision does to the generation; ``inconclusive`` as --inconclusive says."""
+    if decision == "inconclusive":
+        return inconclusive
+    return "keep" if decision == "pass" else "rollback"
+
+
 def _bench(target: GateTarget, limits: Thresholds) -> BenchVerdict:
     samples = bench_samples(target, BENCH_RUNS, warmup=1)
     runs = BENCH_RUNS
@@ -288,11 +295,7 @@ def _bench(target: GateTarget, limits: Thresholds) -> BenchVerdict:
         more = min(BENCH_BATCH, limits.max_runs - runs)
         samples += bench_samples(target, more, warmup=0)
         runs += more
-    action: Action
-    if decision == "inconclusive":
-        action = limits.inconclusive
-    else:
-        action = "keep" if decision == "pass" else "rollback"
+    action = resolve(decision, limits.inconclusive)
     note = (
         f"decode {statistics.median(samples):.1f} tok/s (median of {len(samples)} runs) against "
         f"{statistics.median(baseline.samples):.1f} ({baseline.source} baseline, "

@@ -122,6 +122,15 @@ class SwitchOptions:
                     "use --gate bench",
                 )
             )
+        if self.max_regression is not None and not 0 <= self.max_regression < 100:
+            raise UserError(
+                Problem(
+                    "llamanix switch",
+                    "--max-regression",
+                    f"must be a percentage from 0 to below 100, got {self.max_regression:g}",
+                    "pass e.g. --max-regression 5",
+                )
+            )
         if self.max_runs < BENCH_RUNS:
             raise UserError(
                 Problem(
