@@ -233,7 +233,7 @@ def _bench_baselines(
     path: Path, old_text: str, host: str, names: list[str], state: HostState, echo: Echo
 ) -> dict[str, Baseline]:
     """Each changed instance's --max-regression baseline: measured now on the instance still
-    serving (same machine, minutes apart from the candidate), else the last good bench's runs."""
+    serving (same machine, moments before the candidate), else the last good bench's runs."""
     old_config = lenient_parse(path, old_text)
     found: dict[str, Baseline] = {}
     for name in names:
@@ -243,7 +243,7 @@ def _bench_baselines(
             baseline = measure_baseline(gate_target(old_config, name))
         baseline = baseline or Baseline.stored(state.baseline(name))
         if baseline is None:
-            echo(f"  baseline {name}: none (not serving, no earlier bench)")
+            echo(f"  baseline {name}: none (not answering, and no stored runs)")
             continue
         found[name] = baseline
         echo(
