@@ -15,7 +15,7 @@ from llamanix.core.config import load_config
 from llamanix.deploy import managers
 from llamanix.deploy import pin as pin_module
 from llamanix.deploy import switch as deploy
-from llamanix.deploy.gate import GATES, GateKind
+from llamanix.deploy.gate import DEFAULT_MAX_RUNS, GATES, GateKind
 from llamanix.deploy.generations import HostState
 from llamanix.deploy.managers import ManagerKind
 from llamanix.deploy.supervisor import DEFAULT_START_TIMEOUT_S, Supervisor
@@ -27,6 +27,11 @@ CONFIG_PATH = click.Path(path_type=Path, dir_okay=False)
 
 def _echo(line: str) -> None:
     click.echo(line)
+
+
+def _echo_err(line: str) -> None:
+    """Progress lines while stdout carries JSON."""
+    click.echo(line, err=True)
 
 
 # switch, rollback and pin: how long to wait for the host's lock.
@@ -120,7 +125,22 @@ def up(config: Path, host: str | None, units_dir: Path | None, start_timeout: fl
     "--max-regression",
     type=float,
     metavar="PCT",
-    help="bench gate: maximum drop in % against the instance's last good bench.",
+    help="bench gate: the largest tolerated drop in %, judged by a 95% interval of "
+    "candidate/baseline decode speed (the baseline measured just before the switch).",
+)
+@click.option(
+    "--max-runs",
+    type=int,
+    default=DEFAULT_MAX_RUNS,
+    show_default=True,
+    help="bench gate: most candidate runs while the interval straddles the threshold.",
+)
+@click.option(
+    "--inconclusive",
+    default="keep",
+    show_default=True,
+    metavar="keep|rollback",
+    help="bench gate: what a still-inconclusive comparison after --max-runs ends as.",
 )
 @click.option(
     "--timeout",
@@ -132,6 +152,9 @@ def up(config: Path, host: str | None, units_dir: Path | None, start_timeout: fl
 )
 @_WAIT
 @click.option("--dry-run", is_flag=True, help="Print the commands a real run would execute.")
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print each host's outcome and gate results as JSON."
+)
 @_manager_options
 def switch(
     config: Path,
@@ -140,13 +163,21 @@ def switch(
     gate: GateKind | None,
     min_tok_s: float | None,
     max_regression: float | None,
+    max_runs: int,
+    inconclusive: str,
     timeout_s: float,
     wait_s: float,
     dry_run: bool,
+    as_json: bool,
     manager: ManagerKind | None,
     units_dir: Path | None,
 ) -> None:
-    """Change what a host runs, gate it, and roll back when the gate fails (exit 1)."""
+    """Change what a host runs, gate it, and roll back when the gate fails (exit 1).
+
+    With --json, progress goes to stderr and stdout gets one object per host: outcome,
+    generation, and each gated instance's result (the bench gate's runs, baseline, interval,
+    threshold and decision included).
+    """
     if host is None:
         host = pick_host(load_config(config), None)
     opts = deploy.SwitchOptions(
@@ -154,13 +185,18 @@ def switch(
         gate=gate,
         min_tok_s=min_tok_s,
         max_regression=max_regression,
+        max_runs=max_runs,
+        inconclusive=inconclusive,
         timeout_s=timeout_s,
         wait_s=wait_s,
         manager=manager,
         units_dir=units_dir,
     )
-    outcomes = deploy.switch(config, host, opts, Runner(dry_run=dry_run, echo=_echo), _echo)
-    if len(outcomes) > 1 or host == "all":
+    echo = _echo_err if as_json else _echo
+    outcomes = deploy.switch(config, host, opts, Runner(dry_run=dry_run, echo=echo), echo)
+    if as_json:
+        click.echo(json.dumps([o.to_json() for o in outcomes], indent=2))
+    elif len(outcomes) > 1 or host == "all":
         table = Table(title="switch summary")
         for column in ("host", "result", "generation", "changed", "detail"):
             table.add_column(column)
@@ -256,6 +292,14 @@ def generations(config: Path, host: str | None, as_json: bool) -> None:
         )
         gate = row["gate"]
         verdict = f"{gate.get('kind', '')} {gate.get('result', 'unknown')}".strip()
+        for name, found in sorted((gate.get("instances") or {}).items()):
+            bench = found.get("bench") or {}
+            interval = bench.get("interval")
+            if interval:  # the bench comparison: decision and candidate/baseline interval
+                verdict += (
+                    f"\n{name}: {bench.get('decision')} {interval['ratio']:.3f} "
+                    f"[{interval['low']:.3f}, {interval['high']:.3f}]"
+                )
         table.add_row(
             f"{row['number']}{' *' if row['current'] else ''}", str(row["date"]), instances, verdict
         )

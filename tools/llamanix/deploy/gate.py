@@ -3,28 +3,57 @@
 - ``health``: GET /health answers 200 (polled until the deadline), then one chat completion.
 - ``smoke``: health, plus /metrics parses as Prometheus text (when metrics are on) and, when
   speculation is configured, a completion reports ``draft_n > 0`` (the draft really drafts).
-- ``bench``: health, plus a short decode measurement (``llamanix.measure.bench``, one prompt, one
-  length, a warm-up and five runs) checked against ``--min-tok-s`` or against the instance's
-  last successful bench (``--max-regression``).
+- ``bench``: health, plus a short decode measurement (``llamanix.measure.bench``, one prompt,
+  64 tokens, a warm-up and five runs, each run's decode rate kept). ``--min-tok-s`` checks the
+  median against a floor. ``--max-regression`` compares the runs with a baseline's runs through
+  a bootstrap interval of the ratio of medians (``llamanix.measure.interval``): the whole
+  interval below the threshold is a regression, its lower end at or above it a pass; in
+  between, three more runs at a time until ``--max-runs``, then ``inconclusive``, resolved by
+  ``--inconclusive keep|rollback``.
+
+The baseline is measured fresh, the same way, on the instance still serving just before the
+switch (``measure_baseline``), so both sides see the same machine at nearly the same time; only
+when that instance does not answer does the last good bench's stored runs stand in.
 """
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 import httpx
 
 from llamanix.core.errors import ExternalCommandError, UserError
+from llamanix.deploy.generations import now
 from llamanix.measure.bench import BenchSettings, builtin_prompts, run_bench
 from llamanix.measure.client import LlamaClient, NotServing
+from llamanix.measure.interval import (
+    MIN_SAMPLES,
+    Decision,
+    RatioInterval,
+    decide,
+    ratio_interval,
+    threshold_of,
+)
 from llamanix.measure.metrics import parse_metrics
 
 GateKind = Literal["health", "smoke", "bench"]
 GATES: tuple[GateKind, ...] = get_args(GateKind)
 BENCH_MAX_TOKENS = 64
 BENCH_RUNS = 5  # N >= 5 after a warm-up: fewer runs make a regression check noise
+BENCH_BATCH = 3  # runs added while the interval straddles the threshold
+# The baseline cannot take more runs once the switch has replaced it, and with five runs a side
+# its spread alone keeps the interval wider than a 5% threshold on a busy CPU: twice as many.
+BASELINE_RUNS = 2 * BENCH_RUNS
+DEFAULT_MAX_RUNS = 15
 POLL_S = 0.2
+
+# What happens to the switched generation: kept, or rolled back.
+Action = Literal["keep", "rollback"]
+ACTIONS: tuple[Action, ...] = get_args(Action)
+# Where a baseline's runs came from: measured just before the switch, or an earlier gate's.
+BaselineSource = Literal["fresh", "stored"]
 
 
 @dataclass(frozen=True)
@@ -40,10 +69,87 @@ class GateTarget:
 
 
 @dataclass(frozen=True)
+class Baseline:
+    """The runs a candidate is compared with (decode tok/s, one per run)."""
+
+    samples: tuple[float, ...]
+    source: BaselineSource
+    generation: int | None = None
+    date: str | None = None
+
+    @staticmethod
+    def stored(data: dict[str, Any] | None) -> Baseline | None:
+        """An earlier gate's record (``bench/NAME.json``). A record written before runs were
+        kept holds only a median (``tok_s``): one number has no spread, so it is no baseline
+        at all and the next bench starts a new one."""
+        samples = (data or {}).get("samples")
+        if not isinstance(samples, list) or len(samples) < MIN_SAMPLES:
+            return None
+        if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in samples):
+            return None
+        if not all(v > 0 for v in samples):
+            return None
+        generation = (data or {}).get("generation")
+        date = (data or {}).get("date")
+        return Baseline(
+            tuple(float(v) for v in samples),
+            "stored",
+            generation if isinstance(generation, int) else None,
+            date if isinstance(date, str) else None,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "samples": list(self.samples),
+            "median": statistics.median(self.samples),
+            "generation": self.generation,
+            "date": self.date,
+        }
+
+
+@dataclass(frozen=True)
 class Thresholds:
     min_tok_s: float | None = None
     max_regression_pct: float | None = None
-    baseline_tok_s: float | None = None
+    baseline: Baseline | None = None
+    max_runs: int = DEFAULT_MAX_RUNS
+    inconclusive: Action = "keep"
+
+
+@dataclass(frozen=True)
+class BenchVerdict:
+    """What the bench gate measured and concluded.
+
+    ``decision`` is the comparison with the baseline; None when there was none to make (no
+    ``--max-regression``, or no baseline yet). ``action`` is what happens to the generation."""
+
+    samples: tuple[float, ...]
+    action: Action
+    note: str
+    decision: Decision | None = None
+    interval: RatioInterval | None = None
+    threshold: float | None = None
+    max_regression_pct: float | None = None
+    baseline: Baseline | None = None
+
+    @property
+    def median(self) -> float:
+        return float(statistics.median(self.samples))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "decision": self.decision,
+            "action": self.action,
+            "interval": self.interval.to_json() if self.interval else None,
+            "threshold": self.threshold,
+            "max_regression_pct": self.max_regression_pct,
+            "runs": len(self.samples),
+            "samples": list(self.samples),
+            "median": self.median,
+            "max_tokens": BENCH_MAX_TOKENS,
+            "baseline": self.baseline.to_json() if self.baseline else None,
+        }
 
 
 @dataclass
@@ -54,6 +160,7 @@ class GateResult:
     detail: str
     tok_s: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    bench: BenchVerdict | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -61,6 +168,7 @@ class GateResult:
             "passed": self.passed,
             "detail": self.detail,
             "tok_s": self.tok_s,
+            "bench": self.bench.to_json() if self.bench else None,
             **self.extra,
         }
 
@@ -110,40 +218,104 @@ def _smoke(client: LlamaClient, target: GateTarget) -> str:
     return ", ".join(notes)
 
 
-def _bench(target: GateTarget, limits: Thresholds) -> tuple[float, str]:
-    prompt = builtin_prompts()[0]
+def bench_samples(target: GateTarget, runs: int, warmup: int) -> list[float]:
+    """Decode tok/s of each of ``runs`` runs (one prompt, BENCH_MAX_TOKENS tokens)."""
     settings = BenchSettings(
         url=target.url,
         model=target.alias,
         max_tokens=(BENCH_MAX_TOKENS,),
-        runs=BENCH_RUNS,
-        warmup=1,
+        runs=runs,
+        warmup=warmup,
         label=f"gate:{target.name}",
     )
     try:
-        result = run_bench(settings, [prompt], api_key=target.api_key)
+        result = run_bench(settings, [builtin_prompts()[0]], api_key=target.api_key)
     except (UserError, ExternalCommandError, httpx.HTTPError) as err:
         raise GateFailed(f"bench: {err}") from None
-    summary = result.summaries[0]
-    tok_s = summary.median("server_decode_tok_s") or summary.median("client_decode_tok_s")
-    if tok_s is None:
-        raise GateFailed("bench: the server reported no decode rate")
-    note = f"decode {tok_s:.1f} tok/s (median of {BENCH_RUNS}, {BENCH_MAX_TOKENS} tokens)"
-    if limits.min_tok_s is not None and tok_s < limits.min_tok_s:
-        raise GateFailed(f"{note} is below --min-tok-s {limits.min_tok_s:g}", tok_s)
-    if limits.max_regression_pct is not None and limits.baseline_tok_s:
-        drop = (limits.baseline_tok_s - tok_s) / limits.baseline_tok_s * 100
-        if drop > limits.max_regression_pct:
-            raise GateFailed(
-                f"{note} is {drop:.1f}% below the last good bench "
-                f"({limits.baseline_tok_s:.1f} tok/s; "
-                f"--max-regression {limits.max_regression_pct:g})",
-                tok_s,
-            )
-        note += f", {-drop:+.1f}% against the last good bench"
-    elif limits.max_regression_pct is not None:
-        note += ", no earlier bench to compare with (this one becomes the baseline)"
-    return tok_s, note
+    # The server's own rate where it reports one (it excludes HTTP and streaming).
+    return [
+        rate
+        for run in result.runs
+        for q in run.requests
+        if (rate := q.server_decode_tok_s or q.client_decode_tok_s)
+    ]
+
+
+def measure_baseline(target: GateTarget) -> Baseline | None:
+    """The instance as it serves now, measured like the candidate (same prompt, length and
+    warm-up; BASELINE_RUNS runs); None when it does not answer (nothing installed, or down)."""
+    try:
+        with LlamaClient(target.url, api_key=target.api_key, timeout_s=30.0, connect_s=5.0) as c:
+            if c.health().status_code != 200:
+                return None
+        samples = bench_samples(target, BASELINE_RUNS, warmup=1)
+    except (GateFailed, httpx.HTTPError):
+        return None
+    if len(samples) < MIN_SAMPLES:
+        return None
+    return Baseline(tuple(samples), "fresh", date=now())
+
+
+def resolve(decision: Decision, inconclusive: Action) -> Action:
+    """What a decision does to the generation; ``inconclusive`` as --inconclusive says."""
+    if decision == "inconclusive":
+        return inconclusive
+    return "keep" if decision == "pass" else "rollback"
+
+
+def _bench(target: GateTarget, limits: Thresholds) -> BenchVerdict:
+    samples = bench_samples(target, BENCH_RUNS, warmup=1)
+    runs = BENCH_RUNS
+    if len(samples) < MIN_SAMPLES:
+        raise GateFailed(
+            f"bench: {len(samples)} of {runs} runs reported a decode rate "
+            f"(need {MIN_SAMPLES}: is max_tokens honoured?)"
+        )
+    median = statistics.median(samples)
+    measured = (
+        f"decode {median:.1f} tok/s (median of {len(samples)} runs, {BENCH_MAX_TOKENS} tokens)"
+    )
+    if limits.min_tok_s is not None:
+        if median < limits.min_tok_s:
+            note = f"{measured} is below --min-tok-s {limits.min_tok_s:g}"
+            return BenchVerdict(tuple(samples), "rollback", note)
+        return BenchVerdict(tuple(samples), "keep", measured)
+    pct = limits.max_regression_pct
+    baseline = limits.baseline
+    if pct is None or baseline is None:
+        if pct is not None:
+            measured += "; no baseline to compare with (these runs become the baseline)"
+        return BenchVerdict(tuple(samples), "keep", measured, max_regression_pct=pct)
+    threshold = threshold_of(pct)
+    while True:
+        interval = ratio_interval(baseline.samples, samples)
+        decision = decide(interval, threshold)
+        if decision != "inconclusive" or runs >= limits.max_runs:
+            break
+        more = min(BENCH_BATCH, limits.max_runs - runs)
+        samples += bench_samples(target, more, warmup=0)
+        runs += more
+    action = resolve(decision, limits.inconclusive)
+    note = (
+        f"decode {statistics.median(samples):.1f} tok/s (median of {len(samples)} runs) against "
+        f"{statistics.median(baseline.samples):.1f} ({baseline.source} baseline, "
+        f"{len(baseline.samples)} runs): ratio {interval.ratio:.3f}, {interval.confidence:.0%} "
+        f"interval [{interval.low:.3f}, {interval.high:.3f}], threshold {threshold:.3f} "
+        f"(--max-regression {pct:g}): {decision}"
+    )
+    if decision == "inconclusive":
+        resolved = "kept" if action == "keep" else "rolled back"
+        note += f" after {runs} runs, {resolved} (--inconclusive {limits.inconclusive})"
+    return BenchVerdict(
+        samples=tuple(samples),
+        action=action,
+        note=note,
+        decision=decision,
+        interval=interval,
+        threshold=threshold,
+        max_regression_pct=pct,
+        baseline=baseline,
+    )
 
 
 def run_gate(
@@ -153,6 +325,7 @@ def run_gate(
     limits = limits or Thresholds()
     notes: list[str] = []
     tok_s: float | None = None
+    verdict: BenchVerdict | None = None
     try:
         with LlamaClient(
             target.url, api_key=target.api_key, timeout_s=max(timeout_s, 30.0), connect_s=5.0
@@ -168,10 +341,13 @@ def run_gate(
                 if extra:
                     notes.append(extra)
         if gate == "bench":
-            tok_s, note = _bench(target, limits)
-            notes.append(note)
+            verdict = _bench(target, limits)
+            tok_s = verdict.median
+            if verdict.action == "rollback":
+                return GateResult(target.name, gate, False, verdict.note, tok_s, bench=verdict)
+            notes.append(verdict.note)
     except GateFailed as err:
         return GateResult(target.name, gate, False, str(err), err.tok_s)
     except httpx.HTTPError as err:
         return GateResult(target.name, gate, False, f"{err.__class__.__name__}: {err}", tok_s)
-    return GateResult(target.name, gate, True, "; ".join(notes), tok_s)
+    return GateResult(target.name, gate, True, "; ".join(notes), tok_s, bench=verdict)

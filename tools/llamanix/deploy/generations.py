@@ -7,7 +7,9 @@ The state lives beside the config, in ``.llamanix-state/HOST/``:
   ``generations/N/result.json``: date, instances (variant, source revision), the gate's result.
 - ``current``: the number of the generation that is serving.
 - ``manager.json``: how this host was switched last (so ``rollback`` does the same).
-- ``bench/NAME.json``: the last successful bench of an instance, the ``--max-regression`` baseline.
+- ``bench/NAME.json``: the last successful bench of an instance (its runs' decode tok/s,
+  ``samples``, and their median ``tok_s``): the ``--max-regression`` baseline when the instance
+  does not answer to be measured fresh before a switch.
 
 A generation directory is assembled under a temporary name and renamed into place, and every
 single file is written atomically, so a crash never leaves a half-written generation. What a

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from llamanix.core.config import Config, suggest
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
@@ -23,7 +23,20 @@ from llamanix.core.probe import commit_of
 from llamanix.core.variants import VARIANTS
 from llamanix.deploy.config_edit import apply_sets, lenient_parse, parse_text, read_config_text
 from llamanix.deploy.crash_point import crash_point
-from llamanix.deploy.gate import GATES, GateKind, GateResult, GateTarget, Thresholds, run_gate
+from llamanix.deploy.gate import (
+    ACTIONS,
+    BENCH_RUNS,
+    DEFAULT_MAX_RUNS,
+    GATES,
+    Action,
+    Baseline,
+    GateKind,
+    GateResult,
+    GateTarget,
+    Thresholds,
+    measure_baseline,
+    run_gate,
+)
 from llamanix.deploy.generations import Generation, HostState, now
 from llamanix.deploy.host_lock import host_lock
 from llamanix.deploy.managers import (
@@ -82,6 +95,9 @@ class SwitchOptions:
     gate: GateKind | None = None
     min_tok_s: float | None = None
     max_regression: float | None = None
+    # bench gate with --max-regression: most candidate runs, and what an inconclusive ends as.
+    max_runs: int = DEFAULT_MAX_RUNS
+    inconclusive: str = "keep"
     timeout_s: float = 120.0
     # Seconds to wait for another switch, rollback or pin of the same host to finish.
     wait_s: float = 0.0
@@ -108,7 +124,48 @@ class SwitchOptions:
                     "use --gate bench",
                 )
             )
+        if self.max_regression is not None and not 0 <= self.max_regression < 100:
+            raise UserError(
+                Problem(
+                    "llamanix switch",
+                    "--max-regression",
+                    f"must be a percentage from 0 to below 100, got {self.max_regression:g}",
+                    "pass e.g. --max-regression 5",
+                )
+            )
+        if self.max_runs < BENCH_RUNS:
+            raise UserError(
+                Problem(
+                    "llamanix switch",
+                    "--max-runs",
+                    f"must be at least {BENCH_RUNS} (the first batch of runs), got {self.max_runs}",
+                    f"pass --max-runs {BENCH_RUNS} or more",
+                )
+            )
+        self.inconclusive_action()
         return gate
+
+    def inconclusive_action(self) -> Action:
+        for action in ACTIONS:
+            if self.inconclusive == action:
+                return action
+        raise UserError(
+            Problem(
+                "llamanix switch",
+                "--inconclusive",
+                f"unknown outcome '{self.inconclusive}'",
+                suggest(self.inconclusive, ACTIONS),
+            )
+        )
+
+    def thresholds(self, baseline: Baseline | None) -> Thresholds:
+        return Thresholds(
+            self.min_tok_s,
+            self.max_regression,
+            baseline,
+            self.max_runs,
+            self.inconclusive_action(),
+        )
 
 
 @dataclass
@@ -118,10 +175,21 @@ class HostOutcome:
     generation: int | None = None
     detail: str = ""
     changed: list[str] = field(default_factory=list)
+    gates: list[GateResult] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         return self.result != "failed"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "host": self.host,
+            "result": self.result,
+            "generation": self.generation,
+            "changed": self.changed,
+            "detail": self.detail,
+            "gate": {r.name: r.to_json() for r in self.gates},
+        }
 
 
 def with_source_revisions(render: Render, config: Config, kind: str) -> Render:
@@ -183,6 +251,30 @@ def _check_serving(
     return all(r.passed for r in results), results
 
 
+def _bench_baselines(
+    path: Path, old_text: str, host: str, names: list[str], state: HostState, echo: Echo
+) -> dict[str, Baseline]:
+    """Each changed instance's --max-regression baseline: measured now on the instance still
+    serving (same machine, moments before the candidate), else the last good bench's runs."""
+    old_config = lenient_parse(path, old_text)
+    found: dict[str, Baseline] = {}
+    for name in names:
+        old = old_config.instances.get(name) if old_config else None
+        baseline = None
+        if old_config and old and old.host == host:
+            baseline = measure_baseline(gate_target(old_config, name))
+        baseline = baseline or Baseline.stored(state.baseline(name))
+        if baseline is None:
+            echo(f"  baseline {name}: none (not answering, and no stored runs)")
+            continue
+        found[name] = baseline
+        echo(
+            f"  baseline {name}: {len(baseline.samples)} runs ({baseline.source}), "
+            f"decode {', '.join(f'{v:.1f}' for v in baseline.samples)} tok/s"
+        )
+    return found
+
+
 def switch_host(
     path: Path,
     host: str,
@@ -222,6 +314,9 @@ def switch_host(
         runner.note(f"gate {gate}: {', '.join(changed) or 'nothing'}")
         return HostOutcome(host, "dry-run", None, changed=changed)
 
+    baselines: dict[str, Baseline] = {}
+    if gate == "bench" and opts.max_regression is not None:
+        baselines = _bench_baselines(path, old_text, host, changed, state, echo)
     suffix = path.suffix or ".toml"
     if current is None and old_files:
         baseline = state.create(
@@ -263,9 +358,7 @@ def switch_host(
             if name in early:
                 results.append(GateResult(name, gate, False, f"did not start: {early[name]}"))
                 continue
-            limits = Thresholds(
-                opts.min_tok_s, opts.max_regression, (state.baseline(name) or {}).get("tok_s")
-            )
+            limits = opts.thresholds(baselines.get(name))
             results.append(run_gate(gate, gate_target(config, name), opts.timeout_s, limits))
     except ExternalCommandError as err:
         results.append(GateResult(host, gate, False, str(err)))
@@ -282,16 +375,17 @@ def switch_host(
         )
         state.set_current(gen)
         for r in results:
-            if r.tok_s is not None:
+            if r.bench is not None:
                 state.save_baseline(
                     r.name,
                     {
-                        "tok_s": r.tok_s,
+                        "tok_s": r.bench.median,
+                        "samples": list(r.bench.samples),
                         "generation": gen.number,
                         "variant": config.instances[r.name].variant,
                     },
                 )
-        return HostOutcome(host, "passed", gen.number, changed=changed)
+        return HostOutcome(host, "passed", gen.number, changed=changed, gates=results)
 
     failed = next(r for r in results if not r.passed)
     gen.update(
@@ -309,7 +403,7 @@ def switch_host(
             f"{failed.name}: {failed.detail}; nixos-rebuild did not finish, so nothing "
             "was rolled back (check `nixos-rebuild list-generations`)"
         )
-        return HostOutcome(host, "failed", gen.number, detail, changed)
+        return HostOutcome(host, "failed", gen.number, detail, changed, results)
     crash_point("switch:restoring")
     try:
         manager.restore(runner, old_files, new_files, opts.timeout_s)
@@ -324,7 +418,7 @@ def switch_host(
     detail = f"{failed.name}: {failed.detail}; previous generation " + (
         "serving again" if serving else "NOT answering"
     )
-    return HostOutcome(host, "failed", gen.number, detail, changed)
+    return HostOutcome(host, "failed", gen.number, detail, changed, results)
 
 
 def _recover(state: HostState, echo: Echo) -> None:
@@ -341,6 +435,7 @@ def switch(
     Each host's lock is held for the whole switch, config read included (--wait: how long to
     wait for another switch, rollback or pin to finish); a dry run changes nothing and locks
     nothing."""
+    opts.gate_kind(str(path))  # bad options: one line before anything is read or locked
     if runner.dry_run:
         return _switch_locked(path, host, opts, runner, echo)
     first = parse_text(path, apply_sets(path, read_config_text(path), opts.sets))

@@ -1,0 +1,312 @@
+"""The bench gate tells noise from regression.
+
+The statistics (``llamanix.measure.interval``) on given sample arrays; then ``llamanix switch``
+with ``llamanix up`` as the manager and the real llama-server: the first bench stores its runs,
+a change with no effect on speed records a baseline measured just before the switch, an interval
+and the decision that interval and threshold imply, and a config an order of magnitude slower (a
+draft model that is rarely accepted, asked for 16 tokens a step) is rolled back as a regression.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from test_deploy_e2e import llamanix, serving, settled_files, status
+
+from llamanix.deploy.gate import BASELINE_RUNS, BENCH_RUNS, Baseline, resolve
+from llamanix.measure.interval import (
+    MIN_SAMPLES,
+    RatioInterval,
+    decide,
+    ratio_interval,
+    threshold_of,
+)
+from llamanix.measure.server_process import free_port
+
+if TYPE_CHECKING:
+    from conftest import SynthModels
+
+BASE = [100.0, 101.0, 99.0, 102.0, 98.0]
+
+# --- the statistics ---------------------------------------------------------------------------
+
+
+def test_same_samples_give_an_interval_around_one() -> None:
+    found = ratio_interval(BASE, BASE)
+    assert found.ratio == 1.0
+    assert found.low < 1.0 < found.high
+    # A resampled median is one of the samples: the ratio can never leave min/max bounds.
+    assert found.low >= min(BASE) / max(BASE) and found.high <= max(BASE) / min(BASE)
+    assert decide(found, threshold_of(5)) == "pass"  # 98/102 is within 5%
+
+
+def test_the_interval_is_deterministic_per_seed() -> None:
+    candidate = [97.0, 99.5, 93.0, 101.0, 96.0, 98.0]
+    first = ratio_interval(BASE, candidate)
+    assert ratio_interval(BASE, candidate) == first
+    assert ratio_interval(list(reversed(BASE)), candidate).ratio == first.ratio
+    assert first.to_json()["seed"] == first.seed and first.to_json()["resamples"] == 2000
+
+
+def test_half_speed_is_a_regression() -> None:
+    found = ratio_interval(BASE, [v / 2 for v in BASE])
+    assert found.ratio == 0.5
+    assert found.high < threshold_of(5)
+    assert decide(found, threshold_of(5)) == "regression"
+
+
+def test_a_small_drop_within_wide_noise_is_inconclusive() -> None:
+    noisy = [100.0, 90.0, 110.0, 95.0, 105.0]
+    found = ratio_interval(noisy, [v * 0.96 for v in noisy])
+    assert found.ratio == pytest.approx(0.96)
+    assert found.low < threshold_of(5) <= found.high
+    assert decide(found, threshold_of(5)) == "inconclusive"
+
+
+def test_constant_samples_give_a_point_interval() -> None:
+    found = ratio_interval([50.0] * 4, [40.0] * 3)
+    assert (found.low, found.ratio, found.high) == (0.8, 0.8, 0.8)
+
+
+def test_decision_at_the_threshold() -> None:
+    threshold = threshold_of(5)
+    assert threshold == 0.95
+    assert decide(RatioInterval(0.95, 0.97, 1.0), threshold) == "pass"  # low == threshold
+    assert decide(RatioInterval(0.90, 0.93, 0.95), threshold) == "inconclusive"  # touches it
+    assert decide(RatioInterval(0.90, 0.93, 0.9499), threshold) == "regression"
+
+
+def test_what_a_decision_does() -> None:
+    assert resolve("pass", "rollback") == "keep"
+    assert resolve("regression", "keep") == "rollback"
+    assert resolve("inconclusive", "keep") == "keep"
+    assert resolve("inconclusive", "rollback") == "rollback"
+
+
+@pytest.mark.parametrize(
+    ("baseline", "candidate", "message"),
+    [
+        ([100.0], BASE, r"baseline: 1 sample\(s\)"),
+        (BASE, [100.0, 99.0], r"candidate: 2 sample\(s\)"),
+        (BASE, [100.0, 0.0, 99.0], "positive finite"),
+        ([100.0, float("nan"), 99.0], BASE, "positive finite"),
+    ],
+)
+def test_too_few_or_bad_samples_are_refused(
+    baseline: list[float], candidate: list[float], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        ratio_interval(baseline, candidate)
+
+
+def test_stored_baselines() -> None:
+    # Written before runs were kept: one median, no spread, so no baseline at all.
+    assert Baseline.stored({"tok_s": 41.5, "generation": 3}) is None
+    assert Baseline.stored(None) is None
+    assert Baseline.stored({"samples": [41.0, 42.0]}) is None  # fewer than MIN_SAMPLES
+    assert Baseline.stored({"samples": [41.0, "fast", 40.0]}) is None
+    found = Baseline.stored({"samples": [41, 42.5, 40.0], "generation": 3, "date": "d"})
+    assert found == Baseline((41.0, 42.5, 40.0), "stored", 3, "d")
+    assert found.to_json()["median"] == 41.0
+
+
+# --- the gate on the real server --------------------------------------------------------------
+
+DEADLINE_S = 120.0
+
+
+@pytest.fixture
+def gate_dir(tmp_path: Path, llama_server_bin: Path, synth_models: SynthModels) -> Path:
+    (tmp_path / "llamanix.toml").write_text(
+        '[hosts.dev]\nkind = "systemd"\n'
+        f'binaries = {{ upstream = "{llama_server_bin}" }}\n'
+        "\n[instances.chat]\n"
+        f'model = "{synth_models.target}"\nport = {free_port()}\ncontext = 512\n'
+        'threads = 1\nalias = "synthetic"\n'
+    )
+    return tmp_path
+
+
+@pytest.fixture
+def up(gate_dir: Path) -> Iterator[subprocess.Popen[str]]:
+    units = gate_dir / ".llamanix-state" / "dev" / "up"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "llamanix", "up", "llamanix.toml", "--host", "dev"],
+        cwd=gate_dir,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + DEADLINE_S
+        while status(units).get("instances", {}).get("chat", {}).get("state") != "running":
+            assert proc.poll() is None, "llamanix up exited"
+            assert time.monotonic() < deadline, "llamanix up did not start the instance"
+            time.sleep(0.1)
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def switch_json(gate_dir: Path, *args: str) -> tuple[int, dict[str, Any], str]:
+    """Run a switch with --json: exit code, the one host's outcome, stderr."""
+    done = llamanix(
+        "switch", "llamanix.toml", "--host", "dev", "--manager", "up", "--json", *args, cwd=gate_dir
+    )
+    assert "Traceback" not in done.stderr, done.stderr
+    outcomes = json.loads(done.stdout)
+    assert len(outcomes) == 1, outcomes
+    return done.returncode, outcomes[0], done.stderr
+
+
+def recorded_gate(gate_dir: Path, number: int) -> dict[str, Any]:
+    listing = llamanix("generations", "llamanix.toml", "--host", "dev", "--json", cwd=gate_dir)
+    gens = {g["number"]: g for g in json.loads(listing.stdout)}
+    gate: dict[str, Any] = gens[number]["gate"]
+    return gate
+
+
+def check_comparison(bench: dict[str, Any], max_regression: float, max_runs: int) -> None:
+    """The recorded verdict follows from the recorded runs: same interval, same decision."""
+    baseline, samples = bench["baseline"]["samples"], bench["samples"]
+    assert bench["baseline"]["source"] == "fresh" and len(baseline) == BASELINE_RUNS
+    assert MIN_SAMPLES <= len(samples) == bench["runs"] <= max_runs
+    assert bench["median"] == statistics.median(samples)
+    threshold = threshold_of(max_regression)
+    assert bench["threshold"] == threshold and bench["max_regression_pct"] == max_regression
+    again = ratio_interval(baseline, samples)
+    recorded = bench["interval"]
+    assert (recorded["low"], recorded["ratio"], recorded["high"]) == (
+        again.low,
+        again.ratio,
+        again.high,
+    )
+    assert recorded["low"] <= recorded["ratio"] <= recorded["high"]
+    assert bench["decision"] == decide(again, threshold)
+    if bench["decision"] == "inconclusive":
+        assert bench["runs"] == max_runs  # it asked for more runs until it could ask no more
+    else:
+        assert bench["action"] == ("keep" if bench["decision"] == "pass" else "rollback")
+
+
+@pytest.mark.server
+def test_bench_gate_keeps_runs_and_judges_by_interval(
+    gate_dir: Path, up: subprocess.Popen[str], synth_models: SynthModels
+) -> None:
+    config = gate_dir / "llamanix.toml"
+    state = gate_dir / ".llamanix-state" / "dev"
+    url = status(state / "up")["instances"]["chat"]["url"]
+
+    # (a) The first bench: nothing to compare with, its runs are kept as the baseline.
+    code, first, err = switch_json(
+        gate_dir, "--set", "instances.chat.context=1024", "--gate", "bench"
+    )
+    assert code == 0, err
+    assert first["result"] == "passed"
+    bench = first["gate"]["chat"]["bench"]
+    assert bench["decision"] is None and bench["baseline"] is None and bench["action"] == "keep"
+    assert len(bench["samples"]) == bench["runs"] == BENCH_RUNS
+    assert all(v > 0 for v in bench["samples"])
+    stored = json.loads((state / "bench" / "chat.json").read_text())
+    assert stored["samples"] == bench["samples"]
+    assert stored["generation"] == first["generation"]
+    assert recorded_gate(gate_dir, first["generation"])["instances"]["chat"]["bench"] == bench
+
+    # (b) A change with no effect on speed (an environment variable restarts the server with
+    # the same command line): a fresh baseline, an interval, and the decision they imply.
+    good_config = config.read_text()
+    code, same, err = switch_json(
+        gate_dir,
+        "--set",
+        'instances.chat.environment={ LLAMANIX_NOTE = "no effect" }',
+        "--max-regression",
+        "5",
+        "--max-runs",
+        "8",
+    )
+    bench = same["gate"]["chat"]["bench"]
+    check_comparison(bench, 5.0, 8)
+    assert code == (0 if bench["action"] == "keep" else 1), err
+    assert same["result"] == ("passed" if code == 0 else "failed")
+    record = recorded_gate(gate_dir, same["generation"])
+    assert record["kind"] == "bench" and record["instances"]["chat"]["bench"] == bench
+    if code == 0:
+        good_config = config.read_text()
+        stored = json.loads((state / "bench" / "chat.json").read_text())
+        assert stored["samples"] == bench["samples"]
+    assert serving(url)
+
+    # (c) An order of magnitude slower: a draft the target rarely accepts, 16 tokens a step.
+    code, slow, err = switch_json(
+        gate_dir,
+        "--set",
+        "instances.chat.speculative="
+        f'{{ type = "draft", draft_model = "{synth_models.unrelated_draft}", '
+        "n_max = 16, p_min = 0.0 }",
+        "--max-regression",
+        "5",
+        "--max-runs",
+        "8",
+    )
+    assert code == 1, err
+    bench = slow["gate"]["chat"]["bench"]
+    check_comparison(bench, 5.0, 8)
+    assert (bench["decision"], bench["action"]) == ("regression", "rollback")
+    assert bench["interval"]["high"] < bench["threshold"]
+    assert slow["result"] == "failed" and "regression" in slow["detail"]
+    assert "previous generation serving again" in slow["detail"]
+    assert recorded_gate(gate_dir, slow["generation"])["result"] == "failed"
+    assert config.read_text() == good_config and serving(url)
+    settled_files(gate_dir)
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "field"),
+    [
+        ("--max-runs", "0", "--max-runs"),
+        ("--inconclusive", "maybe", "--inconclusive"),
+        ("--max-regression", "100", "--max-regression"),
+    ],
+)
+def test_bad_gate_options_are_one_line_exit_2(
+    tmp_path: Path, option: str, value: str, field: str
+) -> None:
+    config = tmp_path / "llamanix.toml"
+    text = '[instances.chat]\nmodel = "/srv/models/chat.gguf"\nport = 8080\n'
+    config.write_text(text)
+    done = llamanix(
+        "switch",
+        "llamanix.toml",
+        "--host",
+        "local",
+        "--max-regression",
+        "5",
+        option,  # a repeated option: click keeps the last
+        value,
+        "--set",
+        "instances.chat.port=8081",
+        cwd=tmp_path,
+    )
+    assert done.returncode == 2
+    assert done.stdout == ""
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and f": {field}: " in lines[0], done.stderr
+    assert config.read_text() == text
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["llamanix.toml"]
