@@ -322,7 +322,9 @@ def test_progress_lines_of_a_real_cmake_build_log() -> None:
     parsed = [sb.parse_progress(line) for line in lines]
     found = [p for p in parsed if p is not None]
     assert len(found) == sum("%]" in line for line in lines) == 51
-    assert found[0] == sb.ProgressLine(1, "Building C object ggml/src/CMakeFiles/ggml-base.dir/ggml.c.o")
+    assert found[0] == sb.ProgressLine(
+        1, "Building C object ggml/src/CMakeFiles/ggml-base.dir/ggml.c.o"
+    )
     assert found[1].percent == 0  # -j2: the shares arrive out of order
     assert found[-1] == sb.ProgressLine(100, "Built target llama-quantize")
     # The command line and the compiler's warnings are not progress.

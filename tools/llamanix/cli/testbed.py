@@ -191,9 +191,7 @@ def demo(
     """
     # With --json the progress goes to stderr and stdout holds only the JSON.
     console = Console(stderr=as_json)
-    result = demo_module.run_demo(
-        binary, keep, console, tokens=tokens, runs=runs, gate=not no_gate
-    )
+    result = demo_module.run_demo(binary, keep, console, tokens=tokens, runs=runs, gate=not no_gate)
     figures = demo_module.demo_json(result, tokens, runs)
     if json_out is not None:
         atomic_write(json_out, json.dumps(figures, indent=2) + "\n")

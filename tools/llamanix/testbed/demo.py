@@ -142,9 +142,7 @@ def config_text(binary: Path, models: DemoModels, ports: dict[str, int]) -> str:
     """The demo's llamanix.toml: the target twice, the second drafting with the draft."""
     q = json.dumps
     return (
-        "# Written by llamanix demo.\n"
-        + _common(binary, models.target)
-        + "\n"
+        "# Written by llamanix demo.\n" + _common(binary, models.target) + "\n"
         "[instances.plain]\n"
         f"port = {ports['plain']}\n"
         "\n"
@@ -386,13 +384,15 @@ def deploy_loop(binary: Path, models: DemoModels, work: Path, console: Console) 
     config = work / "llamanix.toml"
     atomic_write(config, deploy_config_text(binary, models, free_port()))
     steps: list[GateStep] = []
-    with console.status("deploy loop: starting llamanix up") as status:
-        with running_up(config, work / "up.log"):
-            for step, change, expected, sets in gate_plan(models):
-                status.update(f"llamanix switch ({step}): bench gate")
-                outcome, detail = run_switch(config, sets, work / "switch.log")
-                console.print(f"switch ({step}): {change}: [bold]{outcome}[/bold] ({detail})")
-                steps.append(GateStep(step, change, expected, outcome, detail))
+    with (
+        console.status("deploy loop: starting llamanix up") as status,
+        running_up(config, work / "up.log"),
+    ):
+        for step, change, expected, sets in gate_plan(models):
+            status.update(f"llamanix switch ({step}): bench gate")
+            outcome, detail = run_switch(config, sets, work / "switch.log")
+            console.print(f"switch ({step}): {change}: [bold]{outcome}[/bold] ({detail})")
+            steps.append(GateStep(step, change, expected, outcome, detail))
     return steps
 
 

@@ -376,9 +376,7 @@ def verify_sdist(path: Path) -> None:
 
 
 def download_sdist(dest: Path, layout: BuildLayout, reporter: Reporter) -> Path:
-    run_logged(
-        pip_download_argv(dest), layout.log, reporter, "download the source (pip)"
-    )
+    run_logged(pip_download_argv(dest), layout.log, reporter, "download the source (pip)")
     sdist = dest / SDIST_FILENAME
     if not sdist.is_file():
         raise ExternalCommandError(f"pip download did not produce {SDIST_FILENAME} in {dest}")
