@@ -14,10 +14,7 @@ T's next tokens once more, and every n-gram drafter finds them in the prompt.
 from __future__ import annotations
 
 import json
-import os
 import shlex
-import subprocess
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -333,82 +330,3 @@ def test_probe_without_a_needed_flag_fails_validation(
     assert "Traceback" not in result.output
     assert lines[0].startswith(f"{config}: instances.chat.speculative.p_min: ")
     assert "--spec-draft-p-min" in lines[0]
-
-
-# --- llamanix demo end to end ----------------------------------------------------------------
-
-
-def test_demo_prints_both_rows_with_acceptance(llama_server_bin: Path, tmp_path: Path) -> None:
-    keep = tmp_path / "demo"
-    env = {**os.environ, "COLUMNS": "200"}
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "llamanix",
-            "demo",
-            "--binary",
-            str(llama_server_bin),
-            "--keep",
-            str(keep),
-            "--tokens",
-            "32",
-            "--runs",
-            "1",
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    rows = {
-        cells[0]: cells
-        for line in result.stdout.splitlines()
-        if line.startswith("│")
-        for cells in [[c.strip() for c in line.strip("│").split("│")]]
-    }
-    assert set(rows) == {"plain", "speculative"}, result.stdout
-    # instance, speculation, tok/s, client, TTFT ms, accepted/drafted, acceptance
-    assert rows["plain"][1] == "none"
-    assert rows["plain"][6] == "-"
-    assert rows["speculative"][1].startswith("draft")
-    accepted, drafted = (int(n) for n in rows["speculative"][5].split("/"))
-    assert drafted > 0 and accepted == drafted  # the model drafts for itself
-    assert rows["speculative"][6] == "1.00"
-    for name in ("plain", "speculative"):
-        assert float(rows[name][2]) > 0 and float(rows[name][4]) > 0
-
-    # What it kept: the config it rendered, the units, and the argv it started.
-    manifest = json.loads((keep / "render" / "manifest.json").read_text())
-    assert set(manifest["instances"]) == {"plain", "speculative"}
-    spec_argv = json.loads((keep / "render" / "speculative.argv.json").read_text())
-    assert spec_argv[0] == str(llama_server_bin)
-    assert spec_argv[spec_argv.index("--spec-type") + 1] == "draft-simple"
-    assert "draft acceptance" in (keep / "speculative.log").read_text()
-    bench_json = json.loads((keep / "speculative.bench.json").read_text())
-    assert bench_json["runs"][0]["requests"][0]["draft_n"] > 0
-
-
-def test_demo_json_prints_both_rows_and_the_speedup(llama_server_bin: Path) -> None:
-    result = subprocess.run(
-        [
-            *(sys.executable, "-m", "llamanix", "demo", "--binary", str(llama_server_bin)),
-            *("--tokens", "16", "--runs", "1", "--json"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    figures = json.loads(result.stdout)  # stdout holds the JSON alone
-    rows = {row["instance"]: row for row in figures["rows"]}
-    assert set(rows) == {"plain", "speculative"}
-    assert rows["speculative"]["drafted"] > 0
-    assert rows["speculative"]["acceptance"] == 1.0
-    assert rows["plain"]["acceptance"] is None
-    assert figures["speedup"] == pytest.approx(
-        rows["speculative"]["server_decode_tok_s"] / rows["plain"]["server_decode_tok_s"]
-    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import subprocess
 import sys
 import tarfile
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from rich.console import Console
 
 from llamanix.cli import main
 from llamanix.core.errors import ExternalCommandError, UserError
@@ -307,3 +309,152 @@ def test_vocab_files_come_with_the_source(vocab_dir: Path) -> None:
     assert (vocab_dir / "ggml-vocab-llama-spm.gguf").is_file()
     assert "gpt-2" in sb.vocab_names()
     assert sb.vocab_file("llama-spm") == vocab_dir / "ggml-vocab-llama-spm.gguf"
+
+
+# --- progress: the compiler's output goes to build.log, the user sees a bar or a few lines ---
+
+DATA = Path(__file__).parent / "data"
+
+
+def test_progress_lines_of_a_real_cmake_build_log() -> None:
+    """The start and the end of a real `cmake --build` of the pinned source, as logged."""
+    lines = (DATA / "cmake-build.log").read_text().splitlines()
+    parsed = [sb.parse_progress(line) for line in lines]
+    found = [p for p in parsed if p is not None]
+    assert len(found) == sum("%]" in line for line in lines) == 51
+    assert found[0] == sb.ProgressLine(
+        1, "Building C object ggml/src/CMakeFiles/ggml-base.dir/ggml.c.o"
+    )
+    assert found[1].percent == 0  # -j2: the shares arrive out of order
+    assert found[-1] == sb.ProgressLine(100, "Built target llama-quantize")
+    # The command line and the compiler's warnings are not progress.
+    assert parsed[0] is None
+    warnings = [line for line in lines if "warning:" in line]
+    assert warnings and all(sb.parse_progress(w) is None for w in warnings)
+
+
+def test_plain_reporter_prints_a_few_lines(tmp_path: Path) -> None:
+    out = io.StringIO()
+    reporter = sb.PlainReporter(out)
+    reporter.begin("building", tmp_path / "build.log")
+    for line in ("[  3%] Building C object a.o", "warning: x", "[ 27%] b", "[ 26%] c", "[ 80%] d"):
+        reporter.line(line)
+    reporter.line("[100%] Built target llama-server")
+    reporter.end(True)
+    assert out.getvalue().splitlines() == [
+        f"llamanix: building (output: {tmp_path / 'build.log'})",
+        "llamanix: building: 25%",
+        "llamanix: building: 75%",
+        "llamanix: building: 100%",
+        "llamanix: building: done",
+    ]
+
+
+def test_a_terminal_gets_the_rich_bar_and_a_pipe_plain_lines(tmp_path: Path) -> None:
+    assert isinstance(sb.make_reporter(False), sb.QuietReporter)
+    assert isinstance(sb.make_reporter(True, io.StringIO()), sb.PlainReporter)
+    leader, follower = os.openpty()
+    try:
+        with os.fdopen(follower, "w", closefd=False) as tty:
+            assert isinstance(sb.make_reporter(True, tty), sb.RichReporter)
+    finally:
+        os.close(leader)
+        os.close(follower)
+
+
+def test_rich_bar_follows_the_largest_percentage_of_a_real_log(tmp_path: Path) -> None:
+    screen = io.StringIO()
+    reporter = sb.RichReporter(Console(file=screen, force_terminal=True, width=150))
+    reporter.begin("build (cmake -j2)", tmp_path / "build.log")
+    seen: list[int] = []
+    for line in (DATA / "cmake-build.log").read_text().splitlines():
+        reporter.line(line)
+        seen.append(reporter.percent)
+    assert seen == sorted(seen)  # never goes back, though cmake's lines do
+    assert max(seen) == 100
+    reporter.end(True)
+    text = screen.getvalue()
+    assert "build (cmake -j2)" in text and "100%" in text
+    assert "warning:" not in text  # compiler output never reaches the screen
+
+
+FAKE_SERVER = r"""
+#include <cstdio>
+int main() { std::fprintf(stderr, "version: 1 (abc1234)\nbuilt with a test\n"); return 0; }
+"""
+
+
+def _fake_source(src: Path, extra_sources: int = 6, broken: bool = False) -> None:
+    """A real CMake project with the targets the build asks for (llama-server, -quantize)."""
+    src.mkdir(parents=True)
+    units = [f"unit{i}.cpp" for i in range(extra_sources)]
+    for i, name in enumerate(units):
+        (src / name).write_text(f"int unit{i}() {{ return {i}; }}\n")
+    if broken:
+        (src / units[-1]).write_text("int broken( { return }\n")
+    (src / "server.cpp").write_text(FAKE_SERVER)
+    (src / "quantize.cpp").write_text("int main() { return 0; }\n")
+    (src / "CMakeLists.txt").write_text(
+        "cmake_minimum_required(VERSION 3.16)\n"
+        "project(fake CXX)\n"
+        f"add_library(units STATIC {' '.join(units)})\n"
+        "set(CMAKE_RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bin)\n"
+        "add_executable(llama-server server.cpp)\n"
+        "target_link_libraries(llama-server units)\n"
+        "add_executable(llama-quantize quantize.cpp)\n"
+    )
+
+
+def test_real_cmake_build_logs_to_the_file_not_the_terminal(
+    clean_env: None,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv(sb.JOBS_ENV, "2")
+    layout = sb.BuildLayout(tmp_path / "v")
+    _fake_source(layout.src)
+    assert sb.ensure_build(progress=True, layout=layout) == layout
+    marker = sb.read_marker(layout)
+    assert marker is not None and marker["version_line"] == "version: 1 (abc1234)"
+    log = layout.log.read_text()
+    assert "$ cmake -S " in log and "$ cmake --build " in log
+    assert "Building CXX object CMakeFiles/units.dir/unit0.cpp.o" in log
+    assert "[100%] Built target llama-server" in log
+    captured = capfd.readouterr()
+    assert captured.out == ""
+    # Not a terminal: a few plain lines, none of cmake's or the compiler's own.
+    lines = captured.err.splitlines()
+    assert all(line.startswith("llamanix: ") for line in lines), captured.err
+    assert "Building CXX object" not in captured.err
+    assert lines[:3] == [
+        f"llamanix: configure (cmake) (output: {layout.log})",
+        "llamanix: configure (cmake): done",
+        f"llamanix: build (cmake -j2) (output: {layout.log})",
+    ]
+    assert lines[-2:] == ["llamanix: build (cmake -j2): 100%", "llamanix: build (cmake -j2): done"]
+    assert len(lines) <= 10
+
+
+def test_failed_build_shows_the_log_tail_and_its_path(
+    clean_env: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv(sb.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(sb.JOBS_ENV, "1")
+    layout = sb.default_layout()
+    _fake_source(layout.src, broken=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "llamanix", "build-server"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode != 0
+    assert result.stdout == ""
+    # The compiler's message reaches the user once, inside the error, with the log's path.
+    assert f"the last 20 lines of {layout.log}:" in result.stderr
+    assert "unit5.cpp" in result.stderr and "error:" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert "error:" in layout.log.read_text()
+    assert sb.read_marker(layout) is None

@@ -128,6 +128,7 @@ def test_cli_writes_the_same_bytes_as_the_api(tmp_path: Path) -> None:
         (["--type", "q8_0", "--ff", "100"], "--type"),
         (["--layers", "0"], "--layers"),
         (["--output-scale", "0"], "--output-scale"),
+        (["--passthrough", "-1"], "--passthrough"),
         (["--vocab", "no-such-vocab"], "--vocab"),
         (["--vocab", "/nonexistent/vocab.gguf"], "--vocab"),
     ],
@@ -155,6 +156,76 @@ def test_not_a_gguf_vocab_is_a_user_error(tmp_path: Path) -> None:
     assert result.exit_code == 2, result.output
     assert result.output.startswith("llamanix synth-model: --vocab: ")
     assert not (tmp_path / "m.gguf").exists()
+
+
+# --- a target and a draft that agree: passthrough blocks ------------------------------------
+
+SMALL_DRAFT = SynthSpec(layers=1, embd=128, ff=512, heads=2, kv_heads=2, seed=3, type="f32")
+SMALL_TARGET = SynthSpec(
+    layers=1, passthrough=5, embd=128, ff=512, heads=2, kv_heads=2, seed=3, type="f32"
+)
+
+
+def _tensors(path: Path) -> dict[str, np.ndarray]:
+    return {t.name: np.array(t.data) for t in gguf.GGUFReader(path).tensors}
+
+
+def test_passthrough_target_holds_the_draft_and_zeroed_blocks(tmp_path: Path) -> None:
+    draft = _tensors(synth_model(SMALL_DRAFT, tmp_path / "draft.gguf"))
+    target_path = synth_model(SMALL_TARGET, tmp_path / "target.gguf")
+    target = _tensors(target_path)
+    # Every tensor of the draft is in the target, the same numbers: embeddings, the real
+    # block, the output head.
+    for name, data in draft.items():
+        assert np.array_equal(target[name], data), name
+    extra = sorted({n.split(".")[1] for n in target.keys() - draft.keys()}, key=int)
+    assert extra == ["1", "2", "3", "4", "5"]
+    for i in extra:
+        # Nothing added to the residual stream ...
+        assert not target[f"blk.{i}.attn_output.weight"].any()
+        assert not target[f"blk.{i}.ffn_down.weight"].any()
+        # ... by blocks that still do real matmuls with real (random) weights.
+        for part in ("attn_q", "attn_k", "attn_v", "ffn_gate", "ffn_up"):
+            assert np.abs(target[f"blk.{i}.{part}.weight"]).mean() > 0.01
+    reader = gguf.GGUFReader(target_path)
+    assert _field(reader, "llama.block_count") == 6
+    assert _field(reader, "general.file_type") == int(gguf.LlamaFileType.ALL_F32)
+    assert reader.tensors[1].tensor_type == gguf.GGMLQuantizationType.F32
+
+
+def test_cli_passthrough_and_f32(tmp_path: Path) -> None:
+    args = ["--layers", "1", "--embd", "128", "--ff", "512", "--seed", "3", "--type", "f32"]
+    result = CliRunner().invoke(
+        main, ["synth-model", str(tmp_path / "t.gguf"), *args, "--passthrough", "5"]
+    )
+    assert result.exit_code == 0, result.output
+    api = synth_model(SMALL_TARGET, tmp_path / "api.gguf")
+    assert (tmp_path / "t.gguf").read_bytes() == api.read_bytes()
+
+
+@pytest.mark.server
+def test_passthrough_target_accepts_what_its_draft_drafts(
+    llama_server_bin: Path, tmp_path: Path, server_factory: ServerFactory
+) -> None:
+    """Temperature 0: the draft predicts the target's own tokens, so nearly all are accepted."""
+    draft = synth_model(SMALL_DRAFT, tmp_path / "draft.gguf")
+    target = synth_model(SMALL_TARGET, tmp_path / "target.gguf")
+    server = server_factory(
+        [
+            *(str(llama_server_bin), "-m", str(target), "-c", "1024", "-np", "1", "-t", "2"),
+            *("--spec-type", "draft-simple", "--spec-draft-model", str(draft)),
+            *("--spec-draft-n-max", "8", "--spec-draft-p-min", "0.6"),
+        ]
+    )
+    reply = httpx.post(
+        f"{server.url}/completion",
+        json={"prompt": "hello world", "n_predict": 64, "temperature": 0},
+        timeout=120,
+    ).json()
+    timings = reply["timings"]
+    assert timings["predicted_n"] == 64
+    assert timings["draft_n"] >= 32
+    assert timings["draft_n_accepted"] / timings["draft_n"] >= 0.9
 
 
 @pytest.mark.server

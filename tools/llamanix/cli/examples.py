@@ -108,11 +108,15 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "synth-model": (
         "llamanix synth-model tiny.gguf",
         "llamanix synth-model target.gguf --layers 8 --embd 512 --seed 1",
+        "llamanix synth-model draft.gguf --layers 1 --embd 512 --ff 2048 --type f32",
+        "llamanix synth-model target.gguf --layers 1 --passthrough 11 --embd 512 --ff 2048 "
+        "--type f32",
     ),
     "demo": (
         "llamanix demo",
         "llamanix demo --json",
         "llamanix demo --keep ./demo --runs 5",
+        "llamanix demo --no-gate --tokens 32 --runs 3",
     ),
 }
 

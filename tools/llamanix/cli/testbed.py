@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 
+from llamanix.external.files import atomic_write
 from llamanix.external.llama_server import binary_version_line
 from llamanix.testbed import demo as demo_module
 from llamanix.testbed import server_build
@@ -33,7 +34,18 @@ def build_server(print_path: bool) -> None:
 
 @click.command("synth-model")
 @click.argument("out", type=click.Path(path_type=Path, dir_okay=False))
-@click.option("--layers", type=int, default=SynthSpec.layers, show_default=True)
+@click.option(
+    "--layers", type=int, default=SynthSpec.layers, show_default=True, help="Real blocks."
+)
+@click.option(
+    "--passthrough",
+    type=int,
+    default=SynthSpec.passthrough,
+    show_default=True,
+    help="Extra blocks after the real ones whose output projections are zero: they cost "
+    "their full compute and change no logit, so the model predicts exactly what the same "
+    "arguments without --passthrough predict (a draft that agrees with it).",
+)
 @click.option(
     "--embd", type=int, default=SynthSpec.embd, show_default=True, help="Embedding width."
 )
@@ -61,7 +73,7 @@ def build_server(print_path: bool) -> None:
     type=click.Choice(TYPES),
     default=SynthSpec.type,
     show_default=True,
-    help="Weight type of the 2-D tensors.",
+    help="Weight type of the 2-D tensors (f32 costs the most per token on a CPU).",
 )
 @click.option(
     "--output-scale",
@@ -82,6 +94,7 @@ def build_server(print_path: bool) -> None:
 def synth_model_command(
     out: Path,
     layers: int,
+    passthrough: int,
     embd: int,
     ff: int,
     heads: int,
@@ -93,11 +106,16 @@ def synth_model_command(
     output_scale: float,
     embd_scale: float,
 ) -> None:
-    """Write a tiny random llama-architecture GGUF to OUT (same arguments, same bytes)."""
+    """Write a tiny random llama-architecture GGUF to OUT (same arguments, same bytes).
+
+    With --passthrough, OUT is a target that the same arguments without --passthrough
+    draft for exactly (acceptance ~1), at a fraction of its compute.
+    """
     if vocab is not None and not vocab.suffix and "/" not in str(vocab):
         vocab = server_build.vocab_file(str(vocab), progress=True)
     spec = SynthSpec(
         layers=layers,
+        passthrough=passthrough,
         embd=embd,
         ff=ff,
         heads=heads,
@@ -123,7 +141,7 @@ def synth_model_command(
 @click.option(
     "--keep",
     type=click.Path(path_type=Path, file_okay=False),
-    help="Keep the model, config, rendered units, logs and bench JSON in this directory.",
+    help="Keep the models, configs, rendered units, logs and bench JSON in this directory.",
 )
 @click.option(
     "--tokens",
@@ -139,21 +157,50 @@ def synth_model_command(
     show_default=True,
     help="Measured runs per server (after one warm-up).",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON, not a table.")
-def demo(binary: Path | None, keep: Path | None, tokens: int, runs: int, as_json: bool) -> None:
-    """Serve a synthetic model with and without speculation and compare them side by side.
+@click.option(
+    "--no-gate",
+    is_flag=True,
+    help="Skip the deploy loop (llamanix up, and the switches through the bench gate).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON, not tables.")
+@click.option(
+    "-o",
+    "--output",
+    "json_out",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Also write the figures as JSON to this file.",
+)
+def demo(
+    binary: Path | None,
+    keep: Path | None,
+    tokens: int,
+    runs: int,
+    no_gate: bool,
+    as_json: bool,
+    json_out: Path | None,
+) -> None:
+    """Serve a synthetic target with and without a draft, then gate the same flips.
 
-    Synthesizes a model, writes a config with two instances (plain, and drafting with the
-    model as its own draft), renders it, starts the real llama-server for each in turn,
-    measures streamed requests, prints a table, and stops everything.
+    Synthesizes a target and a cheap draft that agrees with it, writes a config with two
+    instances (plain, and speculating with the draft), renders it, starts the real
+    llama-server for each in turn, measures streamed requests and prints them side by side
+    with the speed-up. Then `llamanix up` runs the plain instance in a temporary directory and
+    `llamanix switch --gate bench --max-regression 5` flips it to the good draft (kept) and
+    to an unrelated draft drafting 16 tokens at p_min 0 (rolled back). Everything started is
+    stopped at the end.
     """
     # With --json the progress goes to stderr and stdout holds only the JSON.
     console = Console(stderr=as_json)
-    rows = demo_module.run_demo(binary, keep, console, tokens=tokens, runs=runs)
+    result = demo_module.run_demo(binary, keep, console, tokens=tokens, runs=runs, gate=not no_gate)
+    figures = demo_module.demo_json(result, tokens, runs)
+    if json_out is not None:
+        atomic_write(json_out, json.dumps(figures, indent=2) + "\n")
     if as_json:
-        click.echo(json.dumps(demo_module.demo_json(rows, tokens, runs), indent=2))
-    else:
-        console.print(demo_module.demo_table(rows, tokens, runs))
+        click.echo(json.dumps(figures, indent=2))
+        return
+    console.print(demo_module.demo_table(result.rows, tokens, runs))
+    if result.gate:
+        console.print(demo_module.gate_table(result.gate))
 
 
 def register(group: click.Group) -> None:

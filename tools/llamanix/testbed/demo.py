@@ -1,13 +1,18 @@
 """``llamanix demo``: the whole path on this machine, no GPU and no download of a model.
 
-It synthesizes a small confident model, writes a llamanix config with two instances of it
-(one plain, one speculating with the model as its own draft), renders that config like a
-deployment would, starts the real llama-server from each rendered argv in turn, measures
-each with the benchmark's streaming client, and prints the two side by side.
+It synthesizes a target and a draft that agree (llamanix.testbed.synth: the target is the
+draft's one block plus eleven passthrough blocks that cost compute and change nothing), writes
+a llamanix config with two instances of the target (one plain, one speculating with the
+draft), renders that config like a deployment would, starts the real llama-server from each
+rendered argv in turn, measures each with the benchmark's streaming client, and prints the
+two side by side: on a CPU the draft costs a fraction of the target and nearly every drafted
+token is accepted, so speculation decodes faster.
 
-A model drafting for itself cannot make decoding faster (every drafted token costs a full
-forward pass of the same model); what the demo shows is the mechanism working end to end:
-speculation configured in one place, rendered to the right flags, drafting, and accepted.
+Then the same change goes through the deploy loop: ``llamanix up`` runs the plain instance in
+a temporary directory, and ``llamanix switch --manager up --gate bench --max-regression 5``
+flips it to the good draft (kept: faster than the plain baseline) and then to an unrelated
+draft asked for 16 tokens at p_min 0 (rolled back: it drafts a lot, almost nothing is
+accepted, and decoding is several times slower).
 """
 
 from __future__ import annotations
@@ -15,16 +20,22 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
+import subprocess
+import sys
 import tempfile
+import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Literal
 
 from rich.console import Console
 from rich.table import Table
 
 from llamanix.core.config import load_config
-from llamanix.core.errors import Problem, UserError
+from llamanix.core.errors import ExternalCommandError, Problem, UserError
+from llamanix.deploy.supervisor import read_status
 from llamanix.external.files import atomic_write
 from llamanix.measure import bench
 from llamanix.measure.server_process import LlamaServer, free_port
@@ -34,10 +45,45 @@ from llamanix.testbed.synth import SynthSpec, synth_model
 
 INSTANCES = ("plain", "speculative")
 DEMO_PROMPT = "Write a short story about a llama who learns to read."
-DEFAULT_TOKENS = 128
+DEFAULT_TOKENS = 64
 DEFAULT_RUNS = 5  # the guide: N >= 5 after warm-up, or the numbers are noise
-# A little wider than synth-model's default, so there is something to measure.
+# F32 and a wide FFN: on a CPU every block is a real cost. The draft is one block; the target
+# is that block plus 11 passthrough blocks (12x the block compute, ~10x the file), so its
+# logits are the draft's and nearly every drafted token is accepted.
+DEMO_DRAFT = SynthSpec(layers=1, embd=512, ff=2048, heads=8, kv_heads=8, seed=1, type="f32")
+PASSTHROUGH = 11
+DEMO_TARGET = replace(DEMO_DRAFT, passthrough=PASSTHROUGH)
+# Same shapes, another seed: it agrees with the target on almost nothing.
+UNRELATED_DRAFT = replace(DEMO_DRAFT, seed=2)
+# The small confident model `llamanix smoke` synthesizes when given no model (it drafts for
+# itself there, so only its speed matters, and small is quick).
 DEMO_MODEL = SynthSpec(layers=4, embd=256, ff=512, heads=4, kv_heads=4, seed=1)
+GOOD_N_MAX, GOOD_P_MIN = 8, 0.6
+# p_min 0: draft 16 tokens every step whatever the draft's confidence, so the target verifies
+# 17 tokens for about one it keeps.
+BAD_N_MAX, BAD_P_MIN = 16, 0.0
+MAX_REGRESSION_PCT = 5.0
+UP_START_S = 180.0
+GateOutcome = Literal["kept", "rolled back"]
+
+
+@dataclass(frozen=True)
+class DemoModels:
+    target: Path
+    draft: Path
+    unrelated_draft: Path
+
+
+def write_models(work: Path) -> DemoModels:
+    models = DemoModels(
+        target=work / "target.gguf",
+        draft=work / "draft.gguf",
+        unrelated_draft=work / "unrelated-draft.gguf",
+    )
+    synth_model(DEMO_TARGET, models.target)
+    synth_model(DEMO_DRAFT, models.draft)
+    synth_model(UNRELATED_DRAFT, models.unrelated_draft)
+    return models
 
 
 @dataclass(frozen=True)
@@ -49,6 +95,7 @@ class DemoRow:
     server_decode_tok_s: float | None
     client_decode_tok_s: float | None
     ttft_ms: float | None
+    wall_s: float | None
     drafted: int
     accepted: int
 
@@ -57,11 +104,26 @@ class DemoRow:
         return self.accepted / self.drafted if self.drafted else None
 
 
-def config_text(binary: Path, model: Path, ports: dict[str, int]) -> str:
-    """The demo's llamanix.toml: the same model twice, the second drafting for itself."""
+@dataclass(frozen=True)
+class GateStep:
+    """One ``llamanix switch`` of the demo's deploy loop and what the bench gate made of it."""
+
+    step: str
+    change: str
+    expected: GateOutcome
+    outcome: GateOutcome
+    detail: str
+
+
+@dataclass(frozen=True)
+class DemoResult:
+    rows: list[DemoRow]
+    gate: list[GateStep]
+
+
+def _common(binary: Path, model: Path) -> str:
     q = json.dumps  # a JSON string is a valid TOML basic string
     return (
-        "# Written by llamanix demo.\n"
         "[hosts.local]\n"
         'kind = "systemd-user"\n'
         "\n"
@@ -73,7 +135,14 @@ def config_text(binary: Path, model: Path, ports: dict[str, int]) -> str:
         "parallel = 1\n"
         "threads = 2\n"
         "metrics = true\n"
-        "\n"
+    )
+
+
+def config_text(binary: Path, models: DemoModels, ports: dict[str, int]) -> str:
+    """The demo's llamanix.toml: the target twice, the second drafting with the draft."""
+    q = json.dumps
+    return (
+        "# Written by llamanix demo.\n" + _common(binary, models.target) + "\n"
         "[instances.plain]\n"
         f"port = {ports['plain']}\n"
         "\n"
@@ -82,9 +151,21 @@ def config_text(binary: Path, model: Path, ports: dict[str, int]) -> str:
         "\n"
         "[instances.speculative.speculative]\n"
         'type = "draft"\n'
-        f"draft_model = {q(str(model))}\n"
-        "n_max = 8\n"
-        "p_min = 0.6\n"
+        f"draft_model = {q(str(models.draft))}\n"
+        f"n_max = {GOOD_N_MAX}\n"
+        f"p_min = {GOOD_P_MIN}\n"
+    )
+
+
+def deploy_config_text(binary: Path, models: DemoModels, port: int) -> str:
+    """The deploy loop's llamanix.toml: one plain instance, which the switches then change."""
+    return (
+        "# Written by llamanix demo: the deploy loop, run by `llamanix up`.\n"
+        + _common(binary, models.target)
+        + "\n"
+        "[instances.chat]\n"
+        f"port = {port}\n"
+        "context = 1024\n"
     )
 
 
@@ -104,6 +185,7 @@ def measure(
         server_decode_tok_s=summary.median("server_decode_tok_s"),
         client_decode_tok_s=summary.median("client_decode_tok_s"),
         ttft_ms=ttft * 1000 if ttft is not None else None,
+        wall_s=summary.median("wall_s"),
         drafted=sum(q.draft_n or 0 for q in requests),
         accepted=sum(q.draft_n_accepted or 0 for q in requests),
     )
@@ -120,17 +202,10 @@ def _workdir(keep: Path | None) -> Iterator[Path]:
         yield Path(tmp)
 
 
-def run_demo(
-    binary: Path | None,
-    keep: Path | None,
-    console: Console,
-    tokens: int = DEFAULT_TOKENS,
-    runs: int = DEFAULT_RUNS,
-) -> list[DemoRow]:
-    """Synthesize, configure, render, serve and measure; return one row per instance."""
+def _check_binary(binary: Path | None) -> Path:
     if binary is None:
-        binary = server_build.ensure_llama_server(progress=True)
-    elif not (binary.is_file() and os.access(binary, os.X_OK)):
+        return server_build.ensure_llama_server(progress=True)
+    if not (binary.is_file() and os.access(binary, os.X_OK)):
         raise UserError(
             Problem(
                 "llamanix demo",
@@ -139,14 +214,26 @@ def run_demo(
                 "give the path of a llama-server binary",
             )
         )
+    return binary
+
+
+def run_demo(
+    binary: Path | None,
+    keep: Path | None,
+    console: Console,
+    tokens: int = DEFAULT_TOKENS,
+    runs: int = DEFAULT_RUNS,
+    gate: bool = True,
+) -> DemoResult:
+    """Synthesize, configure, render, serve and measure; then, with ``gate``, the deploy loop."""
+    binary = _check_binary(binary)
     rows: list[DemoRow] = []
     with _workdir(keep) as work:
-        model = work / "demo-model.gguf"
-        with console.status("synthesizing the model"):
-            synth_model(DEMO_MODEL, model)
+        with console.status("synthesizing the target and the drafts"):
+            models = write_models(work)
         config_path = work / "llamanix.toml"
         ports = {name: free_port() for name in INSTANCES}
-        atomic_write(config_path, config_text(binary, model, ports))
+        atomic_write(config_path, config_text(binary, models, ports))
         config = load_config(config_path)
         render_dir = work / "render"
         write_render(render_host(config, "local"), render_dir)
@@ -155,7 +242,7 @@ def run_demo(
             argv = json.loads((render_dir / f"{name}.argv.json").read_text())
             spec = config.instances[name].speculative
             speculation = (
-                f"{spec.type}: self, n_max {spec.n_max}, p_min {spec.p_min:g}"
+                f"{spec.type}: 1-block, n_max {spec.n_max}, p_min {spec.p_min:g}"
                 if spec.enabled and spec.p_min is not None
                 else "none"
             )
@@ -168,13 +255,157 @@ def run_demo(
                 server.stop()
             atomic_write(work / f"{name}.bench.json", json.dumps(result.to_json(), indent=2))
             rows.append(row)
-    return rows
+        steps = deploy_loop(binary, models, work / "deploy", console) if gate else []
+    return DemoResult(rows, steps)
+
+
+# --- the deploy loop: llamanix up + llamanix switch --gate bench -----------------------------
+
+
+def _llamanix(*args: str) -> list[str]:
+    return [sys.executable, "-m", "llamanix", *args]
+
+
+def switch_argv(config: Path, sets: list[str]) -> list[str]:
+    """The switch the demo runs: the bench gate, against the last good bench of the instance."""
+    argv = [
+        "switch",
+        str(config),
+        "--host",
+        "local",
+        "--manager",
+        "up",
+        "--gate",
+        "bench",
+        "--max-regression",
+        f"{MAX_REGRESSION_PCT:g}",
+    ]
+    for item in sets:
+        argv += ["--set", item]
+    return _llamanix(*argv)
+
+
+def _speculation_sets(draft: Path, n_max: int, p_min: float) -> list[str]:
+    key = "instances.chat.speculative"
+    return [
+        f"{key}.type=draft",
+        f"{key}.draft_model={json.dumps(str(draft))}",
+        f"{key}.n_max={n_max}",
+        f"{key}.p_min={p_min:.1f}",
+    ]
+
+
+def gate_plan(models: DemoModels) -> list[tuple[str, str, GateOutcome, list[str]]]:
+    """(step, change, expected outcome, --set items) for each switch, in order."""
+    return [
+        (
+            "baseline",
+            "plain, context 1024 -> 2048: the first bench, the baseline",
+            "kept",
+            ["instances.chat.context=2048"],
+        ),
+        (
+            "good draft",
+            f"speculate with the 1-block draft, n_max {GOOD_N_MAX}, p_min {GOOD_P_MIN:g}",
+            "kept",
+            _speculation_sets(models.draft, GOOD_N_MAX, GOOD_P_MIN),
+        ),
+        (
+            "bad draft",
+            f"an unrelated draft, n_max {BAD_N_MAX}, p_min {BAD_P_MIN:g}",
+            "rolled back",
+            _speculation_sets(models.unrelated_draft, BAD_N_MAX, BAD_P_MIN),
+        ),
+    ]
+
+
+def _gate_detail(output: str) -> str:
+    """The gate's own line(s) from switch's output, e.g. the decode rate it measured."""
+    lines = [ln.strip() for ln in output.splitlines() if ln.strip().startswith("gate ")]
+    return "; ".join(ln.split(": ", 2)[-1] for ln in lines) or output.strip()[-300:]
+
+
+def run_switch(config: Path, sets: list[str], log: Path) -> tuple[GateOutcome, str]:
+    """One real ``llamanix switch``: exit 0 is kept, exit 1 is a failed gate rolled back."""
+    proc = subprocess.run(
+        switch_argv(config, sets),
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=config.parent,
+    )
+    with log.open("a", encoding="utf-8") as fh:
+        fh.write(f"$ {' '.join(switch_argv(config, sets))}\n{proc.stdout}{proc.stderr}\n")
+    if proc.returncode not in (0, 1):
+        raise ExternalCommandError(
+            f"llamanix switch exited {proc.returncode} (log: {log}):\n"
+            f"{(proc.stdout + proc.stderr).strip()[-1000:]}"
+        )
+    outcome: GateOutcome = "kept" if proc.returncode == 0 else "rolled back"
+    return outcome, _gate_detail(proc.stdout + proc.stderr)
+
+
+@contextlib.contextmanager
+def running_up(config: Path, log: Path) -> Iterator[Path]:
+    """``llamanix up`` on the deploy config until the block ends; yields its units directory."""
+    units = config.parent / ".llamanix-state" / "local" / "up"
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            _llamanix("up", str(config), "--host", "local"),
+            cwd=config.parent,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its llama-servers go down with it, whatever happens here
+        )
+    try:
+        deadline = time.monotonic() + UP_START_S
+        while True:
+            status = read_status(units) or {}
+            if status.get("instances", {}).get("chat", {}).get("state") == "running":
+                break
+            if proc.poll() is not None or time.monotonic() > deadline:
+                tail = log.read_text(errors="replace").strip()[-1000:]
+                raise ExternalCommandError(f"llamanix up did not start (log: {log}):\n{tail}")
+            time.sleep(0.2)
+        yield units
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)  # up stops its instances on Ctrl-C
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def deploy_loop(binary: Path, models: DemoModels, work: Path, console: Console) -> list[GateStep]:
+    """Run ``up`` on a plain instance and put each planned switch through the bench gate."""
+    work.mkdir(parents=True, exist_ok=True)
+    config = work / "llamanix.toml"
+    atomic_write(config, deploy_config_text(binary, models, free_port()))
+    steps: list[GateStep] = []
+    with (
+        console.status("deploy loop: starting llamanix up") as status,
+        running_up(config, work / "up.log"),
+    ):
+        for step, change, expected, sets in gate_plan(models):
+            status.update(f"llamanix switch ({step}): bench gate")
+            outcome, detail = run_switch(config, sets, work / "switch.log")
+            console.print(f"llamanix switch ({step}): {outcome}")
+            steps.append(GateStep(step, change, expected, outcome, detail))
+    return steps
+
+
+# --- output ----------------------------------------------------------------------------------
+
+
+def _row(rows: list[DemoRow], speculating: bool) -> DemoRow | None:
+    return next((r for r in rows if (r.speculation != "none") == speculating), None)
 
 
 def speedup(rows: list[DemoRow]) -> float | None:
     """Speculative decode tok/s over plain decode tok/s (server clock), when both exist."""
-    plain = next((r for r in rows if r.speculation == "none"), None)
-    spec = next((r for r in rows if r.speculation != "none"), None)
+    plain, spec = _row(rows, False), _row(rows, True)
     if plain is None or spec is None:
         return None
     if not plain.server_decode_tok_s or spec.server_decode_tok_s is None:
@@ -182,7 +413,8 @@ def speedup(rows: list[DemoRow]) -> float | None:
     return spec.server_decode_tok_s / plain.server_decode_tok_s
 
 
-def demo_json(rows: list[DemoRow], tokens: int, runs: int) -> dict[str, object]:
+def demo_json(result: DemoResult, tokens: int, runs: int) -> dict[str, object]:
+    spec = _row(result.rows, True)
     return {
         "tokens": tokens,
         "runs": runs,
@@ -193,13 +425,25 @@ def demo_json(rows: list[DemoRow], tokens: int, runs: int) -> dict[str, object]:
                 "server_decode_tok_s": r.server_decode_tok_s,
                 "client_decode_tok_s": r.client_decode_tok_s,
                 "ttft_ms": r.ttft_ms,
+                "wall_s": r.wall_s,
                 "drafted": r.drafted,
                 "accepted": r.accepted,
                 "acceptance": r.acceptance,
             }
-            for r in rows
+            for r in result.rows
         ],
-        "speedup": speedup(rows),
+        "acceptance": spec.acceptance if spec is not None else None,
+        "speedup": speedup(result.rows),
+        "gate": [
+            {
+                "step": g.step,
+                "change": g.change,
+                "expected": g.expected,
+                "outcome": g.outcome,
+                "detail": g.detail,
+            }
+            for g in result.gate
+        ],
     }
 
 
@@ -208,14 +452,16 @@ def _fmt(value: float | None, spec: str) -> str:
 
 
 def demo_table(rows: list[DemoRow], tokens: int, runs: int) -> Table:
+    ratio = speedup(rows)
     table = Table(
         title=f"llamanix demo: {runs} streamed runs of {tokens} tokens, medians",
         caption="tok/s: llama-server's decode rate; client: the same span on this side's "
-        "clock. A model drafting for itself shows acceptance, not a speed-up.",
+        "clock; wall: one whole request. "
+        + (f"Speculation: {ratio:.2f}x the plain decode rate." if ratio is not None else ""),
     )
     table.add_column("instance", no_wrap=True)
     table.add_column("speculation")
-    for column in ("tok/s", "client", "TTFT ms", "accepted", "acceptance"):
+    for column in ("tok/s", "client", "TTFT ms", "wall s", "accepted", "acceptance"):
         table.add_column(column, justify="right", no_wrap=True)
     for row in rows:
         table.add_row(
@@ -224,7 +470,25 @@ def demo_table(rows: list[DemoRow], tokens: int, runs: int) -> Table:
             _fmt(row.server_decode_tok_s, ".1f"),
             _fmt(row.client_decode_tok_s, ".1f"),
             _fmt(row.ttft_ms, ".1f"),
+            _fmt(row.wall_s, ".2f"),
             f"{row.accepted}/{row.drafted}",
             _fmt(row.acceptance, ".2f"),
         )
+    return table
+
+
+def gate_table(steps: list[GateStep]) -> Table:
+    table = Table(
+        title=f"the same flips through llamanix switch --manager up --gate bench "
+        f"--max-regression {MAX_REGRESSION_PCT:g}",
+    )
+    table.add_column("switch", no_wrap=True)
+    table.add_column("change")
+    table.add_column("outcome", no_wrap=True)
+    table.add_column("bench gate")
+    for g in steps:
+        # The health and chat checks pass in every row; the decode figure is the news.
+        # A verdict other than the planned one (a very noisy machine) is shown, not hidden.
+        outcome = g.outcome if g.outcome == g.expected else f"{g.outcome} (expected {g.expected})"
+        table.add_row(g.step, g.change, outcome, g.detail.removeprefix("health ok, chat ok; "))
     return table

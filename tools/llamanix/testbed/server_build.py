@@ -10,11 +10,16 @@ Cache layout (outside the repository)::
       llama-server/<version>/
         src/        the sdist's vendor/llama.cpp (includes models/ggml-vocab-*.gguf)
         build/      the cmake build directory; binaries in build/bin/
-        build.log   output of the last build
+        build.log   every build command's output (pip, cmake, the compiler), appended
         ok.json     written last, only after a build succeeded
         .lock       flock'ed while the source is unpacked or the build runs
 
 ``LLAMANIX_LLAMA_SERVER=/path/to/llama-server`` skips all of this.
+
+The first build takes minutes. The terminal shows a progress bar per step (cmake's ``[ 14%]``
+lines give the percentage) and nothing of the compiler's output, which goes to build.log; a
+failure prints the log's last lines and its path. Without a terminal (CI, pipes) a few plain
+lines say the same.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -32,7 +38,17 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TextIO
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    Progress,
+    TaskID,
+    TaskProgressColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
 
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
 from llamanix.core.probe import commit_of
@@ -165,8 +181,140 @@ def build_jobs() -> int:
     return max(1, len(os.sched_getaffinity(0)))
 
 
-def run_logged(argv: list[str], log_path: Path, progress: bool) -> None:
-    """Run a command, appending its output to ``log_path`` and, with ``progress``, to stderr."""
+# --- progress: compiler output to build.log, a bar (or a few lines) to the user --------------
+
+# cmake's Makefile generator prefixes each step with its share of the whole: "[ 14%] Building
+# CXX object ...". With -j the shares arrive out of order, so the bar shows the largest so far.
+PERCENT_LINE = re.compile(r"^\[\s*(\d{1,3})%\]\s*(.*)$")
+PLAIN_EVERY_PCT = 25  # a non-terminal sees a line at 25, 50, 75 and 100%
+FAILURE_TAIL_LINES = 20
+
+
+@dataclass(frozen=True)
+class ProgressLine:
+    percent: int
+    what: str  # "Building CXX object src/CMakeFiles/llama.dir/llama.cpp.o"
+
+
+def parse_progress(line: str) -> ProgressLine | None:
+    """The percentage and step of a cmake build line, or None for any other line."""
+    match = PERCENT_LINE.match(line.strip())
+    if match is None:
+        return None
+    return ProgressLine(min(int(match.group(1)), 100), match.group(2))
+
+
+class Reporter(Protocol):
+    """What the user sees of one build command while its whole output goes to build.log."""
+
+    def begin(self, step: str, log_path: Path) -> None: ...
+
+    def line(self, line: str) -> None: ...
+
+    def end(self, ok: bool) -> None: ...
+
+
+class QuietReporter:
+    """progress=False: nothing at all (``build-server --print-path``, library callers)."""
+
+    def begin(self, step: str, log_path: Path) -> None:
+        pass
+
+    def line(self, line: str) -> None:
+        pass
+
+    def end(self, ok: bool) -> None:
+        pass
+
+
+class PlainReporter:
+    """Not a terminal (CI logs, pipes): a line per step and one per quarter of a build."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.step = ""
+        self.shown = 0
+
+    def _say(self, text: str) -> None:
+        self.stream.write(f"llamanix: {text}\n")
+        self.stream.flush()
+
+    def begin(self, step: str, log_path: Path) -> None:
+        self.step, self.shown = step, 0
+        self._say(f"{step} (output: {log_path})")
+
+    def line(self, line: str) -> None:
+        parsed = parse_progress(line)
+        if parsed is None:
+            return
+        mark = parsed.percent // PLAIN_EVERY_PCT * PLAIN_EVERY_PCT
+        if mark > self.shown:
+            self.shown = mark
+            self._say(f"{self.step}: {mark}%")
+
+    def end(self, ok: bool) -> None:
+        self._say(f"{self.step}: {'done' if ok else 'FAILED'}")
+
+
+class RichReporter:
+    """A terminal: one progress bar per step, the percentage and the file being compiled."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.progress: Progress | None = None
+        self.task: TaskID | None = None
+        self.percent = 0
+
+    def begin(self, step: str, log_path: Path) -> None:
+        self.console.print(f"llamanix: {step}, first run only (output: {log_path})")
+        self.percent = 0
+        self.progress = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            TaskProgressColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.fields[what]}", style="dim"),
+            console=self.console,
+            transient=False,
+        )
+        # No total until cmake prints a percentage: pip and the configure step just pulse.
+        self.task = self.progress.add_task(step, total=None, what="")
+        self.progress.start()
+
+    def line(self, line: str) -> None:
+        if self.progress is None or self.task is None:
+            return
+        parsed = parse_progress(line)
+        if parsed is None:
+            return
+        self.percent = max(self.percent, parsed.percent)
+        what = parsed.what.rsplit("/", 1)[-1] if "/" in parsed.what else parsed.what
+        self.progress.update(self.task, total=100, completed=self.percent, what=what[:60])
+
+    def end(self, ok: bool) -> None:
+        if self.progress is None or self.task is None:
+            return
+        if ok:
+            self.progress.update(self.task, total=100, completed=100, what="done")
+        self.progress.stop()
+        self.progress, self.task = None, None
+
+
+def make_reporter(progress: bool, stream: TextIO | None = None) -> Reporter:
+    """Quiet without ``progress``; a rich bar on a terminal; a few plain lines otherwise."""
+    if not progress:
+        return QuietReporter()
+    out = stream if stream is not None else sys.stderr
+    if out.isatty():
+        return RichReporter(Console(file=out))
+    return PlainReporter(out)
+
+
+def run_logged(argv: list[str], log_path: Path, reporter: Reporter, step: str) -> None:
+    """Run a command with its output appended to ``log_path``; the reporter sees each line.
+
+    On failure the error carries the last lines of the log and its path: the compiler's
+    message is the one thing the user needs, and it never went to the terminal."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     tail: list[str] = []
     with log_path.open("a", encoding="utf-8") as log:
@@ -187,19 +335,23 @@ def run_logged(argv: list[str], log_path: Path, progress: bool) -> None:
                 f"(or set {SERVER_ENV} to a llama-server binary)"
             ) from err
         assert proc.stdout is not None
-        with proc:
-            for line in proc.stdout:
-                log.write(line)
-                tail.append(line.rstrip("\n"))
-                del tail[:-20]
-                if progress:
-                    sys.stderr.write(line)
-                    sys.stderr.flush()
-        if proc.returncode != 0:
+        reporter.begin(step, log_path)
+        ok = False
+        try:
+            with proc:
+                for line in proc.stdout:
+                    log.write(line)
+                    tail.append(line.rstrip("\n"))
+                    del tail[:-FAILURE_TAIL_LINES]
+                    reporter.line(line)
+            ok = proc.returncode == 0
+        finally:
+            reporter.end(ok)
+        if not ok:
             shown = "\n".join(tail)
             raise ExternalCommandError(
-                f"{argv[0]} {argv[1]} failed with exit code {proc.returncode} "
-                f"(full log: {log_path}):\n{shown}"
+                f"{step} failed with exit code {proc.returncode}; the last "
+                f"{len(tail)} lines of {log_path}:\n{shown}"
             )
 
 
@@ -223,8 +375,8 @@ def verify_sdist(path: Path) -> None:
         )
 
 
-def download_sdist(dest: Path, layout: BuildLayout, progress: bool) -> Path:
-    run_logged(pip_download_argv(dest), layout.log, progress)
+def download_sdist(dest: Path, layout: BuildLayout, reporter: Reporter) -> Path:
+    run_logged(pip_download_argv(dest), layout.log, reporter, "download the source (pip)")
     sdist = dest / SDIST_FILENAME
     if not sdist.is_file():
         raise ExternalCommandError(f"pip download did not produce {SDIST_FILENAME} in {dest}")
@@ -252,10 +404,10 @@ def source_present(layout: BuildLayout) -> bool:
     return (layout.src / "CMakeLists.txt").is_file()
 
 
-def unpack_source(layout: BuildLayout, progress: bool) -> None:
+def unpack_source(layout: BuildLayout, reporter: Reporter) -> None:
     """Download, verify and unpack the pinned source. Call with the build lock held."""
     with tempfile.TemporaryDirectory(prefix="sdist.", dir=layout.root) as tmp:
-        sdist = download_sdist(Path(tmp), layout, progress)
+        sdist = download_sdist(Path(tmp), layout, reporter)
         staging = Path(tmp) / "src"
         extract_vendor_tree(sdist, staging)
         # A half-unpacked tree never sits at src/: it appears whole or not at all.
@@ -309,6 +461,14 @@ def write_marker(layout: BuildLayout, version_line: str) -> dict[str, Any]:
     return data
 
 
+def run_cmake(layout: BuildLayout, reporter: Reporter, jobs: int | None = None) -> None:
+    """Configure and build ``layout.src`` into ``layout.build``, output to ``layout.log``."""
+    # Short step names: they label the bar, which needs the rest of an 80-column line.
+    run_logged(cmake_configure_argv(layout), layout.log, reporter, "configure (cmake)")
+    jobs = jobs or build_jobs()
+    run_logged(cmake_build_argv(layout, jobs), layout.log, reporter, f"build (cmake -j{jobs})")
+
+
 # --- the public entry points ----------------------------------------------------------------
 
 
@@ -321,13 +481,13 @@ def ensure_build(progress: bool = False, layout: BuildLayout | None = None) -> B
         # Whoever held the lock before us may have finished the build meanwhile.
         if read_marker(layout) is not None:
             return layout
+        reporter = make_reporter(progress)
         if not source_present(layout):
-            unpack_source(layout, progress)
+            unpack_source(layout, reporter)
         # An existing build dir is reused: configuring again with the same options changes
         # nothing, and cmake --build only redoes what is out of date, so an interrupted
         # build resumes where it stopped.
-        run_logged(cmake_configure_argv(layout), layout.log, progress)
-        run_logged(cmake_build_argv(layout, build_jobs()), layout.log, progress)
+        run_cmake(layout, reporter)
         write_marker(layout, binary_version_line(layout.server))
     return layout
 
@@ -339,7 +499,7 @@ def ensure_source(progress: bool = False, layout: BuildLayout | None = None) -> 
         return layout
     with build_lock(layout):
         if not source_present(layout):
-            unpack_source(layout, progress)
+            unpack_source(layout, make_reporter(progress))
     return layout
 
 

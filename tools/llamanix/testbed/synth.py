@@ -12,6 +12,13 @@ Two properties decide what a synthetic model is good for:
   model is unsure of everything and a draft never drafts, even draft = target. Scaling the
   output projection to std 1.0 (``output_scale``, the default) makes it confident, so
   draft = target drafts and is accepted.
+- A draft and a target that agree: ``passthrough`` adds blocks after the ``layers`` real ones
+  whose output projections (attn_output, ffn_down) are exactly zero. Each still runs its full
+  attention and FFN matmuls, so it costs compute, but adds nothing to the residual stream:
+  the logits are those of the first ``layers`` blocks alone. The real blocks, embeddings and
+  output head come from the same random stream whatever ``passthrough`` is, so
+  ``SynthSpec(layers=1)`` is a draft that predicts exactly what
+  ``SynthSpec(layers=1, passthrough=11)`` would, at a twelfth of the block compute.
 - n-gram drafters (ngram-simple, -mod, -cache, -map-k) only draft when the text repeats.
   Token embeddings at std 1.0 (``embd_scale``, the default) drown out the small attention
   and FFN contributions, so the next token depends almost only on the current one: greedy
@@ -37,7 +44,12 @@ from llamanix.external.files import atomic_write
 
 ARCH = "llama"
 WEIGHT_STD = 0.02
-TYPES = ("f16", "q8_0")
+TYPES = ("f16", "q8_0", "f32")
+FILE_TYPES = {
+    "f16": gguf.LlamaFileType.MOSTLY_F16,
+    "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
+    "f32": gguf.LlamaFileType.ALL_F32,
+}
 QUANT_BLOCK = 32  # q8_0 block size, also what quantized KV caches need head_dim to divide by
 
 
@@ -46,6 +58,7 @@ class SynthSpec:
     """Everything that decides the bytes of a synthetic model."""
 
     layers: int = 2
+    passthrough: int = 0  # extra blocks that cost compute and change nothing (see above)
     embd: int = 128
     ff: int = 256
     heads: int = 2
@@ -61,6 +74,11 @@ class SynthSpec:
     def head_dim(self) -> int:
         return self.embd // self.heads
 
+    @property
+    def blocks(self) -> int:
+        """Blocks in the file: the real ones, then the passthrough ones."""
+        return self.layers + self.passthrough
+
 
 def _bad(field: str, message: str, fix: str) -> UserError:
     return UserError(Problem("llamanix synth-model", field, message, fix))
@@ -72,6 +90,10 @@ def check_spec(spec: SynthSpec) -> None:
             flag = "--" + name.replace("_", "-")
             got = getattr(spec, name)
             raise _bad(flag, f"must be at least 1, got {got}", f"pass {flag} 1 or more")
+    if spec.passthrough < 0:
+        raise _bad(
+            "--passthrough", f"must be 0 or more, got {spec.passthrough}", "pass --passthrough 0"
+        )
     if spec.embd % spec.heads:
         raise _bad("--heads", f"{spec.heads} does not divide --embd {spec.embd}", "pick a divisor")
     if spec.heads % spec.kv_heads:
@@ -190,7 +212,7 @@ def tensor_shapes(spec: SynthSpec, n_vocab: int) -> list[tuple[str, tuple[int, .
     """Llama tensors in numpy order (rows = outputs); the writer reverses to ggml order."""
     kv_dim = spec.kv_heads * spec.head_dim
     shapes: list[tuple[str, tuple[int, ...]]] = [("token_embd.weight", (n_vocab, spec.embd))]
-    for i in range(spec.layers):
+    for i in range(spec.blocks):
         b = f"blk.{i}"
         shapes += [
             (f"{b}.attn_norm.weight", (spec.embd,)),
@@ -207,11 +229,24 @@ def tensor_shapes(spec: SynthSpec, n_vocab: int) -> list[tuple[str, tuple[int, .
     return shapes
 
 
+# The projections a block adds to the residual stream with; zero in a passthrough block.
+RESIDUAL_OUTPUTS = ("attn_output.weight", "ffn_down.weight")
+
+
+def is_passthrough(name: str, spec: SynthSpec) -> bool:
+    """Whether tensor ``name`` belongs to one of the passthrough blocks."""
+    if not name.startswith("blk."):
+        return False
+    return int(name.split(".")[1]) >= spec.layers
+
+
 def _weights(
     rng: np.random.Generator, name: str, shape: tuple[int, ...], spec: SynthSpec
 ) -> npt.NDArray[np.float32]:
     if len(shape) == 1:  # norms: identity scale, the usual initialisation
         return np.ones(shape, dtype=np.float32)
+    if is_passthrough(name, spec) and name.endswith(RESIDUAL_OUTPUTS):
+        return np.zeros(shape, dtype=np.float32)
     std = {"output.weight": spec.output_scale, "token_embd.weight": spec.embd_scale}.get(
         name, WEIGHT_STD
     )
@@ -226,6 +261,8 @@ def _add_tensor(
     elif spec.type == "q8_0":
         qtype = gguf.GGMLQuantizationType.Q8_0
         writer.add_tensor(name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
+    elif spec.type == "f32":
+        writer.add_tensor(name, data)
     else:
         writer.add_tensor(name, data.astype(np.float16))
 
@@ -233,13 +270,14 @@ def _add_tensor(
 def _write(spec: SynthSpec, tokenizer: list[KeyValue], path: Path) -> None:
     n_vocab = vocab_size(tokenizer)
     writer = gguf.GGUFWriter(path, ARCH)
+    blocks = f"L{spec.layers}+{spec.passthrough}" if spec.passthrough else f"L{spec.layers}"
     writer.add_name(
-        f"llamanix-synth L{spec.layers} E{spec.embd} F{spec.ff} H{spec.heads}/{spec.kv_heads} "
+        f"llamanix-synth {blocks} E{spec.embd} F{spec.ff} H{spec.heads}/{spec.kv_heads} "
         f"seed {spec.seed} {spec.type} embd x{spec.embd_scale:g} out x{spec.output_scale:g}"
     )
     writer.add_context_length(spec.context)
     writer.add_embedding_length(spec.embd)
-    writer.add_block_count(spec.layers)
+    writer.add_block_count(spec.blocks)
     writer.add_feed_forward_length(spec.ff)
     writer.add_head_count(spec.heads)
     writer.add_head_count_kv(spec.kv_heads)
@@ -247,14 +285,16 @@ def _write(spec: SynthSpec, tokenizer: list[KeyValue], path: Path) -> None:
     writer.add_rope_dimension_count(spec.head_dim)
     writer.add_rope_freq_base(10000.0)
     writer.add_vocab_size(n_vocab)
-    quantized = spec.type == "q8_0"
-    file_type = gguf.LlamaFileType.MOSTLY_Q8_0 if quantized else gguf.LlamaFileType.MOSTLY_F16
-    writer.add_file_type(int(file_type))
+    writer.add_file_type(int(FILE_TYPES[spec.type]))
     for kv in tokenizer:
         writer.add_key_value(kv.key, kv.value, kv.type, sub_type=kv.sub_type)
     rng = np.random.default_rng(spec.seed)
+    # A stream of its own for the passthrough blocks: the real blocks and the output head
+    # draw the same numbers with or without them, which is what makes a draft agree.
+    passthrough_rng = np.random.default_rng([spec.seed, 1])
     for name, shape in tensor_shapes(spec, n_vocab):
-        _add_tensor(writer, name, _weights(rng, name, shape, spec), spec)
+        stream = passthrough_rng if is_passthrough(name, spec) else rng
+        _add_tensor(writer, name, _weights(stream, name, shape, spec), spec)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -1,0 +1,172 @@
+"""``llamanix demo`` end to end: the real llama-server, ``llamanix up`` and ``llamanix switch``.
+
+What is asserted is behaviour, not speed: the synthetic pair's acceptance (a property of the
+models at temperature 0), the designed compute ratio read back from the GGUFs, the rows and
+keys of the output, and the bench gate's verdicts (keep the good draft, roll back the bad).
+The speed-up itself is printed by the demo, never asserted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import gguf
+import pytest
+
+from llamanix.deploy.supervisor import read_status
+from llamanix.testbed import demo
+
+pytestmark = pytest.mark.server
+
+
+def llamanix(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "llamanix", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        check=False,
+    )
+
+
+def matmul_weights(path: Path) -> int:
+    """Weights multiplied per decoded token: every 2-D tensor but the embedding lookup."""
+    return sum(
+        int(t.n_elements)
+        for t in gguf.GGUFReader(path).tensors
+        if len(t.shape) == 2 and t.name != "token_embd.weight"
+    )
+
+
+@dataclass(frozen=True)
+class DemoRun:
+    figures: dict[str, Any]
+    keep: Path
+    stderr: str
+
+
+@pytest.fixture(scope="module")
+def demo_run(llama_server_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
+    keep = tmp_path_factory.mktemp("demo")
+    out = keep / "figures.json"
+    result = llamanix(
+        *("demo", "--binary", str(llama_server_bin), "--keep", str(keep)),
+        *("--tokens", "16", "--runs", "1", "--json", "-o", str(out)),
+    )
+    assert result.returncode == 0, result.stderr
+    figures = json.loads(result.stdout)  # stdout holds the JSON alone
+    assert json.loads(out.read_text()) == figures
+    return DemoRun(figures, keep, result.stderr)
+
+
+def test_json_has_both_rows_the_acceptance_and_the_speedup(demo_run: DemoRun) -> None:
+    figures = demo_run.figures
+    print(f"\ndemo speed-up (printed, not asserted): {figures['speedup']:.2f}x")
+    rows = {row["instance"]: row for row in figures["rows"]}
+    assert set(rows) == {"plain", "speculative"}
+    for row in rows.values():
+        assert row["server_decode_tok_s"] > 0 and row["wall_s"] > 0
+    assert rows["plain"]["speculation"] == "none"
+    assert rows["plain"]["drafted"] == 0 and rows["plain"]["acceptance"] is None
+    spec = rows["speculative"]
+    assert spec["speculation"] == "draft: 1-block, n_max 8, p_min 0.6"
+    # The draft is the target's real block without the passthrough ones: at temperature 0
+    # it proposes the target's own tokens.
+    assert spec["drafted"] > 0
+    assert spec["accepted"] / spec["drafted"] >= 0.9
+    assert figures["acceptance"] == spec["acceptance"]
+    assert figures["speedup"] == pytest.approx(
+        spec["server_decode_tok_s"] / rows["plain"]["server_decode_tok_s"]
+    )
+    assert (figures["tokens"], figures["runs"]) == (16, 1)
+
+
+def test_the_bench_gate_keeps_the_good_draft_and_rolls_back_the_bad(demo_run: DemoRun) -> None:
+    gate = demo_run.figures["gate"]
+    assert [(g["step"], g["outcome"]) for g in gate] == [
+        ("baseline", "kept"),
+        ("good draft", "kept"),
+        ("bad draft", "rolled back"),
+    ]
+    assert all(g["outcome"] == g["expected"] for g in gate)
+    # The gate's own wording is deploy.gate's business; the demo only passes it on.
+    assert all(g["detail"] for g in gate)
+
+    # The switches really went through the deploy machinery: generations, gate verdicts,
+    # and the config put back to the good draft after the rollback.
+    deploy = demo_run.keep / "deploy"
+    listing = llamanix("generations", str(deploy / "llamanix.toml"), "--host", "local", "--json")
+    assert listing.returncode == 0, listing.stderr
+    gens = json.loads(listing.stdout)
+    assert [(g["gate"].get("kind"), g["gate"]["result"]) for g in gens] == [
+        (None, "unverified"),
+        ("bench", "passed"),
+        ("bench", "passed"),
+        ("bench", "failed"),
+    ]
+    assert [g["current"] for g in gens] == [False, False, True, False]
+    config = (deploy / "llamanix.toml").read_text()
+    assert str(demo_run.keep / "draft.gguf") in config
+    assert "unrelated-draft" not in config
+    # `up` ran from the state directory and was stopped at the end.
+    units = deploy / ".llamanix-state" / "local" / "up"
+    assert sorted(p.name for p in units.glob("llamanix-*.service")) == ["llamanix-chat.service"]
+    assert read_status(units) is None
+
+
+def test_target_costs_the_designed_multiple_of_the_draft(demo_run: DemoRun) -> None:
+    target, draft = demo_run.keep / "target.gguf", demo_run.keep / "draft.gguf"
+    blocks = {
+        p.name: gguf.GGUFReader(p).fields["llama.block_count"].contents() for p in (target, draft)
+    }
+    assert blocks == {"target.gguf": 1 + demo.PASSTHROUGH, "draft.gguf": 1}
+    # 12 blocks against 1, and one shared output head over a small vocabulary.
+    ratio = matmul_weights(target) / matmul_weights(draft)
+    assert 8 <= ratio <= 12
+    assert target.stat().st_size / draft.stat().st_size >= 8
+    # The speculative instance was rendered with the draft as its draft model.
+    argv = json.loads((demo_run.keep / "render" / "speculative.argv.json").read_text())
+    assert argv[argv.index("--spec-type") + 1] == "draft-simple"
+    assert argv[argv.index("--spec-draft-model") + 1] == str(draft)
+    assert "draft acceptance" in (demo_run.keep / "speculative.log").read_text()
+
+
+def test_table_without_the_gate(llama_server_bin: Path, tmp_path: Path) -> None:
+    env = {**os.environ, "COLUMNS": "200"}
+    result = llamanix(
+        *("demo", "--binary", str(llama_server_bin), "--keep", str(tmp_path)),
+        *("--tokens", "16", "--runs", "1", "--no-gate"),
+        env=env,
+    )
+    assert result.returncode == 0, result.stderr
+    rows = {
+        cells[0]: cells
+        for line in result.stdout.splitlines()
+        if line.startswith("│")
+        for cells in [[c.strip() for c in line.strip("│").split("│")]]
+    }
+    assert set(rows) == {"plain", "speculative"}, result.stdout
+    # instance, speculation, tok/s, client, TTFT ms, wall s, accepted/drafted, acceptance
+    assert rows["plain"][1] == "none" and rows["plain"][7] == "-"
+    accepted, drafted = (int(n) for n in rows["speculative"][6].split("/"))
+    assert drafted > 0 and accepted / drafted >= 0.9
+    assert "x the plain decode rate" in result.stdout
+    assert "bench gate" not in result.stdout
+    assert not (tmp_path / "deploy").exists()
+
+
+def test_bad_binary_is_one_line_exit_2(tmp_path: Path) -> None:
+    result = llamanix("demo", "--binary", str(tmp_path / "nope"), "--keep", str(tmp_path / "k"))
+    assert result.returncode == 2
+    assert result.stderr == (
+        f"llamanix demo: --binary: {tmp_path / 'nope'} is not an executable file "
+        "(give the path of a llama-server binary)\n"
+    )
+    assert not (tmp_path / "k").exists()
