@@ -300,7 +300,7 @@ def gate_plan(models: DemoModels) -> list[tuple[str, str, GateOutcome, list[str]
     return [
         (
             "baseline",
-            "plain, context 1024 -> 2048: the first bench, the baseline",
+            "plain, context 1024 -> 2048: no effect on decode speed",
             "kept",
             ["instances.chat.context=2048"],
         ),
