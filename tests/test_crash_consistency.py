@@ -22,13 +22,13 @@ from typing import Any
 
 import httpx
 import pytest
+from up_process import DEADLINE_S, start_up, status, stop_up
 
 from llamanix.deploy.crash_point import CRASH_ENV, CRASH_POINTS, CrashPoint
 from llamanix.measure.server_process import free_port
 
 pytestmark = pytest.mark.server
 
-DEADLINE_S = 120.0
 SET_1024 = ("--set", "instances.chat.context=1024")
 
 
@@ -54,14 +54,6 @@ def switch(cwd: Path, *extra: str, crash_at: CrashPoint | None = None) -> Any:
     return llamanix(
         "switch", "llamanix.toml", "--manager", "up", *extra, cwd=cwd, crash_at=crash_at
     )
-
-
-def status(units: Path) -> dict[str, Any]:
-    try:
-        data: dict[str, Any] = json.loads((units / "up-status.json").read_text())
-        return data
-    except (FileNotFoundError, json.JSONDecodeError):
-        return {}
 
 
 def chat_status(units: Path) -> dict[str, Any]:
@@ -154,26 +146,13 @@ def host(tmp_path: Path, llama_server_bin: Path, synth_models: Any) -> Iterator[
         f'model = "{synth_models.target}"\nport = {port}\ncontext = 512\nthreads = 1\n'
         'alias = "synthetic"\n'
     )
-    up = subprocess.Popen(
-        [sys.executable, "-m", "llamanix", "up", "llamanix.toml", "--host", "dev"],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
+    up = start_up(tmp_path)
     found = Host(tmp_path, port, up)
     try:
         found.wait_settled()
         yield found
     finally:
-        if up.poll() is None:
-            up.send_signal(signal.SIGINT)
-            try:
-                up.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(up.pid, signal.SIGKILL)
-                up.wait()
+        stop_up(up)
     assert servers_on(port) == [], "llamanix up left a llama-server behind"
 
 

@@ -17,12 +17,11 @@ from typing import Any
 
 import httpx
 import pytest
+from up_process import DEADLINE_S, running_up, status
 
 from llamanix.measure.server_process import free_port
 
 pytestmark = pytest.mark.server
-
-DEADLINE_S = 120.0
 
 
 def llamanix(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -51,14 +50,6 @@ def serving(url: str) -> bool:
     return health.status_code == 200 and chat.status_code == 200 and bool(chat.json()["choices"])
 
 
-def status(units: Path) -> dict[str, Any]:
-    try:
-        data: dict[str, Any] = json.loads((units / "up-status.json").read_text())
-        return data
-    except (FileNotFoundError, json.JSONDecodeError):
-        return {}
-
-
 def settled_files(d: Path) -> None:
     """No half-written file anywhere: no temp files left, every JSON file parses."""
     assert [p for p in d.rglob("*") if p.name.endswith(".tmp")] == []
@@ -83,30 +74,8 @@ def deploy_dir(tmp_path: Path, llama_server_bin: Path, synth_models: Any) -> Pat
 
 @pytest.fixture
 def up(deploy_dir: Path) -> Iterator[subprocess.Popen[str]]:
-    units = deploy_dir / ".llamanix-state" / "dev" / "up"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "llamanix", "up", "llamanix.toml", "--host", "dev"],
-        cwd=deploy_dir,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        deadline = time.monotonic() + DEADLINE_S
-        while status(units).get("instances", {}).get("chat", {}).get("state") != "running":
-            assert proc.poll() is None, proc.communicate()[0]
-            assert time.monotonic() < deadline, "llamanix up did not start the instance"
-            time.sleep(0.1)
+    with running_up(deploy_dir) as proc:
         yield proc
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
 
 
 def test_switch_gate_and_rollback_with_up(deploy_dir: Path, up: subprocess.Popen[str]) -> None:

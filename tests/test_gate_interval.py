@@ -10,18 +10,15 @@ draft model that is rarely accepted, asked for 16 tokens a step) is rolled back 
 from __future__ import annotations
 
 import json
-import os
-import signal
 import statistics
 import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from test_deploy_e2e import llamanix, serving, settled_files, status
+from test_deploy_e2e import llamanix, serving, settled_files
+from up_process import running_up, status
 
 from llamanix.deploy.gate import BASELINE_RUNS, BENCH_RUNS, Baseline, resolve
 from llamanix.measure.interval import (
@@ -122,8 +119,6 @@ def test_stored_baselines() -> None:
 
 # --- the gate on the real server --------------------------------------------------------------
 
-DEADLINE_S = 120.0
-
 
 @pytest.fixture
 def gate_dir(tmp_path: Path, llama_server_bin: Path, synth_models: SynthModels) -> Path:
@@ -139,30 +134,8 @@ def gate_dir(tmp_path: Path, llama_server_bin: Path, synth_models: SynthModels) 
 
 @pytest.fixture
 def up(gate_dir: Path) -> Iterator[subprocess.Popen[str]]:
-    units = gate_dir / ".llamanix-state" / "dev" / "up"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "llamanix", "up", "llamanix.toml", "--host", "dev"],
-        cwd=gate_dir,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        deadline = time.monotonic() + DEADLINE_S
-        while status(units).get("instances", {}).get("chat", {}).get("state") != "running":
-            assert proc.poll() is None, "llamanix up exited"
-            assert time.monotonic() < deadline, "llamanix up did not start the instance"
-            time.sleep(0.1)
+    with running_up(gate_dir, subprocess.DEVNULL) as proc:
         yield proc
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
 
 
 def switch_json(gate_dir: Path, *args: str) -> tuple[int, dict[str, Any], str]:

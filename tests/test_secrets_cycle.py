@@ -8,31 +8,19 @@ is not vacuous.
 from __future__ import annotations
 
 import json
-import os
 import secrets
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from up_process import start_up, stop_up, wait_running
 
 from llamanix.measure.server_process import free_port
 
 pytestmark = pytest.mark.server
-
-DEADLINE_S = 120.0
-
-
-def status(units: Path) -> dict[str, Any]:
-    try:
-        data: dict[str, Any] = json.loads((units / "up-status.json").read_text())
-        return data
-    except (FileNotFoundError, json.JSONDecodeError):
-        return {}
 
 
 def descendants(root: int) -> list[int]:
@@ -84,19 +72,9 @@ def test_api_key_never_leaks(tmp_path: Path, llama_server_bin: Path, synth_model
     units = work / ".llamanix-state" / "dev" / "up"
     up_log = cycle_dir / "up.log"
     with up_log.open("w") as log:
-        up = subprocess.Popen(
-            [sys.executable, "-m", "llamanix", "up", "llamanix.toml", "--host", "dev"],
-            cwd=work,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        up = start_up(work, log)
     try:
-        deadline = time.monotonic() + DEADLINE_S
-        while status(units).get("instances", {}).get("chat", {}).get("state") != "running":
-            assert up.poll() is None, up_log.read_text()
-            assert time.monotonic() < deadline, up_log.read_text()
-            time.sleep(0.1)
+        wait_running(up, units, explain=up_log.read_text)
         url = f"http://127.0.0.1:{port}"
 
         # The key is in effect: without it the API refuses, with it the server answers.
@@ -197,13 +175,7 @@ def test_api_key_never_leaks(tmp_path: Path, llama_server_bin: Path, synth_model
         back = llamanix("rollback", "llamanix.toml")
         assert back.returncode == 0, back.stdout + back.stderr
     finally:
-        if up.poll() is None:
-            up.send_signal(signal.SIGINT)
-            try:
-                up.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(up.pid, signal.SIGKILL)
-                up.wait()
+        stop_up(up)
 
     # Every file llamanix wrote (state, renders, argv files, logs, bench JSON, generations).
     written = [p for p in cycle_dir.rglob("*") if p.is_file() and p != key_file]

@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -24,6 +23,7 @@ from typing import Any
 import httpx
 import pytest
 from conftest import SESSION_TAG_ENV
+from up_process import start_up, stop_up
 
 from llamanix.deploy.supervisor import STATUS, read_status
 from llamanix.measure.client import LlamaClient
@@ -94,21 +94,14 @@ class Host:
         return mine
 
 
-def start_up(tmp_path: Path, model: Path, server: Path) -> Host:
+def start_host(tmp_path: Path, model: Path, server: Path) -> Host:
     port = free_port()
     (tmp_path / "llamanix.toml").write_text(
         f'[hosts.dev]\nkind = "systemd"\nbinaries = {{ upstream = "{server}" }}\n'
         "\n[instances.chat]\n"
         f'model = "{model}"\nport = {port}\ncontext = 512\nthreads = 1\nalias = "synthetic"\n'
     )
-    up = subprocess.Popen(
-        [sys.executable, "-m", "llamanix", "up", "llamanix.toml", "--host", "dev"],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
+    up = start_up(tmp_path)
     host = Host(tmp_path, port, up)
     assert up.stdout is not None
     stream = up.stdout
@@ -116,26 +109,20 @@ def start_up(tmp_path: Path, model: Path, server: Path) -> Host:
     return host
 
 
-def stop_up(host: Host) -> None:
-    if host.up.poll() is None:
-        host.up.send_signal(signal.SIGINT)
-        try:
-            host.up.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(host.up.pid, signal.SIGKILL)
-            host.up.wait()
+def stop_host(host: Host) -> None:
+    stop_up(host.up)
     assert host.servers() == [], "a llama-server outlived llamanix up"
     assert not (host.units / STATUS).exists()
 
 
 @pytest.fixture
 def host(tmp_path: Path, llama_server_bin: Path, synth_models: Any) -> Iterator[Host]:
-    found = start_up(tmp_path, synth_models.target, llama_server_bin)
+    found = start_host(tmp_path, synth_models.target, llama_server_bin)
     try:
         found.wait_for("the first start", 120, lambda s: s.get("state") == "running")
         yield found
     finally:
-        stop_up(found)
+        stop_host(found)
 
 
 def test_up_restarts_the_server_killed_under_load(host: Host) -> None:
@@ -232,7 +219,7 @@ def test_up_gives_up_after_start_limit_burst(
     good = synth_models.target.read_bytes()
     broken = tmp_path / "broken.gguf"
     broken.write_bytes(good[: len(good) // 2])
-    host = start_up(tmp_path, broken, llama_server_bin)
+    host = start_host(tmp_path, broken, llama_server_bin)
     try:
         unit = host.dir / ".llamanix-state" / "dev" / "up" / "llamanix-chat.service"
         final = host.wait_for(
@@ -253,4 +240,4 @@ def test_up_gives_up_after_start_limit_burst(
         assert host.up.poll() is None
         assert host.servers() == []
     finally:
-        stop_up(host)
+        stop_host(host)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +37,30 @@ from llamanix.measure.gguf_info import CACHE_TYPES, GgufInfo, read_gguf
 from llamanix.measure.server_log import parse_server_log
 
 _LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
+
+
+@contextmanager
+def _progress_bar(
+    console: Console, label: str, total: int
+) -> Iterator[benchmod.ProgressHook | None]:
+    """A bar on a terminal; None when stdout is a pipe or a file, so logs get no escape codes."""
+    if not sys.stdout.isatty():
+        yield None
+        return
+    with Progress(
+        TextColumn("[progress.description]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as bar:
+        task = bar.add_task(label, total=total)
+
+        def step(what: str) -> None:
+            bar.update(task, advance=1, description=what)
+
+        yield step
 
 
 def _console() -> Console:
@@ -165,23 +191,8 @@ def _run_bench(ctx: click.Context, opts: BenchOptions) -> None:
     prompt_list = benchmod.load_prompts(opts.prompts)
     api_key = read_api_key(opts.api_key_file) if opts.api_key_file else None
     console = _console()
-    if sys.stdout.isatty():
-        with Progress(
-            TextColumn("[progress.description]{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=console,
-            transient=True,
-        ) as bar:
-            task = bar.add_task("bench", total=benchmod.planned_steps(settings, prompt_list))
-
-            def step(kind: str) -> None:
-                bar.update(task, advance=1, description=kind)
-
-            result = benchmod.run_bench(settings, prompt_list, api_key=api_key, progress=step)
-    else:
-        result = benchmod.run_bench(settings, prompt_list, api_key=api_key)
+    with _progress_bar(console, "bench", benchmod.planned_steps(settings, prompt_list)) as step:
+        result = benchmod.run_bench(settings, prompt_list, api_key=api_key, progress=step)
     _bench_ceiling(result, opts.url, opts.gpu, opts.gguf)
     if opts.as_json:
         _echo_json(result.to_json())
@@ -467,23 +478,10 @@ def lossless_cmd(
     prompt_list = benchmod.load_prompts(prompts)
     api_key = read_api_key(api_key_file) if api_key_file else None
     console = _console()
-    if sys.stdout.isatty():
-        with Progress(
-            TextColumn("[progress.description]{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=console,
-            transient=True,
-        ) as bar:
-            task = bar.add_task("lossless", total=losslessmod.planned_steps(settings, prompt_list))
-
-            def step(what: str) -> None:
-                bar.update(task, advance=1, description=what)
-
-            result = losslessmod.run_lossless(settings, prompt_list, api_key=api_key, progress=step)
-    else:
-        result = losslessmod.run_lossless(settings, prompt_list, api_key=api_key)
+    with _progress_bar(
+        console, "lossless", losslessmod.planned_steps(settings, prompt_list)
+    ) as step:
+        result = losslessmod.run_lossless(settings, prompt_list, api_key=api_key, progress=step)
     data = result.to_json()
     if as_json:
         _echo_json(data)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -31,7 +31,7 @@ from rich.table import Table
 
 from llamanix import __version__
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
-from llamanix.measure.bench import DEFAULT_SEED, Prompt
+from llamanix.measure.bench import DEFAULT_SEED, ProgressHook, Prompt
 from llamanix.measure.client import LlamaClient
 
 RESULT_FORMAT = "llamanix-lossless/1"
@@ -442,9 +442,6 @@ class LosslessResult:
             "failed": self.failed,
             "workloads": [w.to_json() for w in self.workloads],
         }
-
-
-ProgressHook = Callable[[str], None]
 
 
 def planned_steps(settings: LosslessSettings, prompts: Sequence[Prompt]) -> int:
