@@ -32,7 +32,7 @@ from llamanix.measure.ceiling import (
     find_gpu,
     parse_bytes,
 )
-from llamanix.measure.client import read_api_key
+from llamanix.measure.client import check_url, read_api_key
 from llamanix.measure.gguf_info import CACHE_TYPES, GgufInfo, read_gguf
 from llamanix.measure.server_log import parse_server_log
 
@@ -149,16 +149,7 @@ def _run_bench(ctx: click.Context, opts: BenchOptions) -> None:
                 "pass --url http://HOST:PORT of a running llama-server",
             )
         )
-    parsed = urlparse(opts.url)
-    if parsed.scheme not in ("http", "https") or not parsed.netloc:
-        raise UserError(
-            Problem(
-                "llamanix bench",
-                "--url",
-                f"{opts.url!r} is not an http(s) URL",
-                "write e.g. http://127.0.0.1:8080",
-            )
-        )
+    check_url(opts.url, "llamanix bench", "--url")
     for name, value, least in (
         ("--runs", opts.runs, 1),
         ("--warmup", opts.warmup, 0),
@@ -465,8 +456,8 @@ def lossless_cmd(
     texts first differ, and whether tool calls keep their structure. Exit 1 when a prompt
     marked must_match (or any, with --strict) differs.
     """
-    losslessmod.check_url(url_a, "URL_A")
-    losslessmod.check_url(url_b, "URL_B")
+    check_url(url_a, "llamanix lossless", "URL_A")
+    check_url(url_b, "llamanix lossless", "URL_B")
     for name, value in (("--runs", runs), ("--max-tokens", max_tokens)):
         if value < 1:
             raise UserError(

@@ -179,13 +179,14 @@ class HostState:
             for staging in sorted(self.generations_dir.glob(".*.tmp")):
                 shutil.rmtree(staging, ignore_errors=True)
                 notes.append(f"removed {staging.name}, a generation a killed switch never finished")
-        folders = [self.root, self.root / "bench", *(g.path for g in self.generations())]
+        generations = self.generations()
+        folders = [self.root, self.root / "bench", *(g.path for g in generations)]
         for folder in folders:
             # atomic_write's temporary files: ``.NAME.RANDOM.tmp`` beside NAME.
             for tmp in folder.glob(".*.tmp") if folder.is_dir() else ():
                 if tmp.is_file():
                     tmp.unlink(missing_ok=True)
-        for gen in self.generations():
+        for gen in generations:
             if gen.gate == "pending":
                 gate = gen.result.get("gate") or {}
                 gen.update(gate={**gate, "result": INTERRUPTED}, interrupted=now())

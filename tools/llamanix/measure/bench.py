@@ -45,7 +45,7 @@ import httpx
 
 from llamanix import __version__
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
-from llamanix.measure.client import LlamaClient
+from llamanix.measure.client import LlamaClient, error_message
 from llamanix.measure.metrics import MetricsSnapshot, metrics_delta
 
 DEFAULT_MAX_TOKENS = (100, 500, 1000, 2000)
@@ -697,10 +697,7 @@ def _sse_events(lines: Iterator[str]) -> Iterator[dict[str, Any]]:
 
 
 def _http_error(url: str, status: int, text: str) -> Exception:
-    try:
-        message = json.loads(text)["error"]["message"]
-    except (ValueError, KeyError, TypeError):
-        message = text.strip()[:300]
+    message = error_message(text)
     if status in (400, 401, 403, 404):
         fix = {
             401: "pass --api-key-file",

@@ -9,12 +9,14 @@ the caller, so the methods return responses or parsed data and raise ``httpx`` e
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
 from typing import Any
+from urllib.parse import urlparse
 
 import httpx
 
@@ -42,6 +44,29 @@ def read_api_key(path: Path, field: str = "--api-key-file") -> str | None:
                 "give a readable file holding the key",
             )
         ) from None
+
+
+def check_url(url: str, command: str, argument: str) -> None:
+    """One line naming ``command``'s ``argument`` when ``url`` is not an http(s) URL."""
+    parsed = urlparse(url)
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        raise UserError(
+            Problem(
+                command,
+                argument,
+                f"{url!r} is not an http(s) URL",
+                "write e.g. http://127.0.0.1:8080",
+            )
+        )
+
+
+def error_message(text: str) -> str:
+    """What a refused request says: llama-server's ``{"error": {"message": ...}}``, else the
+    body itself (cut to 300 characters: an HTML error page says nothing more after that)."""
+    try:
+        return str(json.loads(text)["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return text.strip()[:300]
 
 
 class NotServing(Exception):

@@ -21,7 +21,6 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
-from urllib.parse import urlparse
 
 import httpx
 from rapidfuzz.distance import Levenshtein
@@ -32,7 +31,7 @@ from rich.table import Table
 from llamanix import __version__
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
 from llamanix.measure.bench import DEFAULT_SEED, ProgressHook, Prompt
-from llamanix.measure.client import LlamaClient
+from llamanix.measure.client import LlamaClient, error_message
 
 RESULT_FORMAT = "llamanix-lossless/1"
 DEFAULT_RUNS = 3
@@ -48,20 +47,6 @@ class LosslessSettings:
     runs: int = DEFAULT_RUNS
     seed: int = DEFAULT_SEED
     strict: bool = False  # every prompt must match, as if each said "must_match": true
-
-
-def check_url(url: str, argument: str) -> None:
-    """One line naming ``argument`` when ``url`` is not an http(s) URL."""
-    parsed = urlparse(url)
-    if parsed.scheme not in ("http", "https") or not parsed.netloc:
-        raise UserError(
-            Problem(
-                "llamanix lossless",
-                argument,
-                f"{url!r} is not an http(s) URL",
-                "write e.g. http://127.0.0.1:8080",
-            )
-        )
 
 
 # --- tool calls: what must survive even when the prose drifts --------------------------------
@@ -226,13 +211,6 @@ def request_body(prompt: Prompt, settings: LosslessSettings) -> dict[str, Any]:
     return body
 
 
-def _error_message(resp: httpx.Response) -> str:
-    try:
-        return str(resp.json()["error"]["message"])[:300]
-    except (ValueError, KeyError, TypeError):
-        return resp.text.strip()[:300]
-
-
 def ask(client: LlamaClient, body: dict[str, Any]) -> Answer:
     url = client.url
     try:
@@ -248,12 +226,14 @@ def ask(client: LlamaClient, body: dict[str, Any]) -> Answer:
             Problem(
                 url,
                 "--prompts",
-                f"HTTP 400: {_error_message(resp)}",
+                f"HTTP 400: {error_message(resp.text)[:300]}",
                 "check the prompts; tools need a server started with --jinja",
             )
         )
     if resp.status_code != 200:
-        raise ExternalCommandError(f"{url}: HTTP {resp.status_code}: {_error_message(resp)}")
+        raise ExternalCommandError(
+            f"{url}: HTTP {resp.status_code}: {error_message(resp.text)[:300]}"
+        )
     try:
         data = resp.json()
     except ValueError:

@@ -142,14 +142,18 @@ def ip_allow_list(listen: str) -> tuple[str, ...] | None:
     return None
 
 
+def _flags(argv: list[str]) -> set[str]:
+    """The flag names in argv (``--x=v`` counts as ``--x``)."""
+    return {token.split("=", 1)[0] for token in argv}
+
+
 def downloads(argv: list[str]) -> bool:
-    return bool({token.split("=", 1)[0] for token in argv} & _DOWNLOAD_FLAGS)
+    return bool(_flags(argv) & _DOWNLOAD_FLAGS)
 
 
 def needs_resource_syscalls(argv: list[str], environment: Mapping[str, str]) -> bool:
     """Whether the instance pins threads or sets priorities/NUMA policy (the @resources group)."""
-    flags = {token.split("=", 1)[0] for token in argv}
-    return bool(flags & _RESOURCE_FLAGS) or bool(set(environment) & _RESOURCE_ENV)
+    return bool(_flags(argv) & _RESOURCE_FLAGS) or bool(set(environment) & _RESOURCE_ENV)
 
 
 def _environment_line(key: str, value: str, expand: bool = False) -> str:
