@@ -22,10 +22,12 @@ from typing import Any
 
 import httpx
 import pytest
-from up_process import DEADLINE_S, start_up, status, stop_up
 
 from llamanix.deploy.crash_point import CRASH_ENV, CRASH_POINTS, CrashPoint
 from llamanix.measure.server_process import free_port
+from llamanix.testbed.up_process import start_up, stop_up, up_status
+
+DEADLINE_S = 120.0
 
 pytestmark = pytest.mark.server
 
@@ -57,7 +59,7 @@ def switch(cwd: Path, *extra: str, crash_at: CrashPoint | None = None) -> Any:
 
 
 def chat_status(units: Path) -> dict[str, Any]:
-    data: dict[str, Any] = status(units).get("instances", {}).get("chat", {})
+    data: dict[str, Any] = up_status(units).get("instances", {}).get("chat", {})
     return data
 
 
@@ -146,7 +148,7 @@ def host(tmp_path: Path, llama_server_bin: Path, synth_models: Any) -> Iterator[
         f'model = "{synth_models.target}"\nport = {port}\ncontext = 512\nthreads = 1\n'
         'alias = "synthetic"\n'
     )
-    up = start_up(tmp_path)
+    up = start_up(tmp_path / "llamanix.toml", "dev")
     found = Host(tmp_path, port, up)
     try:
         found.wait_settled()

@@ -17,9 +17,11 @@ from typing import Any
 
 import httpx
 import pytest
-from up_process import DEADLINE_S, running_up, status
 
 from llamanix.measure.server_process import free_port
+from llamanix.testbed.up_process import running_up, up_status
+
+DEADLINE_S = 120.0
 
 pytestmark = pytest.mark.server
 
@@ -74,16 +76,16 @@ def deploy_dir(tmp_path: Path, llama_server_bin: Path, synth_models: Any) -> Pat
 
 @pytest.fixture
 def up(deploy_dir: Path) -> Iterator[subprocess.Popen[str]]:
-    with running_up(deploy_dir) as proc:
+    with running_up(deploy_dir / "llamanix.toml", "dev", "chat", deadline_s=DEADLINE_S) as proc:
         yield proc
 
 
 def test_switch_gate_and_rollback_with_up(deploy_dir: Path, up: subprocess.Popen[str]) -> None:
     config = deploy_dir / "llamanix.toml"
     units = deploy_dir / ".llamanix-state" / "dev" / "up"
-    url = status(units)["instances"]["chat"]["url"]
+    url = up_status(units)["instances"]["chat"]["url"]
     assert n_ctx(url) == 512
-    first_pid = status(units)["instances"]["chat"]["pid"]
+    first_pid = up_status(units)["instances"]["chat"]["pid"]
 
     # 1. A switch that passes the smoke gate (health, chat, /metrics): the new generation serves.
     ok = llamanix(
@@ -101,7 +103,7 @@ def test_switch_gate_and_rollback_with_up(deploy_dir: Path, up: subprocess.Popen
     )
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert n_ctx(url) == 1024 and serving(url)
-    assert status(units)["instances"]["chat"]["pid"] != first_pid
+    assert up_status(units)["instances"]["chat"]["pid"] != first_pid
     good_config = config.read_text()
     good_units = {p.name: p.read_text() for p in units.glob("llamanix-*.service")}
 
@@ -166,7 +168,7 @@ def test_switch_gate_and_rollback_with_up(deploy_dir: Path, up: subprocess.Popen
     assert "context = 512" in config.read_text()
 
     # Ctrl-C stops everything `up` started.
-    pid = status(units)["instances"]["chat"]["pid"]
+    pid = up_status(units)["instances"]["chat"]["pid"]
     up.send_signal(signal.SIGINT)
     assert up.wait(timeout=30) == 0
     with pytest.raises(ProcessLookupError):
@@ -178,12 +180,12 @@ def test_up_restarts_a_crashed_instance(deploy_dir: Path, up: subprocess.Popen[s
     units = deploy_dir / ".llamanix-state" / "dev" / "up"
     # The rendered unit says Restart=on-failure, RestartSec=10s: a SIGKILL is a failure.
     unit = units / "llamanix-chat.service"
-    before = status(units)["instances"]["chat"]
+    before = up_status(units)["instances"]["chat"]
     assert before["starts"] == 1
     os.kill(int(before["pid"]), signal.SIGKILL)
     deadline = time.monotonic() + DEADLINE_S
     while True:
-        now = status(units)["instances"]["chat"]
+        now = up_status(units)["instances"]["chat"]
         if now["state"] == "running" and now["starts"] == 2:
             break
         assert time.monotonic() < deadline, now

@@ -17,8 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from test_deploy_e2e import llamanix, serving, settled_files
-from up_process import running_up, status
+from test_deploy_e2e import DEADLINE_S, llamanix, serving, settled_files
 
 from llamanix.deploy.gate import BASELINE_RUNS, BENCH_RUNS, Baseline, resolve
 from llamanix.measure.interval import (
@@ -29,6 +28,7 @@ from llamanix.measure.interval import (
     threshold_of,
 )
 from llamanix.measure.server_process import free_port
+from llamanix.testbed.up_process import running_up, up_status
 
 if TYPE_CHECKING:
     from conftest import SynthModels
@@ -134,7 +134,9 @@ def gate_dir(tmp_path: Path, llama_server_bin: Path, synth_models: SynthModels) 
 
 @pytest.fixture
 def up(gate_dir: Path) -> Iterator[subprocess.Popen[str]]:
-    with running_up(gate_dir, subprocess.DEVNULL) as proc:
+    with running_up(
+        gate_dir / "llamanix.toml", "dev", "chat", subprocess.DEVNULL, deadline_s=DEADLINE_S
+    ) as proc:
         yield proc
 
 
@@ -185,7 +187,7 @@ def test_bench_gate_keeps_runs_and_judges_by_interval(
 ) -> None:
     config = gate_dir / "llamanix.toml"
     state = gate_dir / ".llamanix-state" / "dev"
-    url = status(state / "up")["instances"]["chat"]["url"]
+    url = up_status(state / "up")["instances"]["chat"]["url"]
 
     # (a) The first bench: nothing to compare with, its runs are kept as the baseline.
     code, first, err = switch_json(

@@ -16,9 +16,9 @@ from typing import Any
 
 import httpx
 import pytest
-from up_process import start_up, stop_up, wait_running
 
 from llamanix.measure.server_process import free_port
+from llamanix.testbed.up_process import start_up, stop_up, wait_running
 
 pytestmark = pytest.mark.server
 
@@ -72,9 +72,9 @@ def test_api_key_never_leaks(tmp_path: Path, llama_server_bin: Path, synth_model
     units = work / ".llamanix-state" / "dev" / "up"
     up_log = cycle_dir / "up.log"
     with up_log.open("w") as log:
-        up = start_up(work, log)
+        up = start_up(work / "llamanix.toml", "dev", log)
     try:
-        wait_running(up, units, explain=up_log.read_text)
+        wait_running(up, units, "chat", explain=up_log.read_text, deadline_s=120.0)
         url = f"http://127.0.0.1:{port}"
 
         # The key is in effect: without it the API refuses, with it the server answers.

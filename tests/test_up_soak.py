@@ -23,11 +23,11 @@ from typing import Any
 import httpx
 import pytest
 from conftest import SESSION_TAG_ENV
-from up_process import start_up, stop_up
 
 from llamanix.deploy.supervisor import STATUS, read_status
 from llamanix.measure.client import LlamaClient
 from llamanix.measure.server_process import free_port, processes_with_env
+from llamanix.testbed.up_process import start_up, stop_up
 
 pytestmark = pytest.mark.server
 
@@ -101,7 +101,7 @@ def start_host(tmp_path: Path, model: Path, server: Path) -> Host:
         "\n[instances.chat]\n"
         f'model = "{model}"\nport = {port}\ncontext = 512\nthreads = 1\nalias = "synthetic"\n'
     )
-    up = start_up(tmp_path)
+    up = start_up(tmp_path / "llamanix.toml", "dev")
     host = Host(tmp_path, port, up)
     assert up.stdout is not None
     stream = up.stdout

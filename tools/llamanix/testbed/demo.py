@@ -20,11 +20,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -35,12 +33,11 @@ from rich.table import Table
 
 from llamanix.core.config import load_config
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
-from llamanix.deploy.supervisor import read_status
 from llamanix.external.files import atomic_write
 from llamanix.measure import bench
 from llamanix.measure.server_process import LlamaServer, free_port
 from llamanix.render.units import render_host, write_render
-from llamanix.testbed import server_build
+from llamanix.testbed import server_build, up_process
 from llamanix.testbed.synth import SynthSpec, synth_model
 
 INSTANCES = ("plain", "speculative")
@@ -63,7 +60,6 @@ GOOD_N_MAX, GOOD_P_MIN = 8, 0.6
 # 17 tokens for about one it keeps.
 BAD_N_MAX, BAD_P_MIN = 16, 0.0
 MAX_REGRESSION_PCT = 5.0
-UP_START_S = 180.0
 GateOutcome = Literal["kept", "rolled back"]
 
 
@@ -348,34 +344,17 @@ def run_switch(config: Path, sets: list[str], log: Path) -> tuple[GateOutcome, s
 @contextlib.contextmanager
 def running_up(config: Path, log: Path) -> Iterator[Path]:
     """``llamanix up`` on the deploy config until the block ends; yields its units directory."""
-    units = config.parent / ".llamanix-state" / "local" / "up"
-    with log.open("ab") as out:
-        proc = subprocess.Popen(
-            _llamanix("up", str(config), "--host", "local"),
-            cwd=config.parent,
+    with (
+        log.open("ab") as out,
+        up_process.running_up(
+            config,
+            "local",
+            "chat",
             stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # its llama-servers go down with it, whatever happens here
-        )
-    try:
-        deadline = time.monotonic() + UP_START_S
-        while True:
-            status = read_status(units) or {}
-            if status.get("instances", {}).get("chat", {}).get("state") == "running":
-                break
-            if proc.poll() is not None or time.monotonic() > deadline:
-                tail = log.read_text(errors="replace").strip()[-1000:]
-                raise ExternalCommandError(f"llamanix up did not start (log: {log}):\n{tail}")
-            time.sleep(0.2)
-        yield units
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)  # up stops its instances on Ctrl-C
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+            explain=lambda: f"(log: {log})\n" + log.read_text(errors="replace").strip()[-1000:],
+        ),
+    ):
+        yield up_process.up_units(config, "local")
 
 
 def deploy_loop(binary: Path, models: DemoModels, work: Path, console: Console) -> list[GateStep]:

@@ -1,0 +1,105 @@
+"""`llamanix up` as a child process, as the demo's deploy loop and the deploy tests run it:
+start it on a config, wait until an instance runs, and stop it the way an operator would
+(SIGINT, then SIGKILL of its whole process group when it does not stop in time)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Any
+
+from llamanix.core.errors import ExternalCommandError
+from llamanix.deploy.supervisor import read_status
+
+UP_START_S = 180.0
+STOP_S = 30.0
+POLL_S = 0.1
+
+
+def up_units(config: Path, host: str) -> Path:
+    """Where `llamanix up` keeps HOST's manifest and status for CONFIG."""
+    return config.parent / ".llamanix-state" / host / "up"
+
+
+def up_status(units: Path) -> dict[str, Any]:
+    """up's status file, or {} while there is none (before the start, after the stop)."""
+    return read_status(units) or {}
+
+
+def instance_state(units: Path, instance: str) -> str | None:
+    state = up_status(units).get("instances", {}).get(instance, {}).get("state")
+    return str(state) if state is not None else None
+
+
+def start_up(
+    config: Path, host: str, stdout: IO[Any] | int = subprocess.PIPE
+) -> subprocess.Popen[str]:
+    """`llamanix up CONFIG --host HOST` in CONFIG's directory, in its own process group, so its
+    llama-servers go down with it whatever happens to the caller."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "llamanix", "up", config.name, "--host", host],
+        cwd=config.parent,
+        stdout=stdout,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def stop_up(proc: subprocess.Popen[str]) -> None:
+    """SIGINT, as Ctrl-C would (up stops its instances); a group that outlives STOP_S is killed."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=STOP_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def wait_running(
+    proc: subprocess.Popen[str],
+    units: Path,
+    instance: str,
+    explain: Callable[[], str] | None = None,
+    deadline_s: float = UP_START_S,
+) -> None:
+    """Until up reports INSTANCE running; one error with up's output (``explain``, or what it
+    printed to a pipe) when up exits first or the deadline passes."""
+    deadline = time.monotonic() + deadline_s
+    while instance_state(units, instance) != "running":
+        exited = proc.poll() is not None
+        if exited or time.monotonic() > deadline:
+            if explain is not None:
+                output = explain()
+            elif exited and proc.stdout is not None:
+                output = proc.communicate()[0]
+            else:
+                output = ""
+            why = "exited" if exited else f"did not start {instance} within {deadline_s:g}s"
+            raise ExternalCommandError(f"llamanix up {why}:\n{output}".rstrip())
+        time.sleep(POLL_S)
+
+
+@contextmanager
+def running_up(
+    config: Path,
+    host: str,
+    instance: str,
+    stdout: IO[Any] | int = subprocess.PIPE,
+    explain: Callable[[], str] | None = None,
+    deadline_s: float = UP_START_S,
+) -> Iterator[subprocess.Popen[str]]:
+    """`llamanix up` with INSTANCE running until the block ends; stopped on the way out."""
+    proc = start_up(config, host, stdout)
+    try:
+        wait_running(proc, up_units(config, host), instance, explain, deadline_s)
+        yield proc
+    finally:
+        stop_up(proc)
