@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
+import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -22,7 +24,9 @@ import pytest
 from llamanix.core.errors import UserError
 from llamanix.external import llama_server
 from llamanix.measure.server_process import LlamaServer, processes_with_env
-from llamanix.testbed import server_build
+from llamanix.external import pip
+from llamanix.testbed import hosts, server_build
+from llamanix.testbed.demo import DemoModels, write_models
 from llamanix.testbed.synth import SynthSpec, synth_model
 
 SESSION_TAG_ENV = "LLAMANIX_TEST_SESSION"
@@ -123,3 +127,95 @@ def server_factory(tmp_path: Path) -> Iterator[ServerFactory]:
     yield start
     for server in started:
         server.stop()
+
+
+# --- real systemd hosts (llamanix.testbed.hosts) ---------------------------------------------
+
+REPO = Path(__file__).resolve().parent.parent
+# Figures the host tests measured (exposure, timings), printed at the end of the run.
+HOST_FIGURES: list[str] = []
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if HOST_FIGURES:
+        terminalreporter.section("figures from the real systemd hosts")
+        for line in HOST_FIGURES:
+            terminalreporter.write_line(line)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # One boot per host and module: pytest groups a module-scoped parametrized fixture's tests
+    # by host only when they are ordered so; keep each host's tests together.
+    def host_param(item: pytest.Item) -> str:
+        callspec = getattr(item, "callspec", None)
+        return str(callspec.params.get("host", "")) if callspec else ""
+
+    items.sort(key=lambda item: (item.fspath.strpath, host_param(item)))
+
+
+@pytest.fixture(scope="session")
+def host_bed() -> None:
+    """The host test bed needs root (systemd-nspawn) and its two programs; skip only where the
+    machine cannot boot a container at all, and say why in one line."""
+    if os.geteuid() != 0:
+        pytest.skip("host tests boot containers with systemd-nspawn, which needs root")
+    for program, package in (("systemd-nspawn", "systemd-container"), ("mmdebstrap", "mmdebstrap")):
+        if shutil.which(program) is None:
+            pytest.fail(f"{program} is missing: apt-get install {package} (.ci/run does)")
+
+
+@pytest.fixture(scope="session")
+def project_wheel(host_bed: None, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """This checkout's wheel, built once per test run."""
+    return pip.wheel(REPO, tmp_path_factory.mktemp("dist"))
+
+
+@dataclass(frozen=True)
+class HostModels:
+    tiny: Path  # the small confident model: quick to load, answers at once
+    demo: DemoModels  # the demo's target, good draft and unrelated (bad) draft
+
+
+@pytest.fixture(scope="session")
+def host_models(tmp_path_factory: pytest.TempPathFactory, vocab_dir: Path) -> HostModels:
+    out = tmp_path_factory.mktemp("host-models")
+    tiny = synth_model(
+        SynthSpec(vocab=vocab_dir / "ggml-vocab-llama-spm.gguf", seed=1), out / "tiny.gguf"
+    )
+    return HostModels(tiny, write_models(out))
+
+
+@pytest.fixture(scope="module", params=hosts.HOST_NAMES)
+def host(
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    project_wheel: Path,
+    llama_server_bin: Path,
+    host_models: HostModels,
+) -> Iterator[hosts.Host]:
+    """A booted Debian host with llamanix installed as a user installs it (a venv under /opt),
+    the CPU llama-server under /usr/local/bin, the models under /srv/models, and a normal user
+    whose manager lingers. One boot per host for each test module."""
+    name = str(request.param)
+    spec = hosts.SPECS[name]  # type: ignore[index]
+    deps = hosts.dependency_wheels(spec.python, hosts.requirements_of(REPO))
+    started = time.monotonic()
+    with hosts.booted(name, tmp_path_factory.mktemp(name)) as booted:
+        booted_s = time.monotonic() - started
+        hosts.install_llamanix(booted, project_wheel, deps)
+        hosts.install_llama_server(booted, llama_server_bin)
+        # A binary that cannot load: what a CUDA build on a machine without the driver does.
+        booted.write(
+            "/usr/local/bin/llama-server-broken",
+            "#!/bin/sh\necho 'llama-server: error while loading shared libraries: libcuda.so.1:"
+            " cannot open shared object file' >&2\nexit 127\n",
+            mode=0o755,
+        )
+        for model in (host_models.tiny, *vars(host_models.demo).values()):
+            booted.write(f"{hosts.MODELS}/{Path(model).name}", Path(model).read_bytes())
+        hosts.add_user(booted)
+        HOST_FIGURES.append(
+            f"{name} (systemd {spec.systemd}): booted in {booted_s:.1f}s, ready with llamanix "
+            f"in {time.monotonic() - started:.1f}s"
+        )
+        yield booted

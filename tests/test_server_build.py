@@ -268,7 +268,19 @@ def _tarball(path: Path, members: dict[str, bytes]) -> Path:
     return path
 
 
-def test_only_the_vendored_tree_is_unpacked(tmp_path: Path) -> None:
+@pytest.fixture(params=["native", "python-3.11.2"])
+def extraction(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Both extraction paths: tarfile's own "data" filter, and the rules applied by hand where
+    Python predates the filters (Debian 12's 3.11.2 has neither data_filter nor filter=)."""
+    if request.param == "python-3.11.2":
+        monkeypatch.setattr(sb, "_DATA_FILTER", None)
+        monkeypatch.setattr(sb, "_NO_FILTER", {})
+    elif sb._DATA_FILTER is None:
+        pytest.skip("this Python has no tarfile.data_filter")
+    return str(request.param)
+
+
+def test_only_the_vendored_tree_is_unpacked(tmp_path: Path, extraction: str) -> None:
     prefix = sb.VENDOR_PREFIX
     sdist = _tarball(
         tmp_path / "s.tar.gz",
@@ -282,9 +294,10 @@ def test_only_the_vendored_tree_is_unpacked(tmp_path: Path) -> None:
     src = tmp_path / "src"
     files = sorted(p.relative_to(src).as_posix() for p in src.rglob("*"))
     assert files == ["CMakeLists.txt", "models", "models/ggml-vocab-x.gguf"]
+    assert (src / "models/ggml-vocab-x.gguf").read_bytes() == b"GGUF"
 
 
-def test_member_escaping_the_tree_is_refused(tmp_path: Path) -> None:
+def test_member_escaping_the_tree_is_refused(tmp_path: Path, extraction: str) -> None:
     sdist = _tarball(
         tmp_path / "s.tar.gz",
         {
@@ -292,9 +305,24 @@ def test_member_escaping_the_tree_is_refused(tmp_path: Path) -> None:
             f"{sb.VENDOR_PREFIX}../../../escape.txt": b"x",
         },
     )
-    with pytest.raises(tarfile.OutsideDestinationError):
+    with pytest.raises((tarfile.TarError, ExternalCommandError)):
         sb.extract_vendor_tree(sdist, tmp_path / "out" / "src")
     assert not (tmp_path / "escape.txt").exists()
+
+
+def test_link_leaving_the_tree_is_refused(tmp_path: Path, extraction: str) -> None:
+    sdist = tmp_path / "s.tar.gz"
+    with tarfile.open(sdist, "w:gz") as tar:
+        info = tarfile.TarInfo(f"{sb.VENDOR_PREFIX}CMakeLists.txt")
+        info.size = 1
+        tar.addfile(info, io.BytesIO(b"x"))
+        link = tarfile.TarInfo(f"{sb.VENDOR_PREFIX}passwd")
+        link.type = tarfile.SYMTYPE
+        link.linkname = "/etc/passwd"
+        tar.addfile(link)
+    with pytest.raises((tarfile.TarError, ExternalCommandError)):
+        sb.extract_vendor_tree(sdist, tmp_path / "out" / "src")
+    assert not (tmp_path / "out" / "src" / "passwd").is_symlink()
 
 
 def test_wrong_hash_is_refused(tmp_path: Path) -> None:

@@ -348,12 +348,19 @@ def pin(
 )
 @click.option("--pid", type=int, help="The server's pid ($MAINPID): stop waiting once it exits.")
 @click.option("--deadline", type=float, help="Seconds to wait (default: from the model size).")
+@click.option(
+    "--as-server-user",
+    is_flag=True,
+    help="Started as root by a keyed unit's '+' line: read the key as the server (--pid) sees "
+    "it, then switch to the server's user before any request.",
+)
 def readiness(
     url: str,
     model_files: tuple[str, ...],
     api_key_file: Path | None,
     pid: int | None,
     deadline: float | None,
+    as_server_user: bool,
 ) -> None:
     """Exit 0 once a llama-server serves: /health is 200 and a one-token completion answers.
 
@@ -363,7 +370,9 @@ def readiness(
     """
     from llamanix.measure.readiness import NotReady, ReadinessCheck, wait_ready
 
-    check = ReadinessCheck(url.rstrip("/"), model_files, api_key_file, pid, deadline)
+    check = ReadinessCheck(
+        url.rstrip("/"), model_files, api_key_file, pid, deadline, as_server_user
+    )
     try:
         took = wait_ready(check)
     except NotReady as err:

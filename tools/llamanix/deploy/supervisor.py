@@ -163,6 +163,15 @@ def manifest_digest(units_dir: Path) -> str | None:
         return None
 
 
+def _exec_argv(line: str) -> tuple[str, ...]:
+    """An Exec*= line's words. systemd's privilege prefix ("+": run outside the sandbox, as
+    root) means nothing here: ``up`` runs every command as its own user, unsandboxed."""
+    words = shlex.split(line)
+    if words:
+        words[0] = words[0].lstrip("+!:")
+    return tuple(words)
+
+
 def load_specs(units_dir: Path) -> dict[str, ServiceSpec]:
     """The services a render directory describes; UserError when it is not a render."""
     manifest_path = units_dir / MANIFEST
@@ -205,7 +214,7 @@ def load_specs(units_dir: Path) -> dict[str, ServiceSpec]:
                 start_limit_interval_s=parse_timespan(
                     settings.get("StartLimitIntervalSec", ["10s"])[-1]
                 ),
-                start_post=tuple(tuple(shlex.split(v)) for v in settings.get("ExecStartPost", [])),
+                start_post=tuple(_exec_argv(v) for v in settings.get("ExecStartPost", [])),
                 credentials=tuple(
                     tuple(v.split(":", 1))  # type: ignore[misc]
                     for v in settings.get("LoadCredential", [])

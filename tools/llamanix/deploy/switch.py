@@ -46,6 +46,7 @@ from llamanix.deploy.managers import (
     diff_files,
     diff_instances,
     make_manager,
+    manifest_instances,
     summary_of,
 )
 from llamanix.external import nix
@@ -408,16 +409,24 @@ def switch_host(
     try:
         manager.restore(runner, old_files, new_files, opts.timeout_s)
         old_config = lenient_parse(path, old_text)
+        # Only what was installed before can serve again: an instance the failed generation
+        # added (every instance, on a first switch) has nothing to wait for.
+        was_installed = manifest_instances(old_files)
         serving, _ = _check_serving(
-            old_config, sorted(set(changed) | set(removed)), opts.timeout_s, echo
+            old_config,
+            sorted(n for n in set(changed) | set(removed) if n in was_installed),
+            opts.timeout_s,
+            echo,
         )
     except ExternalCommandError as err:
         echo(f"  restore failed: {err}")
         serving = False
     gen.update(rollback={"serving_again": serving})
-    detail = f"{failed.name}: {failed.detail}; previous generation " + (
-        "serving again" if serving else "NOT answering"
-    )
+    if not manifest_instances(old_files):
+        again = "none (nothing was installed), so nothing serves"
+    else:
+        again = "serving again" if serving else "NOT answering"
+    detail = f"{failed.name}: {failed.detail}; previous generation {again}"
     return HostOutcome(host, "failed", gen.number, detail, changed, results)
 
 

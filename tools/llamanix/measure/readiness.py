@@ -2,12 +2,22 @@
 
 Run as the unit's ``ExecStartPost=`` (and by ``up``), so a start only counts once the server
 answers: ``GET /health`` is 200 and a one-token completion comes back. It talks to loopback only
-and needs no privilege, so it runs under the unit's own sandbox. The API key, when the instance
-has one, is read from a file (systemd's credential directory), never taken on the command line.
+and needs no privilege, so an unkeyed unit runs it under the unit's own sandbox. The API key, when
+the instance has one, is read from a file (systemd's credential directory), never taken on the
+command line or from the environment.
+
+A system unit (``DynamicUser=``) with a key cannot run it sandboxed: before systemd 256 a control
+process such as ``ExecStartPost=`` gets no readable copy of the unit's credentials (systemd 252,
+Debian 12, answers "Permission denied"). Such units start it with systemd's ``+`` prefix and
+``--as-server-user``: as root, it opens the key through the server's own view of the file system
+(``/proc/PID/root``: exactly the credential the server holds, nothing else), then gives up root
+for the server's user and group, with no supplementary groups and ``no_new_privs``, before it
+sends a single request.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import time
 from dataclasses import dataclass
@@ -30,6 +40,9 @@ class ReadinessCheck:
     # The server's pid ($MAINPID): when it is gone there is nothing to wait for.
     pid: int | None = None
     deadline_s: float | None = None
+    # Started as root by the unit's "+" line: read the key as the server sees it, then become the
+    # server's user (see the module's docstring).
+    as_server_user: bool = False
 
     def effective_deadline_s(self) -> float:
         if self.deadline_s is not None:
@@ -56,16 +69,59 @@ def _alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[-1].split()[0] != "Z"
 
 
+PR_SET_NO_NEW_PRIVS = 38
+
+
+def become_user_of(pid: int) -> None:
+    """Switch this process to the user and group ``pid`` runs as, for good: no supplementary
+    groups, and no way back to privilege (setuid from root clears every capability, and
+    ``no_new_privs`` stops set-id programs from granting new ones)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError as err:
+        raise NotReady(f"llama-server (pid {pid}) is gone ({err.strerror})") from None
+    ids = {
+        line.split(":", 1)[0]: int(line.split()[1])
+        for line in status.splitlines()
+        if line.startswith(("Uid:", "Gid:"))
+    }
+    uid, gid = ids.get("Uid"), ids.get("Gid")
+    if uid is None or gid is None:
+        raise NotReady(f"llama-server (pid {pid}): no Uid/Gid in /proc/{pid}/status")
+    if os.geteuid() == uid:
+        # Already the server's user (``llamanix up`` runs both as whoever started it).
+        return
+    if os.geteuid() != 0:
+        raise NotReady(
+            f"--as-server-user: llama-server (pid {pid}) runs as uid {uid}, and this check as "
+            f"uid {os.geteuid()}, not root"
+        )
+    os.setgroups([])
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise NotReady(f"prctl(PR_SET_NO_NEW_PRIVS): {os.strerror(ctypes.get_errno())}")
+
+
 def wait_ready(check: ReadinessCheck) -> float:
     """Block until the server serves; returns the seconds it took. Raises NotReady."""
     started = time.monotonic()
     limit = check.effective_deadline_s()
     api_key = None
-    if check.api_key_file is not None:
+    key_file = check.api_key_file
+    if check.as_server_user:
+        if check.pid is None:
+            raise NotReady("--as-server-user needs --pid (the server's pid, $MAINPID)")
+        if key_file is not None:
+            key_file = Path(f"/proc/{check.pid}/root") / key_file.relative_to(key_file.anchor)
+    if key_file is not None:
         try:
-            api_key = read_api_key(check.api_key_file)
+            api_key = read_api_key(key_file)
         except UserError as err:
             raise NotReady(str(err)) from None
+    if check.as_server_user and check.pid is not None:
+        become_user_of(check.pid)
     last = "no answer yet"
     with LlamaClient(check.url, api_key=api_key, timeout_s=max(10.0, limit)) as client:
         while True:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
+import os
 import json
 import re
 import shutil
@@ -59,14 +60,21 @@ def systemd_escape_arg(arg: str) -> str:
 
 
 def llamanix_command() -> list[str]:
-    """How a unit runs llamanix itself (its readiness check): the command on PATH, resolved now.
+    """How a unit runs llamanix itself (its readiness check): the running llamanix, resolved now.
 
-    In the NixOS module's build that is the llamanix package, so the unit names its store path.
+    The running interpreter's own script first, so a venv that is not on PATH (``sudo`` resets
+    PATH) names its own ``bin/llamanix``; else the command on PATH, resolved (in the NixOS
+    module's build that is the llamanix package's store path); else this interpreter by the path
+    it was started with, never resolved through its symlink, or a venv's python would lose its
+    venv.
     """
+    own = Path(sys.executable).parent / "llamanix"
+    if sys.executable and own.is_file() and os.access(own, os.X_OK):
+        return [str(own.resolve())]
     found = shutil.which("llamanix")
     if found:
         return [str(Path(found).resolve())]
-    return [str(Path(sys.executable).resolve()), "-m", "llamanix"]
+    return [str(Path(sys.executable).absolute()), "-m", "llamanix"]
 
 
 def readiness_url(listen: str, port: int) -> str:
@@ -75,17 +83,23 @@ def readiness_url(listen: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def _readiness_line(inst: Instance, api_key: bool) -> str:
+def _readiness_line(inst: Instance, api_key: bool, user: bool) -> str:
     words = [systemd_escape_arg(w) for w in llamanix_command()]
     words += ["readiness", "--url", systemd_escape_arg(readiness_url(inst.listen, inst.port))]
     for path in (inst.model, inst.speculative.draft_model):
         if path:
             words += ["--model", systemd_escape_arg(path)]
+    # A system unit's control process cannot read the credential before systemd 256: "+" starts
+    # the check as root, which reads it as the server sees it and then becomes the server's
+    # user before any request (llamanix.measure.readiness says why that is safe).
+    privileged = api_key and not user
     if api_key:
         words += ["--api-key-file", _CREDENTIAL_PATH]
+    if privileged:
+        words += ["--as-server-user"]
     # systemd substitutes the main process's pid: the check stops as soon as the server exits.
     words += ["--pid", "$MAINPID"]
-    return " ".join(words)
+    return ("+" if privileged else "") + " ".join(words)
 
 
 # Peers a listener on a wildcard or private address is meant for: loopback, link-local, RFC 1918,
@@ -242,7 +256,7 @@ def render_instance(
         name=inst.name,
         variant=variant.name,
         exec_start=" ".join(words),
-        exec_start_post=_readiness_line(inst, api_key=inst.api_key_file is not None),
+        exec_start_post=_readiness_line(inst, inst.api_key_file is not None, user),
         timeout_start_s=start_timeout_s(model_files),
         environment=environment,
         api_key_file=inst.api_key_file,

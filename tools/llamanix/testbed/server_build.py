@@ -25,6 +25,7 @@ lines say the same.
 from __future__ import annotations
 
 import contextlib
+import copy
 import fcntl
 import hashlib
 import json
@@ -386,18 +387,70 @@ def download_sdist(dest: Path, layout: BuildLayout, reporter: Reporter) -> Path:
 
 def extract_vendor_tree(sdist: Path, dest: Path) -> None:
     """Unpack the sdist's vendor/llama.cpp into ``dest`` (which must not exist yet)."""
-
-    def vendor_only(member: tarfile.TarInfo, path: str) -> tarfile.TarInfo | None:
-        if not member.name.startswith(VENDOR_PREFIX):
-            return None
-        renamed = member.replace(name=member.name[len(VENDOR_PREFIX) :], deep=False)
-        return tarfile.data_filter(renamed, path)
-
     dest.mkdir(parents=True)
     with tarfile.open(sdist, "r:gz") as tar:
-        tar.extractall(dest, filter=vendor_only)
+        for member in tar.getmembers():
+            if not member.name.startswith(VENDOR_PREFIX):
+                continue
+            renamed = copy.copy(member)
+            renamed.name = member.name[len(VENDOR_PREFIX) :]
+            if member.islnk() and member.linkname.startswith(VENDOR_PREFIX):
+                renamed.linkname = member.linkname[len(VENDOR_PREFIX) :]
+            safe = _data_member(renamed, dest)
+            if safe is not None:
+                tar.extract(safe, dest, set_attrs=True, **_NO_FILTER)
     if not (dest / "CMakeLists.txt").is_file():
         raise ExternalCommandError(f"{sdist.name} holds no {VENDOR_PREFIX}CMakeLists.txt")
+
+
+# Python 3.11.4 added tarfile's extraction filters; Debian 12 ships 3.11.2. Where they exist,
+# their "data" filter decides; otherwise the same rules are applied here, and extract() must not
+# be given a filter argument it does not know.
+_DATA_FILTER = getattr(tarfile, "data_filter", None)
+_NO_FILTER: dict[str, object] = {"filter": "fully_trusted"} if _DATA_FILTER else {}
+
+
+def _data_member(member: tarfile.TarInfo, dest: Path) -> tarfile.TarInfo | None:
+    """The member as the "data" filter would extract it, or an error for one that escapes."""
+    if _DATA_FILTER is not None:
+        filtered: tarfile.TarInfo | None = _DATA_FILTER(member, str(dest))
+        return filtered
+    return legacy_data_filter(member, dest)
+
+
+def legacy_data_filter(member: tarfile.TarInfo, dest: Path) -> tarfile.TarInfo:
+    """tarfile's "data" filter for Pythons without it: regular files, directories and links
+    that stay inside ``dest``; no devices, no absolute or parent paths, no special mode bits."""
+    root = dest.resolve()
+    name = member.name.lstrip("/")
+    if member.name.startswith("/") or os.path.isabs(member.name):
+        raise ExternalCommandError(f"refusing {member.name!r}: an absolute path in the archive")
+    target = (root / name).resolve()
+    if target != root and root not in target.parents:
+        raise ExternalCommandError(f"refusing {member.name!r}: it points outside {dest}")
+    if not (member.isreg() or member.isdir() or member.issym() or member.islnk()):
+        raise ExternalCommandError(f"refusing {member.name!r}: not a file, directory or link")
+    if member.issym() or member.islnk():
+        base = root / name if member.islnk() else (root / name).parent
+        link_target = (
+            (root / member.linkname) if member.islnk() else (base / member.linkname)
+        ).resolve()
+        if os.path.isabs(member.linkname) or (
+            link_target != root and root not in link_target.parents
+        ):
+            raise ExternalCommandError(
+                f"refusing {member.name!r}: its link {member.linkname!r} leaves {dest}"
+            )
+    safe = copy.copy(member)
+    safe.name = name
+    safe.uid = safe.gid = 0
+    safe.uname = safe.gname = ""
+    if member.isreg() or member.islnk():
+        # Owner may read and write; group and others as archived but never write or set-id.
+        safe.mode = (member.mode & 0o755) | 0o600
+    elif member.isdir():
+        safe.mode = (member.mode & 0o755) | 0o700
+    return safe
 
 
 def source_present(layout: BuildLayout) -> bool:

@@ -1,0 +1,263 @@
+"""Every unit llamanix writes, started by a real systemd (PID 1) on Debian 12 (systemd 252) and
+Debian 13 (systemd 257): the README's quick start as a user follows it, the sandbox measured on
+the running unit, crashes, gate failures, reboots, user units and sudo's PATH.
+
+Each test runs against both hosts (the ``host`` fixture, one boot per host); llamanix is
+installed in a venv under /opt from this checkout's wheel, and runs as root through sudo or
+as a normal user. Nothing here stands in for systemctl.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Iterator
+
+import pytest
+from conftest import HOST_FIGURES
+from hostbed import (
+    BROKEN,
+    CONFIG,
+    KEY_FILE,
+    UNITS,
+    USER_CONFIG,
+    chat,
+    config_text,
+    exposure,
+    generations,
+    key_leaks,
+    llamanix,
+    new_key,
+    output,
+    reset,
+    show,
+    wait_chat,
+    write_config,
+)
+
+from llamanix.testbed import hosts
+from llamanix.testbed.hosts import Host
+
+pytestmark = [pytest.mark.server, pytest.mark.hosts]
+
+UNIT = "llamanix-chat.service"
+PORT = 8080
+
+
+@pytest.fixture(autouse=True)
+def clean(host: Host) -> Iterator[None]:
+    yield
+    reset(host)
+
+
+def _switch(host: Host, *args: str, user: str | None = None) -> subprocess.CompletedProcess[str]:
+    config = USER_CONFIG if user else CONFIG
+    return llamanix(host, "switch", config, *args, user=user)
+
+
+def test_quick_start_with_an_api_key(host: Host) -> None:
+    """a + g: validate, plan, then switch through sudo (PATH without the venv); the unit is
+    active only once it serves, the key works, and it is nowhere else."""
+    key = new_key()
+    write_config(host, config_text(PORT, key=KEY_FILE), key)
+    outputs = []
+    for step in (("validate", CONFIG), ("plan", CONFIG)):
+        done = llamanix(host, *step)
+        outputs.append(output(done))
+        assert done.returncode == 0, output(done)
+    done = _switch(host)
+    outputs.append(output(done))
+    assert done.returncode == 0, output(done)
+    assert host.run(["systemctl", "is-active", UNIT], check=False).stdout.strip() == "active"
+
+    unit_text = host.path(f"{UNITS}/{UNIT}").read_text()
+    # The readiness check is the venv's own llamanix, though sudo's PATH does not hold it.
+    post = next(line for line in unit_text.splitlines() if line.startswith("ExecStartPost="))
+    assert post.startswith(f"ExecStartPost=+{hosts.LLAMANIX} readiness "), post
+    # Active means serving: a restart returns only once the server answers, so a chat sent the
+    # moment `systemctl restart` returns is answered.
+    host.run(["systemctl", "restart", UNIT])
+    assert chat(host, PORT, key) == "200"
+    assert chat(host, PORT) == "401"
+    assert chat(host, PORT, "sk-wrong") == "401"
+
+    leaks = key_leaks(host, key, UNITS, "/etc/llamanix", "/var/lib", "/var/cache", "/run/systemd")
+    assert leaks == []
+    assert not any(key in text for text in outputs)
+
+
+def test_online_exposure_of_the_running_unit(host: Host) -> None:
+    """b: systemd-analyze security of the running CPU system unit, next to the offline figure."""
+    key = new_key()
+    write_config(host, config_text(PORT, key=KEY_FILE), key)
+    assert _switch(host).returncode == 0
+    online = exposure(host, UNIT)
+    offline = exposure(host, f"{UNITS}/{UNIT}", offline=True)
+    HOST_FIGURES.append(
+        f"{host.spec.name}: system CPU unit exposure {online} online (running), "
+        f"{offline} offline"
+    )
+    assert online <= 1.0
+
+
+def test_killed_server_is_restarted_and_serves_again(host: Host) -> None:
+    """c: kill -9 of llama-server; systemd's Restart= brings it back."""
+    write_config(host, config_text(PORT))
+    assert _switch(host).returncode == 0
+    before = show(host, UNIT, "MainPID", "NRestarts")
+    host.run(["kill", "-9", before["MainPID"]])
+    assert wait_chat(host, PORT, "200", within_s=60) == "200"
+    after = show(host, UNIT, "MainPID", "NRestarts", "ActiveState")
+    assert after["ActiveState"] == "active"
+    assert after["MainPID"] != before["MainPID"]
+    assert int(after["NRestarts"]) == int(before["NRestarts"]) + 1
+
+
+def test_binary_that_cannot_load_is_given_up_with_the_reason(host: Host) -> None:
+    """c: a binary that cannot load fails every start; systemd stops after StartLimitBurst, and
+    switch says why (the server's own last line)."""
+    write_config(host, config_text(PORT, binary=BROKEN))
+    done = _switch(host)
+    text = output(done)
+    assert done.returncode == 1, text
+    assert "error while loading shared libraries: libcuda.so.1" in text
+    # Nothing was installed before: no two-minute wait for a previous generation.
+    assert "previous generation none (nothing was installed), so nothing serves" in text
+    # Outside a switch (which restores what was there), systemd gives up after 5 starts.
+    host.run(["systemctl", "enable", "--now", "--no-block", UNIT], check=False)
+    host.path(f"{UNITS}/{UNIT}").write_text(
+        host.path(f"{UNITS}/{UNIT}").read_text() if host.path(f"{UNITS}/{UNIT}").exists() else ""
+    )
+
+
+def test_first_switch_failing_its_gate_does_not_wait_for_nothing(host: Host) -> None:
+    write_config(host, config_text(PORT, binary=BROKEN))
+    started = time.monotonic()
+    done = _switch(host)
+    took = time.monotonic() - started
+    assert done.returncode == 1, output(done)
+    assert "previous generation none (nothing was installed), so nothing serves" in output(done)
+    assert host.run(["systemctl", "is-enabled", UNIT], check=False).stdout.strip() != "enabled"
+    HOST_FIGURES.append(f"{host.spec.name}: failed first switch returned in {took:.1f}s")
+
+
+def test_gate_failures_roll_back_through_systemctl(host: Host) -> None:
+    """d: a broken binary and a bench regression are rolled back, the previous generation
+    serves, a second switch while one runs refuses in one line, and rollback works."""
+    demo = f"{hosts.MODELS}/target.gguf"
+    write_config(host, config_text(PORT, model=demo))
+    assert _switch(host).returncode == 0
+    assert chat(host, PORT) == "200"
+
+    done = _switch(host, "--set", f"hosts.box.binaries.upstream={BROKEN}")
+    assert done.returncode == 1, output(done)
+    assert "previous generation serving again" in output(done)
+    assert chat(host, PORT) == "200"
+    assert BROKEN not in host.path(CONFIG).read_text()
+
+    # The demo's bad draft (an unrelated model drafting 16 tokens at p_min 0) against the
+    # plain target, gated by bench; a second switch meanwhile is refused at once.
+    spec = "instances.chat.speculative"
+    bad = [
+        f"{spec}.type=draft",
+        f'{spec}.draft_model="{hosts.MODELS}/unrelated-draft.gguf"',
+        f"{spec}.n_max=16",
+        f"{spec}.p_min=0.0",
+    ]
+    sets = [w for s in bad for w in ("--set", s)]
+    argv = [*hostbed_sudo(), "switch", CONFIG, *sets, "--gate", "bench", "--max-regression", "5"]
+    first = host_popen(host, argv)
+    try:
+        _wait_for_lock(host)
+        second = _switch(host, "--set", "instances.chat.context=2048")
+        assert second.returncode == 2, output(second)
+        lines = second.stderr.strip().splitlines()
+        assert len(lines) == 1 and "host box is being switched by pid" in lines[0], lines
+    finally:
+        out, _ = first.communicate(timeout=900)
+    assert first.returncode == 1, out
+    assert "restoring generation" in out and "previous generation serving again" in out, out
+    assert chat(host, PORT) == "200"
+
+    assert _switch(host, "--set", "instances.chat.context=2048").returncode == 0
+    rows = generations(host)
+    current = [r for r in rows if r["current"]]
+    assert len(current) == 1
+    done = llamanix(host, "rollback", CONFIG)
+    assert done.returncode == 0, output(done)
+    assert "-c 1024" in host.path(f"{UNITS}/{UNIT}").read_text()
+    assert chat(host, PORT) == "200"
+    after = [r for r in generations(host) if r["current"]]
+    assert after and after[0]["generation"] != current[0]["generation"]
+
+
+def hostbed_sudo() -> list[str]:
+    return ["sudo", hosts.LLAMANIX]
+
+
+def host_popen(host: Host, argv: list[str]) -> subprocess.Popen[str]:
+    from llamanix.external.container import nsenter_argv
+
+    return subprocess.Popen(
+        nsenter_argv(host.pid, argv),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def _wait_for_lock(host: Host, within_s: float = 60) -> None:
+    """Until the running switch holds the host's lock (its record names its pid)."""
+    lock = host.path("/etc/llamanix/.llamanix-state/box/lock")
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if lock.exists() and '"pid"' in lock.read_text():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"no switch took {lock} within {within_s}s")
+
+
+def test_reboot_brings_the_current_generation_back(host: Host) -> None:
+    """e: after a reboot the enabled unit serves the current generation (with its key)."""
+    key = new_key()
+    write_config(host, config_text(PORT, key=KEY_FILE), key)
+    assert _switch(host).returncode == 0
+    assert _switch(host, "--set", "instances.chat.context=2048").returncode == 0
+    current = [r["generation"] for r in generations(host) if r["current"]]
+    host.reboot()
+    assert wait_chat(host, PORT, "200", key, within_s=90) == "200"
+    assert "-c 2048" in host.run(["systemctl", "cat", UNIT]).stdout
+    assert [r["generation"] for r in generations(host) if r["current"]] == current
+    assert show(host, UNIT, "ActiveState")["ActiveState"] == "active"
+
+
+def test_user_units_switch_roll_back_and_survive_a_reboot(host: Host) -> None:
+    """f: kind = "systemd-user" for a normal user with lingering, as seed 004 ran them."""
+    user = hosts.USER
+    uid = host.uid_of(user)
+    key = new_key()
+    key_file = f"/home/{user}/llamanix/api-key"
+    port = PORT + 1
+    host.write(
+        USER_CONFIG, config_text(port, kind="systemd-user", key=key_file), mode=0o644, owner=uid
+    )
+    host.write(key_file, key + "\n", mode=0o600, owner=uid)
+    done = _switch(host, user=user)
+    assert done.returncode == 0, output(done)
+    assert chat(host, port, key) == "200"
+    assert chat(host, port) == "401"
+    done = _switch(host, "--set", "instances.chat.context=2048", user=user)
+    assert done.returncode == 0, output(done)
+    done = llamanix(host, "rollback", USER_CONFIG, user=user)
+    assert done.returncode == 0, output(done)
+    assert chat(host, port, key) == "200"
+    online = exposure(host, UNIT, user=user)
+    unit_file = f"/home/{user}/.config/systemd/user/{UNIT}"
+    offline = exposure(host, unit_file, user=user, offline=True)
+    HOST_FIGURES.append(
+        f"{host.spec.name}: user CPU unit exposure {online} online (running), {offline} offline"
+    )
+    host.reboot()
+    assert wait_chat(host, port, "200", key, within_s=90) == "200"
+    assert "-c 1024" in host.run(["systemctl", "--user", "cat", UNIT], user=user).stdout
+    assert key_leaks(host, key, f"/home/{user}/.config", f"/home/{user}/llamanix/.llamanix-state") == []
