@@ -88,7 +88,7 @@ let
     builtins.toJSON (
       llamanixLib.configData {
         host = hostName;
-        inherit (cfg) gpu cudaArchs;
+        inherit (cfg) gpu cudaArchs gpuSandbox;
         instances = lib.mapAttrs (_: inst: {
           binary = "${inst.package}/bin/llama-server";
           instance = inst;
@@ -167,6 +167,15 @@ in
         ${hostSchema.cuda_archs.doc} The default of every instance's `cudaArchs`; `[ ]` for a
         machine without an NVIDIA GPU. The key `cuda_archs` of llamanix.toml's
         `[hosts.NAME]` table.
+      '';
+    };
+
+    gpuSandbox = mkOption {
+      type = types.enum hostSchema.gpu_sandbox.values;
+      inherit (hostSchema.gpu_sandbox) default;
+      description = ''
+        ${hostSchema.gpu_sandbox.doc} The key `gpu_sandbox` of llamanix.toml's `[hosts.NAME]`
+        table.
       '';
     };
 

@@ -211,7 +211,8 @@ rec {
     "binary"
   ];
   # Host keys: kind is always "nixos", target is this machine, binaries come from `package`.
-  # `gpu` and `cuda_archs` are services.llamanix.gpu and services.llamanix.cudaArchs.
+  # `gpu`, `cuda_archs` and `gpu_sandbox` are services.llamanix.gpu, services.llamanix.cudaArchs
+  # and services.llamanix.gpuSandbox.
   hostKeysSetByModule = [
     "kind"
     "target"
@@ -220,6 +221,7 @@ rec {
   hostKeyOptions = {
     gpu = "gpu";
     cuda_archs = "cudaArchs";
+    gpu_sandbox = "gpuSandbox";
   };
   # Options of services.llamanix.instances.<name> that are not schema keys.
   moduleOnlyInstanceOptions = [
@@ -262,6 +264,7 @@ rec {
       host,
       gpu ? null,
       cudaArchs ? [ ],
+      gpuSandbox ? null,
       instances,
     }:
     {
@@ -269,6 +272,7 @@ rec {
         kind = "nixos";
         inherit gpu;
         cuda_archs = if cudaArchs == [ ] then null else cudaArchs;
+        gpu_sandbox = gpuSandbox;
       };
       instances = builtins.mapAttrs (
         _: i:
@@ -282,10 +286,10 @@ rec {
   # llamanix.toml -> `services.llamanix` settings for one host, so the file `llamanix switch`
   # edits is the one the NixOS configuration is built from:
   #   services.llamanix = llamanix.lib.fromToml ./llamanix.toml "gpu1" // { enable = true; };
-  # The host table's `gpu` and `cuda_archs` become the module's `gpu` and `cudaArchs` (left out
-  # when the table has none, so the module's defaults apply); `kind`, `target` and `binaries`
-  # describe how other hosts are reached and have no meaning inside the module
-  # (hostKeysSetByModule). [defaults] is merged under each instance (speculative key by key),
+  # The host table's `gpu`, `cuda_archs` and `gpu_sandbox` become the module's `gpu`, `cudaArchs`
+  # and `gpuSandbox` (left out when the table has none, so the module's defaults apply); `kind`,
+  # `target` and `binaries` describe how other hosts are reached and have no meaning inside the
+  # module (hostKeysSetByModule). [defaults] is merged under each instance (speculative key by key),
   # instances of other hosts are dropped, and `host`/`binary` (set by the module) are removed.
   fromToml =
     path: host:

@@ -1,6 +1,6 @@
-"""Rendered system units score at most 1.0 with ``systemd-analyze security --offline=yes``, their
-IP filter follows the listen address, and the real llama-server still serves under the unit's
-system call filter.
+"""Rendered system units score what docs/units.md says with ``systemd-analyze security
+--offline=yes`` (at most 1.0 for a CPU unit on loopback), their IP filter follows the listen
+address, and the real llama-server still serves under the unit's system call filter.
 
 systemd is not PID 1 here, so a unit cannot be started: the start test applies the parts of the
 sandbox a plain process can apply to itself (the unit's SystemCallFilter= and
@@ -42,17 +42,23 @@ STORE_LLAMANIX = "/nix/store/00000000000000000000000000000000-llamanix/bin/llama
 STORE_SERVER = "/nix/store/00000000000000000000000000000000-llama-cpp/bin/llama-server"
 
 
-def config(gpu: bool, listen: str, kind: str = "nixos", **inst: Any) -> dict[str, Any]:
+def config(
+    gpu: bool, listen: str, kind: str = "nixos", sandbox: str | None = None, **inst: Any
+) -> dict[str, Any]:
     host: dict[str, Any] = {"kind": kind}
     if gpu:
         host.update(gpu="rtx3090", cuda_archs=["8.6"])
+    if sandbox is not None:
+        host["gpu_sandbox"] = sandbox
     base = {"model": "/srv/models/t.gguf", "binary": STORE_SERVER, "listen": listen}
     return {"hosts": {"h": host}, "instances": {"a": base | inst}}
 
 
 def render(tmp_path: Path, data: dict[str, Any], user: bool | None = None) -> Path:
     out = tmp_path / "out"
-    write_render(render_host(parse_config(data, str(tmp_path / "llamanix.toml")), "h", user), out)
+    write_render(
+        render_host(parse_config(data, str(tmp_path / "llamanix.toml")), "h", user=user), out
+    )
     return out / "llamanix-a.service"
 
 
@@ -62,22 +68,39 @@ def settings(unit: Path) -> list[str]:
 
 @needs_systemd
 @pytest.mark.parametrize(
-    ("gpu", "listen", "ceiling"),
+    ("gpu", "sandbox", "listen", "ceiling"),
     [
-        (False, "127.0.0.1", 1.0),
-        (False, "0.0.0.0", 1.0),
-        (True, "127.0.0.1", 1.0),
-        # Listening for the local networks costs the GPU unit a tenth more than loopback: its
-        # IP allow list has non-localhost entries and it keeps AF_UNIX and ProcSubset=all.
-        (True, "0.0.0.0", 1.1),
+        (False, None, "127.0.0.1", 1.0),
+        (False, None, "0.0.0.0", 1.0),
+        # The default GPU shape keeps the host's /dev (PrivateDevices=no, as nixpkgs' ollama and
+        # llama-cpp modules do): the offline scorer charges it two tenths, although
+        # DevicePolicy=closed still lets only the NVIDIA devices open.
+        (True, None, "127.0.0.1", 1.2),
+        # Listening for the local networks costs a GPU unit a tenth more than loopback: its IP
+        # allow list has non-localhost entries and it keeps AF_UNIX and ProcSubset=all.
+        (True, None, "0.0.0.0", 1.3),
+        (True, "private-dev", "127.0.0.1", 1.0),
+        (True, "private-dev", "0.0.0.0", 1.1),
     ],
-    ids=["cpu-loopback", "cpu-any", "gpu-loopback", "gpu-any"],
+    ids=[
+        "cpu-loopback",
+        "cpu-any",
+        "gpu-loopback",
+        "gpu-any",
+        "gpu-private-dev-loopback",
+        "gpu-private-dev-any",
+    ],
 )
 def test_system_unit_exposure(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gpu: bool, listen: str, ceiling: float
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    gpu: bool,
+    sandbox: str | None,
+    listen: str,
+    ceiling: float,
 ) -> None:
     monkeypatch.setattr(units, "llamanix_command", lambda: [STORE_LLAMANIX])
-    unit = render(tmp_path, config(gpu, listen))
+    unit = render(tmp_path, config(gpu, listen, sandbox=sandbox))
     proc = subprocess.run(
         ["systemd-analyze", "security", "--offline=yes", "--no-pager", str(unit)],
         capture_output=True,
@@ -152,8 +175,11 @@ def test_cpu_units_drop_resource_syscalls_unless_asked(
         ]
 
 
-def test_user_gpu_units_keep_the_host_dev(tmp_path: Path) -> None:
-    lines = settings(render(tmp_path, config(True, "127.0.0.1", kind="systemd-user")))
+@pytest.mark.parametrize("sandbox", [None, "private-dev"], ids=["default", "private-dev"])
+def test_user_gpu_units_keep_the_host_dev(tmp_path: Path, sandbox: str | None) -> None:
+    # gpu_sandbox only shapes system units: a user manager cannot give a private /dev that opens.
+    data = config(True, "127.0.0.1", kind="systemd-user", sandbox=sandbox)
+    lines = settings(render(tmp_path, data))
     assert "PrivateDevices=no" in lines
     assert not any(line.startswith("BindPaths=") for line in lines)
 

@@ -225,11 +225,18 @@ def test_host_keys_are_module_options_or_set_by_the_module(options: dict[str, An
         "instances",
         "gpu",
         "cudaArchs",
+        "gpuSandbox",
         "useSystemNixpkgs",
         "packageSet",
     }
     assert options["moduleHostOptionTypes"]["gpu"] == {"name": "nullOr", "elem": {"name": "str"}}
     assert options["moduleHostOptionTypes"]["cudaArchs"]["name"] == "listOf"
+    sandbox = SCHEMA["hosts"]["gpu_sandbox"]
+    assert options["moduleHostOptionTypes"]["gpuSandbox"] == {
+        "name": "enum",
+        "values": sandbox["values"],
+    }
+    assert options["moduleHostOptionDefaults"]["gpuSandbox"] == sandbox["default"]
 
 
 def expected_type(field: dict[str, Any]) -> dict[str, Any]:
@@ -442,7 +449,14 @@ def test_render_command_makes_units_from_the_module_json(
     config = module_json(tmp_path, spec)
     data = json.loads(config.read_text())
     # Left-out options stay out (the binary's defaults apply); module-only options never go in.
-    assert data["hosts"] == {"gpu1": {"kind": "nixos", "gpu": "rtx3090", "cuda_archs": ["8.6"]}}
+    assert data["hosts"] == {
+        "gpu1": {
+            "kind": "nixos",
+            "gpu": "rtx3090",
+            "cuda_archs": ["8.6"],
+            "gpu_sandbox": "device-allow",  # the module's default, always written
+        }
+    }
     assert "context" not in data["instances"]["small"]
     assert "openFirewall" not in data["instances"]["qwen"]
     assert data["instances"]["small"]["binary"] == str(llama_server)
@@ -464,6 +478,7 @@ def test_render_command_makes_units_from_the_module_json(
         assert f" {piece}" in exec_start, piece
     assert "--spec-type ngram-mod" in exec_start
     assert "DeviceAllow=char-nvidia-uvm rw" in unit  # the host names a GPU
+    assert "PrivateDevices=no" in unit and "BindPaths=" not in unit  # gpu_sandbox's default
     assert "StateDirectory=llamanix-qwen" in unit and "CacheDirectory=llamanix-qwen" in unit
     argv = json.loads((out / "share/llamanix/qwen.argv.json").read_text())
     assert argv[0] == str(llama_server)

@@ -141,6 +141,8 @@ def test_toml_and_module_render_the_same_units(
     assert proc.returncode == 0, proc.stderr
 
     evaluated = module_eval(toml, host, REAL_LIB)
+    # The host table's GPU sandbox reaches the module (its default where the table has none).
+    assert evaluated["config"]["hosts"][host]["gpu_sandbox"] == cfg.hosts[host].gpu_sandbox
     module_json = tmp_path / "llamanix.json"
     module_json.write_text(json.dumps(evaluated["config"]))
     via_module = tmp_path / "module"

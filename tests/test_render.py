@@ -12,6 +12,7 @@ from click.testing import CliRunner
 
 from llamanix.cli import main
 from llamanix.core.config import parse_config
+from llamanix.core.errors import UserError
 from llamanix.external import systemd_analyze
 from llamanix.render.units import render_host, systemd_escape_arg, write_render
 
@@ -23,10 +24,12 @@ NIXPKGS_LLAMA_CPP_EXPOSURE = 1.5
 SECRET = "sk-do-not-leak-4242"
 
 
-def host_config(kind: str, gpu: bool, **inst: Any) -> dict[str, Any]:
+def host_config(kind: str, gpu: bool, sandbox: str | None = None, **inst: Any) -> dict[str, Any]:
     host: dict[str, Any] = {"kind": kind}
     if gpu:
         host.update(gpu="rtx3090", cuda_archs=["8.6"])
+    if sandbox is not None:
+        host["gpu_sandbox"] = sandbox
     base = {
         "model": "/srv/models/t.gguf",
         # systemd-analyze verify wants an executable; the program itself is never started.
@@ -46,10 +49,16 @@ def render_to(tmp_path: Path, data: dict[str, Any], user: bool | None = None) ->
 
 
 @needs_systemd
-@pytest.mark.parametrize("gpu", [False, True], ids=["cpu", "gpu"])
+@pytest.mark.parametrize(
+    ("gpu", "sandbox"),
+    [(False, None), (True, "device-allow"), (True, "private-dev")],
+    ids=["cpu", "gpu-device-allow", "gpu-private-dev"],
+)
 @pytest.mark.parametrize("kind", ["nixos", "systemd"])
-def test_system_units_verify_and_score(tmp_path: Path, kind: str, gpu: bool) -> None:
-    out = render_to(tmp_path, host_config(kind, gpu))
+def test_system_units_verify_and_score(
+    tmp_path: Path, kind: str, gpu: bool, sandbox: str | None
+) -> None:
+    out = render_to(tmp_path, host_config(kind, gpu, sandbox))
     unit = out / "llamanix-a.service"
     proc = systemd_analyze.verify(unit)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -71,25 +80,73 @@ def directives(text: str) -> list[str]:
     return [line for line in text.splitlines() if line and not line.startswith(("#", "["))]
 
 
-def test_gpu_unit_opens_only_the_nvidia_devices(tmp_path: Path) -> None:
-    text = (render_to(tmp_path, host_config("nixos", True)) / "llamanix-a.service").read_text()
+# A GPU system unit's device lines (ProcSubset= onwards), in order, per gpu_sandbox.
+GPU_DEVICE_LINES = [
+    "ProcSubset=all",
+    "DevicePolicy=closed",
+    "DeviceAllow=char-nvidiactl rw",
+    "DeviceAllow=char-nvidia-frontend rw",
+    "DeviceAllow=char-nvidia-uvm rw",
+    "DeviceAllow=char-nvidia-caps rw",
+]
+DEVICE_ALLOW_SHAPE = [*GPU_DEVICE_LINES, "PrivateDevices=no"]
+PRIVATE_DEV_SHAPE = [
+    *GPU_DEVICE_LINES,
+    "PrivateDevices=yes",
+    "BindPaths=/dev/nvidiactl",
+    "BindPaths=/dev/nvidia-uvm",
+    "BindPaths=-/dev/nvidia-uvm-tools",
+    "BindPaths=-/dev/nvidia-caps",
+    *(f"BindPaths=-/dev/nvidia{i}" for i in range(16)),
+]
+
+
+def device_lines(lines: list[str]) -> list[str]:
+    """The [Service] section from ProcSubset= on: where the GPU and CPU shapes differ."""
+    start = next(i for i, line in enumerate(lines) if line.startswith("ProcSubset="))
+    return lines[start : lines.index("WantedBy=multi-user.target")]
+
+
+@pytest.mark.parametrize(
+    ("sandbox", "shape"),
+    [
+        (None, DEVICE_ALLOW_SHAPE),
+        ("device-allow", DEVICE_ALLOW_SHAPE),
+        ("private-dev", PRIVATE_DEV_SHAPE),
+    ],
+    ids=["default", "device-allow", "private-dev"],
+)
+@pytest.mark.parametrize("kind", ["nixos", "systemd"])
+def test_gpu_unit_opens_only_the_nvidia_devices(
+    tmp_path: Path, kind: str, sandbox: str | None, shape: list[str]
+) -> None:
+    # The default follows nixpkgs' ollama and llama-cpp modules; the private /dev is opt-in.
+    text = (
+        render_to(tmp_path, host_config(kind, True, sandbox)) / "llamanix-a.service"
+    ).read_text()
     lines = directives(text)
+    assert device_lines(lines) == shape
     for expected in (
-        "DevicePolicy=closed",
-        "DeviceAllow=char-nvidiactl rw",
-        "DeviceAllow=char-nvidia-frontend rw",
-        "DeviceAllow=char-nvidia-uvm rw",
-        "DeviceAllow=char-nvidia-caps rw",
-        "PrivateDevices=yes",
-        "BindPaths=/dev/nvidiactl",
-        "BindPaths=/dev/nvidia-uvm",
-        "BindPaths=-/dev/nvidia0",
         "SystemCallFilter=@system-service @resources",
         "SystemCallFilter=~@privileged",
-        "ProcSubset=all",
     ):
         assert expected in lines
     assert not any(line.startswith("SupplementaryGroups") for line in lines)
+
+
+@pytest.mark.parametrize("sandbox", [None, "private-dev"], ids=["default", "private-dev"])
+def test_gpu_sandbox_leaves_cpu_units_alone(tmp_path: Path, sandbox: str | None) -> None:
+    # gpu_layers = 0 keeps an instance on the CPU on a GPU host: the CPU shape, whatever the host's
+    # GPU sandbox.
+    data = host_config("nixos", True, sandbox, gpu_layers=0)
+    lines = directives((render_to(tmp_path, data) / "llamanix-a.service").read_text())
+    assert device_lines(lines) == ["ProcSubset=pid", "PrivateDevices=yes"]
+
+
+def test_gpu_sandbox_must_be_a_known_shape(tmp_path: Path) -> None:
+    with pytest.raises(UserError) as err:
+        parse_config(host_config("nixos", True, "none"), str(tmp_path / "llamanix.toml"))
+    assert "hosts.h.gpu_sandbox" in str(err.value)
 
 
 def test_cpu_unit_hardening(tmp_path: Path) -> None:

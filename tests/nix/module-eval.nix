@@ -43,7 +43,8 @@ let
       schemaOptions = import ../../nix/schema-options.nix { inherit lib; };
       withDefaults =
         options: values: builtins.mapAttrs (name: option: values.${name} or (option.default or null)) options;
-      # The module's own defaults: variant from the schema, cudaArchs from the host.
+      # The module's own defaults: variant and gpuSandbox from the schema, cudaArchs from the
+      # host.
       hostArchs = settings.cudaArchs or [
         "8.6"
         "12.0"
@@ -67,6 +68,7 @@ let
         inherit host;
         gpu = settings.gpu or null;
         cudaArchs = hostArchs;
+        gpuSandbox = settings.gpuSandbox or llamanixLib.schema.hosts.gpu_sandbox.default;
         instances = builtins.mapAttrs (name: values: {
           binary = "${packages.${name}}/bin/llama-server";
           instance = instance values;

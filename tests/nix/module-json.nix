@@ -3,9 +3,9 @@
 #
 #   nix-instantiate --eval --strict --json tests/nix/module-json.nix --argstr spec '{...}'
 #
-# spec: { host, gpu?, cudaArchs?, instances: { NAME: { binary, settings } } }, where settings are
-# what a user writes under services.llamanix.instances.NAME (options left out take their
-# defaults, as the module system would give them).
+# spec: { host, gpu?, cudaArchs?, gpuSandbox?, instances: { NAME: { binary, settings } } }, where
+# settings are what a user writes under services.llamanix.instances.NAME (options left out take
+# their defaults, as the module system would give them).
 { spec }:
 let
   lib = import ./stub-lib.nix;
@@ -28,6 +28,8 @@ llamanixLib.configData {
   inherit (args) host;
   gpu = args.gpu or null;
   cudaArchs = args.cudaArchs or [ ];
+  # The module's default, from the schema, as services.llamanix.gpuSandbox gives it.
+  gpuSandbox = args.gpuSandbox or llamanixLib.schema.hosts.gpu_sandbox.default;
   instances = builtins.mapAttrs (_: i: {
     inherit (i) binary;
     instance = optionValues i.settings;

@@ -77,6 +77,10 @@ in
   moduleHostOptionTypes = {
     gpu = strip top.gpu.type;
     cudaArchs = strip top.cudaArchs.type;
+    gpuSandbox = strip top.gpuSandbox.type;
+  };
+  moduleHostOptionDefaults = {
+    gpuSandbox = top.gpuSandbox.default;
   };
 
   inherit (import ../../nix/lib.nix)

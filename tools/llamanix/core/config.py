@@ -20,7 +20,13 @@ from typing import Any, cast
 from llamanix.core import schema
 from llamanix.core.errors import Problem, UserError
 from llamanix.core.gpus import load_gpus
-from llamanix.core.schema import SPEC_TYPES_WITH_DRAFT_MODEL, Field, HostKind, VariantName
+from llamanix.core.schema import (
+    SPEC_TYPES_WITH_DRAFT_MODEL,
+    Field,
+    GpuSandbox,
+    HostKind,
+    VariantName,
+)
 from llamanix.core.variants import VARIANTS, Variant
 
 IMPLICIT_HOST = "local"
@@ -60,6 +66,7 @@ class Host:
     gpu: str | None = None
     cuda_archs: tuple[str, ...] = ()
     binaries: dict[str, str] = field(default_factory=dict)
+    gpu_sandbox: GpuSandbox = "device-allow"
 
     @property
     def has_gpu(self) -> bool:
@@ -344,6 +351,8 @@ def _parse_hosts(c: _Checker, raw: dict[str, Any]) -> dict[str, Host]:
             gpu=gpu,
             cuda_archs=tuple(archs),
             binaries=dict(binaries),
+            # checked against the enum
+            gpu_sandbox=cast(GpuSandbox, values.get("gpu_sandbox") or "device-allow"),
         )
     return hosts
 

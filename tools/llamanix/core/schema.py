@@ -55,6 +55,11 @@ HostKind = Literal["nixos", "systemd", "systemd-user"]
 VariantName = Literal["nixpkgs", "upstream", "ik", "mtp", "beellama"]
 VARIANT_NAMES: tuple[VariantName, ...] = get_args(VariantName)
 HOST_KINDS: tuple[HostKind, ...] = get_args(HostKind)
+# How a GPU system unit reaches the NVIDIA devices (render/templates/llamanix.service.j2 says
+# what each one writes). "device-allow" is what nixpkgs' ollama and llama-cpp modules do;
+# "private-dev" has not yet run CUDA on a real GPU.
+GpuSandbox = Literal["device-allow", "private-dev"]
+GPU_SANDBOXES: tuple[GpuSandbox, ...] = get_args(GpuSandbox)
 FLASH_ATTN = ("on", "off", "auto")
 # The cache types every variant shares; a variant may add more (ik: q6_0, q8_KV; BeeLlama: the
 # TurboQuant types). The config accepts all of them; the variant check narrows it down.
@@ -104,6 +109,16 @@ HOST_FIELDS: tuple[Field, ...] = (
         DICT_STR,
         "Path of llama-server per variant on systemd hosts (NixOS hosts use the flake's packages).",
         example={"upstream": "/opt/llama.cpp/bin/llama-server"},
+    ),
+    Field(
+        "gpu_sandbox",
+        ENUM,
+        "How GPU system units reach the NVIDIA devices: `device-allow` keeps the host's /dev "
+        "and lets only the NVIDIA devices open (as nixpkgs' ollama and llama-cpp modules do); "
+        "`private-dev` gives a private /dev with the NVIDIA nodes bound in (not yet verified "
+        "on a real GPU). User units and CPU units ignore it.",
+        "device-allow",
+        GPU_SANDBOXES,
     ),
 )
 

@@ -28,10 +28,11 @@ from llamanix.external.files import atomic_write
 from llamanix.render.manifest import MANIFEST, Render, RenderedInstance
 
 PREVIOUS = ".previous"
-# The NVIDIA device nodes CUDA opens (the driver README's "device files"), bound into a GPU
-# unit's private /dev the way container runtimes do. "-": a node absent on this machine (a GPU
-# index beyond the installed ones, nvidia-caps without MIG) is skipped; the control and UVM nodes
-# are required, so a host that has not created them fails the start with the missing path.
+# The NVIDIA device nodes CUDA opens (the driver README's "device files"), bound into the private
+# /dev of a GPU system unit with gpu_sandbox = "private-dev", the way container runtimes do. "-":
+# a node absent on this machine (a GPU index beyond the installed ones, nvidia-caps without MIG)
+# is skipped; the control and UVM nodes are required, so a host that has not created them fails
+# the start with the missing path.
 NVIDIA_NODES = (
     "/dev/nvidiactl",
     "/dev/nvidia-uvm",
@@ -265,6 +266,7 @@ def render_instance(
         protect_home=protect_home,
         ip_allow=None if downloads(argv) else ip_allow_list(inst.listen),
         resources=gpu or needs_resource_syscalls(argv, inst.environment),
+        gpu_sandbox=host.gpu_sandbox,
         nvidia_nodes=NVIDIA_NODES,
         wanted_by="default.target" if user else "multi-user.target",
     )
