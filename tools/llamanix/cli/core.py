@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from llamanix.cli.completion import complete_hosts, complete_instances
@@ -19,7 +20,7 @@ from llamanix.core.config import Config, load_config
 from llamanix.core.errors import Problem, UserError
 from llamanix.core.probe import Capabilities, load_capabilities
 from llamanix.core.probe_diff import probe_diff
-from llamanix.deploy.plan import plan_config
+from llamanix.deploy.plan import plan_config, unseen
 from llamanix.external.llama_server import probe_binary
 from llamanix.render.units import CapabilityMap, render_host, write_render
 
@@ -70,9 +71,16 @@ def validate(config: Path, capabilities: tuple[str, ...], as_json: bool) -> None
     caps = _load_caps(capabilities)
     try:
         cfg = load_config(config)
+        problems: list[Problem] = []
         for host in cfg.hosts:
-            if cfg.instances_on(host):
-                render_host(cfg, host, caps)
+            if not cfg.instances_on(host):
+                continue
+            try:
+                problems += unseen(cfg, render_host(cfg, host, caps))
+            except UserError as err:
+                problems += err.problems
+        if problems:
+            raise UserError(problems)
     except UserError as err:
         if as_json:
             _echo_json({"ok": False, "problems": [str(p) for p in err.problems]})
@@ -167,6 +175,9 @@ def plan(
                 "-" if exposure is None else f"{exposure:.1f}",
             )
         console.print(table)
+        # What validate refuses: a plan still shows what would run, with these on top.
+        for line in host_plan["unseen_paths"]:
+            console.print(f"[yellow]warning[/]: {escape(line)}", highlight=False)
         for row in host_plan["instances"]:
             console.print(f"[bold]{row['name']}[/]: {shlex.join(row['argv'])}", highlight=False)
             for warning in row["warnings"]:

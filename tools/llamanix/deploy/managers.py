@@ -301,6 +301,13 @@ def user_units_dir() -> Path:
     return Path(base) / "systemd" / "user"
 
 
+def runs_under_up(config: Config, host: str) -> bool:
+    """Whether ``llamanix up`` runs the host from beside the config: its last switch went
+    through ``--manager up``, or a live ``up`` owns the host's default directory."""
+    state = HostState.beside(Path(config.source), host)
+    return state.manager().get("manager") == "up" or read_status(state.root / "up") is not None
+
+
 def make_manager(
     config: Config, host: str, state: HostState, manager: str | None, units_dir: Path | None
 ) -> Manager:

@@ -7,13 +7,15 @@ from pathlib import Path
 from typing import Any
 
 from llamanix.core.config import Config, Host, Instance
-from llamanix.core.errors import UserError
+from llamanix.core.errors import Problem, UserError
 from llamanix.core.probe_diff import flip_warning, probe_diff
 from llamanix.core.variants import VARIANTS
+from llamanix.deploy.managers import runs_under_up
 from llamanix.external import systemd_analyze
 from llamanix.external.files import atomic_write
 from llamanix.external.nix import locked_revisions
-from llamanix.render.manifest import RenderedInstance
+from llamanix.render.manifest import Render, RenderedInstance
+from llamanix.render.paths import unseen_paths
 from llamanix.render.units import CapabilityMap, capabilities_for, pick_host, render_host
 
 
@@ -96,6 +98,18 @@ def fit_summary(fit: dict[str, Any] | None) -> str | None:
     return f"{verdict} {used:.1f}/{total:.0f} GiB, <= {fit['ceiling_tok_s']:.0f} tok/s"
 
 
+def unseen(config: Config, render: Render) -> list[Problem]:
+    """Paths the host's units will not see or cannot use (see core.visibility).
+
+    Not for a NixOS host (the module builds its units and puts the programs in the store) nor
+    for one that ``llamanix up`` runs here (no sandbox); for a remote host (``target``) only
+    where each path is counts, since its files are not here to read.
+    """
+    if render.kind == "nixos" or runs_under_up(config, render.host):
+        return []
+    return unseen_paths(config, render, local=config.hosts[render.host].target is None)
+
+
 def _exposure(rendered: RenderedInstance, tmp: Path) -> float | None:
     unit = tmp / rendered.unit
     atomic_write(unit, rendered.unit_text)
@@ -152,7 +166,11 @@ def plan_config(
                         "fit": fit_summary(fit),
                     }
                 )
-            out["hosts"][name] = {"kind": render.kind, "instances": rows}
+            out["hosts"][name] = {
+                "kind": render.kind,
+                "instances": rows,
+                "unseen_paths": [str(p) for p in unseen(config, render)],
+            }
             if render.kind == "systemd-user":
                 # systemd-analyze --offline scores any unit as a system service running as
                 # root; user units run unprivileged, so their score reads worse than it is.

@@ -19,12 +19,15 @@ from pathlib import Path
 
 import jinja2
 
+import llamanix
 from llamanix.core.argv import dialect_warning, flatten, instance_arg_pieces, resolve_variant
 from llamanix.core.config import Config, Instance, suggest
 from llamanix.core.errors import Problem, UserError
 from llamanix.core.probe import Capabilities
 from llamanix.core.readiness import start_timeout_s
+from llamanix.core.visibility import protect_home
 from llamanix.external.files import atomic_write
+from llamanix.external.paths import script_interpreter
 from llamanix.render.manifest import MANIFEST, Render, RenderedInstance
 
 PREVIOUS = ".previous"
@@ -76,6 +79,24 @@ def llamanix_command() -> list[str]:
     if found:
         return [str(Path(found).resolve())]
     return [str(Path(sys.executable).absolute()), "-m", "llamanix"]
+
+
+def llamanix_paths() -> list[str]:
+    """What of llamanix the unit's readiness check must see: the command, the interpreter its
+    ``#!`` line names (a venv's python, which may be a symlink elsewhere) and the package.
+
+    The package is this process's: the command on PATH is assumed to be the same install.
+    """
+    command = llamanix_command()[0]
+    interpreter = script_interpreter(command)
+    package = str(Path(llamanix.__file__).resolve().parent)
+    return [command, *([interpreter] if interpreter else []), package]
+
+
+def home_paths(inst: Instance, program: str) -> list[str]:
+    """The paths of an instance's unit that ProtectHome= must leave visible: what it runs (the
+    server and llamanix itself, the readiness check) and the models it reads."""
+    return [program, inst.model, inst.speculative.draft_model or "", llamanix_command()[0]]
 
 
 def readiness_url(listen: str, port: int) -> str:
@@ -246,10 +267,9 @@ def render_instance(
     ]
     # gpu_layers = 0 keeps an instance on the CPU even on a GPU host: no device access then.
     gpu = (host.has_gpu or (caps is not None and caps.cuda)) and inst.gpu_layers != 0
-    # Models often live in a home directory on desktop machines; read-only keeps them readable.
-    # llamanix itself (the readiness check) may be installed in a home directory, too.
-    paths = [inst.model, inst.speculative.draft_model or "", llamanix_command()[0]]
-    protect_home = "read-only" if any(p.startswith(("/home/", "/root/")) for p in paths) else "yes"
+    # Models and builds often live in a home directory on desktop machines; read-only keeps
+    # them readable. llamanix itself (the readiness check) may be installed there, too.
+    home = protect_home(home_paths(inst, argv[0]))
     model_files = [p for p in (inst.model, inst.speculative.draft_model) if p]
     text = _template().render(
         source=Path(config.source).name,
@@ -263,7 +283,7 @@ def render_instance(
         api_key_file=inst.api_key_file,
         user=user,
         gpu=gpu,
-        protect_home=protect_home,
+        protect_home=home,
         ip_allow=None if downloads(argv) else ip_allow_list(inst.listen),
         resources=gpu or needs_resource_syscalls(argv, inst.environment),
         gpu_sandbox=host.gpu_sandbox,
