@@ -22,9 +22,8 @@ from typing import Any
 import pytest
 
 from llamanix.core.errors import UserError
-from llamanix.external import llama_server
+from llamanix.external import llama_server, pip
 from llamanix.measure.server_process import LlamaServer, processes_with_env
-from llamanix.external import pip
 from llamanix.testbed import hosts, server_build
 from llamanix.testbed.demo import DemoModels, write_models
 from llamanix.testbed.synth import SynthSpec, synth_model

@@ -88,7 +88,9 @@ def chat(host: Host, port: int, key: str | None = None) -> str:
     return done.stdout.strip() or done.stderr.strip()
 
 
-def wait_chat(host: Host, port: int, want: str, key: str | None = None, within_s: float = 90) -> str:
+def wait_chat(
+    host: Host, port: int, want: str, key: str | None = None, within_s: float = 90
+) -> str:
     deadline = time.monotonic() + within_s
     while True:
         got = chat(host, port, key)
@@ -123,9 +125,7 @@ print("\\n".join(found))
 def key_leaks(host: Host, key: str, *places: str) -> list[str]:
     """Every file under ``places``, every process's argv and environment, and the whole journal
     that hold ``key`` (the key file itself and systemd's credential copies are its home)."""
-    done = host.run(
-        [f"{hosts.VENV}/bin/python", "-c", _LEAKS, *places], input_text=key, check=True
-    )
+    done = host.run([f"{hosts.VENV}/bin/python", "-c", _LEAKS, *places], input_text=key, check=True)
     found = [line for line in done.stdout.splitlines() if line and line != KEY_FILE]
     journal = host.run(["journalctl", "--no-pager", "-o", "cat", "-b"], check=False).stdout
     if key in journal:
@@ -150,7 +150,9 @@ def exposure(host: Host, unit: str, *, user: str | None = None, offline: bool = 
     return float(m.group(1))
 
 
-def generations(host: Host, config: str = CONFIG, user: str | None = None) -> list[dict[str, object]]:
+def generations(
+    host: Host, config: str = CONFIG, user: str | None = None
+) -> list[dict[str, object]]:
     done = llamanix(host, "generations", config, "--json", user=user, check=True)
     data = json.loads(done.stdout)
     assert isinstance(data, list)
@@ -170,7 +172,8 @@ rm -rf /etc/llamanix
 """
     host.sh(script, check=False)
     user_script = """
-for u in $(systemctl --user list-units --all --plain --no-legend 'llamanix-*' | awk '{print $1}'); do
+units=$(systemctl --user list-units --all --plain --no-legend 'llamanix-*' | awk '{print $1}')
+for u in $units; do
   systemctl --user disable --now "$u" || true
 done
 rm -rf ~/.config/systemd/user/llamanix-* ~/.config/systemd/user/default.target.wants/llamanix-*

@@ -22,7 +22,8 @@ from test_inspect import qwen35_like
 from llamanix.cli import main
 from llamanix.core.argv import instance_argv
 from llamanix.core.config import load_config
-from llamanix.measure.doctor import NVIDIA_SMI_ARGV, journalctl_argv, parse_nvidia_smi
+from llamanix.external.journalctl import journalctl_argv
+from llamanix.measure.doctor import NVIDIA_SMI_ARGV, parse_nvidia_smi
 from llamanix.measure.server_process import LlamaServer, ServerStartError, free_port
 
 if TYPE_CHECKING:

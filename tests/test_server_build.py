@@ -274,7 +274,6 @@ def extraction(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) 
     Python predates the filters (Debian 12's 3.11.2 has neither data_filter nor filter=)."""
     if request.param == "python-3.11.2":
         monkeypatch.setattr(sb, "_DATA_FILTER", None)
-        monkeypatch.setattr(sb, "_NO_FILTER", {})
     elif sb._DATA_FILTER is None:
         pytest.skip("this Python has no tarfile.data_filter")
     return str(request.param)

@@ -39,7 +39,7 @@ COMMAND_GROUPS: dict[str, tuple[str, ...]] = {
         "doctor",
         "smoke",
     ),
-    "Test bed": ("build-server", "synth-model", "demo"),
+    "Test bed": ("build-server", "synth-model", "demo", "host-shell"),
 }
 
 

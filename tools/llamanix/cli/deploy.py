@@ -266,17 +266,21 @@ def generations(config: Path, host: str | None, as_json: bool) -> None:
     cfg = load_config(config)
     state = HostState.beside(config, pick_host(cfg, host))
     current = state.current()
+    now = managers.not_serving_now(cfg, state.host, state)
     rows = []
     for gen in state.generations():
         result = gen.result
+        is_current = current is not None and current.number == gen.number
         rows.append(
             {
                 "number": gen.number,
-                "current": current is not None and current.number == gen.number,
+                "current": is_current,
                 "date": result.get("date"),
                 "instances": result.get("instances", {}),
                 "gate": result.get("gate", {}),
                 "rollback": result.get("rollback"),
+                # What systemd says now of the current generation's units that do not serve.
+                "not_serving_now": now if is_current else {},
             }
         )
     if as_json:
@@ -300,6 +304,11 @@ def generations(config: Path, host: str | None, as_json: bool) -> None:
                     f"\n{name}: {bench.get('decision')} {interval['ratio']:.3f} "
                     f"[{interval['low']:.3f}, {interval['high']:.3f}]"
                 )
+        for name, found in sorted((gate.get("instances") or {}).items()):
+            if not found.get("passed", True) and found.get("detail"):
+                verdict += f"\n{name}: {found['detail']}"
+        for name, why in sorted(row["not_serving_now"].items()):
+            verdict += f"\nnow {name}: {why}"
         table.add_row(
             f"{row['number']}{' *' if row['current'] else ''}", str(row["date"]), instances, verdict
         )

@@ -112,6 +112,10 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "llamanix synth-model target.gguf --layers 1 --passthrough 11 --embd 512 --ff 2048 "
         "--type f32",
     ),
+    "host-shell": (
+        "sudo llamanix host-shell debian12",
+        "sudo llamanix host-shell debian13 --bare",
+    ),
     "demo": (
         "llamanix demo",
         "llamanix demo --json",

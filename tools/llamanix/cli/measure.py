@@ -22,6 +22,7 @@ from llamanix.core.config import load_config
 from llamanix.core.errors import Problem, UserError
 from llamanix.core.gpus import Gpu, load_gpus
 from llamanix.external.files import atomic_write
+from llamanix.external.journalctl import read_journal
 from llamanix.measure import bench as benchmod
 from llamanix.measure import doctor
 from llamanix.measure import lossless as losslessmod
@@ -785,7 +786,7 @@ def doctor_cmd(
                 )
             )
         inputs.log = parse_server_log(
-            doctor.read_journal(doctor.unit_name(instance), user=host.kind == "systemd-user")
+            read_journal(doctor.unit_name(instance), user=host.kind == "systemd-user")
         )
     if url is not None:
         assert instance is not None

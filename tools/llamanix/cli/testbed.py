@@ -11,7 +11,8 @@ from rich.console import Console
 from llamanix.external.files import atomic_write
 from llamanix.external.llama_server import binary_version_line
 from llamanix.testbed import demo as demo_module
-from llamanix.testbed import server_build
+from llamanix.testbed import hosts, server_build
+from llamanix.testbed.hosts import HOST_NAMES
 from llamanix.testbed.synth import TYPES, SynthSpec, synth_model
 
 
@@ -203,8 +204,46 @@ def demo(
         console.print(demo_module.gate_table(result.gate))
 
 
+def _checkout() -> Path | None:
+    """The checkout this llamanix runs from, when it runs from one (tools/llamanix/...)."""
+    root = Path(__file__).resolve().parents[3]
+    return root if (root / "pyproject.toml").is_file() else None
+
+
+@click.command("host-shell")
+@click.argument("name", type=click.Choice(HOST_NAMES))
+@click.option(
+    "--project",
+    type=click.Path(path_type=Path, file_okay=False, exists=True),
+    help="The checkout to install into the host's /opt/llamanix venv (default: this one).",
+)
+@click.option("--bare", is_flag=True, help="Install nothing: the distribution as booted.")
+@click.option(
+    "--workdir",
+    type=click.Path(path_type=Path, file_okay=False),
+    help="Where the host's root file system is unpacked (default: a temporary directory).",
+)
+def host_shell(name: str, project: Path | None, bare: bool, workdir: Path | None) -> None:
+    """Boot a test host (systemd as PID 1) and open a root shell in it, as the tests see it.
+
+    The same hosts the test suite drives: Debian 12 (systemd 252) or Debian 13 (systemd 257),
+    built once with mmdebstrap and cached under ~/.cache/llamanix/hosts, booted with
+    systemd-nspawn in a network namespace of its own. llamanix is installed from the checkout's
+    wheel into a venv at /opt/llamanix and the cached CPU llama-server into /usr/local/bin.
+    The host is powered off and removed when the shell exits. Needs root.
+    """
+    import tempfile
+
+    project = None if bare else (project or _checkout())
+    binary = None if bare else server_build.ensure_llama_server(progress=True)
+    with tempfile.TemporaryDirectory(prefix=f"llamanix-{name}.", dir=workdir) as tmp:
+        code = hosts.shell(name, Path(tmp), project, binary)
+    raise SystemExit(code)
+
+
 def register(group: click.Group) -> None:
     """Add this module's commands to the main group."""
     group.add_command(build_server)
     group.add_command(synth_model_command)
     group.add_command(demo)
+    group.add_command(host_shell)

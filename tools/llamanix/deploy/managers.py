@@ -8,7 +8,7 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol, get_args
@@ -19,6 +19,7 @@ from llamanix.deploy.generations import HostState
 from llamanix.deploy.supervisor import SETTLED, load_specs, read_status
 from llamanix.external import nix, systemctl
 from llamanix.external.files import atomic_write
+from llamanix.external.journalctl import read_journal
 from llamanix.external.process import Runner
 from llamanix.render.manifest import MANIFEST, Render
 
@@ -173,8 +174,28 @@ class SystemdManager:
         install_files(runner, self.units_dir, new_u, old_u, _is_unit)
         systemctl.daemon_reload(runner, self.user)
         systemctl.enable(runner, self.user, added)
-        systemctl.restart(runner, self.user, changed)
-        return {}
+        if systemctl.restart(runner, self.user, changed, check=False) or runner.dry_run:
+            return {}
+        return self.not_serving(changed)
+
+    def not_serving(self, units: Sequence[str]) -> dict[str, str]:
+        """{instance: why} for each unit that is not active: systemd's verdict, then the last
+        line the unit itself printed (the server's own complaint, or the readiness check's)."""
+        found: dict[str, str] = {}
+        for unit in units:
+            state = systemctl.show(self.user, unit)
+            if state.serving:
+                continue
+            why = state.describe()
+            try:
+                lines = read_journal(unit, self.user, lines=20, own=True).strip().splitlines()
+            except ExternalCommandError:
+                lines = []
+            server = [line for line in lines if not line.startswith("llamanix readiness:")]
+            if server or lines:
+                why += f": {(server or lines)[-1].strip()}"
+            found[unit[len("llamanix-") : -len(".service")]] = why
+        return found
 
     def restore(
         self, runner: Runner, old: dict[str, str], new: dict[str, str], timeout_s: float
@@ -332,3 +353,19 @@ def make_manager(
     if kind == "systemd-user":
         return SystemdManager(units_dir or user_units_dir(), user=True)
     return SystemdManager(units_dir or Path("/etc/systemd/system"), user=False)
+
+
+def not_serving_now(config: Config, host: str, state: HostState) -> dict[str, str]:
+    """{instance: why} for the current generation's units that systemd is not running now
+    (a crash loop it gave up on after StartLimitBurst, say); empty for other managers."""
+    current = state.current()
+    if current is None:
+        return {}
+    manager = make_manager(config, host, state, None, None)
+    if not isinstance(manager, SystemdManager):
+        return {}
+    units = [f"llamanix-{name}.service" for name in manifest_instances(current.files())]
+    try:
+        return manager.not_serving(units)
+    except ExternalCommandError as err:
+        return {"*": f"cannot ask systemd: {err}"}

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import tarfile
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 
@@ -21,3 +23,18 @@ def atomic_write(path: Path, data: str | bytes, mode: int = 0o644) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def extract_trusted(
+    tar: tarfile.TarFile,
+    dest: Path,
+    members: Sequence[tarfile.TarInfo] | None = None,
+    numeric_owner: bool = False,
+) -> None:
+    """Extract ``members`` (all when None) exactly as archived: for archives llamanix made or
+    already filtered itself. Pythons before 3.11.4 (Debian 12 ships 3.11.2) have no ``filter``
+    argument and extract this way anyway."""
+    if hasattr(tarfile, "data_filter"):
+        tar.extractall(dest, members, numeric_owner=numeric_owner, filter="fully_trusted")
+    else:
+        tar.extractall(dest, members, numeric_owner=numeric_owner)

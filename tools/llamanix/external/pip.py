@@ -24,9 +24,9 @@ def download_argv(python: str, requirements: Sequence[str], out: Path) -> list[s
     """Binary wheels of ``requirements`` (and what they need) for CPython ``python`` ("3.13")
     on this machine's architecture, whatever Python runs this."""
     machine = platform.machine()
-    platforms = [
-        f"manylinux_2_{minor}_{machine}" for minor in (17, 28, 31, 34)
-    ] + [f"manylinux2014_{machine}"]
+    platforms = [f"manylinux_2_{minor}_{machine}" for minor in (17, 28, 31, 34)] + [
+        f"manylinux2014_{machine}"
+    ]
     abi = "cp" + python.replace(".", "")
     argv = [
         sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:",

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Sequence
+from dataclasses import dataclass
 
+from llamanix.core.errors import ExternalCommandError
 from llamanix.external.process import Runner
 
 
@@ -15,9 +18,11 @@ def daemon_reload(runner: Runner, user: bool) -> None:
     runner.run([*_base(user), "daemon-reload"])
 
 
-def restart(runner: Runner, user: bool, units: Sequence[str]) -> None:
-    if units:
-        runner.run([*_base(user), "restart", *units])
+def restart(runner: Runner, user: bool, units: Sequence[str], check: bool = True) -> bool:
+    """Restart ``units``; False when one of them did not start (with ``check=False``)."""
+    if not units:
+        return True
+    return runner.run([*_base(user), "restart", *units], check=check).returncode == 0
 
 
 def enable(runner: Runner, user: bool, units: Sequence[str]) -> None:
@@ -28,3 +33,57 @@ def enable(runner: Runner, user: bool, units: Sequence[str]) -> None:
 def disable_now(runner: Runner, user: bool, units: Sequence[str]) -> None:
     if units:
         runner.run([*_base(user), "disable", "--now", *units])
+
+
+@dataclass(frozen=True)
+class UnitState:
+    """What systemd says of a unit (``systemctl show``), read back typed."""
+
+    unit: str
+    active_state: str  # active, activating, failed, inactive ...
+    sub_state: str  # running, auto-restart (failed, and waiting for RestartSec=) ...
+    result: str  # success, exit-code, signal, timeout, start-limit-hit ...
+    restarts: int
+    main_status: int | None  # the main process's last exit status
+
+    @property
+    def serving(self) -> bool:
+        return self.active_state == "active"
+
+    def describe(self) -> str:
+        status = f", exit status {self.main_status}" if self.main_status else ""
+        restarts = f", {self.restarts} restarts" if self.restarts else ""
+        state = self.active_state
+        if self.sub_state == "auto-restart":
+            state = "failed, restart pending"
+        return f"{self.unit} {state} ({self.result}{status}{restarts})"
+
+
+SHOW_PROPERTIES = ("ActiveState", "SubState", "Result", "NRestarts", "ExecMainStatus")
+
+
+def show_argv(user: bool, unit: str) -> list[str]:
+    return [*_base(user), "show", unit, "--property", ",".join(SHOW_PROPERTIES)]
+
+
+def show(user: bool, unit: str) -> UnitState:
+    """The unit's state now; a query, so it runs in dry runs too and prints nothing."""
+    argv = show_argv(user, unit)
+    try:
+        done = subprocess.run(
+            argv, capture_output=True, text=True, errors="replace", timeout=60, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise ExternalCommandError(f"{' '.join(argv)}: {err}") from None
+    if done.returncode != 0:
+        raise ExternalCommandError(f"{' '.join(argv)} failed: {done.stderr.strip()}")
+    found = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
+    status = found.get("ExecMainStatus", "")
+    return UnitState(
+        unit=unit,
+        active_state=found.get("ActiveState", "unknown"),
+        sub_state=found.get("SubState", "unknown"),
+        result=found.get("Result", "unknown"),
+        restarts=int(found.get("NRestarts") or 0),
+        main_status=int(status) if status.isdigit() else None,
+    )

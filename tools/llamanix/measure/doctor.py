@@ -20,7 +20,7 @@ import httpx
 
 from llamanix.core.argv import instance_argv
 from llamanix.core.config import Config, Host, Instance
-from llamanix.core.errors import ExternalCommandError, Problem, UserError
+from llamanix.core.errors import Problem, UserError
 from llamanix.core.gpus import Gpu
 from llamanix.core.variants import VARIANTS
 from llamanix.measure import client
@@ -36,7 +36,6 @@ Severity = Literal["error", "warning", "info"]
 MIN_ACCEPTANCE = 0.5
 # A budget above this share of the card's memory leaves no room for fragmentation.
 VRAM_WARN_SHARE = 0.95
-JOURNAL_LINES = 500
 PROBE_PROMPT = "Write a Python function that computes the Fibonacci sequence."
 PROBE_TOKENS = 64
 PROBE_TIMEOUT_S = 300.0
@@ -90,29 +89,6 @@ class Report:
 
 
 # --- external commands: one function each ---------------------------------------------------
-
-
-def journalctl_argv(unit: str, user: bool = False, lines: int = JOURNAL_LINES) -> list[str]:
-    argv = ["journalctl"]
-    if user:
-        argv.append("--user")
-    return [*argv, "-u", unit, "-n", str(lines), "--no-pager", "-o", "cat"]
-
-
-def read_journal(unit: str, user: bool = False, lines: int = JOURNAL_LINES) -> str:
-    """The unit's last log lines, as llama-server printed them."""
-    argv = journalctl_argv(unit, user, lines)
-    try:
-        proc = subprocess.run(
-            argv, capture_output=True, text=True, errors="replace", timeout=60, check=False
-        )
-    except FileNotFoundError:
-        raise ExternalCommandError("journalctl not found: use --log FILE instead") from None
-    if proc.returncode != 0:
-        raise ExternalCommandError(
-            f"{' '.join(argv)} failed with exit code {proc.returncode}: {proc.stderr.strip()}"
-        )
-    return proc.stdout
 
 
 NVIDIA_SMI_ARGV = (

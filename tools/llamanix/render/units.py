@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
-import os
 import json
+import os
 import re
 import shutil
 import sys

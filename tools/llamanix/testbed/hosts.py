@@ -35,6 +35,7 @@ from typing import IO, Literal, get_args
 
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
 from llamanix.external import container, pip
+from llamanix.external.files import extract_trusted
 from llamanix.testbed.server_build import cache_root
 
 HostName = Literal["debian12", "debian13"]
@@ -88,7 +89,7 @@ def spec_of(name: str) -> HostSpec:
         raise UserError(
             Problem("host", name, "is not a test host", "use one of: " + ", ".join(SPECS))
         )
-    return SPECS[name]  # type: ignore[index]
+    return SPECS[name]
 
 
 def hosts_cache() -> Path:
@@ -267,12 +268,14 @@ class Host:
         """Run ``argv`` inside as root, or as ``user`` with that user's login environment (its
         runtime directory and bus, so ``systemctl --user`` reaches its manager)."""
         uid = None
+        env_extra = env
         if user is not None:
             uid = self.uid_of(user)
-            env = {**self.user_env(user, uid), **(env or {})}
+            env = {**self.user_env(user, uid), **(env_extra or {})}
         else:
             # Root's login environment, not this machine's: nothing of the caller leaks in.
-            env = {"HOME": "/root", "USER": "root", "LOGNAME": "root", "PATH": ROOT_PATH, **(env or {})}
+            env = {"HOME": "/root", "USER": "root", "LOGNAME": "root", "PATH": ROOT_PATH}
+            env.update(env_extra or {})
         done = container.nsenter(
             self.pid, argv, uid=uid, env=env, input_text=input_text, timeout_s=timeout_s
         )
@@ -332,12 +335,12 @@ def unpack(spec: HostSpec, workdir: Path) -> Path:
     root.mkdir(parents=True)
     with tarfile.open(rootfs_tarball(spec)) as tar:
         # The archive is ours (mmdebstrap's output): device nodes and ownership must survive.
-        tar.extractall(root, numeric_owner=True, **_TRUSTED)
+        extract_trusted(tar, root, numeric_owner=True)
     (root / "etc/hostname").write_text(f"{spec.name}\n")
+    # As Debian's installer writes it: sudo resolves the host's own name.
+    with (root / "etc/hosts").open("a") as hosts_file:
+        hosts_file.write(f"127.0.1.1\t{spec.name}\n")
     return root
-
-
-_TRUSTED: dict[str, object] = {"filter": "fully_trusted"} if hasattr(tarfile, "data_filter") else {}
 
 
 @contextlib.contextmanager

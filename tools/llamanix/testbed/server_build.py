@@ -53,7 +53,7 @@ from rich.progress import (
 
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
 from llamanix.core.probe import commit_of
-from llamanix.external.files import atomic_write
+from llamanix.external.files import atomic_write, extract_trusted
 from llamanix.external.llama_server import binary_version_line
 
 # The one place the pinned source is named.
@@ -389,6 +389,7 @@ def extract_vendor_tree(sdist: Path, dest: Path) -> None:
     """Unpack the sdist's vendor/llama.cpp into ``dest`` (which must not exist yet)."""
     dest.mkdir(parents=True)
     with tarfile.open(sdist, "r:gz") as tar:
+        safe: list[tarfile.TarInfo] = []
         for member in tar.getmembers():
             if not member.name.startswith(VENDOR_PREFIX):
                 continue
@@ -396,18 +397,18 @@ def extract_vendor_tree(sdist: Path, dest: Path) -> None:
             renamed.name = member.name[len(VENDOR_PREFIX) :]
             if member.islnk() and member.linkname.startswith(VENDOR_PREFIX):
                 renamed.linkname = member.linkname[len(VENDOR_PREFIX) :]
-            safe = _data_member(renamed, dest)
-            if safe is not None:
-                tar.extract(safe, dest, set_attrs=True, **_NO_FILTER)
+            checked = _data_member(renamed, dest)
+            if checked is not None:
+                safe.append(checked)
+        # Every member was checked above, so they are extracted as they now are.
+        extract_trusted(tar, dest, safe)
     if not (dest / "CMakeLists.txt").is_file():
         raise ExternalCommandError(f"{sdist.name} holds no {VENDOR_PREFIX}CMakeLists.txt")
 
 
 # Python 3.11.4 added tarfile's extraction filters; Debian 12 ships 3.11.2. Where they exist,
-# their "data" filter decides; otherwise the same rules are applied here, and extract() must not
-# be given a filter argument it does not know.
+# their "data" filter decides; otherwise the same rules are applied here.
 _DATA_FILTER = getattr(tarfile, "data_filter", None)
-_NO_FILTER: dict[str, object] = {"filter": "fully_trusted"} if _DATA_FILTER else {}
 
 
 def _data_member(member: tarfile.TarInfo, dest: Path) -> tarfile.TarInfo | None:
