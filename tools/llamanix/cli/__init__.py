@@ -1,7 +1,8 @@
 """The ``llamanix`` command line (click).
 
 Commands live in one module per concern (core, testbed, measure, checks, deploy); each exposes
-``register(group)``. User mistakes become one line on stderr and exit code 2, never a traceback.
+``register(group)``. User mistakes become one line on stderr and exit code 2, never a traceback;
+SIGINT, SIGTERM and SIGHUP stop what the command started, then exit 128 + the signal's number.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import click
 
 from llamanix import __version__
 from llamanix.core.errors import ExternalCommandError, UserError
+from llamanix.external import interrupt
 
 # `llamanix --help` lists commands by job, in this order; a command missing here is listed
 # under "Other commands" so nothing is hidden.
@@ -65,15 +67,21 @@ class LlamanixGroup(click.Group):
                 formatter.write_dl(rows)
 
     def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except UserError as err:
-            for problem in err.problems:
-                click.echo(str(problem), err=True)
-            sys.exit(err.exit_code)
-        except ExternalCommandError as err:
-            click.echo(f"llamanix: {err}", err=True)
-            sys.exit(err.exit_code)
+        # SIGTERM and SIGHUP take Ctrl-C's path: the command's cleanup stops every
+        # llama-server it started, then one line and the shell's 128 + N exit code.
+        with interrupt.handled():
+            try:
+                return super().invoke(ctx)
+            except interrupt.Interrupted as err:
+                click.echo(f"llamanix: stopped by {err.name}", err=True)
+                sys.exit(err.exit_code)
+            except UserError as err:
+                for problem in err.problems:
+                    click.echo(str(problem), err=True)
+                sys.exit(err.exit_code)
+            except ExternalCommandError as err:
+                click.echo(f"llamanix: {err}", err=True)
+                sys.exit(err.exit_code)
 
 
 @click.group(cls=LlamanixGroup, context_settings={"help_option_names": ["-h", "--help"]})

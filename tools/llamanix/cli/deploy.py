@@ -85,7 +85,7 @@ def up(config: Path, host: str | None, units_dir: Path | None, start_timeout: fl
 
     The config is rendered into the units directory, then that directory is watched:
     `llamanix switch --manager up` writes a new render there and the instances whose
-    command line changed are restarted. Ctrl-C stops them all.
+    command line changed are restarted. Ctrl-C (or SIGTERM) stops them all.
     """
     cfg = load_config(config)
     name = pick_host(cfg, host)

@@ -2,7 +2,9 @@
 
 Used by the tests, the demo, smoke runs, ``up`` and the benchmarks. The server gets its own
 process group so that stopping it stops everything it started; its stdout and stderr go to a
-log file that errors quote from.
+log file that errors quote from. Its own session also keeps a terminal's Ctrl-C from reaching
+it: llamanix stops it, on that signal or any other (llamanix.external.interrupt), and a start
+or a stop that a signal interrupts still leaves no server behind.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 from types import TracebackType
 
 from llamanix.core.errors import ExternalCommandError
+from llamanix.external import interrupt
 from llamanix.measure.client import LlamaClient, NotServing
 
 DEFAULT_HOST = "127.0.0.1"
@@ -109,19 +112,21 @@ class LlamaServer:
             raise RuntimeError("LlamaServer already started")
         self.command = with_listen_address(self.argv)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("wb") as log:
-            try:
-                self.process = subprocess.Popen(
-                    self.command,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    env=dict(self.env) if self.env is not None else None,
-                    start_new_session=True,
-                )
-            except OSError as err:
-                raise ServerStartError(f"cannot run {self.command[0]}: {err}") from err
         try:
+            # A signal between the fork and the assignment would leave a server no stop()
+            # knows of; deferred, it is raised once self.process is set, and stops it.
+            with self.log_path.open("wb") as log, interrupt.deferred():
+                try:
+                    self.process = subprocess.Popen(
+                        self.command,
+                        stdin=subprocess.DEVNULL,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        env=dict(self.env) if self.env is not None else None,
+                        start_new_session=True,
+                    )
+                except OSError as err:
+                    raise ServerStartError(f"cannot run {self.command[0]}: {err}") from err
             self.wait_healthy()
         except BaseException:
             self.stop()
@@ -151,15 +156,18 @@ class LlamaServer:
         proc = self.process
         if proc is None:
             return None
-        if proc.poll() is None:
-            self._signal_group(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=self.stop_timeout_s)
-            except subprocess.TimeoutExpired:
-                self._signal_group(proc.pid, signal.SIGKILL)
-                proc.wait()
-        # Anything the server forked shares its group; leave none of it behind.
-        self._signal_group(proc.pid, signal.SIGKILL)
+        # A stop signal must not cut a stop short (between the check and the SIGTERM, or in
+        # the wait before the SIGKILL): it is raised once the server is gone.
+        with interrupt.deferred():
+            if proc.poll() is None:
+                self._signal_group(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(timeout=self.stop_timeout_s)
+                except subprocess.TimeoutExpired:
+                    self._signal_group(proc.pid, signal.SIGKILL)
+                    proc.wait()
+            # Anything the server forked shares its group; leave none of it behind.
+            self._signal_group(proc.pid, signal.SIGKILL)
         return proc.returncode
 
     @staticmethod

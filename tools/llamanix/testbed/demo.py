@@ -242,9 +242,10 @@ def run_demo(
                 if spec.enabled and spec.p_min is not None
                 else "none"
             )
-            with console.status(f"{name}: starting llama-server"):
-                server = LlamaServer(argv, work / f"{name}.log").start()
+            server = LlamaServer(argv, work / f"{name}.log")
             try:
+                with console.status(f"{name}: starting llama-server"):
+                    server.start()
                 with console.status(f"{name}: {runs} runs of {tokens} tokens"):
                     result, row = measure(server.url, name, speculation, tokens, runs)
             finally:

@@ -16,6 +16,7 @@ from typing import IO, Any
 
 from llamanix.core.errors import ExternalCommandError
 from llamanix.deploy.supervisor import read_status
+from llamanix.external import interrupt
 
 UP_START_S = 180.0
 STOP_S = 30.0
@@ -53,14 +54,17 @@ def start_up(
 
 
 def stop_up(proc: subprocess.Popen[str]) -> None:
-    """SIGINT, as Ctrl-C would (up stops its instances); a group that outlives STOP_S is killed."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=STOP_S)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    """SIGINT, as Ctrl-C would (up stops its instances); a group that outlives STOP_S is killed.
+
+    A stop signal to this process waits until up is gone (interrupt.deferred)."""
+    with interrupt.deferred():
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=STOP_S)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
 
 
 def wait_running(
@@ -96,10 +100,14 @@ def running_up(
     explain: Callable[[], str] | None = None,
     deadline_s: float = UP_START_S,
 ) -> Iterator[subprocess.Popen[str]]:
-    """`llamanix up` with INSTANCE running until the block ends; stopped on the way out."""
-    proc = start_up(config, host, stdout)
+    """`llamanix up` with INSTANCE running until the block ends; stopped on the way out, by a
+    stop signal too, even one that arrives while up is being started."""
+    proc: subprocess.Popen[str] | None = None
     try:
+        with interrupt.deferred():
+            proc = start_up(config, host, stdout)
         wait_running(proc, up_units(config, host), instance, explain, deadline_s)
         yield proc
     finally:
-        stop_up(proc)
+        if proc is not None:
+            stop_up(proc)
