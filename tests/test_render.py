@@ -14,7 +14,7 @@ from llamanix.cli import main
 from llamanix.core.config import parse_config
 from llamanix.core.errors import UserError
 from llamanix.external import systemd_analyze
-from llamanix.render.units import render_host, systemd_escape_arg, write_render
+from llamanix.render.units import llamanix_command, render_host, systemd_escape_arg, write_render
 
 needs_systemd = pytest.mark.skipif(
     not systemd_analyze.available(), reason="systemd-analyze is not installed"
@@ -260,3 +260,31 @@ def test_user_flag_renders_user_units(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "WantedBy=default.target" in (out / "llamanix-a.service").read_text()
     assert json.loads((out / "manifest.json").read_text())["kind"] == "systemd-user"
+
+
+@pytest.mark.parametrize(
+    ("kind", "key", "prefix", "flags"),
+    [
+        ("systemd", True, "+", " --api-key-file %d/api-key --as-server-user --pid $MAINPID"),
+        ("nixos", True, "+", " --api-key-file %d/api-key --as-server-user --pid $MAINPID"),
+        ("systemd", False, "", " --pid $MAINPID"),
+        ("systemd-user", True, "", " --api-key-file %d/api-key --pid $MAINPID"),
+    ],
+    ids=["system-keyed", "nixos-keyed", "system-unkeyed", "user-keyed"],
+)
+def test_readiness_line_per_unit_kind(
+    tmp_path: Path, kind: str, key: bool, prefix: str, flags: str
+) -> None:
+    """A keyed system unit's check starts as root ("+"), reads the credential as the server
+    sees it and becomes the server's user: before systemd 256 a DynamicUser unit's control
+    process cannot read its credentials. Everything else stays in the unit's sandbox."""
+    extra = {"api_key_file": "/etc/llamanix/api-key"} if key else {}
+    out = render_to(tmp_path, host_config(kind, False, **extra))
+    text = (out / "llamanix-a.service").read_text()
+    post = [line for line in text.splitlines() if line.startswith("ExecStartPost=")]
+    command = " ".join(systemd_escape_arg(w) for w in llamanix_command())
+    assert post == [
+        f"ExecStartPost={prefix}{command} readiness --url http://127.0.0.1:8080 "
+        f"--model /srv/models/t.gguf{flags}"
+    ]
+    assert SECRET not in text

@@ -113,8 +113,8 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "--type f32",
     ),
     "host-shell": (
-        "sudo llamanix host-shell debian12",
-        "sudo llamanix host-shell debian13 --bare",
+        "llamanix host-shell debian12",
+        "llamanix host-shell debian13 --bare",
     ),
     "demo": (
         "llamanix demo",

@@ -56,6 +56,9 @@ class UnitState:
         state = self.active_state
         if self.sub_state == "auto-restart":
             state = "failed, restart pending"
+        elif self.active_state == "failed":
+            # Restart=on-failure ended: the start limit (StartLimitBurst=) was hit.
+            state = "failed, not restarting"
         return f"{self.unit} {state} ({self.result}{status}{restarts})"
 
 

@@ -313,19 +313,22 @@ class Host:
         return self.root / inside.lstrip("/")
 
     def write(self, inside: str, data: str | bytes, mode: int = 0o644, owner: int = 0) -> None:
+        """Replace ``inside`` atomically, as a package upgrade replaces a file: a program that
+        is running keeps its old copy."""
         target = self.path(inside)
         target.parent.mkdir(parents=True, exist_ok=True)
         if isinstance(data, str):
             data = data.encode()
-        target.write_bytes(data)
-        os.chmod(target, mode)
-        os.chown(target, owner, owner)
+        staged = target.with_name(f".{target.name}.llamanix-tmp")
+        staged.write_bytes(data)
+        os.chmod(staged, mode)
+        os.chown(staged, owner, owner)
+        os.replace(staged, target)
 
-    def journal(self, unit: str, user: str | None = None) -> str:
-        argv = ["journalctl", "--no-pager", "-o", "cat"]
-        argv += ["--user-unit", unit] if user else ["-u", unit]
-        if user:
-            argv = ["journalctl", "--no-pager", "-o", "cat", f"_UID={self.uid_of(user)}"]
+    def journal(self, unit: str, user_unit: bool = False) -> str:
+        """The unit's journal since boot, as root reads it (a user unit's too)."""
+        argv = ["journalctl", "--no-pager", "-o", "cat", "-b"]
+        argv += ["--user-unit", unit] if user_unit else ["-u", unit]
         return self.run(argv, check=False).stdout
 
 
