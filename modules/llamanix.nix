@@ -244,7 +244,7 @@ in
     # checks the units without switching anything.
     system.build.llamanixUnits = units;
 
-    # The manifest and argv files (what `llamanix status` and the tests read back).
+    # The manifest and argv files (what `llamanix up`, `render` checks and the tests read back).
     environment.etc."llamanix".source = "${units}/share/llamanix";
     environment.systemPackages = [ cfg.packageSet.llamanix ];
   };

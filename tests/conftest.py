@@ -143,6 +143,12 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # A test that needs the real server, through any fixture, is a server test: `-m "not
+    # server"` must never build it.
+    for item in items:
+        if "llama_server_bin" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.server)
+
     # One boot per host and module: pytest groups a module-scoped parametrized fixture's tests
     # by host only when they are ordered so; keep each host's tests together.
     def host_param(item: pytest.Item) -> str:

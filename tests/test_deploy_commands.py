@@ -155,6 +155,7 @@ def test_systemd_user_uses_user_manager(tmp_path: Path, recorder: Path) -> None:
     assert commands == [
         "systemctl --user daemon-reload",
         "systemctl --user enable llamanix-qwen.service",
+        "systemctl --user reset-failed llamanix-qwen.service",
         "systemctl --user restart llamanix-qwen.service",
     ]
     assert f"# write {units / 'llamanix-qwen.service'}" in result.output
@@ -276,3 +277,14 @@ def test_switch_all_stops_at_the_first_failed_host(tmp_path: Path, recorder: Pat
         ["nixos-rebuild", "switch", "--rollback"],
     ]
     assert "switch summary" in result.output
+
+
+def test_state_dir_that_cannot_be_made_is_one_line(tmp_path: Path, recorder: Path) -> None:
+    config = write_config(tmp_path, "nixos", free_port())
+    (tmp_path / ".llamanix-state").write_text("not a directory\n")
+    result = CliRunner().invoke(main, ["switch", str(config), "--host", "gpu1"])
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(f"{config}: cannot keep host gpu1's state in "), lines
+    assert recorded(recorder) == []

@@ -122,6 +122,18 @@ def wait_active(host: Host, unit: str, within_s: float) -> dict[str, str]:
         time.sleep(0.5)
 
 
+def test_many_switches_in_a_row_all_start(host: Host) -> None:
+    """d: systemd counts every start against StartLimitBurst=5 in 10 minutes, restarts by hand
+    included; switch resets that count for what it restarts, so a user's sixth flip in ten
+    minutes still starts (it was refused with start-limit-hit before)."""
+    write_config(host, config_text(PORT))
+    for context in (1024, 2048, 1536, 1024, 2048, 1536, 1024):
+        done = _switch(host, "--set", f"instances.chat.context={context}")
+        assert done.returncode == 0, output(done)
+        assert f"-c {context}" in host.path(f"{UNITS}/{UNIT}").read_text()
+    assert chat(host, PORT) == "200"
+
+
 def test_first_switch_to_a_binary_that_cannot_load(host: Host) -> None:
     """c: the unit fails to start; switch says why (systemd's verdict and the server's own last
     line) and, with nothing installed before, returns at once instead of waiting for it."""
@@ -190,7 +202,10 @@ def test_gate_failures_roll_back_through_systemctl(host: Host) -> None:
         f"{spec}.p_min=0.0",
     ]
     sets = [w for s in bad for w in ("--set", s)]
+    # An inconclusive comparison rolls back too: this test is about the rollback through
+    # systemctl; the interval's decisions are tested in test_gate_interval.py and the demo.
     argv = [*hostbed_sudo(), "switch", CONFIG, *sets, "--gate", "bench", "--max-regression", "5"]
+    argv += ["--inconclusive", "rollback"]
     first = host_popen(host, argv)
     try:
         _wait_for_lock(host)

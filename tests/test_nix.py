@@ -21,7 +21,6 @@ from typing import Any
 import pytest
 
 from llamanix.core.variants import VARIANTS
-from llamanix.testbed import server_build
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA: dict[str, dict[str, dict[str, Any]]] = json.loads(
@@ -375,8 +374,9 @@ def test_flake_lock_pins_every_input_completely() -> None:
 
 
 @pytest.fixture(scope="module")
-def llama_server() -> Path:
-    return server_build.ensure_llama_server()
+def llama_server(llama_server_bin: Path) -> Path:
+    # Through the session fixture, so these tests are marked as server tests.
+    return llama_server_bin
 
 
 @pytest.fixture(scope="module")

@@ -29,7 +29,6 @@ import pytest
 
 from llamanix.core.config import load_config
 from llamanix.core.probe import parse_capabilities
-from llamanix.testbed import server_build
 
 ROOT = Path(__file__).resolve().parent.parent
 RENDER_UNITS = ROOT / "modules/render-units.sh"
@@ -75,8 +74,8 @@ def beellama_capabilities(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def capabilities(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    binary = server_build.ensure_llama_server()
+def capabilities(tmp_path_factory: pytest.TempPathFactory, llama_server_bin: Path) -> Path:
+    binary = llama_server_bin
     path = tmp_path_factory.mktemp("probe") / "capabilities.json"
     proc = subprocess.run(
         [sys.executable, "-m", "llamanix", "probe", str(binary), "--json"],

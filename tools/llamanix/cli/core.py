@@ -253,7 +253,9 @@ def probe(binary: Path | None, diff: tuple[Path, Path] | None, as_json: bool) ->
 
 @click.command("schema")
 @JSON_FLAG
-@click.option("--markdown", is_flag=True, help="Print the README's config reference.")
+@click.option(
+    "--markdown", is_flag=True, help="Print the config reference (docs/configuration.md)."
+)
 def schema_cmd(as_json: bool, markdown: bool) -> None:
     """Print the config schema (what the NixOS module's options are made from)."""
     if as_json:

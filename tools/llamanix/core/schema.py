@@ -1,8 +1,8 @@
 """The one source of truth for the config schema.
 
 llamanix.toml, the NixOS module's options (modules/llamanix.nix reads ``data/schema.json``,
-which ``llamanix schema --json`` regenerates and a test keeps current) and the README's config
-reference are all made from the tables below.
+which ``llamanix schema --json`` regenerates and a test keeps current) and the config reference
+in docs/configuration.md are all made from the tables below.
 """
 
 from __future__ import annotations
@@ -243,7 +243,7 @@ def _markdown_type(f: Field) -> str:
 
 
 def schema_markdown() -> str:
-    """The config reference table in the README (a test keeps the two equal)."""
+    """The config reference table of docs/configuration.md (a test keeps the two equal)."""
     out: list[str] = []
     for title, fields in (
         ("`[hosts.NAME]`", HOST_FIELDS),

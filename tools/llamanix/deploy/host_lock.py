@@ -41,8 +41,18 @@ def host_lock(
     ``what`` names the locked thing in that line ("host gpu1"), ``source`` the config or flake
     the user named.
     """
-    state_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(state_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        state_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(state_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as err:
+        raise UserError(
+            Problem(
+                source,
+                "",
+                f"cannot keep {what}'s state in {state_dir} ({err.strerror})",
+                "run llamanix as the user who owns the config's directory, or make it writable",
+            )
+        ) from None
     try:
         deadline = time.monotonic() + wait_s
         while True:

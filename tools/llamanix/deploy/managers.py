@@ -174,6 +174,7 @@ class SystemdManager:
         install_files(runner, self.units_dir, new_u, old_u, _is_unit)
         systemctl.daemon_reload(runner, self.user)
         systemctl.enable(runner, self.user, added)
+        systemctl.reset_failed(runner, self.user, changed)
         if systemctl.restart(runner, self.user, changed, check=False) or runner.dry_run:
             return {}
         return self.not_serving(changed)

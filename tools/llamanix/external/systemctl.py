@@ -18,6 +18,13 @@ def daemon_reload(runner: Runner, user: bool) -> None:
     runner.run([*_base(user), "daemon-reload"])
 
 
+def reset_failed(runner: Runner, user: bool, units: Sequence[str]) -> None:
+    """Forget the units' failed state and start count: a deliberate switch is not a crash loop,
+    and systemd counts every start, restarts by hand included, against StartLimitBurst=."""
+    if units:
+        runner.run([*_base(user), "reset-failed", *units], check=False)
+
+
 def restart(runner: Runner, user: bool, units: Sequence[str], check: bool = True) -> bool:
     """Restart ``units``; False when one of them did not start (with ``check=False``)."""
     if not units:

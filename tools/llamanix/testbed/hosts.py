@@ -316,7 +316,12 @@ class Host:
         """Replace ``inside`` atomically, as a package upgrade replaces a file: a program that
         is running keeps its old copy."""
         target = self.path(inside)
+        missing = [d for d in (target.parent, *target.parent.parents) if not d.exists()]
         target.parent.mkdir(parents=True, exist_ok=True)
+        for directory in missing:
+            # The directories made on the way belong to the file's owner, as `install -D` run
+            # by that user would make them.
+            os.chown(directory, owner, owner)
         if isinstance(data, str):
             data = data.encode()
         staged = target.with_name(f".{target.name}.llamanix-tmp")
