@@ -31,11 +31,11 @@ from llamanix.external.paths import script_interpreter
 from llamanix.render.manifest import MANIFEST, Render, RenderedInstance
 
 PREVIOUS = ".previous"
-# The NVIDIA device nodes CUDA opens (control, per-GPU, UVM and capability nodes), bound into
-# the private /dev of a GPU system unit with gpu_sandbox = "private-dev", the way container runtimes do. "-":
-# a node absent on this machine (a GPU index beyond the installed ones, nvidia-caps without MIG)
-# is skipped; the control and UVM nodes are required, so a host that has not created them fails
-# the start with the missing path.
+# The NVIDIA device nodes CUDA opens (control, per-GPU, UVM and capability nodes), bound into the
+# private /dev of a GPU system unit with gpu_sandbox = "private-dev", the way container runtimes
+# do. "-": a node absent on this machine (a GPU index beyond the installed ones, nvidia-caps
+# without MIG) is skipped; the control and UVM nodes are required, so a host that has not created
+# them fails the start with the missing path.
 NVIDIA_NODES = (
     "/dev/nvidiactl",
     "/dev/nvidia-uvm",
