@@ -268,16 +268,17 @@ def test_user_flag_renders_user_units(tmp_path: Path) -> None:
         ("systemd", True, "+", " --api-key-file %d/api-key --as-server-user --pid $MAINPID"),
         ("nixos", True, "+", " --api-key-file %d/api-key --as-server-user --pid $MAINPID"),
         ("systemd", False, "", " --pid $MAINPID"),
-        ("systemd-user", True, "", " --api-key-file %d/api-key --pid $MAINPID"),
+        ("systemd-user", True, "+", " --api-key-file %d/api-key --as-server-user --pid $MAINPID"),
     ],
     ids=["system-keyed", "nixos-keyed", "system-unkeyed", "user-keyed"],
 )
 def test_readiness_line_per_unit_kind(
     tmp_path: Path, kind: str, key: bool, prefix: str, flags: str
 ) -> None:
-    """A keyed system unit's check starts as root ("+"), reads the credential as the server
-    sees it and becomes the server's user: before systemd 256 a DynamicUser unit's control
-    process cannot read its credentials. Everything else stays in the unit's sandbox."""
+    """A keyed unit's check starts outside the sandbox ("+"), reads the credential as the
+    server sees it and becomes the server's user: before systemd 256 a unit's control process
+    cannot read its credentials (system and user units alike, on systemd 252). An unkeyed
+    check stays in the unit's sandbox."""
     extra = {"api_key_file": "/etc/llamanix/api-key"} if key else {}
     out = render_to(tmp_path, host_config(kind, False, **extra))
     text = (out / "llamanix-a.service").read_text()

@@ -80,6 +80,10 @@ def test_protect_home_is_read_only_when_a_path_is_in_a_home() -> None:
     assert protect_home(["/srv/q.gguf", "/root/bin/llama-server"]) == "read-only"
     assert protect_home(["/home/ann/q.gguf"]) == "read-only"
     assert protect_home(["/homes/q.gguf"]) == "yes"
+    # A user unit's own state and cache directories are in the user's home: "yes" would hide
+    # them (its start failed at CHDIR under a real user manager); tmpfs mounts them in.
+    assert protect_home(["/srv/q.gguf"], user=True) == "tmpfs"
+    assert protect_home(["/home/ann/q.gguf"], user=True) == "read-only"
 
 
 def test_a_model_under_tmp_is_named_without_reading_anything() -> None:

@@ -21,7 +21,7 @@ from typing import Literal
 # What the unit does with a path: reads a model (or a draft), runs the server binary, runs
 # llamanix itself (a script: read and run), or has PID 1 read the key (LoadCredential=).
 Role = Literal["model", "binary", "llamanix", "key"]
-ProtectHome = Literal["yes", "read-only"]
+ProtectHome = Literal["yes", "read-only", "tmpfs"]
 
 _HOME_DIRS = ("/home", "/root", "/run/user")  # what ProtectHome= covers
 _TMP_DIRS = ("/tmp", "/var/tmp")
@@ -93,10 +93,15 @@ def under(path: str, directory: str) -> bool:
     return path == directory or path.startswith(directory.rstrip("/") + "/")
 
 
-def protect_home(paths: list[str]) -> ProtectHome:
+def protect_home(paths: list[str], user: bool = False) -> ProtectHome:
     """The unit's ProtectHome=: read-only when something it runs or reads is in a home
-    directory, so that it stays visible."""
-    return "read-only" if any(under(p, d) for p in paths for d in ("/home", "/root")) else "yes"
+    directory, so that it stays visible. Otherwise homes are hidden: "yes" for a system unit;
+    "tmpfs" for a user unit, whose own StateDirectory= and CacheDirectory= are in the user's
+    home and are mounted into the empty /home ("yes" would hide them too, and the start fails
+    at CHDIR)."""
+    if any(under(p, d) for p in paths for d in ("/home", "/root")):
+        return "read-only"
+    return "tmpfs" if user else "yes"
 
 
 def hidden_by(path: str, sandbox: Sandbox) -> tuple[str, str] | None:
@@ -106,10 +111,10 @@ def hidden_by(path: str, sandbox: Sandbox) -> tuple[str, str] | None:
             return directory, "PrivateTmp=yes gives it an empty one"
     if sandbox.private_devices and under(path, "/dev/shm"):
         return "/dev/shm", "PrivateDevices=yes gives it its own /dev"
-    if sandbox.protect_home == "yes":
+    if sandbox.protect_home in ("yes", "tmpfs"):
         for directory in _HOME_DIRS:
             if under(path, directory):
-                return directory, "ProtectHome=yes hides it"
+                return directory, f"ProtectHome={sandbox.protect_home} hides it"
     return None
 
 

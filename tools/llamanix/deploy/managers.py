@@ -192,8 +192,13 @@ class SystemdManager:
                 lines = read_journal(unit, self.user, lines=20, own=True).strip().splitlines()
             except ExternalCommandError:
                 lines = []
+            check = [line for line in lines if line.startswith("llamanix readiness:")]
             server = [line for line in lines if not line.startswith("llamanix readiness:")]
-            if server or lines:
+            # The check's own complaint, unless it only saw the server exit: then the server's
+            # last line says why.
+            if check and "exited before serving" not in check[-1]:
+                why += f": {check[-1].strip()}"
+            elif server or lines:
                 why += f": {(server or lines)[-1].strip()}"
             found[unit[len("llamanix-") : -len(".service")]] = why
         return found

@@ -6,13 +6,14 @@ and needs no privilege, so an unkeyed unit runs it under the unit's own sandbox.
 the instance has one, is read from a file (systemd's credential directory), never taken on the
 command line or from the environment.
 
-A system unit (``DynamicUser=``) with a key cannot run it sandboxed: before systemd 256 a control
-process such as ``ExecStartPost=`` gets no readable copy of the unit's credentials (systemd 252,
-Debian 12, answers "Permission denied"). Such units start it with systemd's ``+`` prefix and
-``--as-server-user``: as root, it opens the key through the server's own view of the file system
-(``/proc/PID/root``: exactly the credential the server holds, nothing else), then gives up root
-for the server's user and group, with no supplementary groups and ``no_new_privs``, before it
-sends a single request.
+A unit with a key cannot run it sandboxed: before systemd 256 a control process such as
+``ExecStartPost=`` gets no readable copy of the unit's credentials (systemd 252, Debian 12,
+answers "Permission denied", in system units with ``DynamicUser=`` and in user units alike). Such
+units start it with systemd's ``+`` prefix and ``--as-server-user``: outside the sandbox (as root
+in a system unit, as the user in a user unit) it opens the key through the server's own view of
+the file system (``/proc/PID/root``: exactly the credential the server holds, nothing else),
+then becomes the server's user and group, with no supplementary groups and ``no_new_privs``,
+before it sends a single request.
 """
 
 from __future__ import annotations

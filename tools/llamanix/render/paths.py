@@ -49,7 +49,7 @@ def sandbox_of(config: Config, rendered: RenderedInstance, user: bool) -> Sandbo
     inst = config.instances[rendered.name]
     return Sandbox(
         dynamic_user=not user,
-        protect_home=protect_home(units.home_paths(inst, rendered.argv[0])),
+        protect_home=protect_home(units.home_paths(inst, rendered.argv[0]), user),
         # System units always get a private /dev; GPU user units keep the host's.
         private_devices=not user or not rendered.gpu,
     )

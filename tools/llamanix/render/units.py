@@ -105,16 +105,18 @@ def readiness_url(listen: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def _readiness_line(inst: Instance, api_key: bool, user: bool) -> str:
+def _readiness_line(inst: Instance, api_key: bool) -> str:
     words = [systemd_escape_arg(w) for w in llamanix_command()]
     words += ["readiness", "--url", systemd_escape_arg(readiness_url(inst.listen, inst.port))]
     for path in (inst.model, inst.speculative.draft_model):
         if path:
             words += ["--model", systemd_escape_arg(path)]
-    # A system unit's control process cannot read the credential before systemd 256: "+" starts
-    # the check as root, which reads it as the server sees it and then becomes the server's
-    # user before any request (llamanix.measure.readiness says why that is safe).
-    privileged = api_key and not user
+    # A unit's control process cannot read its credentials before systemd 256 (system units
+    # with DynamicUser=, and user units, whose sandbox is a mount namespace): "+" starts the
+    # check outside the sandbox, as root in a system unit and as the user in a user unit; it
+    # reads the key as the server sees it and becomes the server's user before any request
+    # (llamanix.measure.readiness says why that is safe).
+    privileged = api_key
     if api_key:
         words += ["--api-key-file", _CREDENTIAL_PATH]
     if privileged:
@@ -269,7 +271,7 @@ def render_instance(
     gpu = (host.has_gpu or (caps is not None and caps.cuda)) and inst.gpu_layers != 0
     # Models and builds often live in a home directory on desktop machines; read-only keeps
     # them readable. llamanix itself (the readiness check) may be installed there, too.
-    home = protect_home(home_paths(inst, argv[0]))
+    home = protect_home(home_paths(inst, argv[0]), user)
     model_files = [p for p in (inst.model, inst.speculative.draft_model) if p]
     text = _template().render(
         source=Path(config.source).name,
@@ -277,7 +279,7 @@ def render_instance(
         name=inst.name,
         variant=variant.name,
         exec_start=" ".join(words),
-        exec_start_post=_readiness_line(inst, inst.api_key_file is not None, user),
+        exec_start_post=_readiness_line(inst, inst.api_key_file is not None),
         timeout_start_s=start_timeout_s(model_files),
         environment=environment,
         api_key_file=inst.api_key_file,

@@ -192,6 +192,7 @@ class Host:
             )
             state = done.stdout.strip()
             if state in ("running", "degraded"):
+                self._like_a_real_host()
                 return
             if time.monotonic() > deadline:
                 raise ExternalCommandError(
@@ -199,6 +200,13 @@ class Host:
                     f"see {self.log_path}"
                 )
             time.sleep(0.2)
+
+    def _like_a_real_host(self) -> None:
+        """Undo what nspawn does that a real host does not have. nspawn covers /proc/kmsg with a
+        FIFO (a bind mount of a file it has deleted, for the container's journal); a user
+        manager cannot mask that with ProtectKernelLogs= and every user unit then fails with
+        226/NAMESPACE. On a real host /proc/kmsg is procfs' own file."""
+        container.nsenter(self.pid, ["umount", "/proc/kmsg"], timeout_s=30)
 
     def _wait_exit(self, timeout_s: float) -> int | None:
         if self._nspawn is None:
