@@ -205,20 +205,25 @@ def test_without_a_snapshot_only_the_location_counts() -> None:
 REPO = Path(__file__).resolve().parent.parent
 
 
+def _visible_to_anyone(directory: Path) -> bool:
+    return not any(
+        not os.stat(d).st_mode & 0o001
+        or any(str(d).startswith(z) for z in ("/tmp", "/var/tmp", "/home", "/root"))
+        for d in (directory, *directory.parents)
+    )
+
+
 @pytest.fixture
 def base() -> Iterator[Path]:
-    """A scratch directory outside /tmp (which no unit sees), in the checkout."""
-    path = Path(tempfile.mkdtemp(prefix=".visibility-", dir=REPO))
+    """A scratch directory a unit could see: the checkout when it lies in such a place, else
+    /srv, /var/lib or /opt (CI clones into /tmp, which no unit sees)."""
+    places = [REPO, Path("/srv"), Path("/var/lib"), Path("/opt")]
+    usable = [d for d in places if d.is_dir() and os.access(d, os.W_OK) and _visible_to_anyone(d)]
+    if not usable:
+        pytest.skip("no directory a unit could see is writable here (checkout, /srv, /var/lib)")
+    path = Path(tempfile.mkdtemp(prefix=".llamanix-visibility-", dir=usable[0]))
     try:
         path.chmod(0o755)
-        blocked = [
-            str(d)
-            for d in (path, *path.parents)
-            if not os.stat(d).st_mode & 0o001
-            or any(str(d).startswith(z) for z in ("/tmp", "/var/tmp", "/home", "/root"))
-        ]
-        if blocked:
-            pytest.skip(f"the checkout is in a place a unit cannot see: {blocked[0]}")
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
