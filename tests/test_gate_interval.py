@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from test_deploy_e2e import DEADLINE_S, llamanix, serving, settled_files
 
-from llamanix.deploy.gate import BASELINE_RUNS, BENCH_RUNS, Baseline, resolve
+from llamanix.deploy.gate import BASELINE_RUNS, BENCH_RUNS, Baseline, BaselineRecord, resolve
 from llamanix.measure.interval import (
     MIN_SAMPLES,
     RatioInterval,
@@ -106,13 +106,18 @@ def test_too_few_or_bad_samples_are_refused(
         ratio_interval(baseline, candidate)
 
 
+def stored(data: dict[str, Any]) -> Baseline | None:
+    return Baseline.stored(BaselineRecord.from_json(data))
+
+
 def test_stored_baselines() -> None:
     # Written before runs were kept: one median, no spread, so no baseline at all.
-    assert Baseline.stored({"tok_s": 41.5, "generation": 3}) is None
+    assert stored({"tok_s": 41.5, "generation": 3}) is None
     assert Baseline.stored(None) is None
-    assert Baseline.stored({"samples": [41.0, 42.0]}) is None  # fewer than MIN_SAMPLES
-    assert Baseline.stored({"samples": [41.0, "fast", 40.0]}) is None
-    found = Baseline.stored({"samples": [41, 42.5, 40.0], "generation": 3, "date": "d"})
+    assert stored({"samples": [41.0, 42.0]}) is None  # fewer than MIN_SAMPLES
+    assert stored({"samples": [41.0, "fast", 40.0]}) is None
+    assert stored({"samples": [41.0, 0, 40.0]}) is None
+    found = stored({"samples": [41, 42.5, 40.0], "generation": 3, "date": "d"})
     assert found == Baseline((41.0, 42.5, 40.0), "stored", 3, "d")
     assert found.to_json()["median"] == 41.0
 

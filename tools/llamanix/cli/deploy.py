@@ -16,8 +16,7 @@ from llamanix.deploy import managers
 from llamanix.deploy import pin as pin_module
 from llamanix.deploy import switch as deploy
 from llamanix.deploy.gate import DEFAULT_MAX_RUNS, GATES, GateKind
-from llamanix.deploy.generations import HostState
-from llamanix.deploy.managers import ManagerKind
+from llamanix.deploy.generations import MANAGERS, GenerationRecord, HostState, ManagerKind
 from llamanix.deploy.supervisor import DEFAULT_START_TIMEOUT_S, Supervisor
 from llamanix.external.process import Runner
 from llamanix.render.units import pick_host, render_host
@@ -55,7 +54,7 @@ def _manager_options(f: click.decorators.FC) -> click.decorators.FC:
     )(f)
     return click.option(
         "--manager",
-        type=click.Choice(managers.MANAGERS),
+        type=click.Choice(MANAGERS),
         help="Override the host's kind: 'up' installs into the directory a running "
         "`llamanix up` watches (no systemd needed).",
     )(f)
@@ -92,7 +91,7 @@ def up(config: Path, host: str | None, units_dir: Path | None, start_timeout: fl
     directory = units_dir or HostState.beside(config, name).root / "up"
     supervisor = Supervisor(directory, start_timeout_s=start_timeout, log=_echo)
     supervisor.claim()
-    render = deploy.with_source_revisions(render_host(cfg, name), cfg, "up")
+    render = deploy.with_source_revisions(render_host(cfg, name), cfg, from_flake=False)
     manager = managers.UpManager(directory)
     managers.install_files(
         Runner(echo=_echo), directory, render.files(), manager.installed(), managers.is_render_file
@@ -267,52 +266,73 @@ def generations(config: Path, host: str | None, as_json: bool) -> None:
     state = HostState.beside(config, pick_host(cfg, host))
     current = state.current()
     now = managers.not_serving_now(cfg, state.host, state)
-    rows = []
+    rows: list[tuple[int, bool, GenerationRecord, dict[str, str]]] = []
     for gen in state.generations():
-        result = gen.result
         is_current = current is not None and current.number == gen.number
-        rows.append(
-            {
-                "number": gen.number,
-                "current": is_current,
-                "date": result.get("date"),
-                "instances": result.get("instances", {}),
-                "gate": result.get("gate", {}),
-                "rollback": result.get("rollback"),
-                # What systemd says now of the current generation's units that do not serve.
-                "not_serving_now": now if is_current else {},
-            }
-        )
+        # What systemd says now of the current generation's units that do not serve.
+        rows.append((gen.number, is_current, gen.record, now if is_current else {}))
     if as_json:
-        click.echo(json.dumps(rows, indent=2))
+        listing = [
+            {
+                "number": number,
+                "current": is_current,
+                "date": record.date,
+                "instances": _as_stored({n: e.to_json() for n, e in record.instances.items()}),
+                "gate": _as_stored(record.gate.to_json() if record.gate else {}),
+                "rollback": _as_stored(record.rollback.to_json() if record.rollback else None),
+                "not_serving_now": not_serving,
+            }
+            for number, is_current, record, not_serving in rows
+        ]
+        click.echo(json.dumps(listing, indent=2))
         return
     table = Table(title=f"generations of {state.host}")
     for column in ("#", "date", "instances (variant @ revision)", "gate"):
         table.add_column(column)
-    for row in rows:
-        instances = "\n".join(
-            f"{n}: {e.get('variant')} @ {(e.get('source_revision') or 'unknown')[:12]}"
-            for n, e in sorted(row["instances"].items())
-        )
-        gate = row["gate"]
-        verdict = f"{gate.get('kind', '')} {gate.get('result', 'unknown')}".strip()
-        for name, found in sorted((gate.get("instances") or {}).items()):
-            bench = found.get("bench") or {}
-            interval = bench.get("interval")
-            if interval:  # the bench comparison: decision and candidate/baseline interval
-                verdict += (
-                    f"\n{name}: {bench.get('decision')} {interval['ratio']:.3f} "
-                    f"[{interval['low']:.3f}, {interval['high']:.3f}]"
-                )
-        for name, found in sorted((gate.get("instances") or {}).items()):
-            if not found.get("passed", True) and found.get("detail"):
-                verdict += f"\n{name}: {found['detail']}"
-        for name, why in sorted(row["not_serving_now"].items()):
-            verdict += f"\nnow {name}: {why}"
+    for number, is_current, record, not_serving in rows:
         table.add_row(
-            f"{row['number']}{' *' if row['current'] else ''}", str(row["date"]), instances, verdict
+            f"{number}{' *' if is_current else ''}",
+            str(record.date),
+            _instances_cell(record),
+            _verdict_cell(record, not_serving),
         )
     Console().print(table)
+
+
+def _as_stored(data: object) -> object:
+    """``data`` with its keys in the order of the record on disk (sorted), so the listing
+    reads like the state files."""
+    return json.loads(json.dumps(data, sort_keys=True))
+
+
+def _instances_cell(record: GenerationRecord) -> str:
+    return "\n".join(
+        f"{n}: {e.variant} @ {(e.source_revision or 'unknown')[:12]}"
+        for n, e in sorted(record.instances.items())
+    )
+
+
+def _verdict_cell(record: GenerationRecord, not_serving: dict[str, str]) -> str:
+    gate = record.gate
+    if gate is None:
+        verdict, found = "unknown", []
+    else:
+        verdict = f"{gate.kind or ''} {gate.result}".strip()
+        found = sorted((gate.instances or {}).items())
+    for name, result in found:
+        bench = result.bench
+        interval = bench.interval if bench else None
+        if bench and interval:  # the bench comparison: decision and candidate/baseline interval
+            verdict += (
+                f"\n{name}: {bench.decision} {interval.ratio:.3f} "
+                f"[{interval.low:.3f}, {interval.high:.3f}]"
+            )
+    for name, result in found:
+        if not result.passed and result.detail:
+            verdict += f"\n{name}: {result.detail}"
+    for name, why in sorted(not_serving.items()):
+        verdict += f"\nnow {name}: {why}"
+    return verdict
 
 
 @click.command()

@@ -27,34 +27,45 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from dataclasses import dataclass
-from datetime import UTC, datetime
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Literal, get_args
 
+from llamanix.core import json_fields as jf
 from llamanix.core.errors import Problem, UserError
 from llamanix.deploy.crash_point import crash_point
+from llamanix.deploy.gate import GATES, BaselineRecord, GateKind, GateResult
+from llamanix.external.clock import now
 from llamanix.external.files import atomic_write
+from llamanix.render.manifest import ManifestInstance
 
 STATE_DIR = ".llamanix-state"
 FILES = "files"
 RESULT = "result.json"
-# The gate verdict of a generation whose switch died before the gate finished.
-INTERRUPTED = "interrupted"
+
+# A generation's gate verdict: "pending" while its switch runs the gate; "unverified" for units
+# found installed before the first switch (no gate ever ran on them); "interrupted" when the
+# switch died before the verdict.
+GateOutcome = Literal["pending", "passed", "failed", "unverified", "interrupted"]
+GATE_OUTCOMES: tuple[GateOutcome, ...] = get_args(GateOutcome)
+INTERRUPTED: GateOutcome = "interrupted"
+# What a rollback may go back to: a generation that served when it was recorded.
+ROLLBACK_TARGETS: tuple[GateOutcome, ...] = ("passed", "unverified")
+
+# How units reach a host: its kind's own tool, or `llamanix up` watching a directory.
+ManagerKind = Literal["nixos", "systemd", "systemd-user", "up"]
+MANAGERS: tuple[ManagerKind, ...] = get_args(ManagerKind)
 
 
-def now() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds")
-
-
-def _read_json(path: Path) -> Any:
+def _read_json(path: Path) -> object:
     try:
         return json.loads(path.read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         return None
 
 
-def _write_json(path: Path, data: Any) -> None:
+def _write_json(path: Path, data: object) -> None:
     atomic_write(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
@@ -66,20 +77,182 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+# --- the records -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ManagerRecord:
+    """How a host was switched (``manager.json``, and each generation's ``manager``), so that
+    rollback and the next switch go the same way."""
+
+    manager: ManagerKind
+    units_dir: str | None = None  # systemd, systemd-user, up
+    flake: str | None = None  # nixos
+
+    def to_json(self) -> dict[str, str]:
+        found = {"manager": self.manager, "units_dir": self.units_dir, "flake": self.flake}
+        return {k: v for k, v in found.items() if v is not None}
+
+    @staticmethod
+    def from_json(data: object) -> ManagerRecord | None:
+        """None when the record names no manager this version knows."""
+        found = jf.table(data)
+        manager = jf.choice(found.get("manager"), MANAGERS)
+        if manager is None:
+            return None
+        return ManagerRecord(manager, jf.text(found.get("units_dir")), jf.text(found.get("flake")))
+
+
+@dataclass(frozen=True)
+class InstanceSummary:
+    """One instance as a generation lists it."""
+
+    variant: str | None
+    source_revision: str | None
+    port: int | None
+
+    @staticmethod
+    def of(entry: ManifestInstance) -> InstanceSummary:
+        return InstanceSummary(entry.variant, entry.source_revision, entry.port)
+
+    def to_json(self) -> dict[str, object]:
+        return {"variant": self.variant, "source_revision": self.source_revision, "port": self.port}
+
+    @staticmethod
+    def from_json(data: object) -> InstanceSummary:
+        found = jf.table(data)
+        return InstanceSummary(
+            jf.text(found.get("variant")),
+            jf.text(found.get("source_revision")),
+            jf.integer(found.get("port")),
+        )
+
+
+@dataclass(frozen=True)
+class GateRecord:
+    """A generation's gate: its verdict, which gate ran, and each gated instance's result
+    (absent until the gate finished)."""
+
+    result: GateOutcome
+    kind: GateKind | None = None
+    instances: Mapping[str, GateResult] | None = None
+
+    def to_json(self) -> dict[str, object]:
+        found: dict[str, object] = {"result": self.result}
+        if self.kind is not None:
+            found["kind"] = self.kind
+        if self.instances is not None:
+            found["instances"] = {name: r.to_json() for name, r in self.instances.items()}
+        return found
+
+    @staticmethod
+    def from_json(data: object) -> GateRecord | None:
+        """None when there is no verdict this version knows."""
+        found = jf.table(data)
+        result = jf.choice(found.get("result"), GATE_OUTCOMES)
+        if result is None:
+            return None
+        instances = found.get("instances")
+        read = (
+            {str(n): GateResult.from_json(str(n), r) for n, r in instances.items()}
+            if isinstance(instances, dict)
+            else None
+        )
+        return GateRecord(
+            result,
+            jf.choice(found.get("kind"), GATES),
+            None if read is None else {n: r for n, r in read.items() if r is not None},
+        )
+
+
+@dataclass(frozen=True)
+class RollbackRecord:
+    """What restoring the previous generation after a failed gate achieved."""
+
+    serving_again: bool
+
+    def to_json(self) -> dict[str, object]:
+        return {"serving_again": self.serving_again}
+
+    @staticmethod
+    def from_json(data: object) -> RollbackRecord | None:
+        serving = jf.flag(jf.table(data).get("serving_again"))
+        return None if serving is None else RollbackRecord(serving)
+
+
+@dataclass(frozen=True)
+class GenerationRecord:
+    """``generations/N/result.json``. Every field but ``instances`` may be absent: a record is
+    written when the generation is created and updated as its switch goes on, and is read
+    back whatever a killed switch left of it (a missing file reads as an empty record)."""
+
+    instances: Mapping[str, InstanceSummary] = field(default_factory=dict)
+    gate: GateRecord | None = None
+    changed: tuple[str, ...] | None = None
+    removed: tuple[str, ...] | None = None
+    manager: ManagerRecord | None = None
+    note: str | None = None
+    rollback: RollbackRecord | None = None
+    # Set by HostState.create, and by rollback and recovery as they happen.
+    number: int | None = None
+    date: str | None = None
+    activated_again: str | None = None
+    interrupted: str | None = None
+
+    @property
+    def outcome(self) -> GateOutcome | None:
+        return self.gate.result if self.gate else None
+
+    def to_json(self) -> dict[str, object]:
+        found: dict[str, object] = {
+            "instances": {name: s.to_json() for name, s in self.instances.items()},
+            "gate": self.gate.to_json() if self.gate else None,
+            "changed": list(self.changed) if self.changed is not None else None,
+            "removed": list(self.removed) if self.removed is not None else None,
+            "manager": self.manager.to_json() if self.manager else None,
+            "note": self.note,
+            "rollback": self.rollback.to_json() if self.rollback else None,
+            "number": self.number,
+            "date": self.date,
+            "activated_again": self.activated_again,
+            "interrupted": self.interrupted,
+        }
+        return {k: v for k, v in found.items() if v is not None}
+
+    @staticmethod
+    def from_json(data: object) -> GenerationRecord:
+        found = jf.table(data)
+        changed, removed = found.get("changed"), found.get("removed")
+        return GenerationRecord(
+            instances={
+                str(n): InstanceSummary.from_json(e)
+                for n, e in jf.table(found.get("instances")).items()
+            },
+            gate=GateRecord.from_json(found.get("gate")),
+            changed=jf.texts(changed) if isinstance(changed, list) else None,
+            removed=jf.texts(removed) if isinstance(removed, list) else None,
+            manager=ManagerRecord.from_json(found.get("manager")),
+            note=jf.text(found.get("note")),
+            rollback=RollbackRecord.from_json(found.get("rollback")),
+            number=jf.integer(found.get("number")),
+            date=jf.text(found.get("date")),
+            activated_again=jf.text(found.get("activated_again")),
+            interrupted=jf.text(found.get("interrupted")),
+        )
+
+
 @dataclass(frozen=True)
 class Generation:
     number: int
     path: Path
 
     @property
-    def result(self) -> dict[str, Any]:
-        data = _read_json(self.path / RESULT)
-        return data if isinstance(data, dict) else {}
+    def record(self) -> GenerationRecord:
+        return GenerationRecord.from_json(_read_json(self.path / RESULT))
 
     @property
-    def gate(self) -> str:
-        gate = self.result.get("gate") or {}
-        return str(gate.get("result", "unknown"))
+    def outcome(self) -> GateOutcome | None:
+        return self.record.outcome
 
     def files(self) -> dict[str, str]:
         folder = self.path / FILES
@@ -91,8 +264,9 @@ class Generation:
         found = sorted(self.path.glob("config.*"))
         return found[0] if found else None
 
-    def update(self, **changes: Any) -> None:
-        _write_json(self.path / RESULT, {**self.result, **changes})
+    def save(self, record: GenerationRecord) -> None:
+        """Replace the record (read it, ``dataclasses.replace`` what changed, save it)."""
+        _write_json(self.path / RESULT, record.to_json())
 
 
 @dataclass(frozen=True)
@@ -150,7 +324,7 @@ class HostState:
         files: dict[str, str],
         config_text: str,
         config_suffix: str,
-        result: dict[str, Any],
+        record: GenerationRecord,
     ) -> Generation:
         """A new numbered generation, complete on disk before it becomes visible."""
         self.generations_dir.mkdir(parents=True, exist_ok=True)
@@ -162,7 +336,7 @@ class HostState:
         for name, text in files.items():
             atomic_write(staging / FILES / name, text)
         atomic_write(staging / f"config{config_suffix}", config_text)
-        _write_json(staging / RESULT, {"number": number, "date": now(), **result})
+        _write_json(staging / RESULT, replace(record, number=number, date=now()).to_json())
         crash_point("generation:before-rename")
         os.replace(staging, self.generations_dir / str(number))
         _fsync_dir(self.generations_dir)  # the rename itself survives a power cut too
@@ -187,9 +361,10 @@ class HostState:
                 if tmp.is_file():
                     tmp.unlink(missing_ok=True)
         for gen in generations:
-            if gen.gate == "pending":
-                gate = gen.result.get("gate") or {}
-                gen.update(gate={**gate, "result": INTERRUPTED}, interrupted=now())
+            record = gen.record
+            if record.gate is not None and record.gate.result == "pending":
+                gate = replace(record.gate, result=INTERRUPTED)
+                gen.save(replace(record, gate=gate, interrupted=now()))
                 notes.append(
                     f"generation {gen.number}: its switch was killed before the gate finished; "
                     f"marked {INTERRUPTED}"
@@ -199,24 +374,23 @@ class HostState:
     def previous_good(self, before: int) -> Generation | None:
         """The newest generation older than ``before`` whose gate passed (or was not run)."""
         for gen in reversed(self.generations()):
-            if gen.number < before and gen.gate in ("passed", "unverified", "rollback target"):
+            if gen.number < before and gen.outcome in ROLLBACK_TARGETS:
                 return gen
         return None
 
     # -- how the host was switched --------------------------------------------------------
 
-    def manager(self) -> dict[str, str]:
-        data = _read_json(self.root / "manager.json")
-        return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
+    def manager(self) -> ManagerRecord | None:
+        return ManagerRecord.from_json(_read_json(self.root / "manager.json"))
 
-    def set_manager(self, data: dict[str, str]) -> None:
-        _write_json(self.root / "manager.json", data)
+    def set_manager(self, record: ManagerRecord) -> None:
+        _write_json(self.root / "manager.json", record.to_json())
 
     # -- bench baselines --------------------------------------------------------------------
 
-    def baseline(self, instance: str) -> dict[str, Any] | None:
+    def baseline(self, instance: str) -> BaselineRecord | None:
         data = _read_json(self.root / "bench" / f"{instance}.json")
-        return data if isinstance(data, dict) else None
+        return BaselineRecord.from_json(data) if isinstance(data, dict) else None
 
-    def save_baseline(self, instance: str, data: dict[str, Any]) -> None:
-        _write_json(self.root / "bench" / f"{instance}.json", {"date": now(), **data})
+    def save_baseline(self, instance: str, record: BaselineRecord) -> None:
+        _write_json(self.root / "bench" / f"{instance}.json", record.to_json())

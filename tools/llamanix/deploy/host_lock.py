@@ -15,10 +15,10 @@ import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime
 from pathlib import Path
 
 from llamanix.core.errors import Problem, UserError
+from llamanix.external.clock import now
 
 LOCK_FILE = "lock"
 POLL_S = 0.2
@@ -74,7 +74,7 @@ def host_lock(
                         )
                     ) from None
                 time.sleep(POLL_S)
-        record = {"pid": os.getpid(), "command": command, "since": _now()}
+        record = {"pid": os.getpid(), "command": command, "since": now()}
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(record).encode(), 0)
         try:
@@ -88,7 +88,3 @@ def host_lock(
 
 def _participle(command: str) -> str:
     return {"switch": "switched", "rollback": "rolled back", "pin": "pinned"}.get(command, command)
-
-
-def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds")

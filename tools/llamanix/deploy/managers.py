@@ -5,41 +5,36 @@ rollback do not care which one runs."""
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol, get_args
+from typing import Protocol
 
 from llamanix.core.config import Config
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
-from llamanix.deploy.generations import HostState
+from llamanix.deploy.generations import HostState, InstanceSummary, ManagerKind, ManagerRecord
 from llamanix.deploy.supervisor import SETTLED, load_specs, read_status
 from llamanix.external import nix, systemctl
 from llamanix.external.files import atomic_write
 from llamanix.external.journalctl import read_journal
 from llamanix.external.process import Runner
-from llamanix.render.manifest import MANIFEST, Render
+from llamanix.render.manifest import MANIFEST, Manifest, ManifestInstance, Render
 
-# How units reach a host: its kind's own tool, or `llamanix up` watching a directory.
-ManagerKind = Literal["nixos", "systemd", "systemd-user", "up"]
-MANAGERS: tuple[ManagerKind, ...] = get_args(ManagerKind)
 Echo = Callable[[str], None]
 
 
-def manifest_instances(files: dict[str, str]) -> dict[str, dict[str, Any]]:
+def manifest_instances(files: Mapping[str, str]) -> dict[str, ManifestInstance]:
+    """The instances a set of render files holds, by the manifest among them."""
     if MANIFEST not in files:
         # A bare set of installed units (no manifest): one entry per unit file.
         return {
-            n[len("llamanix-") : -len(".service")]: {"unit": n}
+            n[len("llamanix-") : -len(".service")]: ManifestInstance(unit=n)
             for n in files
             if n.startswith("llamanix-") and n.endswith(".service")
         }
-    data = json.loads(files[MANIFEST])
-    instances = data.get("instances", {})
-    return instances if isinstance(instances, dict) else {}
+    return dict(Manifest.from_json(files[MANIFEST]).instances)
 
 
 def diff_files(new: dict[str, str], old: dict[str, str]) -> tuple[list[str], list[str]]:
@@ -48,7 +43,7 @@ def diff_files(new: dict[str, str], old: dict[str, str]) -> tuple[list[str], lis
     new_i, old_i = manifest_instances(new), manifest_instances(old)
     changed = []
     for name, entry in new_i.items():
-        unit, argv = entry["unit"], f"{name}.argv.json"
+        unit, argv = entry.unit, f"{name}.argv.json"
         if (
             name not in old_i
             or new.get(unit) != old.get(unit)
@@ -75,15 +70,8 @@ def diff_instances(new: Render, old: dict[str, str]) -> tuple[list[str], list[st
     return sorted(changed), sorted(set(old_i) - set(new.names()))
 
 
-def summary_of(files: dict[str, str]) -> dict[str, dict[str, Any]]:
-    return {
-        name: {
-            "variant": e.get("variant"),
-            "source_revision": e.get("source_revision"),
-            "port": e.get("port"),
-        }
-        for name, e in manifest_instances(files).items()
-    }
+def summary_of(files: dict[str, str]) -> dict[str, InstanceSummary]:
+    return {name: InstanceSummary.of(e) for name, e in manifest_instances(files).items()}
 
 
 # --- what changed, and the managers ---------------------------------------------------------
@@ -91,9 +79,35 @@ def summary_of(files: dict[str, str]) -> dict[str, dict[str, Any]]:
 
 class Manager(Protocol):
     @property
-    def name(self) -> str: ...
+    def name(self) -> ManagerKind: ...
 
-    def describe(self) -> dict[str, str]: ...
+    @property
+    def reads_installed(self) -> bool:
+        """Whether ``installed()`` reads the units really installed. When it does, switch and
+        rollback compare them with what the current generation records (a killed command can
+        leave others); when not, the manager's own tool keeps track (nixos-rebuild)."""
+        ...
+
+    @property
+    def failed_activation_changes_nothing(self) -> bool:
+        """Whether an ``activate()`` that raised left the previous generation serving, so a
+        restore would go one generation too far (a nixos-rebuild that failed to build)."""
+        ...
+
+    @property
+    def restores_the_previous_generation(self) -> bool:
+        """Whether ``restore()`` goes back to the previous generation by the manager's own
+        record, whatever files it is given (nixos-rebuild --rollback): a plain rollback then
+        uses it in place of activating the target's files."""
+        ...
+
+    @property
+    def runs_flake_packages(self) -> bool:
+        """Whether the units run the flake's llama.cpp builds, so flake.lock's pins name the
+        source revision of each (else the binary's own --version does)."""
+        ...
+
+    def describe(self) -> ManagerRecord: ...
 
     def preflight(self, runner: Runner) -> None: ...
 
@@ -140,19 +154,41 @@ def is_render_file(name: str) -> bool:
     return name == MANIFEST or _is_unit(name) or name.endswith(".argv.json")
 
 
+class _InstallsFiles:
+    """The answers of a manager that installs the render's files itself (systemd, up): it
+    sees what is installed, a half-done activation is undone by installing the old files, and
+    the units run the binaries the config names."""
+
+    @property
+    def reads_installed(self) -> bool:
+        return True
+
+    @property
+    def failed_activation_changes_nothing(self) -> bool:
+        return False
+
+    @property
+    def restores_the_previous_generation(self) -> bool:
+        return False
+
+    @property
+    def runs_flake_packages(self) -> bool:
+        return False
+
+
 @dataclass
-class SystemdManager:
+class SystemdManager(_InstallsFiles):
     """systemd (system or --user) on this machine: unit files plus systemctl."""
 
     units_dir: Path
     user: bool
 
     @property
-    def name(self) -> str:
+    def name(self) -> ManagerKind:
         return "systemd-user" if self.user else "systemd"
 
-    def describe(self) -> dict[str, str]:
-        return {"manager": self.name, "units_dir": str(self.units_dir)}
+    def describe(self) -> ManagerRecord:
+        return ManagerRecord(self.name, units_dir=str(self.units_dir))
 
     def preflight(self, runner: Runner) -> None:
         pass
@@ -210,14 +246,17 @@ class SystemdManager:
 
 
 @dataclass
-class UpManager:
+class UpManager(_InstallsFiles):
     """A running ``llamanix up`` watching ``units_dir`` (machines and tests without systemd)."""
 
     units_dir: Path
-    name: str = "up"
 
-    def describe(self) -> dict[str, str]:
-        return {"manager": self.name, "units_dir": str(self.units_dir)}
+    @property
+    def name(self) -> ManagerKind:
+        return "up"
+
+    def describe(self) -> ManagerRecord:
+        return ManagerRecord(self.name, units_dir=str(self.units_dir))
 
     def preflight(self, runner: Runner) -> None:
         if not runner.dry_run and read_status(self.units_dir) is None:
@@ -237,7 +276,7 @@ class UpManager:
             return {}
         files = {MANIFEST: manifest}
         for name, entry in manifest_instances(files).items():
-            for fname in (entry["unit"], f"{name}.argv.json"):
+            for fname in (entry.unit, f"{name}.argv.json"):
                 if (self.units_dir / fname).exists():
                     files[fname] = (self.units_dir / fname).read_text()
         return files
@@ -292,10 +331,31 @@ class NixosManager:
     flake_dir: Path
     host: str
     target: str | None
-    name: str = "nixos"
 
-    def describe(self) -> dict[str, str]:
-        return {"manager": self.name, "flake": str(self.flake_dir)}
+    @property
+    def name(self) -> ManagerKind:
+        return "nixos"
+
+    @property
+    def reads_installed(self) -> bool:
+        return False  # the units live in the system closure; nixos-rebuild tracks them
+
+    @property
+    def failed_activation_changes_nothing(self) -> bool:
+        # nixos-rebuild switch fails before activating when the build fails; a --rollback
+        # after it would go one generation too far.
+        return True
+
+    @property
+    def restores_the_previous_generation(self) -> bool:
+        return True  # nixos-rebuild switch --rollback
+
+    @property
+    def runs_flake_packages(self) -> bool:
+        return True
+
+    def describe(self) -> ManagerRecord:
+        return ManagerRecord(self.name, flake=str(self.flake_dir))
 
     def preflight(self, runner: Runner) -> None:
         if not runner.dry_run and not (self.flake_dir / "flake.nix").exists():
@@ -332,16 +392,23 @@ def runs_under_up(config: Config, host: str) -> bool:
     """Whether ``llamanix up`` runs the host from beside the config: its last switch went
     through ``--manager up``, or a live ``up`` owns the host's default directory."""
     state = HostState.beside(Path(config.source), host)
-    return state.manager().get("manager") == "up" or read_status(state.root / "up") is not None
+    recorded = state.manager()
+    return (recorded is not None and recorded.manager == "up") or read_status(
+        state.root / "up"
+    ) is not None
 
 
 def make_manager(
-    config: Config, host: str, state: HostState, manager: str | None, units_dir: Path | None
+    config: Config,
+    host: str,
+    state: HostState,
+    manager: ManagerKind | None,
+    units_dir: Path | None,
 ) -> Manager:
     recorded = state.manager()
-    kind = manager or recorded.get("manager") or config.hosts[host].kind
-    if units_dir is None and recorded.get("manager") == kind and recorded.get("units_dir"):
-        units_dir = Path(recorded["units_dir"])
+    kind = manager or (recorded.manager if recorded else None) or config.hosts[host].kind
+    if units_dir is None and recorded and recorded.manager == kind and recorded.units_dir:
+        units_dir = Path(recorded.units_dir)
     target = config.hosts[host].target
     if kind == "nixos":
         return NixosManager(Path(config.source).resolve().parent, host, target)

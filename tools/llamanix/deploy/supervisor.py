@@ -37,7 +37,7 @@ from typing import Any
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
 from llamanix.external.files import atomic_write
 from llamanix.measure.server_process import LlamaServer, ServerStartError, tail
-from llamanix.render.manifest import MANIFEST
+from llamanix.render.manifest import MANIFEST, Manifest
 
 STATUS = "up-status.json"
 POLL_S = 0.25
@@ -176,10 +176,7 @@ def load_specs(units_dir: Path) -> dict[str, ServiceSpec]:
     """The services a render directory describes; UserError when it is not a render."""
     manifest_path = units_dir / MANIFEST
     try:
-        manifest = json.loads(manifest_path.read_text())
-        instances = manifest["instances"]
-        if not isinstance(instances, dict):
-            raise TypeError("instances is not a table")
+        manifest = Manifest.from_json(manifest_path.read_text())
     except FileNotFoundError:
         raise UserError(
             Problem(
@@ -189,14 +186,14 @@ def load_specs(units_dir: Path) -> dict[str, ServiceSpec]:
                 "run llamanix up CONFIG or llamanix render first",
             )
         ) from None
-    except (json.JSONDecodeError, KeyError, TypeError) as err:
+    except ValueError as err:
         raise UserError(
             Problem(str(manifest_path), "", f"not a llamanix manifest: {err}")
         ) from None
     cache = units_dir / "cache"
     specs: dict[str, ServiceSpec] = {}
-    for name, entry in instances.items():
-        unit = str(entry.get("unit", f"llamanix-{name}.service"))
+    for name, entry in manifest.instances.items():
+        unit = entry.unit
         try:
             argv = json.loads((units_dir / f"{name}.argv.json").read_text())
             settings = unit_settings((units_dir / unit).read_text())

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from llamanix.core.config import Config, suggest
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
@@ -30,6 +30,7 @@ from llamanix.deploy.gate import (
     GATES,
     Action,
     Baseline,
+    BaselineRecord,
     GateKind,
     GateResult,
     GateTarget,
@@ -37,12 +38,17 @@ from llamanix.deploy.gate import (
     measure_baseline,
     run_gate,
 )
-from llamanix.deploy.generations import Generation, HostState, now
+from llamanix.deploy.generations import (
+    GateRecord,
+    Generation,
+    GenerationRecord,
+    HostState,
+    ManagerKind,
+    RollbackRecord,
+)
 from llamanix.deploy.host_lock import host_lock
 from llamanix.deploy.managers import (
     Manager,
-    ManagerKind,
-    NixosManager,
     diff_files,
     diff_instances,
     make_manager,
@@ -50,6 +56,7 @@ from llamanix.deploy.managers import (
     summary_of,
 )
 from llamanix.external import nix
+from llamanix.external.clock import now
 from llamanix.external.files import atomic_write
 from llamanix.external.llama_server import binary_version_line
 from llamanix.external.process import Runner
@@ -182,7 +189,7 @@ class HostOutcome:
     def ok(self) -> bool:
         return self.result != "failed"
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "host": self.host,
             "result": self.result,
@@ -193,15 +200,16 @@ class HostOutcome:
         }
 
 
-def with_source_revisions(render: Render, config: Config, kind: str) -> Render:
-    """The render with each instance's source: the flake.lock pin (NixOS) or the binary's
-    --version, where the probe did not already say."""
-    locked = nix.locked_revisions(Path(config.source).resolve().parent) if kind == "nixos" else {}
+def with_source_revisions(render: Render, config: Config, from_flake: bool) -> Render:
+    """The render with each instance's source, where the probe did not already say: the
+    flake.lock pin when the units run the flake's packages (NixOS), else the binary's
+    --version."""
+    locked = nix.locked_revisions(Path(config.source).resolve().parent) if from_flake else {}
 
     def revision(inst: RenderedInstance) -> str | None:
         if inst.source_revision:
             return inst.source_revision
-        if kind == "nixos":
+        if from_flake:
             return locked.get(VARIANTS[inst.variant].flake_input or "nixpkgs")
         program = Path(inst.argv[0])
         if program.is_absolute() and os.access(program, os.X_OK):
@@ -227,7 +235,7 @@ def _as_installed(
     says; activating from the recorded files would then skip the very files that differ.
     Only the files of this render and of the recorded generation count, so units of another
     config in the same directory are left alone."""
-    if manager.name == "nixos":  # nixos-rebuild knows what it installed; nothing to compare
+    if not manager.reads_installed:  # its own tool knows what it installed
         return recorded, []
     installed = manager.installed()
     drifted, _ = diff_files(recorded, installed)
@@ -276,6 +284,32 @@ def _bench_baselines(
     return found
 
 
+@dataclass(frozen=True)
+class _HostSwitch:
+    """One host's switch, rendered and compared with what runs: what each stage works on."""
+
+    path: Path
+    host: str
+    config: Config
+    gate: GateKind
+    opts: SwitchOptions
+    runner: Runner
+    echo: Echo
+    state: HostState
+    manager: Manager
+    current: Generation | None
+    new_files: dict[str, str]
+    # What the current generation records (or, before the first switch, what is installed),
+    # and what is really installed where a killed command left something else.
+    old_files: dict[str, str]
+    activate_from: dict[str, str]
+    changed: list[str]
+    removed: list[str]
+    file_text: str  # the config file as it is now
+    old_text: str
+    new_text: str
+
+
 def switch_host(
     path: Path,
     host: str,
@@ -286,13 +320,44 @@ def switch_host(
     echo: Echo,
     restore_config: bool = True,
 ) -> HostOutcome:
+    """Switch one host: render and compare, record the generation and write the config,
+    activate and gate, then keep the generation or restore the previous one."""
+    sw = _prepare(path, host, old_text, new_text, opts, runner, echo)
+    if not sw.changed and not sw.removed and sw.file_text == new_text:
+        echo(f"{sw.host}: nothing changed")
+        return HostOutcome(sw.host, "unchanged", sw.current.number if sw.current else None)
+    echo(f"{sw.host}: switching {', '.join(sw.changed) or '(removals only)'} via {sw.manager.name}")
+    if runner.dry_run:
+        return _dry_run(sw)
+    baselines: dict[str, Baseline] = {}
+    if sw.gate == "bench" and opts.max_regression is not None:
+        baselines = _bench_baselines(path, old_text, sw.host, sw.changed, sw.state, echo)
+    gen = _stage(sw)
+    results, activated = _activate_and_gate(sw, baselines)
+    for r in results:
+        echo(f"  gate {r.gate} {r.name}: {'passed' if r.passed else 'FAILED'}: {r.detail}")
+    if all(r.passed for r in results):
+        return _commit(sw, gen, results)
+    return _restore(sw, gen, results, activated, restore_config)
+
+
+def _prepare(
+    path: Path,
+    host: str,
+    old_text: str,
+    new_text: str,
+    opts: SwitchOptions,
+    runner: Runner,
+    echo: Echo,
+) -> _HostSwitch:
+    """Render the new config and compare it with what the host runs; writes nothing."""
     config = parse_text(path, new_text)
     host = pick_host(config, host)
     gate = opts.gate_kind(str(path))
     state = HostState.beside(path, host)
     manager = make_manager(config, host, state, opts.manager, opts.units_dir)
     manager.preflight(runner)
-    render = with_source_revisions(render_host(config, host), config, manager.name)
+    render = with_source_revisions(render_host(config, host), config, manager.runs_flake_packages)
     new_files = render.files()
     current = state.current()
     old_files = current.files() if current else manager.installed()
@@ -301,133 +366,144 @@ def switch_host(
         _as_installed(manager, old_files, new_files) if current else (old_files, [])
     )
     changed = sorted(set(changed) | (set(drifted) & set(render.names())))
-    if manager.name == "nixos" and not old_files:
-        changed = sorted(render.names())  # nothing recorded yet: gate them all
-    file_text = read_config_text(path)
-    if not changed and not removed and file_text == new_text:
-        echo(f"{host}: nothing changed")
-        return HostOutcome(host, "unchanged", current.number if current else None)
-    echo(f"{host}: switching {', '.join(changed) or '(removals only)'} via {manager.name}")
-    if runner.dry_run:
-        if file_text != new_text:
-            runner.note(f"write {path}")
-        manager.activate(runner, new_files, old_files, opts.timeout_s)
-        runner.note(f"gate {gate}: {', '.join(changed) or 'nothing'}")
-        return HostOutcome(host, "dry-run", None, changed=changed)
-
-    baselines: dict[str, Baseline] = {}
-    if gate == "bench" and opts.max_regression is not None:
-        baselines = _bench_baselines(path, old_text, host, changed, state, echo)
-    suffix = path.suffix or ".toml"
-    if current is None and old_files:
-        baseline = state.create(
-            old_files,
-            file_text,
-            suffix,
-            {
-                "instances": summary_of(old_files),
-                "gate": {"result": "unverified"},
-                "note": "found installed before the first switch",
-            },
-        )
-        state.set_current(baseline)
-    gen = state.create(
-        new_files,
-        new_text,
-        suffix,
-        {
-            "instances": summary_of(new_files),
-            "changed": changed,
-            "removed": removed,
-            "manager": manager.describe(),
-            "gate": {"result": "pending", "kind": gate},
-        },
+    return _HostSwitch(
+        path=path,
+        host=host,
+        config=config,
+        gate=gate,
+        opts=opts,
+        runner=runner,
+        echo=echo,
+        state=state,
+        manager=manager,
+        current=current,
+        new_files=new_files,
+        old_files=old_files,
+        activate_from=activate_from,
+        changed=changed,
+        removed=removed,
+        file_text=read_config_text(path),
+        old_text=old_text,
+        new_text=new_text,
     )
-    state.set_manager(manager.describe())
-    crash_point("switch:staged")
-    if file_text != new_text:
-        atomic_write(path, new_text)
-    crash_point("switch:config-written")
 
+
+def _dry_run(sw: _HostSwitch) -> HostOutcome:
+    if sw.file_text != sw.new_text:
+        sw.runner.note(f"write {sw.path}")
+    sw.manager.activate(sw.runner, sw.new_files, sw.old_files, sw.opts.timeout_s)
+    sw.runner.note(f"gate {sw.gate}: {', '.join(sw.changed) or 'nothing'}")
+    return HostOutcome(sw.host, "dry-run", None, changed=sw.changed)
+
+
+def _stage(sw: _HostSwitch) -> Generation:
+    """Record the new generation (gate "pending"), then write the config."""
+    suffix = sw.path.suffix or ".toml"
+    if sw.current is None and sw.old_files:
+        found = GenerationRecord(
+            instances=summary_of(sw.old_files),
+            gate=GateRecord("unverified"),
+            note="found installed before the first switch",
+        )
+        sw.state.set_current(sw.state.create(sw.old_files, sw.file_text, suffix, found))
+    record = GenerationRecord(
+        instances=summary_of(sw.new_files),
+        changed=tuple(sw.changed),
+        removed=tuple(sw.removed),
+        manager=sw.manager.describe(),
+        gate=GateRecord("pending", sw.gate),
+    )
+    gen = sw.state.create(sw.new_files, sw.new_text, suffix, record)
+    sw.state.set_manager(sw.manager.describe())
+    crash_point("switch:staged")
+    if sw.file_text != sw.new_text:
+        atomic_write(sw.path, sw.new_text)
+    crash_point("switch:config-written")
+    return gen
+
+
+def _activate_and_gate(
+    sw: _HostSwitch, baselines: dict[str, Baseline]
+) -> tuple[list[GateResult], bool]:
+    """Install the new generation and gate each changed instance: the results, and whether
+    the manager finished activating."""
     results: list[GateResult] = []
     activated = False
     try:
-        early = manager.activate(runner, new_files, activate_from, opts.timeout_s)
+        early = sw.manager.activate(sw.runner, sw.new_files, sw.activate_from, sw.opts.timeout_s)
         activated = True
         crash_point("switch:activated")
-        for name in changed:
+        for name in sw.changed:
             if name in early:
-                results.append(GateResult(name, gate, False, f"did not start: {early[name]}"))
+                results.append(GateResult(name, sw.gate, False, f"did not start: {early[name]}"))
                 continue
-            limits = opts.thresholds(baselines.get(name))
-            results.append(run_gate(gate, gate_target(config, name), opts.timeout_s, limits))
+            limits = sw.opts.thresholds(baselines.get(name))
+            target = gate_target(sw.config, name)
+            results.append(run_gate(sw.gate, target, sw.opts.timeout_s, limits))
     except ExternalCommandError as err:
-        results.append(GateResult(host, gate, False, str(err)))
-    for r in results:
-        echo(f"  gate {r.gate} {r.name}: {'passed' if r.passed else 'FAILED'}: {r.detail}")
-    if all(r.passed for r in results):
-        crash_point("switch:gate-passed")
-        gen.update(
-            gate={
-                "result": "passed",
-                "kind": gate,
-                "instances": {r.name: r.to_json() for r in results},
-            }
-        )
-        state.set_current(gen)
-        for r in results:
-            if r.bench is not None:
-                state.save_baseline(
-                    r.name,
-                    {
-                        "tok_s": r.bench.median,
-                        "samples": list(r.bench.samples),
-                        "generation": gen.number,
-                        "variant": config.instances[r.name].variant,
-                    },
-                )
-        return HostOutcome(host, "passed", gen.number, changed=changed, gates=results)
+        results.append(GateResult(sw.host, sw.gate, False, str(err)))
+    return results, activated
 
+
+def _commit(sw: _HostSwitch, gen: Generation, results: list[GateResult]) -> HostOutcome:
+    """Every gate passed: the generation becomes current, and its benches the baselines."""
+    crash_point("switch:gate-passed")
+    gate = GateRecord("passed", sw.gate, {r.name: r for r in results})
+    gen.save(replace(gen.record, gate=gate))
+    sw.state.set_current(gen)
+    for r in results:
+        if r.bench is not None:
+            variant = sw.config.instances[r.name].variant
+            sw.state.save_baseline(r.name, BaselineRecord.of(r.bench, gen.number, variant))
+    return HostOutcome(sw.host, "passed", gen.number, changed=sw.changed, gates=results)
+
+
+def _restore(
+    sw: _HostSwitch,
+    gen: Generation,
+    results: list[GateResult],
+    activated: bool,
+    restore_config: bool,
+) -> HostOutcome:
+    """A gate failed: put the config back, restore the previous generation and check that it
+    serves again."""
     failed = next(r for r in results if not r.passed)
-    gen.update(
-        gate={"result": "failed", "kind": gate, "instances": {r.name: r.to_json() for r in results}}
-    )
-    restored = state.current()
-    echo(
-        f"{host}: gate failed; restoring generation "
+    gen.save(replace(gen.record, gate=GateRecord("failed", sw.gate, {r.name: r for r in results})))
+    restored = sw.state.current()
+    sw.echo(
+        f"{sw.host}: gate failed; restoring generation "
         f"{restored.number if restored else 'none (nothing was installed)'}"
     )
-    if restore_config and read_config_text(path) != old_text:
-        atomic_write(path, old_text)
-    if manager.name == "nixos" and not activated:
+    if restore_config and read_config_text(sw.path) != sw.old_text:
+        atomic_write(sw.path, sw.old_text)
+    if sw.manager.failed_activation_changes_nothing and not activated:
         detail = (
             f"{failed.name}: {failed.detail}; nixos-rebuild did not finish, so nothing "
             "was rolled back (check `nixos-rebuild list-generations`)"
         )
-        return HostOutcome(host, "failed", gen.number, detail, changed, results)
+        return HostOutcome(sw.host, "failed", gen.number, detail, sw.changed, results)
     crash_point("switch:restoring")
+    # Only what was installed before can serve again: an instance the failed generation
+    # added (every instance, on a first switch) has nothing to wait for.
+    was_installed = manifest_instances(sw.old_files)
     try:
-        manager.restore(runner, old_files, new_files, opts.timeout_s)
-        old_config = lenient_parse(path, old_text)
-        # Only what was installed before can serve again: an instance the failed generation
-        # added (every instance, on a first switch) has nothing to wait for.
-        was_installed = manifest_instances(old_files)
+        sw.manager.restore(sw.runner, sw.old_files, sw.new_files, sw.opts.timeout_s)
         serving, _ = _check_serving(
-            old_config,
-            sorted(n for n in set(changed) | set(removed) if n in was_installed),
-            opts.timeout_s,
-            echo,
+            lenient_parse(sw.path, sw.old_text),
+            sorted(n for n in set(sw.changed) | set(sw.removed) if n in was_installed),
+            sw.opts.timeout_s,
+            sw.echo,
         )
     except ExternalCommandError as err:
-        echo(f"  restore failed: {err}")
+        sw.echo(f"  restore failed: {err}")
         serving = False
-    gen.update(rollback={"serving_again": serving})
-    if not manifest_instances(old_files):
+    gen.save(replace(gen.record, rollback=RollbackRecord(serving)))
+    if not was_installed:
         again = "none (nothing was installed), so nothing serves"
     else:
         again = "serving again" if serving else "NOT answering"
     detail = f"{failed.name}: {failed.detail}; previous generation {again}"
-    return HostOutcome(host, "failed", gen.number, detail, changed, results)
+    return HostOutcome(sw.host, "failed", gen.number, detail, sw.changed, results)
 
 
 def _recover(state: HostState, echo: Echo) -> None:
@@ -492,7 +568,7 @@ def rollback(
     to: int | None,
     runner: Runner,
     echo: Echo,
-    manager_name: str | None = None,
+    manager_name: ManagerKind | None = None,
     units_dir: Path | None = None,
     timeout_s: float = 120.0,
     wait_s: float = 0.0,
@@ -518,7 +594,7 @@ def _rollback_locked(
     to: int | None,
     runner: Runner,
     echo: Echo,
-    manager_name: str | None,
+    manager_name: ManagerKind | None,
     units_dir: Path | None,
     timeout_s: float,
 ) -> Generation:
@@ -552,8 +628,8 @@ def _rollback_locked(
     elif snapshot is not None:
         atomic_write(path, snapshot.read_text())
         crash_point("rollback:config-written")
-    if isinstance(manager, NixosManager) and to is None:
-        nix.nixos_rebuild_rollback(runner, manager.flake_dir, manager.target)
+    if manager.restores_the_previous_generation and to is None:
+        manager.restore(runner, new_files, old_files, timeout_s)
     else:
         failed = manager.activate(runner, new_files, old_files, timeout_s)
         if failed:
@@ -565,7 +641,7 @@ def _rollback_locked(
     target_config = lenient_parse(path, snapshot.read_text()) if snapshot else None
     serving, _ = _check_serving(target_config, changed, timeout_s, echo)
     state.set_current(target)
-    target.update(activated_again=now())
+    target.save(replace(target.record, activated_again=now()))
     if not serving:
         raise ExternalCommandError(f"generation {target.number} is installed but not answering")
     return target

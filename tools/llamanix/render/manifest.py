@@ -1,17 +1,17 @@
 """The typed render of one host and its manifest: the format of ``manifest.json``, written last
 (so a reader that trusts it never sees a half-written set) and read back only from disk, for a
-render that was written earlier (``up``, ``render`` checks, rollback)."""
+render that was written earlier (``up``, ``render`` checks, switch and rollback)."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
+from llamanix.core import json_fields as jf
 from llamanix.core.errors import Problem, UserError
-from llamanix.core.schema import HostKind
+from llamanix.core.schema import HOST_KINDS, HostKind
 
 MANIFEST = "manifest.json"
 
@@ -38,6 +38,128 @@ class RenderedInstance:
 
 
 @dataclass(frozen=True)
+class ManifestInstance:
+    """One instance's entry in the manifest. Read back, only ``unit`` is sure to be there: a
+    set of installed units without a manifest has nothing else to say."""
+
+    unit: str
+    variant: str | None = None
+    source_revision: str | None = None
+    version: str | None = None
+    argv: tuple[str, ...] = ()
+    environment: Mapping[str, str] = field(default_factory=dict)
+    listen: str | None = None
+    port: int | None = None
+    alias: str | None = None
+    gpu: bool = False
+
+    @staticmethod
+    def of(r: RenderedInstance) -> ManifestInstance:
+        return ManifestInstance(
+            unit=r.unit,
+            variant=r.variant,
+            source_revision=r.source_revision,
+            version=r.version,
+            argv=r.argv,
+            environment=r.environment,
+            listen=r.listen,
+            port=r.port,
+            alias=r.alias,
+            gpu=r.gpu,
+        )
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "unit": self.unit,
+            "variant": self.variant,
+            "source_revision": self.source_revision,
+            "version": self.version,
+            "argv": list(self.argv),
+            "environment": dict(self.environment),
+            "listen": self.listen,
+            "port": self.port,
+            "alias": self.alias,
+            "gpu": self.gpu,
+        }
+
+    @staticmethod
+    def from_json(name: str, data: object) -> ManifestInstance:
+        if not isinstance(data, dict):
+            raise ValueError(f"instance {name!r} is not a table")
+        environment = jf.table(data.get("environment"))
+        return ManifestInstance(
+            unit=jf.text(data.get("unit")) or f"llamanix-{name}.service",
+            variant=jf.text(data.get("variant")),
+            source_revision=jf.text(data.get("source_revision")),
+            version=jf.text(data.get("version")),
+            argv=jf.texts(data.get("argv")),
+            environment={k: v for k, v in environment.items() if isinstance(v, str)},
+            listen=jf.text(data.get("listen")),
+            port=jf.integer(data.get("port")),
+            alias=jf.text(data.get("alias")),
+            gpu=jf.flag(data.get("gpu")) or False,
+        )
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """``manifest.json``: which instances a render holds, and what each runs."""
+
+    config_hash: str
+    host: str
+    kind: HostKind
+    instances: Mapping[str, ManifestInstance]
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "config_hash": self.config_hash,
+            "host": self.host,
+            "kind": self.kind,
+            "instances": {name: i.to_json() for name, i in self.instances.items()},
+        }
+
+    def text(self) -> str:
+        return json.dumps(self.to_json(), indent=2) + "\n"
+
+    @staticmethod
+    def from_json(text: str) -> Manifest:
+        """The manifest in ``text``; ValueError when it is not one."""
+        data = json.loads(text)
+        if not isinstance(data, dict):
+            raise ValueError("not a JSON object")
+        instances = data.get("instances")
+        if not isinstance(instances, dict):
+            raise ValueError("no instances table")
+        kind = jf.choice(data.get("kind"), HOST_KINDS)
+        if kind is None:
+            raise ValueError(f"unknown host kind {data.get('kind')!r}")
+        return Manifest(
+            config_hash=jf.text(data.get("config_hash")) or "",
+            host=jf.text(data.get("host")) or "",
+            kind=kind,
+            instances={
+                str(name): ManifestInstance.from_json(str(name), entry)
+                for name, entry in instances.items()
+            },
+        )
+
+    @staticmethod
+    def load(out: Path) -> Manifest:
+        """The manifest of the render in ``out``; UserError when there is none."""
+        path = out / MANIFEST
+        try:
+            return Manifest.from_json(path.read_text())
+        except FileNotFoundError:
+            raise UserError(
+                Problem(
+                    str(path), "", "no render here", "run llamanix render CONFIG --out DIR first"
+                )
+            ) from None
+        except ValueError as err:
+            raise UserError(Problem(str(path), "", f"not a llamanix manifest: {err}")) from None
+
+
+@dataclass(frozen=True)
 class Render:
     """A host's render, immutable: switch receives it typed and serialises it only where files
     are written (``files()``)."""
@@ -47,50 +169,21 @@ class Render:
     config_hash: str
     instances: tuple[RenderedInstance, ...] = ()
 
-    def manifest(self) -> dict[str, Any]:
-        return {
-            "config_hash": self.config_hash,
-            "host": self.host,
-            "kind": self.kind,
-            "instances": {
-                r.name: {
-                    "unit": r.unit,
-                    "variant": r.variant,
-                    "source_revision": r.source_revision,
-                    "version": r.version,
-                    "argv": list(r.argv),
-                    "environment": dict(r.environment),
-                    "listen": r.listen,
-                    "port": r.port,
-                    "alias": r.alias,
-                    "gpu": r.gpu,
-                }
-                for r in self.instances
-            },
-        }
+    def manifest(self) -> Manifest:
+        return Manifest(
+            config_hash=self.config_hash,
+            host=self.host,
+            kind=self.kind,
+            instances={r.name: ManifestInstance.of(r) for r in self.instances},
+        )
 
     def files(self) -> dict[str, str]:
         out: dict[str, str] = {}
         for r in self.instances:
             out[r.unit] = r.unit_text
             out[f"{r.name}.argv.json"] = json.dumps(list(r.argv), indent=2) + "\n"
-        out[MANIFEST] = json.dumps(self.manifest(), indent=2) + "\n"
+        out[MANIFEST] = self.manifest().text()
         return out
 
     def names(self) -> tuple[str, ...]:
         return tuple(r.name for r in self.instances)
-
-
-def read_manifest(out: Path) -> dict[str, Any]:
-    path = out / MANIFEST
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise UserError(
-            Problem(str(path), "", "no render here", "run llamanix render CONFIG --out DIR first")
-        ) from None
-    except json.JSONDecodeError as err:
-        raise UserError(Problem(str(path), "", f"not a llamanix manifest: {err}")) from None
-    if not isinstance(data, dict):
-        raise UserError(Problem(str(path), "", "not a llamanix manifest"))
-    return data

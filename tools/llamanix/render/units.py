@@ -28,7 +28,7 @@ from llamanix.core.readiness import start_timeout_s
 from llamanix.core.visibility import protect_home
 from llamanix.external.files import atomic_write
 from llamanix.external.paths import script_interpreter
-from llamanix.render.manifest import MANIFEST, Render, RenderedInstance
+from llamanix.render.manifest import MANIFEST, Manifest, Render, RenderedInstance
 
 PREVIOUS = ".previous"
 # The NVIDIA device nodes CUDA opens (control, per-GPU, UVM and capability nodes), bound into the
@@ -382,10 +382,10 @@ def _rendered_files(out: Path) -> list[str]:
     if not manifest.exists():
         return []
     try:
-        data = json.loads(manifest.read_text())
-        names = [MANIFEST]
-        for name, entry in data.get("instances", {}).items():
-            names += [entry["unit"], f"{name}.argv.json"]
-    except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
+        found = Manifest.from_json(manifest.read_text())
+    except ValueError:
         return []
+    names = [MANIFEST]
+    for name, entry in found.instances.items():
+        names += [entry.unit, f"{name}.argv.json"]
     return [n for n in names if (out / n).exists()]
