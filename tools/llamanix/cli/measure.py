@@ -24,7 +24,7 @@ from llamanix.core.gpus import Gpu, load_gpus
 from llamanix.external.files import atomic_write
 from llamanix.external.journalctl import read_journal
 from llamanix.measure import bench as benchmod
-from llamanix.measure import doctor
+from llamanix.measure import bench_results, doctor
 from llamanix.measure import lossless as losslessmod
 from llamanix.measure import report as bench_report
 from llamanix.measure.ceiling import (
@@ -35,6 +35,7 @@ from llamanix.measure.ceiling import (
 )
 from llamanix.measure.client import check_url, read_api_key
 from llamanix.measure.gguf_info import CACHE_TYPES, GgufInfo, read_gguf
+from llamanix.measure.prompts import load_prompts
 from llamanix.measure.server_log import parse_server_log
 
 _LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
@@ -91,9 +92,9 @@ def _count(n: float) -> str:
 
 
 def _bench_ceiling(
-    result: benchmod.BenchResult, url: str, gpu_name: str | None, gguf: Path | None
-) -> None:
-    """Attach the roofline when the model file and the GPU are known."""
+    result: bench_results.BenchResult, url: str, gpu_name: str | None, gguf: Path | None
+) -> bench_results.BenchResult:
+    """The result with the roofline attached when the model file and the GPU are known."""
     gpu: Gpu | None = find_gpu(gpu_name, "llamanix bench") if gpu_name else None
     if gpu is None and urlparse(url).hostname in _LOOPBACK:
         smi = doctor.query_gpus()
@@ -104,15 +105,15 @@ def _bench_ceiling(
                 gpu = None
     model_path = gguf
     if model_path is None:
-        served = result.meta.get("server", {}).get("model_path")
-        if isinstance(served, str) and Path(served).is_file():
+        served = result.meta.server.model_path
+        if served is not None and Path(served).is_file():
             model_path = Path(served)
     if gpu is None or model_path is None:
-        return
+        return result
     info = read_gguf(model_path)
     bytes_per_token = info.weight_bytes_per_token()
     ceiling = ceiling_for(gpu.bandwidth_gb_s, bytes_per_token, gpu=gpu.name, model=str(model_path))
-    benchmod.attach_ceiling(result, ceiling.to_json())
+    return benchmod.attach_ceiling(result, ceiling)
 
 
 @dataclass(frozen=True)
@@ -167,7 +168,7 @@ def _run_bench(ctx: click.Context, opts: BenchOptions) -> None:
             )
     if opts.gpu:
         find_gpu(opts.gpu, "llamanix bench")
-    settings = benchmod.BenchSettings(
+    settings = bench_results.BenchSettings(
         url=opts.url,
         model=opts.model,
         max_tokens=tuple(benchmod.parse_lengths(opts.max_tokens)),
@@ -180,12 +181,12 @@ def _run_bench(ctx: click.Context, opts: BenchOptions) -> None:
         cache_prompt=opts.cache_prompt,
         label=opts.label,
     )
-    prompt_list = benchmod.load_prompts(opts.prompts)
+    prompt_list = load_prompts(opts.prompts)
     api_key = read_api_key(opts.api_key_file) if opts.api_key_file else None
     console = _console()
     with _progress_bar(console, "bench", benchmod.planned_steps(settings, prompt_list)) as step:
         result = benchmod.run_bench(settings, prompt_list, api_key=api_key, progress=step)
-    _bench_ceiling(result, opts.url, opts.gpu, opts.gguf)
+    result = _bench_ceiling(result, opts.url, opts.gpu, opts.gguf)
     if opts.as_json:
         _echo_json(result.to_json())
     else:
@@ -195,8 +196,8 @@ def _run_bench(ctx: click.Context, opts: BenchOptions) -> None:
             console.print(agent)
     if result.ceiling and not opts.as_json:
         console.print(
-            f"ceiling: {result.ceiling['tok_s']:.1f} tok/s "
-            f"({result.ceiling['gpu']}, {_size(result.ceiling['bytes_per_token'])} "
+            f"ceiling: {result.ceiling.tok_s:.1f} tok/s "
+            f"({result.ceiling.gpu}, {_size(result.ceiling.bytes_per_token)} "
             "read per token)"
         )
     if opts.json_out is not None:
@@ -219,21 +220,21 @@ def _run_bench(ctx: click.Context, opts: BenchOptions) -> None:
 )
 @click.option(
     "--max-tokens",
-    default=",".join(map(str, benchmod.DEFAULT_MAX_TOKENS)),
+    default=",".join(map(str, bench_results.DEFAULT_MAX_TOKENS)),
     show_default=True,
     help="Output lengths to measure, comma-separated.",
 )
 @click.option(
     "--runs",
     type=int,
-    default=benchmod.DEFAULT_RUNS,
+    default=bench_results.DEFAULT_RUNS,
     show_default=True,
     help="Measured runs per prompt x length.",
 )
 @click.option(
     "--warmup",
     type=int,
-    default=benchmod.DEFAULT_WARMUP,
+    default=bench_results.DEFAULT_WARMUP,
     show_default=True,
     help="Unmeasured warm-up requests per prompt.",
 )
@@ -245,7 +246,7 @@ def _run_bench(ctx: click.Context, opts: BenchOptions) -> None:
     help="Requests sent at once in each run.",
 )
 @click.option("--temperature", type=float, default=0.0, show_default=True)
-@click.option("--seed", type=int, default=benchmod.DEFAULT_SEED, show_default=True)
+@click.option("--seed", type=int, default=bench_results.DEFAULT_SEED, show_default=True)
 @click.option("--label", help="Name of this configuration in tables and plots.")
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON instead of the table.")
 @click.option(
@@ -365,7 +366,7 @@ def bench_compare(
     output length from which each later result wins on wall clock (the crossover; needs
     results swept over two or more --max-tokens).
     """
-    results = [benchmod.load_result(f) for f in files]
+    results = [bench_results.load_result(f) for f in files]
     rows = bench_report.compare(results)
     if prompt is not None and not any(s.prompt == prompt for r in results for s in r.summaries):
         raise UserError(
@@ -422,7 +423,7 @@ def bench_compare(
     show_default=True,
     help="Output length asked for (a prompt's own max_tokens wins).",
 )
-@click.option("--seed", type=int, default=benchmod.DEFAULT_SEED, show_default=True)
+@click.option("--seed", type=int, default=bench_results.DEFAULT_SEED, show_default=True)
 @click.option("--strict", is_flag=True, help="Every prompt must match, not only must_match ones.")
 @click.option(
     "--api-key-file",
@@ -467,7 +468,7 @@ def lossless_cmd(
     settings = losslessmod.LosslessSettings(
         url_a=url_a, url_b=url_b, max_tokens=max_tokens, runs=runs, seed=seed, strict=strict
     )
-    prompt_list = benchmod.load_prompts(prompts)
+    prompt_list = load_prompts(prompts)
     api_key = read_api_key(api_key_file) if api_key_file else None
     console = _console()
     with _progress_bar(
@@ -791,7 +792,7 @@ def doctor_cmd(
     if url is not None:
         assert instance is not None
         inputs.probe = doctor.probe_server(url, doctor.read_api_key(config.instances[instance]))
-    inputs.benches = [benchmod.load_result(f) for f in bench_files]
+    inputs.benches = [bench_results.load_result(f) for f in bench_files]
     inputs.avg_output_tokens = avg_output_tokens
     smi = doctor.query_gpus()
     report = doctor.diagnose(

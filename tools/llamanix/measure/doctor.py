@@ -24,7 +24,7 @@ from llamanix.core.errors import Problem, UserError
 from llamanix.core.gpus import Gpu
 from llamanix.core.variants import VARIANTS
 from llamanix.measure import client
-from llamanix.measure.bench import BenchResult
+from llamanix.measure.bench_results import BenchResult
 from llamanix.measure.ceiling import find_gpu, gpu_memory_bytes, vram_breakdown
 from llamanix.measure.crossover import PromptCrossover, prompt_crossovers
 from llamanix.measure.gguf_info import GgufInfo, read_gguf, read_vocab, vocab_mismatch
