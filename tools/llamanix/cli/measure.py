@@ -18,11 +18,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from llamanix.cli.completion import complete_instances
-from llamanix.core.config import load_config
 from llamanix.core.errors import Problem, UserError
 from llamanix.core.gpus import Gpu, load_gpus
 from llamanix.external.files import atomic_write
-from llamanix.external.journalctl import read_journal
 from llamanix.measure import bench as benchmod
 from llamanix.measure import bench_results, doctor
 from llamanix.measure import lossless as losslessmod
@@ -34,9 +32,9 @@ from llamanix.measure.ceiling import (
     parse_bytes,
 )
 from llamanix.measure.client import check_url, read_api_key
+from llamanix.measure.doctor_inputs import DoctorRequest, run_doctor
 from llamanix.measure.gguf_info import CACHE_TYPES, GgufInfo, read_gguf
 from llamanix.measure.prompts import load_prompts
-from llamanix.measure.server_log import parse_server_log
 
 _LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
 
@@ -717,86 +715,17 @@ def doctor_cmd(
     as_json: bool,
 ) -> None:
     """Find what silently costs speed or memory; exit 1 on any error finding."""
-    if avg_output_tokens is not None and not avg_output_tokens > 0:
-        raise UserError(
-            Problem(
-                "llamanix doctor",
-                "--avg-output-tokens",
-                f"{avg_output_tokens:g} is not a positive number of tokens",
-                "give the output tokens your requests average, e.g. 400",
-            )
+    report = run_doctor(
+        DoctorRequest(
+            config_path=config_path,
+            instance=instance,
+            log_file=log_file,
+            journal=journal,
+            url=url,
+            gpu=gpu,
+            bench_files=bench_files,
+            avg_output_tokens=avg_output_tokens,
         )
-    config = load_config(config_path)
-    if instance is not None and instance not in config.instances:
-        raise UserError(
-            Problem(
-                str(config_path),
-                "INSTANCE",
-                f"no instance {instance!r}",
-                f"choose one of {', '.join(config.instances)}",
-            )
-        )
-    if log_file is not None and journal:
-        raise UserError(
-            Problem(
-                "llamanix doctor",
-                "--log/--journal",
-                "give one, not both",
-                "pass --log FILE or --journal",
-            )
-        )
-    per_instance_input = log_file is not None or journal or url is not None or bench_files
-    if per_instance_input and instance is None:
-        if len(config.instances) != 1:
-            raise UserError(
-                Problem(
-                    "llamanix doctor",
-                    "INSTANCE",
-                    "--log, --journal, --url and --bench describe one instance",
-                    "name the instance after the config",
-                )
-            )
-        instance = next(iter(config.instances))
-    names = [instance] if instance is not None else list(config.instances)
-    if gpu:
-        find_gpu(gpu, "llamanix doctor")
-    inputs = doctor.Inputs()
-    if log_file is not None:
-        try:
-            inputs.log = parse_server_log(log_file.read_text(errors="replace"))
-        except OSError as err:
-            raise UserError(
-                Problem(
-                    str(log_file),
-                    "--log",
-                    f"cannot read ({err.strerror})",
-                    "give a saved llama-server log",
-                )
-            ) from None
-    elif journal:
-        assert instance is not None
-        host = config.host_of(config.instances[instance])
-        if host.target is not None:
-            raise UserError(
-                Problem(
-                    str(config_path),
-                    f"hosts.{host.name}.target",
-                    f"--journal reads this machine's journal, but {instance} runs on {host.target}",
-                    f"ssh {host.target} journalctl -u {doctor.unit_name(instance)} -o cat > "
-                    f"{instance}.log, then pass --log {instance}.log",
-                )
-            )
-        inputs.log = parse_server_log(
-            read_journal(doctor.unit_name(instance), user=host.kind == "systemd-user")
-        )
-    if url is not None:
-        assert instance is not None
-        inputs.probe = doctor.probe_server(url, doctor.read_api_key(config.instances[instance]))
-    inputs.benches = [bench_results.load_result(f) for f in bench_files]
-    inputs.avg_output_tokens = avg_output_tokens
-    smi = doctor.query_gpus()
-    report = doctor.diagnose(
-        config, names, {n: inputs for n in names} if instance else {}, gpu, smi
     )
     if as_json:
         _echo_json(report.to_json())
@@ -804,8 +733,8 @@ def doctor_cmd(
         console = _console()
         if not report.findings:
             console.print(
-                f"no problems found ({len(names)} instance(s), "
-                f"{sum(v == 'ok' for v in report.checks.values())} checks passed)"
+                f"no problems found ({len(report.instances)} instance(s), "
+                f"{report.count('ok')} checks passed)"
             )
         for f in report.findings:
             where = f"{f.instance}: " if f.instance else ""
@@ -815,9 +744,9 @@ def doctor_cmd(
                 soft_wrap=True,
             )
             console.print(f"  fix: {escape(f.fix)}", highlight=False, soft_wrap=True)
-        skipped = {k: v for k, v in report.checks.items() if v.startswith("skipped")}
-        for check, why in skipped.items():
-            console.print(f"[dim]{check}: {escape(why)}[/]", highlight=False)
+        for check, result in report.checks.items():
+            if result.outcome == "skipped":
+                console.print(f"[dim]{check}: {escape(result.text())}[/]", highlight=False)
     if report.has_errors:
         ctx.exit(1)
 
