@@ -7,6 +7,7 @@ import importlib.util
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
@@ -14,8 +15,9 @@ from click.testing import CliRunner, Result
 from llamanix.cli import main
 from llamanix.core.errors import UserError
 from llamanix.core.gpus import load_gpus
-from llamanix.measure.bench import builtin_prompts, load_result, parse_prompts
+from llamanix.measure.bench_results import load_result
 from llamanix.measure.gguf_info import read_gguf
+from llamanix.measure.prompts import builtin_prompts, parse_prompts
 from llamanix.measure.server_process import LlamaServer, free_port
 from llamanix.testbed.synth import SynthSpec, synth_model
 
@@ -91,6 +93,75 @@ def test_compare_needs_two_results(tmp_path: Path) -> None:
     (tmp_path / "x.json").write_text("{}")
     result = bench("compare", str(tmp_path / "x.json"), str(tmp_path / "x.json"))
     assert result.exit_code == 2 and "not a llamanix-bench/1 result" in result.stderr
+
+
+def _minimal_result() -> dict[str, Any]:
+    """The smallest file bench --json writes: one request, a one-token run."""
+    request = {"wall_s": 0.5, "ttft_s": 0.5, "predicted_n": 1, "chunks": 1}
+    return {
+        "format": "llamanix-bench/1",
+        "label": "x",
+        "meta": {
+            "url": "http://127.0.0.1:8080",
+            "model": None,
+            "server": {"build_info": "b1"},
+            "machine": {
+                "hostname": "h",
+                "system": "Linux",
+                "machine": "x86_64",
+                "processor": None,
+                "cpus": 2,
+                "python": "3.11.2",
+            },
+            "date": "2026-01-01T00:00:00+00:00",
+            "llamanix": "0.1.0",
+            "metrics": False,
+            "settings": {
+                "prompts": ["latency"],
+                "max_tokens": [1],
+                "runs": 1,
+                "warmup": 0,
+                "concurrency": 1,
+                "temperature": 0.0,
+                "seed": 42,
+                "ignore_eos": True,
+                "cache_prompt": False,
+            },
+        },
+        "ceiling": None,
+        "summaries": [],
+        "runs": [
+            {
+                "prompt": "latency",
+                "max_tokens": 1,
+                "run": 0,
+                "wall_s": 0.5,
+                "aggregate_decode_tok_s": None,
+                "requests": [request],
+            }
+        ],
+    }
+
+
+def test_result_fields_are_read_typed(tmp_path: Path) -> None:
+    """Fields a file lacks read as None; a field of the wrong type is one line naming it."""
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(_minimal_result()))
+    loaded = load_result(path)
+    assert loaded.meta.server.build_info == "b1" and loaded.meta.server.model_path is None
+    (run,) = loaded.runs
+    assert run.phase is None and run.metrics_delta is None
+    assert run.requests[0].server_decode_tok_s is None and run.requests[0].chunks == 1
+    broken = _minimal_result()
+    broken["runs"][0]["requests"][0]["chunks"] = "one"
+    path.write_text(json.dumps(broken))
+    with pytest.raises(UserError, match=r"runs\[0\]\.requests\[0\]\.chunks: expected an integer"):
+        load_result(path)
+    broken = _minimal_result()
+    broken["runs"][0]["phase"] = "tepid"
+    path.write_text(json.dumps(broken))
+    result = bench("compare", str(path), str(path))
+    assert result.exit_code == 2 and "unknown phase 'tepid'" in result.stderr
 
 
 # --- against the real server ----------------------------------------------------------------
@@ -233,6 +304,8 @@ def test_bench_summary_meta_and_outputs(base_run: tuple[Result, Path], slower_mo
     assert len(csv_rows) == 10 and {"ttft_s", "server_decode_tok_s"} <= set(csv_rows[0])
     loaded = load_result(out / "base.json")
     assert loaded.summaries[0].stats["wall_s"] is not None
+    # One reader, one writer: what was read writes back the same.
+    assert loaded.to_json() == data
 
 
 @pytest.mark.server

@@ -13,18 +13,11 @@ from click.testing import CliRunner, Result
 
 from llamanix.cli import main
 from llamanix.core.errors import UserError
-from llamanix.measure.bench import (
-    BenchSettings,
-    ThinkingClock,
-    agent_messages,
-    agent_prompt,
-    load_prompts,
-    load_result,
-    parse_prompts,
-    planned_steps,
-    run_bench,
-)
+from llamanix.measure.bench import planned_steps, run_bench
+from llamanix.measure.bench_results import BenchSettings, load_result
+from llamanix.measure.prompts import agent_messages, agent_prompt, load_prompts, parse_prompts
 from llamanix.measure.server_process import LlamaServer
+from llamanix.measure.streaming import ThinkingClock
 
 if TYPE_CHECKING:
     from conftest import SynthModels
@@ -197,6 +190,7 @@ def test_results_without_agent_fields_still_load(
     assert loaded.summaries[0].phases is None
     new = load_result(agent_run[2])
     assert new.runs[0].phase == "cold" and new.summaries[0].phases is not None
+    assert new.to_json() == json.loads(agent_run[2].read_text())
     compared = bench("compare", str(tmp_path / "old.json"), str(agent_run[2]), "--json")
     assert compared.exit_code == 0, compared.output
     labels = json.loads(compared.stdout)["labels"]

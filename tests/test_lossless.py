@@ -24,8 +24,8 @@ from click.testing import CliRunner, Result
 
 from llamanix.cli import main
 from llamanix.core.errors import UserError
-from llamanix.measure.bench import parse_prompts
 from llamanix.measure.lossless import ToolCall, compare_tool_calls, first_difference, json_shape
+from llamanix.measure.prompts import parse_prompts
 from llamanix.measure.server_process import LlamaServer, free_port
 
 if TYPE_CHECKING:

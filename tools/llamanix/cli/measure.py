@@ -18,13 +18,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from llamanix.cli.completion import complete_instances
-from llamanix.core.config import load_config
 from llamanix.core.errors import Problem, UserError
 from llamanix.core.gpus import Gpu, load_gpus
 from llamanix.external.files import atomic_write
-from llamanix.external.journalctl import read_journal
 from llamanix.measure import bench as benchmod
-from llamanix.measure import doctor
+from llamanix.measure import bench_results, doctor
 from llamanix.measure import lossless as losslessmod
 from llamanix.measure import report as bench_report
 from llamanix.measure.ceiling import (
@@ -34,8 +32,9 @@ from llamanix.measure.ceiling import (
     parse_bytes,
 )
 from llamanix.measure.client import check_url, read_api_key
+from llamanix.measure.doctor_inputs import DoctorRequest, run_doctor
 from llamanix.measure.gguf_info import CACHE_TYPES, GgufInfo, read_gguf
-from llamanix.measure.server_log import parse_server_log
+from llamanix.measure.prompts import load_prompts
 
 _LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
 
@@ -91,9 +90,9 @@ def _count(n: float) -> str:
 
 
 def _bench_ceiling(
-    result: benchmod.BenchResult, url: str, gpu_name: str | None, gguf: Path | None
-) -> None:
-    """Attach the roofline when the model file and the GPU are known."""
+    result: bench_results.BenchResult, url: str, gpu_name: str | None, gguf: Path | None
+) -> bench_results.BenchResult:
+    """The result with the roofline attached when the model file and the GPU are known."""
     gpu: Gpu | None = find_gpu(gpu_name, "llamanix bench") if gpu_name else None
     if gpu is None and urlparse(url).hostname in _LOOPBACK:
         smi = doctor.query_gpus()
@@ -104,15 +103,15 @@ def _bench_ceiling(
                 gpu = None
     model_path = gguf
     if model_path is None:
-        served = result.meta.get("server", {}).get("model_path")
-        if isinstance(served, str) and Path(served).is_file():
+        served = result.meta.server.model_path
+        if served is not None and Path(served).is_file():
             model_path = Path(served)
     if gpu is None or model_path is None:
-        return
+        return result
     info = read_gguf(model_path)
     bytes_per_token = info.weight_bytes_per_token()
     ceiling = ceiling_for(gpu.bandwidth_gb_s, bytes_per_token, gpu=gpu.name, model=str(model_path))
-    benchmod.attach_ceiling(result, ceiling.to_json())
+    return benchmod.attach_ceiling(result, ceiling)
 
 
 @dataclass(frozen=True)
@@ -167,7 +166,7 @@ def _run_bench(ctx: click.Context, opts: BenchOptions) -> None:
             )
     if opts.gpu:
         find_gpu(opts.gpu, "llamanix bench")
-    settings = benchmod.BenchSettings(
+    settings = bench_results.BenchSettings(
         url=opts.url,
         model=opts.model,
         max_tokens=tuple(benchmod.parse_lengths(opts.max_tokens)),
@@ -180,12 +179,12 @@ def _run_bench(ctx: click.Context, opts: BenchOptions) -> None:
         cache_prompt=opts.cache_prompt,
         label=opts.label,
     )
-    prompt_list = benchmod.load_prompts(opts.prompts)
+    prompt_list = load_prompts(opts.prompts)
     api_key = read_api_key(opts.api_key_file) if opts.api_key_file else None
     console = _console()
     with _progress_bar(console, "bench", benchmod.planned_steps(settings, prompt_list)) as step:
         result = benchmod.run_bench(settings, prompt_list, api_key=api_key, progress=step)
-    _bench_ceiling(result, opts.url, opts.gpu, opts.gguf)
+    result = _bench_ceiling(result, opts.url, opts.gpu, opts.gguf)
     if opts.as_json:
         _echo_json(result.to_json())
     else:
@@ -195,8 +194,8 @@ def _run_bench(ctx: click.Context, opts: BenchOptions) -> None:
             console.print(agent)
     if result.ceiling and not opts.as_json:
         console.print(
-            f"ceiling: {result.ceiling['tok_s']:.1f} tok/s "
-            f"({result.ceiling['gpu']}, {_size(result.ceiling['bytes_per_token'])} "
+            f"ceiling: {result.ceiling.tok_s:.1f} tok/s "
+            f"({result.ceiling.gpu}, {_size(result.ceiling.bytes_per_token)} "
             "read per token)"
         )
     if opts.json_out is not None:
@@ -219,21 +218,21 @@ def _run_bench(ctx: click.Context, opts: BenchOptions) -> None:
 )
 @click.option(
     "--max-tokens",
-    default=",".join(map(str, benchmod.DEFAULT_MAX_TOKENS)),
+    default=",".join(map(str, bench_results.DEFAULT_MAX_TOKENS)),
     show_default=True,
     help="Output lengths to measure, comma-separated.",
 )
 @click.option(
     "--runs",
     type=int,
-    default=benchmod.DEFAULT_RUNS,
+    default=bench_results.DEFAULT_RUNS,
     show_default=True,
     help="Measured runs per prompt x length.",
 )
 @click.option(
     "--warmup",
     type=int,
-    default=benchmod.DEFAULT_WARMUP,
+    default=bench_results.DEFAULT_WARMUP,
     show_default=True,
     help="Unmeasured warm-up requests per prompt.",
 )
@@ -245,7 +244,7 @@ def _run_bench(ctx: click.Context, opts: BenchOptions) -> None:
     help="Requests sent at once in each run.",
 )
 @click.option("--temperature", type=float, default=0.0, show_default=True)
-@click.option("--seed", type=int, default=benchmod.DEFAULT_SEED, show_default=True)
+@click.option("--seed", type=int, default=bench_results.DEFAULT_SEED, show_default=True)
 @click.option("--label", help="Name of this configuration in tables and plots.")
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON instead of the table.")
 @click.option(
@@ -365,7 +364,7 @@ def bench_compare(
     output length from which each later result wins on wall clock (the crossover; needs
     results swept over two or more --max-tokens).
     """
-    results = [benchmod.load_result(f) for f in files]
+    results = [bench_results.load_result(f) for f in files]
     rows = bench_report.compare(results)
     if prompt is not None and not any(s.prompt == prompt for r in results for s in r.summaries):
         raise UserError(
@@ -422,7 +421,7 @@ def bench_compare(
     show_default=True,
     help="Output length asked for (a prompt's own max_tokens wins).",
 )
-@click.option("--seed", type=int, default=benchmod.DEFAULT_SEED, show_default=True)
+@click.option("--seed", type=int, default=bench_results.DEFAULT_SEED, show_default=True)
 @click.option("--strict", is_flag=True, help="Every prompt must match, not only must_match ones.")
 @click.option(
     "--api-key-file",
@@ -467,7 +466,7 @@ def lossless_cmd(
     settings = losslessmod.LosslessSettings(
         url_a=url_a, url_b=url_b, max_tokens=max_tokens, runs=runs, seed=seed, strict=strict
     )
-    prompt_list = benchmod.load_prompts(prompts)
+    prompt_list = load_prompts(prompts)
     api_key = read_api_key(api_key_file) if api_key_file else None
     console = _console()
     with _progress_bar(
@@ -716,86 +715,17 @@ def doctor_cmd(
     as_json: bool,
 ) -> None:
     """Find what silently costs speed or memory; exit 1 on any error finding."""
-    if avg_output_tokens is not None and not avg_output_tokens > 0:
-        raise UserError(
-            Problem(
-                "llamanix doctor",
-                "--avg-output-tokens",
-                f"{avg_output_tokens:g} is not a positive number of tokens",
-                "give the output tokens your requests average, e.g. 400",
-            )
+    report = run_doctor(
+        DoctorRequest(
+            config_path=config_path,
+            instance=instance,
+            log_file=log_file,
+            journal=journal,
+            url=url,
+            gpu=gpu,
+            bench_files=bench_files,
+            avg_output_tokens=avg_output_tokens,
         )
-    config = load_config(config_path)
-    if instance is not None and instance not in config.instances:
-        raise UserError(
-            Problem(
-                str(config_path),
-                "INSTANCE",
-                f"no instance {instance!r}",
-                f"choose one of {', '.join(config.instances)}",
-            )
-        )
-    if log_file is not None and journal:
-        raise UserError(
-            Problem(
-                "llamanix doctor",
-                "--log/--journal",
-                "give one, not both",
-                "pass --log FILE or --journal",
-            )
-        )
-    per_instance_input = log_file is not None or journal or url is not None or bench_files
-    if per_instance_input and instance is None:
-        if len(config.instances) != 1:
-            raise UserError(
-                Problem(
-                    "llamanix doctor",
-                    "INSTANCE",
-                    "--log, --journal, --url and --bench describe one instance",
-                    "name the instance after the config",
-                )
-            )
-        instance = next(iter(config.instances))
-    names = [instance] if instance is not None else list(config.instances)
-    if gpu:
-        find_gpu(gpu, "llamanix doctor")
-    inputs = doctor.Inputs()
-    if log_file is not None:
-        try:
-            inputs.log = parse_server_log(log_file.read_text(errors="replace"))
-        except OSError as err:
-            raise UserError(
-                Problem(
-                    str(log_file),
-                    "--log",
-                    f"cannot read ({err.strerror})",
-                    "give a saved llama-server log",
-                )
-            ) from None
-    elif journal:
-        assert instance is not None
-        host = config.host_of(config.instances[instance])
-        if host.target is not None:
-            raise UserError(
-                Problem(
-                    str(config_path),
-                    f"hosts.{host.name}.target",
-                    f"--journal reads this machine's journal, but {instance} runs on {host.target}",
-                    f"ssh {host.target} journalctl -u {doctor.unit_name(instance)} -o cat > "
-                    f"{instance}.log, then pass --log {instance}.log",
-                )
-            )
-        inputs.log = parse_server_log(
-            read_journal(doctor.unit_name(instance), user=host.kind == "systemd-user")
-        )
-    if url is not None:
-        assert instance is not None
-        inputs.probe = doctor.probe_server(url, doctor.read_api_key(config.instances[instance]))
-    inputs.benches = [benchmod.load_result(f) for f in bench_files]
-    inputs.avg_output_tokens = avg_output_tokens
-    smi = doctor.query_gpus()
-    report = doctor.diagnose(
-        config, names, {n: inputs for n in names} if instance else {}, gpu, smi
     )
     if as_json:
         _echo_json(report.to_json())
@@ -803,8 +733,8 @@ def doctor_cmd(
         console = _console()
         if not report.findings:
             console.print(
-                f"no problems found ({len(names)} instance(s), "
-                f"{sum(v == 'ok' for v in report.checks.values())} checks passed)"
+                f"no problems found ({len(report.instances)} instance(s), "
+                f"{report.count('ok')} checks passed)"
             )
         for f in report.findings:
             where = f"{f.instance}: " if f.instance else ""
@@ -814,9 +744,9 @@ def doctor_cmd(
                 soft_wrap=True,
             )
             console.print(f"  fix: {escape(f.fix)}", highlight=False, soft_wrap=True)
-        skipped = {k: v for k, v in report.checks.items() if v.startswith("skipped")}
-        for check, why in skipped.items():
-            console.print(f"[dim]{check}: {escape(why)}[/]", highlight=False)
+        for check, result in report.checks.items():
+            if result.outcome == "skipped":
+                console.print(f"[dim]{check}: {escape(result.text())}[/]", highlight=False)
     if report.has_errors:
         ctx.exit(1)
 

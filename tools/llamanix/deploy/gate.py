@@ -27,7 +27,8 @@ import httpx
 from llamanix.core import json_fields as jf
 from llamanix.core.errors import ExternalCommandError, UserError
 from llamanix.external.clock import now
-from llamanix.measure.bench import BenchSettings, builtin_prompts, run_bench
+from llamanix.measure.bench import run_bench
+from llamanix.measure.bench_results import BenchSettings
 from llamanix.measure.client import LlamaClient, NotServing
 from llamanix.measure.interval import (
     CONFIDENCE,
@@ -42,6 +43,7 @@ from llamanix.measure.interval import (
     threshold_of,
 )
 from llamanix.measure.metrics import parse_metrics
+from llamanix.measure.prompts import builtin_prompts
 
 GateKind = Literal["health", "smoke", "bench"]
 GATES: tuple[GateKind, ...] = get_args(GateKind)

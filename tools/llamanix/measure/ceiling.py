@@ -15,6 +15,7 @@ from typing import Any
 from llamanix.core.errors import Problem, UserError
 from llamanix.core.gpus import Gpu, load_gpus
 from llamanix.measure.gguf_info import GgufInfo
+from llamanix.measure.json_values import JsonFields
 
 GB = 1_000_000_000
 GIB = 1 << 30
@@ -101,6 +102,20 @@ class Ceiling:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+    @staticmethod
+    def from_json(value: object, where: str) -> Ceiling:
+        """The record ``to_json`` wrote (a bench result keeps the ceiling it was measured under);
+        ValueError naming the field when it is not one."""
+        data = JsonFields.of(value, where)
+        return Ceiling(
+            bandwidth_gb_s=data.number("bandwidth_gb_s"),
+            bytes_per_token=data.number("bytes_per_token"),
+            tok_s=data.number("tok_s"),
+            gpu=data.opt_string("gpu"),
+            model=data.opt_string("model"),
+            active_fraction=data.opt_number("active_fraction"),
+        )
 
 
 def ceiling_for(

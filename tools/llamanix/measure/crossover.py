@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from llamanix.measure.bench import BenchResult
+from llamanix.measure.bench_results import BenchResult
 
 # always: the candidate wins at every length; never: at none; above/below: from/up to ``tokens``;
 # same: the two lines coincide.

@@ -24,13 +24,44 @@ from llamanix.core.errors import Problem, UserError
 from llamanix.core.gpus import Gpu
 from llamanix.core.variants import VARIANTS
 from llamanix.measure import client
-from llamanix.measure.bench import BenchResult
+from llamanix.measure.bench_results import BenchResult
 from llamanix.measure.ceiling import find_gpu, gpu_memory_bytes, vram_breakdown
 from llamanix.measure.crossover import PromptCrossover, prompt_crossovers
 from llamanix.measure.gguf_info import GgufInfo, read_gguf, read_vocab, vocab_mismatch
 from llamanix.measure.server_log import ServerLog
 
 Severity = Literal["error", "warning", "info"]
+# What each check looks at; a report lists every check that ran under its name.
+CheckName = Literal[
+    "vocab",
+    "vram",
+    "hybrid",
+    "flash-attn",
+    "kv-pair",
+    "cuda-arch",
+    "spec-log",
+    "acceptance",
+    "spec-probe",
+    "spec-bench",
+    "spec-crossover",
+]
+# A check passed, found something, or could not look (and says why).
+Outcome = Literal["ok", "finding", "skipped"]
+# What a finding is about: stable names for scripts reading --json.
+FindingCode = Literal[
+    "vocab-mismatch",
+    "vram",
+    "hybrid-no-checkpoint",
+    "quantized-v-without-fa",
+    "kv-type-pair",
+    "cuda-arch",
+    "spec-init-failed",
+    "spec-refused",
+    "spec-not-drafting",
+    "spec-low-acceptance",
+    "spec-slower",
+    "spec-crossover",
+]
 # Below this share of drafted tokens kept, drafting costs more than it saves (the seeds saw 12%
 # on ik and 50% with a draft spending 78% of the time).
 MIN_ACCEPTANCE = 0.5
@@ -45,7 +76,7 @@ _QUANTIZED_FREE = ("f32", "f16", "bf16")
 @dataclass(frozen=True)
 class Finding:
     severity: Severity
-    code: str
+    code: FindingCode
     instance: str | None
     message: str
     fix: str
@@ -54,29 +85,56 @@ class Finding:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class CheckResult:
+    outcome: Outcome
+    why: str | None = None  # skipped: what was missing
+
+    def text(self) -> str:
+        """``ok``, ``finding`` or ``skipped: why``, as --json writes it."""
+        return f"skipped: {self.why}" if self.outcome == "skipped" else self.outcome
+
+
 @dataclass
 class Report:
+    """Built up check by check: what was found, and what was looked at."""
+
+    instances: tuple[str, ...] = ()
     findings: list[Finding] = field(default_factory=list)
-    # check name -> "ok", "finding" or "skipped: why": what was looked at, for --json.
-    checks: dict[str, str] = field(default_factory=dict)
+    checks: dict[CheckName, CheckResult] = field(default_factory=dict)
 
     @property
     def has_errors(self) -> bool:
         return any(f.severity == "error" for f in self.findings)
 
+    def count(self, outcome: Outcome) -> int:
+        return sum(c.outcome == outcome for c in self.checks.values())
+
     def add(
-        self, severity: Severity, code: str, instance: str | None, message: str, fix: str
+        self,
+        severity: Severity,
+        code: FindingCode,
+        instance: str | None,
+        message: str,
+        fix: str,
     ) -> None:
         # Several sources can show the same fault (config and log, log and probe): say it once.
         if any(f.code == code and f.instance == instance for f in self.findings):
             return
         self.findings.append(Finding(severity, code, instance, message, fix))
 
-    def ran(self, check: str, outcome: str = "ok") -> None:
+    def _record(self, check: CheckName, result: CheckResult) -> None:
+        # A finding stands: another instance or source passing the same check does not undo it.
         previous = self.checks.get(check)
-        if previous == "finding":
+        if previous is not None and previous.outcome == "finding":
             return
-        self.checks[check] = outcome
+        self.checks[check] = result
+
+    def ran(self, check: CheckName, outcome: Literal["ok", "finding"] = "ok") -> None:
+        self._record(check, CheckResult(outcome))
+
+    def skipped(self, check: CheckName, why: str) -> None:
+        self._record(check, CheckResult("skipped", why))
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -84,7 +142,7 @@ class Report:
             "errors": sum(f.severity == "error" for f in self.findings),
             "warnings": sum(f.severity == "warning" for f in self.findings),
             "findings": [f.to_json() for f in self.findings],
-            "checks": self.checks,
+            "checks": {name: c.text() for name, c in self.checks.items()},
         }
 
 
@@ -194,7 +252,7 @@ def probe_server(url: str, api_key: str | None = None) -> Probe:
 # --- the checks ------------------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(frozen=True)
 class Inputs:
     """What the checks may look at for one instance; None where the user gave nothing."""
 
@@ -204,8 +262,6 @@ class Inputs:
     # The output length the instance's requests average (--avg-output-tokens); without it the
     # crossover check compares with what the bench results generated.
     avg_output_tokens: float | None = None
-    gpu: Gpu | None = None
-    smi: list[SmiGpu] | None = None
 
 
 def _read_model(path: str | None) -> GgufInfo | None:
@@ -219,7 +275,7 @@ def check_vocab(report: Report, inst: Instance) -> None:
     if spec.draft_model is None:
         return
     if not (Path(inst.model).is_file() and Path(spec.draft_model).is_file()):
-        report.ran("vocab", "skipped: model files not readable here")
+        report.skipped("vocab", "model files not readable here")
         return
     why = vocab_mismatch(read_vocab(Path(inst.model)), read_vocab(Path(spec.draft_model)))
     if why is None:
@@ -239,18 +295,18 @@ def check_vocab(report: Report, inst: Instance) -> None:
 
 def check_vram(report: Report, inst: Instance, gpu: Gpu | None) -> None:
     if gpu is None:
-        report.ran("vram", "skipped: no GPU known (set hosts.NAME.gpu or pass --gpu)")
+        report.skipped("vram", "no GPU known (set hosts.NAME.gpu or pass --gpu)")
         return
     if inst.gpu_layers == 0:
-        report.ran("vram", "skipped: gpu_layers = 0")
+        report.skipped("vram", "gpu_layers = 0")
         return
     model = _read_model(inst.model)
     if model is None:
-        report.ran("vram", "skipped: model file not readable here")
+        report.skipped("vram", "model file not readable here")
         return
     if isinstance(inst.gpu_layers, int) and inst.gpu_layers < model.block_count:
         # A partial offload is a split the user chose; the budget below assumes every layer.
-        report.ran("vram", f"skipped: partial offload (gpu_layers = {inst.gpu_layers})")
+        report.skipped("vram", f"partial offload (gpu_layers = {inst.gpu_layers})")
         return
     draft = _read_model(inst.speculative.draft_model) if inst.speculative.enabled else None
     context = inst.context or model.context_length or 4096
@@ -299,7 +355,7 @@ def check_hybrid(report: Report, inst: Instance) -> None:
         return
     model = _read_model(inst.model)
     if model is None:
-        report.ran("hybrid", "skipped: model file not readable here")
+        report.skipped("hybrid", "model file not readable here")
         return
     variant = VARIANTS[inst.variant]
     if not model.is_recurrent or variant.dialect.hybrid_spec_checkpoints:
@@ -387,10 +443,10 @@ def check_cuda_arch(
     elif gpu is not None:
         capabilities = [(gpu.label, gpu.compute_capability)]
     if not capabilities:
-        report.ran("cuda-arch", "skipped: no GPU known")
+        report.skipped("cuda-arch", "no GPU known")
         return
     if not host.cuda_archs:
-        report.ran("cuda-arch", "skipped: hosts.cuda_archs not set")
+        report.skipped("cuda-arch", "hosts.cuda_archs not set")
         return
     built = {a.rstrip("af") for a in host.cuda_archs}
     for name, cc in capabilities:
@@ -513,7 +569,7 @@ def check_bench_pays(report: Report, inst: Instance, benches: Sequence[BenchResu
     spec = [b for b in benches if _drafted(b)]
     base = [b for b in benches if not _drafted(b)]
     if not spec or not base:
-        report.ran("spec-bench", "skipped: needs a speculative and a baseline bench result")
+        report.skipped("spec-bench", "needs a speculative and a baseline bench result")
         return
     slower: list[str] = []
     for s in spec:
@@ -587,10 +643,9 @@ def check_crossover(
     base = [b for b in benches if not _drafted(b)]
     found = [c for s in spec for b in base for c in prompt_crossovers(b, s)]
     if not found:
-        report.ran(
+        report.skipped(
             "spec-crossover",
-            "skipped: needs a speculative and a baseline result swept over two or more "
-            "--max-tokens",
+            "needs a speculative and a baseline result swept over two or more --max-tokens",
         )
         return
     if avg_output_tokens is not None:
@@ -650,7 +705,7 @@ def diagnose(
     gpu_override: str | None = None,
     smi: list[SmiGpu] | None = None,
 ) -> Report:
-    report = Report()
+    report = Report(instances=tuple(names))
     for name in names:
         inst = config.instances[name]
         host = config.host_of(inst)

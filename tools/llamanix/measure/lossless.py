@@ -30,8 +30,10 @@ from rich.table import Table
 
 from llamanix import __version__
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
-from llamanix.measure.bench import DEFAULT_SEED, ProgressHook, Prompt
+from llamanix.measure.bench import ProgressHook
+from llamanix.measure.bench_results import DEFAULT_SEED
 from llamanix.measure.client import LlamaClient, error_message
+from llamanix.measure.prompts import Prompt
 
 RESULT_FORMAT = "llamanix-lossless/1"
 DEFAULT_RUNS = 3

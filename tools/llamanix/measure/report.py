@@ -14,7 +14,7 @@ from rich.table import Table
 
 from llamanix.core.errors import Problem, UserError
 from llamanix.external.files import atomic_write
-from llamanix.measure.bench import BenchResult, Stats, Summary, csv_rows
+from llamanix.measure.bench_results import BenchResult, FieldStats, Stats, Summary, csv_rows
 from llamanix.measure.crossover import Line, PromptCrossover, crossover, fit_line, prompt_crossovers
 
 # Metrics compared side by side: (field, heading, higher is better).
@@ -111,7 +111,7 @@ def agent_table(result: BenchResult) -> Table | None:
         assert s.phases is not None
         for phase, stats in s.phases.items():
 
-            def med(name: str, st: dict[str, Stats | None] = stats) -> float | None:
+            def med(name: str, st: FieldStats = stats) -> float | None:
                 value = st.get(name)
                 return value.median if value is not None else None
 

@@ -28,14 +28,17 @@ from llamanix.core.argv import instance_argv
 from llamanix.core.config import Config, parse_config
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
 from llamanix.external.llama_server import probe_binary, run_binary
-from llamanix.measure import bench, cuda_check
+from llamanix.measure import cuda_check
+from llamanix.measure.bench_results import BenchSettings, RequestResult
 from llamanix.measure.client import LlamaClient
 from llamanix.measure.cuda_check import NOT_CUDA, Check
 from llamanix.measure.doctor import query_gpus
 from llamanix.measure.gguf_info import read_gguf
 from llamanix.measure.metrics import MetricsSnapshot, metrics_delta, parse_metrics
+from llamanix.measure.prompts import Prompt
 from llamanix.measure.server_log import parse_server_log
 from llamanix.measure.server_process import LlamaServer, ServerStartError, free_port, tail
+from llamanix.measure.streaming import request_body, stream_completion
 
 FORMAT = "llamanix-smoke/1"
 SPECS = ("none", "draft", "mtp")
@@ -240,8 +243,8 @@ class _Served:
     """What the requests to the running server returned."""
 
     health: Check | None = None
-    first: bench.RequestResult | None = None
-    second: bench.RequestResult | None = None
+    first: RequestResult | None = None
+    second: RequestResult | None = None
     chat_error: str | None = None
     metrics_before: MetricsSnapshot | None = None
     metrics_after: MetricsSnapshot | None = None
@@ -343,15 +346,15 @@ def _start_failure(err: ServerStartError, log_text: str) -> str:
 
 def _serve(url: str, tokens: int) -> _Served:
     out = _Served()
-    prompt = bench.Prompt("smoke", ({"role": "user", "content": PROMPT},))
+    prompt = Prompt("smoke", ({"role": "user", "content": PROMPT},))
     # cache_prompt off: the second request redoes the same prefill, so the two compare.
-    body = bench.request_body(prompt, tokens, bench.BenchSettings(url=url))
+    body = request_body(prompt, tokens, BenchSettings(url=url))
     with LlamaClient(url, timeout_s=REQUEST_TIMEOUT_S) as client:
         out.health = _health(client)
         out.metrics_before = _scrape(client, out)
         try:
-            out.first = bench.stream_completion(client, body)
-            out.second = bench.stream_completion(client, body)
+            out.first = stream_completion(client, body)
+            out.second = stream_completion(client, body)
         except (UserError, ExternalCommandError, httpx.HTTPError) as err:
             out.chat_error = f"{type(err).__name__}: {err}"
         if out.metrics_before is not None:
@@ -464,7 +467,7 @@ def _metrics_check(served: _Served) -> Check:
     )
 
 
-def _decode_check(second: bench.RequestResult | None) -> Check:
+def _decode_check(second: RequestResult | None) -> Check:
     if second is None:
         return Check("decode", "fail", "no completed request to read decode speed from")
     rate = second.server_decode_tok_s or second.client_decode_tok_s

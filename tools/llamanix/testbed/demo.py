@@ -34,7 +34,9 @@ from rich.table import Table
 from llamanix.core.config import load_config
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
 from llamanix.external.files import atomic_write
-from llamanix.measure import bench
+from llamanix.measure.bench import run_bench
+from llamanix.measure.bench_results import BenchResult, BenchSettings
+from llamanix.measure.prompts import Prompt
 from llamanix.measure.server_process import LlamaServer, free_port
 from llamanix.render.units import render_host, write_render
 from llamanix.testbed import server_build, up_process
@@ -167,11 +169,11 @@ def deploy_config_text(binary: Path, models: DemoModels, port: int) -> str:
 
 def measure(
     url: str, label: str, speculation: str, tokens: int, runs: int
-) -> tuple[bench.BenchResult, DemoRow]:
+) -> tuple[BenchResult, DemoRow]:
     """Streamed chat completions through llamanix.measure.bench: one warm-up, then ``runs`` runs."""
-    settings = bench.BenchSettings(url=url, max_tokens=(tokens,), runs=runs, warmup=1, label=label)
-    prompt = bench.Prompt("demo", ({"role": "user", "content": DEMO_PROMPT},))
-    result = bench.run_bench(settings, [prompt])
+    settings = BenchSettings(url=url, max_tokens=(tokens,), runs=runs, warmup=1, label=label)
+    prompt = Prompt("demo", ({"role": "user", "content": DEMO_PROMPT},))
+    result = run_bench(settings, [prompt])
     summary = result.summaries[0]
     requests = [q for run in result.runs for q in run.requests]
     ttft = summary.median("ttft_s")

@@ -1,0 +1,150 @@
+"""What ``llamanix doctor`` was asked, turned into what its checks look at.
+
+The command names a config and, for one instance, optional evidence: a saved log or the
+journal, a live URL to probe, bench results. This module checks that those fit together, reads
+each of them (files, journalctl, the server, nvidia-smi) and runs the checks, so the command
+itself only parses options and prints the report.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from llamanix.core.config import Config, load_config
+from llamanix.core.errors import Problem, UserError
+from llamanix.external.journalctl import read_journal
+from llamanix.measure.bench_results import load_result
+from llamanix.measure.ceiling import find_gpu
+from llamanix.measure.doctor import (
+    Inputs,
+    Report,
+    diagnose,
+    probe_server,
+    query_gpus,
+    read_api_key,
+    unit_name,
+)
+from llamanix.measure.server_log import ServerLog, parse_server_log
+
+SOURCE = "llamanix doctor"
+
+
+@dataclass(frozen=True)
+class DoctorRequest:
+    """What `llamanix doctor` was asked, option by option."""
+
+    config_path: Path
+    instance: str | None = None
+    log_file: Path | None = None
+    journal: bool = False
+    url: str | None = None
+    gpu: str | None = None
+    bench_files: tuple[Path, ...] = ()
+    avg_output_tokens: float | None = None
+
+    @property
+    def per_instance(self) -> bool:
+        """Was evidence about one running instance given (which then must be named)?"""
+        return (
+            self.log_file is not None
+            or self.journal
+            or self.url is not None
+            or bool(self.bench_files)
+        )
+
+
+def _check_options(request: DoctorRequest) -> None:
+    if request.avg_output_tokens is not None and not request.avg_output_tokens > 0:
+        raise UserError(
+            Problem(
+                SOURCE,
+                "--avg-output-tokens",
+                f"{request.avg_output_tokens:g} is not a positive number of tokens",
+                "give the output tokens your requests average, e.g. 400",
+            )
+        )
+
+
+def _instance(request: DoctorRequest, config: Config) -> str | None:
+    """The instance the evidence is about: the one named, or the config's only one."""
+    instance = request.instance
+    if instance is not None and instance not in config.instances:
+        raise UserError(
+            Problem(
+                str(request.config_path),
+                "INSTANCE",
+                f"no instance {instance!r}",
+                f"choose one of {', '.join(config.instances)}",
+            )
+        )
+    if request.log_file is not None and request.journal:
+        raise UserError(
+            Problem(SOURCE, "--log/--journal", "give one, not both", "pass --log FILE or --journal")
+        )
+    if request.per_instance and instance is None:
+        if len(config.instances) != 1:
+            raise UserError(
+                Problem(
+                    SOURCE,
+                    "INSTANCE",
+                    "--log, --journal, --url and --bench describe one instance",
+                    "name the instance after the config",
+                )
+            )
+        instance = next(iter(config.instances))
+    return instance
+
+
+def _read_log(request: DoctorRequest, config: Config, instance: str | None) -> ServerLog | None:
+    """The server's log from --log or the journal; None when neither was asked for."""
+    if request.log_file is not None:
+        try:
+            return parse_server_log(request.log_file.read_text(errors="replace"))
+        except OSError as err:
+            raise UserError(
+                Problem(
+                    str(request.log_file),
+                    "--log",
+                    f"cannot read ({err.strerror})",
+                    "give a saved llama-server log",
+                )
+            ) from None
+    if not request.journal:
+        return None
+    assert instance is not None  # _instance picked one: --journal is per-instance evidence
+    host = config.host_of(config.instances[instance])
+    if host.target is not None:
+        raise UserError(
+            Problem(
+                str(request.config_path),
+                f"hosts.{host.name}.target",
+                f"--journal reads this machine's journal, but {instance} runs on {host.target}",
+                f"ssh {host.target} journalctl -u {unit_name(instance)} -o cat > "
+                f"{instance}.log, then pass --log {instance}.log",
+            )
+        )
+    return parse_server_log(read_journal(unit_name(instance), user=host.kind == "systemd-user"))
+
+
+def run_doctor(request: DoctorRequest) -> Report:
+    """Check the options, read the evidence they name, and run every check."""
+    _check_options(request)
+    config = load_config(request.config_path)
+    instance = _instance(request, config)
+    names = [instance] if instance is not None else list(config.instances)
+    if request.gpu:
+        find_gpu(request.gpu, SOURCE)
+    log = _read_log(request, config, instance)
+    probe = None
+    if request.url is not None:
+        assert instance is not None  # _instance picked one: --url is per-instance evidence
+        probe = probe_server(request.url, read_api_key(config.instances[instance]))
+    inputs = Inputs(
+        log=log,
+        probe=probe,
+        benches=[load_result(f) for f in request.bench_files],
+        avg_output_tokens=request.avg_output_tokens,
+    )
+    per_instance = {n: inputs for n in names} if instance is not None else {}
+    return diagnose(config, names, per_instance, request.gpu, query_gpus())

@@ -1,0 +1,355 @@
+"""Benchmark prompts: the built-in set, prompt files, and agent-shaped prompts (``agent:N``).
+
+A prompt is chat messages, optional tools and an optional fixed output length, as the user
+wrote them; bench and lossless send them to llama-server unchanged (the messages and tools are
+the OpenAI chat format, so they stay JSON objects here).
+
+Agent-shaped prompts measure what dominates an agent's wall clock: a long shared prefix (system
+prompt, tool definitions, history) that the server can reuse from its KV cache, and a last turn
+that changes every request. Each request puts a session marker in front of the prefix (a new
+marker makes the prefix unique, so nothing is cached) and a new last turn behind it.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from llamanix.core.errors import Problem, UserError
+
+AGENT_MIN_TOKENS = 512  # the fixed part alone is about 420
+AGENT_MAX_TOKENS = 1_000_000
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One benchmark prompt: chat messages, optional tools, optional fixed length."""
+
+    name: str
+    messages: tuple[dict[str, Any], ...]
+    tools: tuple[dict[str, Any], ...] | None = None
+    max_tokens: int | None = None  # fixed output length (the one-token probe); None: --max-tokens
+    # `llamanix lossless` exits 1 when two servers answer this prompt differently; bench ignores it.
+    must_match: bool = False
+    # Agent-shaped: ``messages`` are the shared prefix; each request gets a session marker in
+    # front and a new last turn behind (see agent_messages).
+    agent: bool = False
+
+    def lengths(self, requested: Sequence[int]) -> list[int]:
+        return [self.max_tokens] if self.max_tokens is not None else list(requested)
+
+
+def _prompt_problem(source: str, where: str, message: str, fix: str) -> UserError:
+    return UserError(Problem(source, where, message, fix))
+
+
+def parse_prompts(data: Any, source: str) -> list[Prompt]:
+    """Prompts from JSON: a list (or ``{"prompts": [...]}``) of
+    ``{"name", "messages" | "prompt", "tools"?, "max_tokens"?, "must_match"?}``."""
+    items = data.get("prompts") if isinstance(data, dict) else data
+    if not isinstance(items, list) or not items:
+        raise _prompt_problem(
+            source,
+            "prompts",
+            "expected a non-empty list of prompts",
+            'write [{"name": "x", "prompt": "..."}]',
+        )
+    out: list[Prompt] = []
+    seen: set[str] = set()
+    for i, item in enumerate(items):
+        where = f"prompts[{i}]"
+        if not isinstance(item, dict):
+            raise _prompt_problem(
+                source, where, "must be an object", 'write {"name": ..., "prompt": ...}'
+            )
+        name = item.get("name")
+        if not isinstance(name, str) or not name:
+            raise _prompt_problem(
+                source, f"{where}.name", "missing or not a string", "give every prompt a name"
+            )
+        if name in seen:
+            raise _prompt_problem(
+                source, f"{where}.name", f"duplicate name {name!r}", "names must be unique"
+            )
+        seen.add(name)
+        agent = item.get("agent", False)
+        if isinstance(agent, int) and not isinstance(agent, bool):
+            if not AGENT_MIN_TOKENS <= agent <= AGENT_MAX_TOKENS:
+                raise _prompt_problem(
+                    source,
+                    f"{where}.agent",
+                    f"{agent} is not a prefix length in tokens",
+                    f"give {AGENT_MIN_TOKENS} to {AGENT_MAX_TOKENS}, or true with your messages",
+                )
+            out.append(agent_prompt(agent, name))
+            continue
+        if not isinstance(agent, bool):
+            raise _prompt_problem(
+                source,
+                f"{where}.agent",
+                "must be true (messages are the shared prefix) or a prefix length in tokens",
+                'write "agent": true or "agent": 8000',
+            )
+        messages = item.get("messages")
+        if messages is None and isinstance(item.get("prompt"), str):
+            messages = [{"role": "user", "content": item["prompt"]}]
+        if (
+            not isinstance(messages, list)
+            or not messages
+            or not all(isinstance(m, dict) and "role" in m for m in messages)
+        ):
+            raise _prompt_problem(
+                source,
+                f"{where}.messages",
+                "needs 'prompt' (a string) or 'messages' (chat messages)",
+                'write "prompt": "..." or "messages": [{"role": "user", ...}]',
+            )
+        tools = item.get("tools")
+        if tools is not None and (
+            not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)
+        ):
+            raise _prompt_problem(
+                source,
+                f"{where}.tools",
+                "must be a list of tool objects",
+                "use the OpenAI tools format",
+            )
+        max_tokens = item.get("max_tokens")
+        if max_tokens is not None and (
+            not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1
+        ):
+            raise _prompt_problem(
+                source,
+                f"{where}.max_tokens",
+                "must be a positive integer",
+                "remove it to use --max-tokens",
+            )
+        must_match = item.get("must_match", False)
+        if not isinstance(must_match, bool):
+            raise _prompt_problem(
+                source,
+                f"{where}.must_match",
+                f"must be true or false, not {must_match!r}",
+                'write "must_match": true',
+            )
+        out.append(
+            Prompt(
+                name=name,
+                messages=tuple(messages),
+                tools=tuple(tools) if tools is not None else None,
+                max_tokens=max_tokens,
+                must_match=must_match,
+                agent=agent,
+            )
+        )
+    return out
+
+
+# --- agent-shaped prompts --------------------------------------------------------------------
+
+# Common short English words: about one token each in the llama, GPT-2 and Qwen vocabularies,
+# so N words of filler come to roughly N tokens (the server's prompt_n is the exact count).
+_FILLER_WORDS = [
+    "the",
+    "of",
+    "and",
+    "to",
+    "in",
+    "is",
+    "for",
+    "on",
+    "with",
+    "as",
+    "by",
+    "at",
+    "from",
+    "that",
+    "this",
+    "it",
+    "be",
+    "are",
+    "was",
+    "or",
+    "an",
+    "not",
+    "but",
+    "all",
+    "can",
+    "has",
+    "have",
+    "will",
+    "one",
+    "new",
+    "file",
+    "test",
+    "code",
+    "line",
+    "read",
+    "write",
+    "call",
+    "value",
+    "list",
+    "name",
+    "type",
+    "data",
+    "run",
+    "set",
+    "get",
+    "add",
+    "make",
+    "use",
+    "error",
+    "path",
+    "user",
+    "time",
+    "model",
+    "server",
+    "config",
+    "build",
+    "check",
+    "state",
+    "return",
+]
+_AGENT_SYSTEM = (
+    "You are a coding agent working in a software repository. Use the tools to read and "
+    "change files and to run commands. Keep answers short and exact.\n\nTools:\n"
+)
+_AGENT_TOOLS = (
+    ("read_file", "Read a file of the repository.", "path"),
+    ("write_file", "Replace a file of the repository.", "path"),
+    ("run_command", "Run a shell command in the repository and return its output.", "command"),
+    ("search", "Search the repository for a regular expression.", "pattern"),
+    ("list_dir", "List the files of a directory.", "path"),
+)
+_HISTORY_PAIRS = 4
+_AGENT_FIXED_TOKENS = 420
+
+
+def _filler(rng: random.Random, words: int) -> str:
+    out: list[str] = []
+    for i in range(words):
+        out.append(rng.choice(_FILLER_WORDS))
+        if i % 12 == 11:
+            out.append(".\n" if i % 48 == 47 else ".")
+    return " ".join(out).replace(" .", ".")
+
+
+def agent_prompt(prefix_tokens: int, name: str | None = None) -> Prompt:
+    """An agent-shaped prompt of about ``prefix_tokens`` shared tokens: a system prompt with
+    tool definitions, then a history of tool calls and their output. Same N, same text."""
+    rng = random.Random(f"llamanix-agent:{prefix_tokens}")
+    tools = "".join(
+        json.dumps(
+            {
+                "name": tool,
+                "description": what,
+                "parameters": {"type": "object", "properties": {arg: {"type": "string"}}},
+            }
+        )
+        + "\n"
+        for tool, what, arg in _AGENT_TOOLS
+    )
+    # Measured with the llama SentencePiece vocabulary: the fixed text (instructions, tool
+    # definitions, chat template, history requests) comes to about 420 tokens and each filler
+    # word to 1.1 (the full stops); other vocabularies land within a few percent.
+    budget = max(int((prefix_tokens - _AGENT_FIXED_TOKENS) / 1.1), _HISTORY_PAIRS * 16)
+    system_words = budget // 4
+    # Each history pair: a user request (about 12 tokens with the template) and the output.
+    output_words = (budget - system_words) // _HISTORY_PAIRS - 12
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": _AGENT_SYSTEM + tools + "\n" + _filler(rng, system_words)}
+    ]
+    for turn in range(_HISTORY_PAIRS):
+        messages.append({"role": "user", "content": f"Read src/module_{turn}.py and check it."})
+        messages.append({"role": "assistant", "content": _filler(rng, output_words)})
+    return Prompt(
+        name=name or f"agent-{prefix_tokens}",
+        messages=tuple(messages),
+        agent=True,
+    )
+
+
+def new_session() -> str:
+    """A marker no earlier request can have cached: random, not seeded, so that a second bench
+    against the same server still starts cold."""
+    return secrets.token_hex(8)
+
+
+def agent_messages(prompt: Prompt, session: str, turn: int) -> list[dict[str, Any]]:
+    """The shared prefix behind a session marker, then a last turn that differs per request."""
+    messages = [dict(m) for m in prompt.messages]
+    marker = f"[session {session}]\n"
+    first = messages[0]
+    if first.get("role") == "system" and isinstance(first.get("content"), str):
+        first["content"] = marker + first["content"]
+    else:
+        messages.insert(0, {"role": "system", "content": marker.strip()})
+    messages.append(
+        {
+            "role": "user",
+            "content": f"Turn {turn}: run the tests again and say which of them fail and why.",
+        }
+    )
+    return messages
+
+
+def builtin_prompts() -> list[Prompt]:
+    text = resources.files("llamanix").joinpath("data/prompts.json").read_text()
+    return parse_prompts(json.loads(text), "llamanix/data/prompts.json")
+
+
+def load_prompts(spec: str) -> list[Prompt]:
+    """``builtin``, ``builtin:NAME[,NAME]``, ``agent:N`` or a JSON file."""
+    if spec.startswith("agent:"):
+        text = spec.split(":", 1)[1]
+        n = int(text) if text.isdigit() else 0
+        if not AGENT_MIN_TOKENS <= n <= AGENT_MAX_TOKENS:
+            raise UserError(
+                Problem(
+                    "--prompts",
+                    spec,
+                    f"{text!r} is not a shared-prefix length in tokens",
+                    f"write agent:N with N from {AGENT_MIN_TOKENS} to {AGENT_MAX_TOKENS}, "
+                    "e.g. agent:8000",
+                )
+            )
+        return [agent_prompt(n)]
+    if spec == "builtin" or spec.startswith("builtin:"):
+        prompts = builtin_prompts()
+        if spec == "builtin":
+            return prompts
+        wanted = [w for w in spec.split(":", 1)[1].split(",") if w]
+        by_name = {p.name: p for p in prompts}
+        unknown = [w for w in wanted if w not in by_name]
+        if unknown or not wanted:
+            raise UserError(
+                Problem(
+                    "--prompts",
+                    "builtin",
+                    f"unknown built-in prompt(s) {unknown}",
+                    f"choose from {', '.join(by_name)}",
+                )
+            )
+        return [by_name[w] for w in wanted]
+    data = read_user_json(
+        spec, "--prompts", "give a JSON prompts file or 'builtin'", "fix the JSON syntax"
+    )
+    return parse_prompts(data, spec)
+
+
+def read_user_json(source: str, field: str, missing_fix: str, syntax_fix: str) -> Any:
+    """A user-named JSON file, or one UserError line naming it as the user wrote it."""
+    try:
+        return json.loads(Path(source).read_text())
+    except FileNotFoundError:
+        raise UserError(Problem(source, field, "no such file", missing_fix)) from None
+    except json.JSONDecodeError as err:
+        raise UserError(
+            Problem(source, field, f"not JSON ({err.msg} at line {err.lineno})", syntax_fix)
+        ) from None
