@@ -11,19 +11,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from llamanix.core.json_fields import integer as as_int
+from llamanix.core.json_fields import number
+from llamanix.core.json_fields import text as as_str
+
+__all__ = ["JsonFields", "as_float", "as_int", "as_str"]
+
 
 def as_float(value: object) -> float | None:
     """A JSON number as a float; None for anything else, booleans too (Python counts them as
-    ints)."""
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
-
-
-def as_int(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def as_str(value: object) -> str | None:
-    return value if isinstance(value, str) else None
+    ints). The lenient reads themselves are core.json_fields'."""
+    found = number(value)
+    return None if found is None else float(found)
 
 
 @dataclass(frozen=True)
