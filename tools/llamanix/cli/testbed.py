@@ -186,7 +186,7 @@ def demo(
     instances (plain, and speculating with the draft), renders it, starts the real
     llama-server for each in turn, measures streamed requests and prints them side by side
     with the speed-up. Then `llamanix up` runs the plain instance in a temporary directory and
-    `llamanix switch --gate bench --max-regression 5` flips it to the good draft (kept) and
+    `llamanix switch --gate bench --max-regression 10` flips it to the good draft (kept) and
     to an unrelated draft drafting 16 tokens at p_min 0 (rolled back). Everything started is
     stopped at the end.
     """

@@ -9,7 +9,7 @@ two side by side: on a CPU the draft costs a fraction of the target and nearly e
 token is accepted, so speculation decodes faster.
 
 Then the same change goes through the deploy loop: ``llamanix up`` runs the plain instance in
-a temporary directory, and ``llamanix switch --manager up --gate bench --max-regression 5``
+a temporary directory, and ``llamanix switch --manager up --gate bench --max-regression 10``
 flips it to the good draft (kept: faster than the plain baseline) and then to an unrelated
 draft asked for 16 tokens at p_min 0 (rolled back: it drafts a lot, almost nothing is
 accepted, and decoding is several times slower).
@@ -61,7 +61,12 @@ GOOD_N_MAX, GOOD_P_MIN = 8, 0.6
 # p_min 0: draft 16 tokens every step whatever the draft's confidence, so the target verifies
 # 17 tokens for about one it keeps.
 BAD_N_MAX, BAD_P_MIN = 16, 0.0
-MAX_REGRESSION_PCT = 5.0
+# The gate's threshold for the demo's flips. Its interval sees the spread of runs inside one
+# server process, not the offset between two processes: on the 2-core test machine a CPU server
+# restarted on the same config decodes 0.94-1.08x as fast (scripts/bench-gate-trials), so the
+# no-effect first flip could fail a 5% threshold by that alone. The flips it must tell apart are
+# about 2.8x faster and 0.1x as fast, so 10% keeps both verdicts clear of the offset.
+MAX_REGRESSION_PCT = 10.0
 GateOutcome = Literal["kept", "rolled back"]
 
 
