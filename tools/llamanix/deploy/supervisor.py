@@ -36,6 +36,7 @@ from typing import Any
 
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
 from llamanix.external.files import atomic_write
+from llamanix.external.process import alive
 from llamanix.measure.server_process import LlamaServer, ServerStartError, tail
 from llamanix.render.manifest import MANIFEST, Manifest
 
@@ -234,21 +235,9 @@ def read_status(units_dir: Path) -> dict[str, Any] | None:
         data = json.loads((units_dir / STATUS).read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         return None
-    if not isinstance(data, dict) or not _alive(int(data.get("pid", 0))):
+    if not isinstance(data, dict) or not alive(int(data.get("pid", 0))):
         return None
     return data
-
-
-def _alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 @dataclass

@@ -7,6 +7,7 @@ can check the recorded argv lists.
 
 from __future__ import annotations
 
+import os
 import shlex
 import subprocess
 from collections.abc import Callable, Sequence
@@ -52,3 +53,22 @@ class Runner:
     def note(self, line: str) -> None:
         """Something that is not a command (a file written): shown, marked as such, in dry runs."""
         self.echo(f"# {line}")
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs. Not a process number (0 or less) is not alive, and
+    neither is a zombie: an exited child its parent has not reaped yet is gone for every
+    caller's purpose (a readiness check waiting on it, a status file naming it)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process: it exists
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"

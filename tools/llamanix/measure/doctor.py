@@ -719,17 +719,3 @@ def diagnose(
         check_cuda_arch(report, inst, host, gpu, smi if local else None, inputs.log)
         check_speculation(report, inst, inputs)
     return report
-
-
-def read_api_key(inst: Instance) -> str | None:
-    """The instance's key when its file is readable here (sent in a header, never shown)."""
-    if inst.api_key_file is None:
-        return None
-    try:
-        return client.read_api_key(Path(inst.api_key_file))
-    except UserError:
-        return None  # e.g. root-only: doctor still checks what it can without the key
-
-
-def unit_name(instance: str) -> str:
-    return f"llamanix-{instance}.service"

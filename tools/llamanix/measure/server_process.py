@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
+from llamanix.core.address import connect_host, url_host
 from llamanix.core.errors import ExternalCommandError
 from llamanix.external import interrupt
 from llamanix.measure.client import LlamaClient, NotServing
@@ -80,9 +81,7 @@ class LlamaServer:
 
     @property
     def host(self) -> str:
-        host = _option_value(self.command, "--host") or DEFAULT_HOST
-        # A wildcard listen address is reached over loopback.
-        return DEFAULT_HOST if host in ("0.0.0.0", "::") else host
+        return connect_host(_option_value(self.command, "--host") or DEFAULT_HOST)
 
     @property
     def port(self) -> int:
@@ -93,8 +92,7 @@ class LlamaServer:
 
     @property
     def url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+        return f"http://{url_host(self.host)}:{self.port}"
 
     @property
     def pid(self) -> int | None:

@@ -22,7 +22,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -33,7 +32,7 @@ from rich.table import Table
 
 from llamanix.core.config import load_config
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
-from llamanix.external.files import atomic_write
+from llamanix.external.files import atomic_write, work_dir
 from llamanix.measure.bench import run_bench
 from llamanix.measure.bench_results import BenchResult, BenchSettings
 from llamanix.measure.prompts import Prompt
@@ -190,16 +189,6 @@ def measure(
     return result, row
 
 
-@contextlib.contextmanager
-def _workdir(keep: Path | None) -> Iterator[Path]:
-    if keep is not None:
-        keep.mkdir(parents=True, exist_ok=True)
-        yield keep
-        return
-    with tempfile.TemporaryDirectory(prefix="llamanix-demo.") as tmp:
-        yield Path(tmp)
-
-
 def _check_binary(binary: Path | None) -> Path:
     if binary is None:
         return server_build.ensure_llama_server(progress=True)
@@ -226,7 +215,7 @@ def run_demo(
     """Synthesize, configure, render, serve and measure; then, with ``gate``, the deploy loop."""
     binary = _check_binary(binary)
     rows: list[DemoRow] = []
-    with _workdir(keep) as work:
+    with work_dir(keep, "llamanix-demo.") as work:
         with console.status("synthesizing the target and the drafts"):
             models = write_models(work)
         config_path = work / "llamanix.toml"
