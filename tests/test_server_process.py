@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING
 import httpx
 import pytest
 
+from llamanix.external.llama_server import ServerStartError
 from llamanix.external.process import alive
 from llamanix.measure.server_process import (
     LlamaServer,
-    ServerStartError,
     free_port,
     processes_with_env,
     with_listen_address,

@@ -24,7 +24,6 @@ import os
 import re
 import shlex
 import signal
-import subprocess
 import threading
 import time
 from collections import deque
@@ -36,8 +35,9 @@ from typing import Any
 
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
 from llamanix.external.files import atomic_write
-from llamanix.external.process import alive
-from llamanix.measure.server_process import LlamaServer, ServerStartError, tail
+from llamanix.external.llama_server import ServerStartError
+from llamanix.external.process import CommandTimedOut, alive, run_captured
+from llamanix.measure.server_process import LlamaServer, tail
 from llamanix.render.manifest import MANIFEST, Manifest
 
 STATUS = "up-status.json"
@@ -376,13 +376,11 @@ class ServiceRunner:
         timeout = self.spec.start_timeout_s or self.start_timeout_s
         for argv in self.spec.start_post_argv(server.pid):
             try:
-                done = subprocess.run(
-                    argv, env=env, capture_output=True, text=True, timeout=timeout, check=False
-                )
-            except subprocess.TimeoutExpired:
+                done = run_captured(argv, env=env, timeout_s=timeout)
+            except CommandTimedOut:
                 return f"ExecStartPost timed out after {timeout:g}s: {argv[0]}"
-            except OSError as err:
-                return f"ExecStartPost {argv[0]}: {err.strerror}"
+            except ExternalCommandError as err:
+                return f"ExecStartPost {err}"
             if done.returncode != 0:
                 lines = (done.stderr or done.stdout).strip().splitlines()
                 return f"ExecStartPost exited with {done.returncode}: {lines[-1] if lines else ''}"

@@ -26,7 +26,7 @@ from llamanix.core.argv import instance_argv
 from llamanix.core.config import Config, parse_config
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
 from llamanix.external.files import work_dir
-from llamanix.external.llama_server import probe_binary, run_binary
+from llamanix.external.llama_server import ServerStartError, probe_binary, run_binary
 from llamanix.measure import cuda_check
 from llamanix.measure.bench_results import BenchSettings, RequestResult
 from llamanix.measure.client import LlamaClient
@@ -36,7 +36,7 @@ from llamanix.measure.gguf_info import read_gguf
 from llamanix.measure.metrics import MetricsSnapshot, metrics_delta, parse_metrics
 from llamanix.measure.prompts import Prompt
 from llamanix.measure.server_log import parse_server_log
-from llamanix.measure.server_process import LlamaServer, ServerStartError, free_port, tail
+from llamanix.measure.server_process import LlamaServer, free_port, tail
 from llamanix.measure.streaming import request_body, stream_completion
 
 FORMAT = "llamanix-smoke/1"

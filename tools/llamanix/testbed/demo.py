@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -33,6 +32,7 @@ from rich.table import Table
 from llamanix.core.config import load_config
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
 from llamanix.external.files import atomic_write, work_dir
+from llamanix.external.process import run_captured
 from llamanix.measure.bench import run_bench
 from llamanix.measure.bench_results import BenchResult, BenchSettings
 from llamanix.measure.prompts import Prompt
@@ -315,13 +315,7 @@ def _gate_detail(output: str) -> str:
 
 def run_switch(config: Path, sets: list[str], log: Path) -> tuple[GateOutcome, str]:
     """One real ``llamanix switch``: exit 0 is kept, exit 1 is a failed gate rolled back."""
-    proc = subprocess.run(
-        switch_argv(config, sets),
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd=config.parent,
-    )
+    proc = run_captured(switch_argv(config, sets), cwd=config.parent)
     with log.open("a", encoding="utf-8") as fh:
         fh.write(f"$ {' '.join(switch_argv(config, sets))}\n{proc.stdout}{proc.stderr}\n")
     if proc.returncode not in (0, 1):

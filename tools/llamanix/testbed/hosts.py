@@ -23,7 +23,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import tarfile
 import tempfile
 import time
@@ -36,6 +35,7 @@ from typing import IO, Literal, get_args
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
 from llamanix.external import container, pip
 from llamanix.external.files import extract_trusted
+from llamanix.external.process import Child, Finished, wait_exit
 from llamanix.testbed.server_build import cache_root
 
 HostName = Literal["debian12", "debian13"]
@@ -163,7 +163,7 @@ class Host:
     machine: str
     log_path: Path
     pid: int = 0
-    _nspawn: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    _nspawn: Child | None = field(default=None, repr=False)
     _log: IO[str] | None = field(default=None, repr=False)
 
     # --- lifecycle -------------------------------------------------------------------------
@@ -211,10 +211,7 @@ class Host:
     def _wait_exit(self, timeout_s: float) -> int | None:
         if self._nspawn is None:
             return None
-        try:
-            return self._nspawn.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            return None
+        return wait_exit(self._nspawn, timeout_s)
 
     def _closed(self) -> None:
         self._nspawn = None
@@ -272,7 +269,7 @@ class Host:
         input_text: str | None = None,
         timeout_s: float = 300.0,
         check: bool = True,
-    ) -> subprocess.CompletedProcess[str]:
+    ) -> Finished:
         """Run ``argv`` inside as root, or as ``user`` with that user's login environment (its
         runtime directory and bus, so ``systemctl --user`` reaches its manager)."""
         uid = None
@@ -294,7 +291,7 @@ class Host:
             )
         return done
 
-    def sh(self, script: str, **kw: object) -> subprocess.CompletedProcess[str]:
+    def sh(self, script: str, **kw: object) -> Finished:
         return self.run(["sh", "-euc", script], **kw)  # type: ignore[arg-type]
 
     def uid_of(self, user: str) -> int:

@@ -32,7 +32,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tarfile
 import tempfile
@@ -55,6 +54,7 @@ from llamanix.core.errors import ExternalCommandError, Problem, UserError
 from llamanix.core.probe import commit_of
 from llamanix.external.files import atomic_write, extract_trusted
 from llamanix.external.llama_server import binary_version_line
+from llamanix.external.process import run_streamed
 
 # The one place the pinned source is named.
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
@@ -321,37 +321,38 @@ def run_logged(argv: list[str], log_path: Path, reporter: Reporter, step: str) -
     with log_path.open("a", encoding="utf-8") as log:
         log.write(f"$ {' '.join(argv)}\n")
         log.flush()
+
+        def on_line(line: str) -> None:
+            log.write(line)
+            tail.append(line.rstrip("\n"))
+            del tail[:-FAILURE_TAIL_LINES]
+            reporter.line(line)
+
+        started = False
+
+        def on_start() -> None:
+            nonlocal started
+            started = True
+            reporter.begin(step, log_path)
+
+        ok = False
         try:
-            proc = subprocess.Popen(
-                argv,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                errors="replace",
-                bufsize=1,
-            )
+            code = run_streamed(argv, on_line, on_start)
+            ok = code == 0
         except FileNotFoundError as err:
+            if started:
+                raise
             raise ExternalCommandError(
                 f"{argv[0]} not found: install it to build llama-server "
                 f"(or set {SERVER_ENV} to a llama-server binary)"
             ) from err
-        assert proc.stdout is not None
-        reporter.begin(step, log_path)
-        ok = False
-        try:
-            with proc:
-                for line in proc.stdout:
-                    log.write(line)
-                    tail.append(line.rstrip("\n"))
-                    del tail[:-FAILURE_TAIL_LINES]
-                    reporter.line(line)
-            ok = proc.returncode == 0
         finally:
-            reporter.end(ok)
+            if started:
+                reporter.end(ok)
         if not ok:
             shown = "\n".join(tail)
             raise ExternalCommandError(
-                f"{step} failed with exit code {proc.returncode}; the last "
+                f"{step} failed with exit code {code}; the last "
                 f"{len(tail)} lines of {log_path}:\n{shown}"
             )
 
