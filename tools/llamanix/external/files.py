@@ -1,9 +1,10 @@
 """Atomic file writes (a reader sees the old file or the new one, never half of either), trusted
-archive extraction, and a command's work directory."""
+archive extraction, a blocking file lock, and a command's work directory."""
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import tarfile
 import tempfile
@@ -52,3 +53,16 @@ def work_dir(keep: Path | None, prefix: str) -> Iterator[Path]:
         return
     with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
         yield Path(tmp)
+
+
+@contextlib.contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` (created, with its directory), waiting for
+    whoever holds it; the kernel releases it when this process dies, so no stale lock stays."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)

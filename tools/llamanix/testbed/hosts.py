@@ -17,7 +17,6 @@ versions users run: Debian 12 (systemd 252) and Debian 13 (systemd 257). This mo
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -34,7 +33,7 @@ from typing import IO, Literal, get_args
 
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
 from llamanix.external import container, pip
-from llamanix.external.files import extract_trusted
+from llamanix.external.files import extract_trusted, locked
 from llamanix.external.process import Child, Finished, wait_exit
 from llamanix.testbed.server_build import cache_root
 
@@ -103,22 +102,11 @@ def rootfs_key(spec: HostSpec) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
-
-
 def rootfs_tarball(spec: HostSpec) -> Path:
     """The cached root file system of ``spec`` (built with mmdebstrap, ~25-90 s, if missing)."""
     cache = hosts_cache()
     out = cache / f"{spec.name}-{rootfs_key(spec)}.tar"
-    with _locked(cache / f".{spec.name}.lock"):
+    with locked(cache / f".{spec.name}.lock"):
         if out.is_file():
             return out
         staging = out.with_name(f"{out.stem}.partial.tar")
@@ -385,7 +373,7 @@ def dependency_wheels(python: str, requirements: Sequence[str]) -> Path:
     """Wheels of ``requirements`` for CPython ``python``, downloaded once and cached."""
     key = hashlib.sha256(json.dumps([python, sorted(requirements)]).encode()).hexdigest()[:16]
     out = hosts_cache() / "wheels" / f"cp{python.replace('.', '')}-{key}"
-    with _locked(hosts_cache() / ".wheels.lock"):
+    with locked(hosts_cache() / ".wheels.lock"):
         if (out / ".complete").is_file():
             return out
         staging = Path(tempfile.mkdtemp(prefix="wheels.", dir=out.parent.parent))

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import fcntl
 import hashlib
 import json
 import os
@@ -52,7 +51,7 @@ from rich.progress import (
 
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
 from llamanix.core.probe import commit_of
-from llamanix.external.files import atomic_write, extract_trusted
+from llamanix.external.files import atomic_write, extract_trusted, locked
 from llamanix.external.llama_server import binary_version_line
 from llamanix.external.process import run_streamed
 
@@ -477,13 +476,8 @@ def unpack_source(layout: BuildLayout, reporter: Reporter) -> None:
 @contextlib.contextmanager
 def build_lock(layout: BuildLayout) -> Iterator[None]:
     """Hold the cache's lock: a second caller waits here instead of building twice."""
-    layout.root.mkdir(parents=True, exist_ok=True)
-    with layout.lock.open("a") as fh:
-        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+    with locked(layout.lock):
+        yield
 
 
 def read_marker(layout: BuildLayout) -> dict[str, Any] | None:
