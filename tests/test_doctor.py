@@ -23,8 +23,10 @@ from llamanix.cli import main
 from llamanix.core.argv import instance_argv
 from llamanix.core.config import load_config
 from llamanix.external.journalctl import journalctl_argv
-from llamanix.measure.doctor import NVIDIA_SMI_ARGV, parse_nvidia_smi
-from llamanix.measure.server_process import LlamaServer, ServerStartError, free_port
+from llamanix.external.llama_server import ServerStartError
+from llamanix.external.nvidia import NVIDIA_SMI_ARGV
+from llamanix.measure.doctor import parse_nvidia_smi
+from llamanix.measure.server_process import LlamaServer, free_port
 
 if TYPE_CHECKING:
     from conftest import SynthModels

@@ -159,3 +159,38 @@ def test_graph_sees_function_level_and_type_checking_imports(tmp_path: Path) -> 
         "llamanix.core.m", source, {"llamanix.core.config", "llamanix.measure.bench"}
     )
     assert found == {"llamanix.core.config", "llamanix.measure.bench"}
+
+
+def imports_subprocess(path: Path) -> bool:
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import) and any(
+            a.name.split(".")[0] == "subprocess" for a in node.names
+        ):
+            return True
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "subprocess":
+            return True
+    return False
+
+
+def test_only_external_runs_programs() -> None:
+    """Every program llamanix runs is run by a function of ``external/``, where its argv is
+    built and tests can record it: no other layer imports subprocess."""
+    offenders = [
+        name
+        for name, path in modules().items()
+        if name.split(".")[1:2] != ["external"] and imports_subprocess(path)
+    ]
+    assert not offenders, f"subprocess imported outside llamanix.external: {offenders}"
+
+
+def test_the_subprocess_check_sees_each_import_form(tmp_path: Path) -> None:
+    for text in (
+        "import subprocess\n",
+        "from subprocess import run\n",
+        "def f():\n    import subprocess as s\n",
+    ):
+        source = tmp_path / "m.py"
+        source.write_text(text)
+        assert imports_subprocess(source), text
+    (tmp_path / "m.py").write_text("import shlex\n")
+    assert not imports_subprocess(tmp_path / "m.py")

@@ -20,10 +20,11 @@ from typing import Any
 
 import pytest
 
+from llamanix.core.address import connect_url
 from llamanix.core.readiness import BASE_S, PER_GIB_S, deadline_s, start_timeout_s
 from llamanix.deploy.supervisor import ServiceRunner, load_specs
 from llamanix.measure.server_process import free_port
-from llamanix.render.units import llamanix_command, readiness_url
+from llamanix.render.units import llamanix_command
 
 pytestmark = pytest.mark.server
 
@@ -50,10 +51,10 @@ def test_deadline_grows_with_the_model_size(tmp_path: Path) -> None:
 
 
 def test_readiness_url_reaches_the_server_on_loopback() -> None:
-    assert readiness_url("0.0.0.0", 8080) == "http://127.0.0.1:8080"
-    assert readiness_url("::", 8080) == "http://[::1]:8080"
-    assert readiness_url("127.0.0.1", 11435) == "http://127.0.0.1:11435"
-    assert readiness_url("192.168.1.5", 80) == "http://192.168.1.5:80"
+    assert connect_url("0.0.0.0", 8080) == "http://127.0.0.1:8080"
+    assert connect_url("::", 8080) == "http://[::1]:8080"
+    assert connect_url("127.0.0.1", 11435) == "http://127.0.0.1:11435"
+    assert connect_url("192.168.1.5", 80) == "http://192.168.1.5:80"
 
 
 def test_a_serving_server_is_ready(
@@ -202,7 +203,7 @@ def test_up_counts_a_failed_exec_start_post_as_a_failed_start(
 
     # The same server, but its readiness check looks at a port nobody serves: the server is
     # healthy and yet the unit must not count as started.
-    wrong = readiness_url("127.0.0.1", free_port())
+    wrong = connect_url("127.0.0.1", free_port())
     argv = [w if w != f"http://127.0.0.1:{port}" else wrong for w in spec.start_post[0]]
     argv += ["--deadline", "3"]
     bad_spec = dataclasses.replace(spec, start_post=(tuple(argv),), restart="no")

@@ -74,7 +74,10 @@ def test_command_lines(tmp_path: Path) -> None:
         "llama-quantize",
         "-j3",
     ]
-    assert llama_server.version_argv(Path("/x/llama-server")) == ["/x/llama-server", "--version"]
+    assert llama_server.binary_argv(Path("/x/llama-server"), "--version") == [
+        "/x/llama-server",
+        "--version",
+    ]
 
 
 def test_cache_location(clean_env: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

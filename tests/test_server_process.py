@@ -10,9 +10,10 @@ from typing import TYPE_CHECKING
 import httpx
 import pytest
 
+from llamanix.external.llama_server import ServerStartError
+from llamanix.external.process import alive
 from llamanix.measure.server_process import (
     LlamaServer,
-    ServerStartError,
     free_port,
     processes_with_env,
     with_listen_address,
@@ -20,16 +21,6 @@ from llamanix.measure.server_process import (
 
 if TYPE_CHECKING:
     from conftest import ServerFactory, SynthModels
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie still answers kill(0); it is gone for every practical purpose.
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def test_listen_address_added_only_where_missing() -> None:
@@ -83,9 +74,9 @@ def test_starts_answers_and_stops(
         assert body["timings"]["predicted_n"] == 16
         assert body["content"]
         pid = server.pid
-        assert pid is not None and _alive(pid)
+        assert pid is not None and alive(pid)
     assert server.process is not None and server.process.returncode is not None
-    assert not _alive(pid)
+    assert not alive(pid)
     assert "print_timing" in server.log_text()
 
 
@@ -123,7 +114,7 @@ def test_stopped_even_when_the_block_raises(
     )
     with pytest.raises(RuntimeError, match="test body failed"), server:
         raise RuntimeError("test body failed")
-    assert server.pid is not None and not _alive(server.pid)
+    assert server.pid is not None and not alive(server.pid)
 
 
 @pytest.mark.server
@@ -141,7 +132,7 @@ def test_bad_model_path_fails_fast_with_log_tail(llama_server_bin: Path, tmp_pat
     assert "exited with code" in message
     assert "not healthy after" not in message
     assert str(missing) in message  # the log tail names the model it could not load
-    assert server.pid is not None and not _alive(server.pid)
+    assert server.pid is not None and not alive(server.pid)
 
 
 @pytest.mark.server
@@ -156,7 +147,7 @@ def test_not_healthy_by_the_deadline_is_stopped(
     )
     with pytest.raises(ServerStartError, match="not healthy after"):
         server.start()
-    assert server.pid is not None and not _alive(server.pid)
+    assert server.pid is not None and not alive(server.pid)
 
 
 def test_processes_with_env_finds_tagged_children(tmp_path: Path) -> None:

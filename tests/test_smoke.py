@@ -22,6 +22,7 @@ from click.testing import CliRunner, Result
 from standins import recorded_argv, stand_in
 
 from llamanix.cli import main
+from llamanix.external.nvidia import list_elf_argv
 from llamanix.measure.cuda_check import (
     JIT_MIN_EXTRA_S,
     SassArch,
@@ -31,7 +32,6 @@ from llamanix.measure.cuda_check import (
     check_sass,
     is_cuda_build,
     judge_sass,
-    list_elf_argv,
     offload_counts,
     parse_list_elf,
 )

@@ -18,6 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from llamanix.cli.completion import complete_instances
+from llamanix.core.address import is_loopback
 from llamanix.core.errors import Problem, UserError
 from llamanix.core.gpus import Gpu, load_gpus
 from llamanix.external.files import atomic_write
@@ -35,8 +36,6 @@ from llamanix.measure.client import check_url, read_api_key
 from llamanix.measure.doctor_inputs import DoctorRequest, run_doctor
 from llamanix.measure.gguf_info import CACHE_TYPES, GgufInfo, read_gguf
 from llamanix.measure.prompts import load_prompts
-
-_LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
 
 
 @contextmanager
@@ -94,7 +93,7 @@ def _bench_ceiling(
 ) -> bench_results.BenchResult:
     """The result with the roofline attached when the model file and the GPU are known."""
     gpu: Gpu | None = find_gpu(gpu_name, "llamanix bench") if gpu_name else None
-    if gpu is None and urlparse(url).hostname in _LOOPBACK:
+    if gpu is None and is_loopback(urlparse(url).hostname or ""):
         smi = doctor.query_gpus()
         if smi:
             try:

@@ -20,7 +20,7 @@ from llamanix.external import nix, systemctl
 from llamanix.external.files import atomic_write
 from llamanix.external.journalctl import read_journal
 from llamanix.external.process import Runner
-from llamanix.render.manifest import MANIFEST, Manifest, ManifestInstance, Render
+from llamanix.render.manifest import MANIFEST, Manifest, ManifestInstance, Render, unit_name
 
 Echo = Callable[[str], None]
 
@@ -437,7 +437,7 @@ def not_serving_now(config: Config, host: str, state: HostState) -> dict[str, st
     manager = make_manager(config, host, state, None, None)
     if not isinstance(manager, SystemdManager):
         return {}
-    units = [f"llamanix-{name}.service" for name in manifest_instances(current.files())]
+    units = [unit_name(name) for name in manifest_instances(current.files())]
     try:
         return manager.not_serving(units)
     except ExternalCommandError as err:

@@ -6,6 +6,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from llamanix.core.address import is_loopback
 from llamanix.core.config import Config, Host, Instance
 from llamanix.core.errors import Problem, UserError
 from llamanix.core.probe_diff import flip_warning, probe_diff
@@ -49,7 +50,7 @@ def warnings_for(inst: Instance) -> list[str]:
             out.append(f"{', '.join(stray)} set but speculative.type = none: ignored")
     if spec.type == "mtp" and spec.draft_model:
         out.append("mtp with a draft_model: only right for a predictor-only companion GGUF")
-    if inst.listen not in ("127.0.0.1", "::1", "localhost") and inst.api_key_file is None:
+    if not is_loopback(inst.listen) and inst.api_key_file is None:
         out.append(
             f"listens on {inst.listen} without api_key_file: anyone who can reach it can use it"
         )

@@ -24,7 +24,6 @@ import os
 import re
 import shlex
 import signal
-import subprocess
 import threading
 import time
 from collections import deque
@@ -36,7 +35,9 @@ from typing import Any
 
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
 from llamanix.external.files import atomic_write
-from llamanix.measure.server_process import LlamaServer, ServerStartError, tail
+from llamanix.external.llama_server import ServerStartError
+from llamanix.external.process import CommandTimedOut, alive, run_captured
+from llamanix.measure.server_process import LlamaServer, tail
 from llamanix.render.manifest import MANIFEST, Manifest
 
 STATUS = "up-status.json"
@@ -234,21 +235,9 @@ def read_status(units_dir: Path) -> dict[str, Any] | None:
         data = json.loads((units_dir / STATUS).read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         return None
-    if not isinstance(data, dict) or not _alive(int(data.get("pid", 0))):
+    if not isinstance(data, dict) or not alive(int(data.get("pid", 0))):
         return None
     return data
-
-
-def _alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 @dataclass
@@ -387,13 +376,11 @@ class ServiceRunner:
         timeout = self.spec.start_timeout_s or self.start_timeout_s
         for argv in self.spec.start_post_argv(server.pid):
             try:
-                done = subprocess.run(
-                    argv, env=env, capture_output=True, text=True, timeout=timeout, check=False
-                )
-            except subprocess.TimeoutExpired:
+                done = run_captured(argv, env=env, timeout_s=timeout)
+            except CommandTimedOut:
                 return f"ExecStartPost timed out after {timeout:g}s: {argv[0]}"
-            except OSError as err:
-                return f"ExecStartPost {argv[0]}: {err.strerror}"
+            except ExternalCommandError as err:
+                return f"ExecStartPost {err}"
             if done.returncode != 0:
                 lines = (done.stderr or done.stdout).strip().splitlines()
                 return f"ExecStartPost exited with {done.returncode}: {lines[-1] if lines else ''}"

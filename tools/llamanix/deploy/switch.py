@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
+from llamanix.core.address import connect_url, is_loopback, is_wildcard, url_host
 from llamanix.core.config import Config, suggest
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
 from llamanix.core.probe import commit_of
@@ -60,6 +61,7 @@ from llamanix.external.clock import now
 from llamanix.external.files import atomic_write
 from llamanix.external.llama_server import binary_version_line
 from llamanix.external.process import Runner
+from llamanix.measure.client import key_if_readable
 from llamanix.render.manifest import Render, RenderedInstance
 from llamanix.render.units import pick_host, render_host
 
@@ -71,27 +73,20 @@ Echo = Callable[[str], None]
 def gate_url(config: Config, name: str) -> str:
     inst = config.instances[name]
     target = config.hosts[inst.host].target
-    address = inst.listen
-    if address in ("0.0.0.0", "::", "127.0.0.1", "::1", "localhost"):
-        # A remote host is reached by its ssh name; a local wildcard over loopback.
-        address = target.rsplit("@", 1)[-1] if target else "127.0.0.1"
-    host = f"[{address}]" if ":" in address else address
-    return f"http://{host}:{inst.port}"
+    if target and (is_wildcard(inst.listen) or is_loopback(inst.listen)):
+        # A remote host is reached by its ssh name.
+        return f"http://{url_host(target.rsplit('@', 1)[-1])}:{inst.port}"
+    return connect_url(inst.listen, inst.port)
 
 
 def gate_target(config: Config, name: str) -> GateTarget:
     inst = config.instances[name]
-    key = None
-    if inst.api_key_file:
-        try:
-            key = Path(inst.api_key_file).read_text().strip() or None
-        except OSError:
-            key = None  # a remote host's key: the chat check then reports the 401
     return GateTarget(
         name=name,
         url=gate_url(config, name),
         alias=inst.alias,
-        api_key=key,
+        # A remote host's key is not readable here: the chat check then reports the 401.
+        api_key=key_if_readable(inst.api_key_file),
         speculative=inst.speculative.enabled,
         metrics=inst.metrics,
     )

@@ -1,11 +1,14 @@
-"""Atomic file writes: a reader sees the old file or the new one, never half of either."""
+"""Atomic file writes (a reader sees the old file or the new one, never half of either), trusted
+archive extraction, a blocking file lock, and a command's work directory."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import tarfile
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 
@@ -38,3 +41,28 @@ def extract_trusted(
         tar.extractall(dest, members, numeric_owner=numeric_owner, filter="fully_trusted")
     else:
         tar.extractall(dest, members, numeric_owner=numeric_owner)
+
+
+@contextlib.contextmanager
+def work_dir(keep: Path | None, prefix: str) -> Iterator[Path]:
+    """``keep`` (created, and left behind) when given, else a temporary directory named
+    ``PREFIX...`` that is removed afterwards."""
+    if keep is not None:
+        keep.mkdir(parents=True, exist_ok=True)
+        yield keep
+        return
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        yield Path(tmp)
+
+
+@contextlib.contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` (created, with its directory), waiting for
+    whoever holds it; the kernel releases it when this process dies, so no stale lock stays."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)

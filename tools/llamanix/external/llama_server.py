@@ -1,26 +1,36 @@
-"""llama-server's own word about itself: ``--version`` and ``--help``, run as plain commands.
+"""llama-server as a program: its own word about itself (``--version`` and ``--help``, run as
+plain commands) and the start of a serving process.
 
-The parsing lives in ``llamanix.core.probe``; this module only runs the binary.
+The parsing lives in ``llamanix.core.probe``, and waiting for a started server to serve in
+``llamanix.measure.server_process``; this module only runs the binary.
 """
 
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import IO
 
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
 from llamanix.core.probe import Capabilities, parse_capabilities
+from llamanix.external.process import Child, spawn
 
 
-def version_argv(binary: Path) -> list[str]:
-    return [str(binary), "--version"]
+class ServerStartError(ExternalCommandError):
+    """llama-server could not be started, exited or never became healthy."""
+
+
+def binary_argv(binary: str | Path, arg: str) -> list[str]:
+    """``BINARY ARG``: how llama-server is asked about itself (``--version``, ``--help``)."""
+    return [str(binary), arg]
 
 
 def run_binary(binary: str, arg: str, timeout: float = 60) -> str:
     """Run ``BINARY ARG`` and return stdout+stderr (llama-server prints --version to stderr)."""
     try:
         proc = subprocess.run(
-            [binary, arg],
+            binary_argv(binary, arg),
             capture_output=True,
             text=True,
             errors="replace",
@@ -47,12 +57,19 @@ def probe_binary(binary: str | Path) -> Capabilities:
 
 def binary_version_line(binary: Path) -> str:
     """The ``version: ...`` line llama-server prints for ``--version``."""
-    result = subprocess.run(
-        version_argv(binary), capture_output=True, text=True, errors="replace", timeout=60
-    )
-    for line in (result.stdout + result.stderr).splitlines():
+    output = run_binary(str(binary), "--version")
+    for line in output.splitlines():
         if line.startswith("version:"):
             return line.strip()
-    raise ExternalCommandError(
-        f"{binary} --version printed no 'version:' line (exit code {result.returncode})"
-    )
+    raise ExternalCommandError(f"{binary} --version printed no 'version:' line")
+
+
+def start_server(
+    argv: Sequence[str], log: IO[bytes], env: Mapping[str, str] | None = None
+) -> Child:
+    """Start a serving llama-server (``argv``: program first) in its own process group, its
+    output to ``log``; ``ServerStartError`` when it cannot be started."""
+    try:
+        return spawn(argv, stdout=log, env=env)
+    except OSError as err:
+        raise ServerStartError(f"cannot run {argv[0]}: {err}") from err

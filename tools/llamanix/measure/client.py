@@ -46,6 +46,18 @@ def read_api_key(path: Path, field: str = "--api-key-file") -> str | None:
         ) from None
 
 
+def key_if_readable(path: str | Path | None) -> str | None:
+    """The key in an instance's ``api_key_file`` when that file is readable here, else None:
+    a key file on another host, or one only root may read, leaves the caller to check what it
+    can without the key (the server then answers 401, which says so)."""
+    if path is None:
+        return None
+    try:
+        return read_api_key(Path(path), "api_key_file")
+    except UserError:
+        return None
+
+
 def check_url(url: str, command: str, argument: str) -> None:
     """One line naming ``command``'s ``argument`` when ``url`` is not an http(s) URL."""
     parsed = urlparse(url)

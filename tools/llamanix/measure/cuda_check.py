@@ -19,21 +19,15 @@ recorded output; the one external command has its own thin wrapper.
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from llamanix.core.errors import ExternalCommandError
+from llamanix.external.nvidia import CUOBJDUMP, cuobjdump_list_elf
 from llamanix.measure.server_log import CudaDevice
 
 Status = Literal["pass", "fail", "skip"]
 NOT_CUDA = "not a CUDA build"
-CUOBJDUMP = "cuobjdump"
-CUOBJDUMP_TIMEOUT_S = 300.0
-# A cuobjdump of a file without device code prints this (and exits non-zero on some releases).
-_NO_DEVICE_CODE = "does not contain device code"
 _ELF_LINE = re.compile(r"^\s*ELF file\s+\d+:\s*(\S+)\s*$")
 # "libggml-cuda.3.sm_120a.cubin": the arch is the last sm_ field of the cubin's name.
 _SM = re.compile(r"\bsm_(\d{2,3})([af]?)\.cubin$")
@@ -149,37 +143,6 @@ def judge_sass(archs: list[SassArch], compute_capability: str, library: Path) ->
         f"(rebuild with cudaArchs including {compute_capability}); {library.name} "
         f"has cubins for: {have}",
     )
-
-
-# --- cuobjdump --------------------------------------------------------------------------------
-
-
-def list_elf_argv(path: Path) -> list[str]:
-    return [CUOBJDUMP, "--list-elf", str(path)]
-
-
-def cuobjdump_list_elf(path: Path) -> str | None:
-    """``cuobjdump --list-elf PATH``'s output; None where cuobjdump is not on PATH."""
-    if shutil.which(CUOBJDUMP) is None:
-        return None
-    argv = list_elf_argv(path)
-    try:
-        proc = subprocess.run(
-            argv,
-            capture_output=True,
-            text=True,
-            errors="replace",
-            timeout=CUOBJDUMP_TIMEOUT_S,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired) as err:
-        raise ExternalCommandError(f"{' '.join(argv)}: {err}") from None
-    output = proc.stdout + proc.stderr
-    if proc.returncode != 0 and _NO_DEVICE_CODE not in output:
-        raise ExternalCommandError(
-            f"{' '.join(argv)} failed with exit code {proc.returncode}: {output.strip()[-300:]}"
-        )
-    return output
 
 
 def find_cuda_library(binary: Path, log_text: str = "") -> Path:
@@ -306,11 +269,9 @@ __all__ = [
     "check_jit",
     "check_offload",
     "check_sass",
-    "cuobjdump_list_elf",
     "find_cuda_library",
     "is_cuda_build",
     "judge_sass",
-    "list_elf_argv",
     "offload_counts",
     "parse_compute_capability",
     "parse_list_elf",

@@ -9,8 +9,6 @@ the fix; any error makes the command exit 1.
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -23,6 +21,7 @@ from llamanix.core.config import Config, Host, Instance
 from llamanix.core.errors import Problem, UserError
 from llamanix.core.gpus import Gpu
 from llamanix.core.variants import VARIANTS
+from llamanix.external.nvidia import nvidia_smi_gpus
 from llamanix.measure import client
 from llamanix.measure.bench_results import BenchResult
 from llamanix.measure.ceiling import find_gpu, gpu_memory_bytes, vram_breakdown
@@ -149,13 +148,6 @@ class Report:
 # --- external commands: one function each ---------------------------------------------------
 
 
-NVIDIA_SMI_ARGV = (
-    "nvidia-smi",
-    "--query-gpu=name,compute_cap,memory.total",
-    "--format=csv,noheader",
-)
-
-
 @dataclass(frozen=True)
 class SmiGpu:
     name: str
@@ -180,22 +172,8 @@ def parse_nvidia_smi(text: str) -> list[SmiGpu]:
 
 def query_gpus() -> list[SmiGpu] | None:
     """The local GPUs per nvidia-smi; None where there is no nvidia-smi."""
-    if shutil.which(NVIDIA_SMI_ARGV[0]) is None:
-        return None
-    try:
-        proc = subprocess.run(
-            list(NVIDIA_SMI_ARGV),
-            capture_output=True,
-            text=True,
-            errors="replace",
-            timeout=60,
-            check=False,
-        )
-    except OSError:
-        return None
-    if proc.returncode != 0:
-        return None
-    return parse_nvidia_smi(proc.stdout)
+    output = nvidia_smi_gpus()
+    return parse_nvidia_smi(output) if output is not None else None
 
 
 # --- probing a live server ------------------------------------------------------------------
@@ -719,17 +697,3 @@ def diagnose(
         check_cuda_arch(report, inst, host, gpu, smi if local else None, inputs.log)
         check_speculation(report, inst, inputs)
     return report
-
-
-def read_api_key(inst: Instance) -> str | None:
-    """The instance's key when its file is readable here (sent in a header, never shown)."""
-    if inst.api_key_file is None:
-        return None
-    try:
-        return client.read_api_key(Path(inst.api_key_file))
-    except UserError:
-        return None  # e.g. root-only: doctor still checks what it can without the key
-
-
-def unit_name(instance: str) -> str:
-    return f"llamanix-{instance}.service"

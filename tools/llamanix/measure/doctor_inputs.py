@@ -16,16 +16,16 @@ from llamanix.core.errors import Problem, UserError
 from llamanix.external.journalctl import read_journal
 from llamanix.measure.bench_results import load_result
 from llamanix.measure.ceiling import find_gpu
+from llamanix.measure.client import key_if_readable
 from llamanix.measure.doctor import (
     Inputs,
     Report,
     diagnose,
     probe_server,
     query_gpus,
-    read_api_key,
-    unit_name,
 )
 from llamanix.measure.server_log import ServerLog, parse_server_log
+from llamanix.render.manifest import unit_name
 
 SOURCE = "llamanix doctor"
 
@@ -139,7 +139,7 @@ def run_doctor(request: DoctorRequest) -> Report:
     probe = None
     if request.url is not None:
         assert instance is not None  # _instance picked one: --url is per-instance evidence
-        probe = probe_server(request.url, read_api_key(config.instances[instance]))
+        probe = probe_server(request.url, key_if_readable(config.instances[instance].api_key_file))
     inputs = Inputs(
         log=log,
         probe=probe,

@@ -28,6 +28,7 @@ import httpx
 
 from llamanix.core.errors import UserError
 from llamanix.core.readiness import deadline_s, files_size
+from llamanix.external.process import alive
 from llamanix.measure.client import LlamaClient, read_api_key
 
 POLL_S = 0.25
@@ -53,21 +54,6 @@ class ReadinessCheck:
 
 class NotReady(Exception):
     """The server did not serve in time, or stopped; the message says which, in one line."""
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # An exited child its parent has not reaped yet is a zombie: gone for our purpose.
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
 
 
 PR_SET_NO_NEW_PRIVS = 38
@@ -127,7 +113,7 @@ def wait_ready(check: ReadinessCheck) -> float:
     with LlamaClient(check.url, api_key=api_key, timeout_s=max(10.0, limit)) as client:
         while True:
             elapsed = time.monotonic() - started
-            if check.pid is not None and not _alive(check.pid):
+            if check.pid is not None and not alive(check.pid):
                 raise NotReady(f"llama-server (pid {check.pid}) exited before serving ({last})")
             if elapsed > limit:
                 raise NotReady(f"{check.url} not serving after {limit:g}s ({last})")

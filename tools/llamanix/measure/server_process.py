@@ -13,22 +13,19 @@ import contextlib
 import os
 import signal
 import socket
-import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-from llamanix.core.errors import ExternalCommandError
+from llamanix.core.address import connect_host, url_host
 from llamanix.external import interrupt
+from llamanix.external.llama_server import ServerStartError, start_server
+from llamanix.external.process import Child, wait_exit
 from llamanix.measure.client import LlamaClient, NotServing
 
 DEFAULT_HOST = "127.0.0.1"
 POLL_INTERVAL_S = 0.1
-
-
-class ServerStartError(ExternalCommandError):
-    """llama-server exited or never became healthy."""
 
 
 def free_port(host: str = DEFAULT_HOST) -> int:
@@ -75,14 +72,12 @@ class LlamaServer:
     env: Mapping[str, str] | None = None
     start_timeout_s: float = 120.0
     stop_timeout_s: float = 10.0
-    process: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
+    process: Child | None = field(default=None, init=False, repr=False)
     command: list[str] = field(default_factory=list, init=False)
 
     @property
     def host(self) -> str:
-        host = _option_value(self.command, "--host") or DEFAULT_HOST
-        # A wildcard listen address is reached over loopback.
-        return DEFAULT_HOST if host in ("0.0.0.0", "::") else host
+        return connect_host(_option_value(self.command, "--host") or DEFAULT_HOST)
 
     @property
     def port(self) -> int:
@@ -93,8 +88,7 @@ class LlamaServer:
 
     @property
     def url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+        return f"http://{url_host(self.host)}:{self.port}"
 
     @property
     def pid(self) -> int | None:
@@ -116,17 +110,7 @@ class LlamaServer:
             # A signal between the fork and the assignment would leave a server no stop()
             # knows of; deferred, it is raised once self.process is set, and stops it.
             with self.log_path.open("wb") as log, interrupt.deferred():
-                try:
-                    self.process = subprocess.Popen(
-                        self.command,
-                        stdin=subprocess.DEVNULL,
-                        stdout=log,
-                        stderr=subprocess.STDOUT,
-                        env=dict(self.env) if self.env is not None else None,
-                        start_new_session=True,
-                    )
-                except OSError as err:
-                    raise ServerStartError(f"cannot run {self.command[0]}: {err}") from err
+                self.process = start_server(self.command, log, self.env)
             self.wait_healthy()
         except BaseException:
             self.stop()
@@ -161,9 +145,7 @@ class LlamaServer:
         with interrupt.deferred():
             if proc.poll() is None:
                 self._signal_group(proc.pid, signal.SIGTERM)
-                try:
-                    proc.wait(timeout=self.stop_timeout_s)
-                except subprocess.TimeoutExpired:
+                if wait_exit(proc, self.stop_timeout_s) is None:
                     self._signal_group(proc.pid, signal.SIGKILL)
                     proc.wait()
             # Anything the server forked shares its group; leave none of it behind.

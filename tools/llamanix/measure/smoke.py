@@ -12,12 +12,10 @@ build the GPU checks are skipped as "not a CUDA build".
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
-import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,7 +25,8 @@ import httpx
 from llamanix.core.argv import instance_argv
 from llamanix.core.config import Config, parse_config
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
-from llamanix.external.llama_server import probe_binary, run_binary
+from llamanix.external.files import work_dir
+from llamanix.external.llama_server import ServerStartError, probe_binary, run_binary
 from llamanix.measure import cuda_check
 from llamanix.measure.bench_results import BenchSettings, RequestResult
 from llamanix.measure.client import LlamaClient
@@ -37,7 +36,7 @@ from llamanix.measure.gguf_info import read_gguf
 from llamanix.measure.metrics import MetricsSnapshot, metrics_delta, parse_metrics
 from llamanix.measure.prompts import Prompt
 from llamanix.measure.server_log import parse_server_log
-from llamanix.measure.server_process import LlamaServer, ServerStartError, free_port, tail
+from llamanix.measure.server_process import LlamaServer, free_port, tail
 from llamanix.measure.streaming import request_body, stream_completion
 
 FORMAT = "llamanix-smoke/1"
@@ -228,16 +227,6 @@ def smoke_config(
 Progress = Callable[[str], None]
 
 
-@contextlib.contextmanager
-def _workdir(keep: Path | None) -> Iterator[Path]:
-    if keep is not None:
-        keep.mkdir(parents=True, exist_ok=True)
-        yield keep
-        return
-    with tempfile.TemporaryDirectory(prefix="llamanix-smoke.") as tmp:
-        yield Path(tmp)
-
-
 @dataclass
 class _Served:
     """What the requests to the running server returned."""
@@ -270,7 +259,7 @@ def run_smoke(settings: SmokeSettings, progress: Progress | None = None) -> Smok
             )
         )
     extra = VERBOSE_ARGS if VERBOSE_ARGS[0] in caps.flags else ()
-    with _workdir(settings.keep) as work:
+    with work_dir(settings.keep, "llamanix-smoke.") as work:
         if settings.model is None:
             if settings.make_model is None:
                 raise UserError(

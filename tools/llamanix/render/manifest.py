@@ -16,6 +16,11 @@ from llamanix.core.schema import HOST_KINDS, HostKind
 MANIFEST = "manifest.json"
 
 
+def unit_name(instance: str) -> str:
+    """The systemd unit an instance runs as."""
+    return f"llamanix-{instance}.service"
+
+
 @dataclass(frozen=True)
 class RenderedInstance:
     """One instance as rendered: its unit text and exact argv, and what the manifest says."""
@@ -88,7 +93,7 @@ class ManifestInstance:
             raise ValueError(f"instance {name!r} is not a table")
         environment = jf.table(data.get("environment"))
         return ManifestInstance(
-            unit=jf.text(data.get("unit")) or f"llamanix-{name}.service",
+            unit=jf.text(data.get("unit")) or unit_name(name),
             variant=jf.text(data.get("variant")),
             source_revision=jf.text(data.get("source_revision")),
             version=jf.text(data.get("version")),

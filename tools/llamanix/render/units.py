@@ -20,6 +20,7 @@ from pathlib import Path
 import jinja2
 
 import llamanix
+from llamanix.core.address import connect_url, is_loopback
 from llamanix.core.argv import dialect_warning, flatten, instance_arg_pieces, resolve_variant
 from llamanix.core.config import Config, Instance, suggest
 from llamanix.core.errors import Problem, UserError
@@ -28,7 +29,7 @@ from llamanix.core.readiness import start_timeout_s
 from llamanix.core.visibility import protect_home
 from llamanix.external.files import atomic_write
 from llamanix.external.paths import script_interpreter
-from llamanix.render.manifest import MANIFEST, Manifest, Render, RenderedInstance
+from llamanix.render.manifest import MANIFEST, Manifest, Render, RenderedInstance, unit_name
 
 PREVIOUS = ".previous"
 # The NVIDIA device nodes CUDA opens (control, per-GPU, UVM and capability nodes), bound into the
@@ -48,10 +49,6 @@ CREDENTIAL = "api-key"
 # so neither the key nor its source path needs to be in argv.
 _CREDENTIAL_PATH = f"%d/{CREDENTIAL}"
 _PLAIN_ARG = re.compile(r"[\w@+=:,./-]+")
-
-
-def unit_name(instance: str) -> str:
-    return f"llamanix-{instance}.service"
 
 
 def systemd_escape_arg(arg: str) -> str:
@@ -99,15 +96,9 @@ def home_paths(inst: Instance, program: str) -> list[str]:
     return [program, inst.model, inst.speculative.draft_model or "", llamanix_command()[0]]
 
 
-def readiness_url(listen: str, port: int) -> str:
-    """Where the readiness check reaches the server: loopback when it listens everywhere."""
-    host = {"0.0.0.0": "127.0.0.1", "::": "::1", "localhost": "127.0.0.1"}.get(listen, listen)
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
-
-
 def _readiness_line(inst: Instance, api_key: bool) -> str:
     words = [systemd_escape_arg(w) for w in llamanix_command()]
-    words += ["readiness", "--url", systemd_escape_arg(readiness_url(inst.listen, inst.port))]
+    words += ["readiness", "--url", systemd_escape_arg(connect_url(inst.listen, inst.port))]
     for path in (inst.model, inst.speculative.draft_model):
         if path:
             words += ["--model", systemd_escape_arg(path)]
@@ -166,14 +157,12 @@ def ip_allow_list(listen: str) -> tuple[str, ...] | None:
     Loopback listeners only ever talk to this machine; wildcard and private listeners to this
     machine and the local networks; a public address to anyone, so it gets no filter.
     """
-    if listen == "localhost":
+    if is_loopback(listen):
         return ("localhost",)
     try:
         addr = ipaddress.ip_address(listen)
     except ValueError:
         return None  # a host name: which addresses it stands for is not known when rendering
-    if addr.is_loopback:
-        return ("localhost",)
     local = any(addr in net for net in _LOCAL_NETS if net.version == addr.version)
     if addr.is_unspecified or local:
         return LOCAL_NETWORKS

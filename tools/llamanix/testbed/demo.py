@@ -20,9 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -33,7 +31,8 @@ from rich.table import Table
 
 from llamanix.core.config import load_config
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
-from llamanix.external.files import atomic_write
+from llamanix.external.files import atomic_write, work_dir
+from llamanix.external.process import run_captured
 from llamanix.measure.bench import run_bench
 from llamanix.measure.bench_results import BenchResult, BenchSettings
 from llamanix.measure.prompts import Prompt
@@ -195,16 +194,6 @@ def measure(
     return result, row
 
 
-@contextlib.contextmanager
-def _workdir(keep: Path | None) -> Iterator[Path]:
-    if keep is not None:
-        keep.mkdir(parents=True, exist_ok=True)
-        yield keep
-        return
-    with tempfile.TemporaryDirectory(prefix="llamanix-demo.") as tmp:
-        yield Path(tmp)
-
-
 def _check_binary(binary: Path | None) -> Path:
     if binary is None:
         return server_build.ensure_llama_server(progress=True)
@@ -231,7 +220,7 @@ def run_demo(
     """Synthesize, configure, render, serve and measure; then, with ``gate``, the deploy loop."""
     binary = _check_binary(binary)
     rows: list[DemoRow] = []
-    with _workdir(keep) as work:
+    with work_dir(keep, "llamanix-demo.") as work:
         with console.status("synthesizing the target and the drafts"):
             models = write_models(work)
         config_path = work / "llamanix.toml"
@@ -331,13 +320,7 @@ def _gate_detail(output: str) -> str:
 
 def run_switch(config: Path, sets: list[str], log: Path) -> tuple[GateOutcome, str]:
     """One real ``llamanix switch``: exit 0 is kept, exit 1 is a failed gate rolled back."""
-    proc = subprocess.run(
-        switch_argv(config, sets),
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd=config.parent,
-    )
+    proc = run_captured(switch_argv(config, sets), cwd=config.parent)
     with log.open("a", encoding="utf-8") as fh:
         fh.write(f"$ {' '.join(switch_argv(config, sets))}\n{proc.stdout}{proc.stderr}\n")
     if proc.returncode not in (0, 1):

@@ -17,13 +17,11 @@ versions users run: Debian 12 (systemd 252) and Debian 13 (systemd 257). This mo
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
 import shutil
 import signal
-import subprocess
 import tarfile
 import tempfile
 import time
@@ -35,7 +33,8 @@ from typing import IO, Literal, get_args
 
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
 from llamanix.external import container, pip
-from llamanix.external.files import extract_trusted
+from llamanix.external.files import extract_trusted, locked
+from llamanix.external.process import Child, Finished, wait_exit
 from llamanix.testbed.server_build import cache_root
 
 HostName = Literal["debian12", "debian13"]
@@ -103,22 +102,11 @@ def rootfs_key(spec: HostSpec) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
-
-
 def rootfs_tarball(spec: HostSpec) -> Path:
     """The cached root file system of ``spec`` (built with mmdebstrap, ~25-90 s, if missing)."""
     cache = hosts_cache()
     out = cache / f"{spec.name}-{rootfs_key(spec)}.tar"
-    with _locked(cache / f".{spec.name}.lock"):
+    with locked(cache / f".{spec.name}.lock"):
         if out.is_file():
             return out
         staging = out.with_name(f"{out.stem}.partial.tar")
@@ -163,7 +151,7 @@ class Host:
     machine: str
     log_path: Path
     pid: int = 0
-    _nspawn: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    _nspawn: Child | None = field(default=None, repr=False)
     _log: IO[str] | None = field(default=None, repr=False)
 
     # --- lifecycle -------------------------------------------------------------------------
@@ -211,10 +199,7 @@ class Host:
     def _wait_exit(self, timeout_s: float) -> int | None:
         if self._nspawn is None:
             return None
-        try:
-            return self._nspawn.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            return None
+        return wait_exit(self._nspawn, timeout_s)
 
     def _closed(self) -> None:
         self._nspawn = None
@@ -272,7 +257,7 @@ class Host:
         input_text: str | None = None,
         timeout_s: float = 300.0,
         check: bool = True,
-    ) -> subprocess.CompletedProcess[str]:
+    ) -> Finished:
         """Run ``argv`` inside as root, or as ``user`` with that user's login environment (its
         runtime directory and bus, so ``systemctl --user`` reaches its manager)."""
         uid = None
@@ -294,7 +279,7 @@ class Host:
             )
         return done
 
-    def sh(self, script: str, **kw: object) -> subprocess.CompletedProcess[str]:
+    def sh(self, script: str, **kw: object) -> Finished:
         return self.run(["sh", "-euc", script], **kw)  # type: ignore[arg-type]
 
     def uid_of(self, user: str) -> int:
@@ -388,7 +373,7 @@ def dependency_wheels(python: str, requirements: Sequence[str]) -> Path:
     """Wheels of ``requirements`` for CPython ``python``, downloaded once and cached."""
     key = hashlib.sha256(json.dumps([python, sorted(requirements)]).encode()).hexdigest()[:16]
     out = hosts_cache() / "wheels" / f"cp{python.replace('.', '')}-{key}"
-    with _locked(hosts_cache() / ".wheels.lock"):
+    with locked(hosts_cache() / ".wheels.lock"):
         if (out / ".complete").is_file():
             return out
         staging = Path(tempfile.mkdtemp(prefix="wheels.", dir=out.parent.parent))

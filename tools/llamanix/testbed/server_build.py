@@ -26,13 +26,11 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import fcntl
 import hashlib
 import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tarfile
 import tempfile
@@ -53,8 +51,9 @@ from rich.progress import (
 
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
 from llamanix.core.probe import commit_of
-from llamanix.external.files import atomic_write, extract_trusted
+from llamanix.external.files import atomic_write, extract_trusted, locked
 from llamanix.external.llama_server import binary_version_line
+from llamanix.external.process import run_streamed
 
 # The one place the pinned source is named.
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
@@ -321,37 +320,38 @@ def run_logged(argv: list[str], log_path: Path, reporter: Reporter, step: str) -
     with log_path.open("a", encoding="utf-8") as log:
         log.write(f"$ {' '.join(argv)}\n")
         log.flush()
+
+        def on_line(line: str) -> None:
+            log.write(line)
+            tail.append(line.rstrip("\n"))
+            del tail[:-FAILURE_TAIL_LINES]
+            reporter.line(line)
+
+        started = False
+
+        def on_start() -> None:
+            nonlocal started
+            started = True
+            reporter.begin(step, log_path)
+
+        ok = False
         try:
-            proc = subprocess.Popen(
-                argv,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                errors="replace",
-                bufsize=1,
-            )
+            code = run_streamed(argv, on_line, on_start)
+            ok = code == 0
         except FileNotFoundError as err:
+            if started:
+                raise
             raise ExternalCommandError(
                 f"{argv[0]} not found: install it to build llama-server "
                 f"(or set {SERVER_ENV} to a llama-server binary)"
             ) from err
-        assert proc.stdout is not None
-        reporter.begin(step, log_path)
-        ok = False
-        try:
-            with proc:
-                for line in proc.stdout:
-                    log.write(line)
-                    tail.append(line.rstrip("\n"))
-                    del tail[:-FAILURE_TAIL_LINES]
-                    reporter.line(line)
-            ok = proc.returncode == 0
         finally:
-            reporter.end(ok)
+            if started:
+                reporter.end(ok)
         if not ok:
             shown = "\n".join(tail)
             raise ExternalCommandError(
-                f"{step} failed with exit code {proc.returncode}; the last "
+                f"{step} failed with exit code {code}; the last "
                 f"{len(tail)} lines of {log_path}:\n{shown}"
             )
 
@@ -476,13 +476,8 @@ def unpack_source(layout: BuildLayout, reporter: Reporter) -> None:
 @contextlib.contextmanager
 def build_lock(layout: BuildLayout) -> Iterator[None]:
     """Hold the cache's lock: a second caller waits here instead of building twice."""
-    layout.root.mkdir(parents=True, exist_ok=True)
-    with layout.lock.open("a") as fh:
-        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+    with locked(layout.lock):
+        yield
 
 
 def read_marker(layout: BuildLayout) -> dict[str, Any] | None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -17,6 +16,7 @@ from typing import IO, Any
 from llamanix.core.errors import ExternalCommandError
 from llamanix.deploy.supervisor import read_status
 from llamanix.external import interrupt
+from llamanix.external.process import PIPE, TextChild, spawn_text, wait_exit
 
 UP_START_S = 180.0
 STOP_S = 30.0
@@ -38,37 +38,30 @@ def instance_state(units: Path, instance: str) -> str | None:
     return str(state) if state is not None else None
 
 
-def start_up(
-    config: Path, host: str, stdout: IO[Any] | int = subprocess.PIPE
-) -> subprocess.Popen[str]:
+def start_up(config: Path, host: str, stdout: IO[Any] | int = PIPE) -> TextChild:
     """`llamanix up CONFIG --host HOST` in CONFIG's directory, in its own process group, so its
     llama-servers go down with it whatever happens to the caller."""
-    return subprocess.Popen(
+    return spawn_text(
         [sys.executable, "-m", "llamanix", "up", config.name, "--host", host],
-        cwd=config.parent,
         stdout=stdout,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
+        cwd=config.parent,
     )
 
 
-def stop_up(proc: subprocess.Popen[str]) -> None:
+def stop_up(proc: TextChild) -> None:
     """SIGINT, as Ctrl-C would (up stops its instances); a group that outlives STOP_S is killed.
 
     A stop signal to this process waits until up is gone (interrupt.deferred)."""
     with interrupt.deferred():
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=STOP_S)
-            except subprocess.TimeoutExpired:
+            if wait_exit(proc, STOP_S) is None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
 
 
 def wait_running(
-    proc: subprocess.Popen[str],
+    proc: TextChild,
     units: Path,
     instance: str,
     explain: Callable[[], str] | None = None,
@@ -96,13 +89,13 @@ def running_up(
     config: Path,
     host: str,
     instance: str,
-    stdout: IO[Any] | int = subprocess.PIPE,
+    stdout: IO[Any] | int = PIPE,
     explain: Callable[[], str] | None = None,
     deadline_s: float = UP_START_S,
-) -> Iterator[subprocess.Popen[str]]:
+) -> Iterator[TextChild]:
     """`llamanix up` with INSTANCE running until the block ends; stopped on the way out, by a
     stop signal too, even one that arrives while up is being started."""
-    proc: subprocess.Popen[str] | None = None
+    proc: TextChild | None = None
     try:
         with interrupt.deferred():
             proc = start_up(config, host, stdout)

@@ -1,0 +1,131 @@
+"""Listen and connect addresses (llamanix.core.address), and the process liveness check."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from llamanix.core.address import connect_host, connect_url, is_loopback, is_wildcard, url_host
+from llamanix.core.config import parse_config
+from llamanix.deploy.switch import gate_url
+from llamanix.external.process import alive
+from llamanix.render.units import ip_allow_list
+
+
+@pytest.mark.parametrize(
+    ("host", "expected"),
+    [
+        ("127.0.0.1", True),
+        ("127.0.0.53", True),
+        ("::1", True),
+        ("[::1]", True),
+        ("localhost", True),
+        ("LOCALHOST", True),
+        ("0.0.0.0", False),
+        ("::", False),
+        ("[::]", False),
+        ("192.168.1.5", False),
+        ("fe80::1", False),
+        ("gpu1.lan", False),
+        ("localhost.example.org", False),
+        ("", False),
+    ],
+)
+def test_is_loopback(host: str, expected: bool) -> None:
+    assert is_loopback(host) is expected
+
+
+@pytest.mark.parametrize(
+    ("host", "expected"),
+    [("0.0.0.0", True), ("::", True), ("[::]", True), ("127.0.0.1", False), ("gpu1", False)],
+)
+def test_is_wildcard(host: str, expected: bool) -> None:
+    assert is_wildcard(host) is expected
+
+
+@pytest.mark.parametrize(
+    ("listen", "host", "url"),
+    [
+        # A wildcard is reached over the loopback of the family the server listens on.
+        ("0.0.0.0", "127.0.0.1", "http://127.0.0.1:8080"),
+        ("::", "::1", "http://[::1]:8080"),
+        ("[::]", "::1", "http://[::1]:8080"),
+        ("localhost", "127.0.0.1", "http://127.0.0.1:8080"),
+        ("127.0.0.1", "127.0.0.1", "http://127.0.0.1:8080"),
+        ("::1", "::1", "http://[::1]:8080"),
+        ("[::1]", "::1", "http://[::1]:8080"),
+        ("192.168.1.5", "192.168.1.5", "http://192.168.1.5:8080"),
+        ("fd00::5", "fd00::5", "http://[fd00::5]:8080"),
+        ("gpu1.lan", "gpu1.lan", "http://gpu1.lan:8080"),
+    ],
+)
+def test_connect_host_and_url(listen: str, host: str, url: str) -> None:
+    assert connect_host(listen) == host
+    assert connect_url(listen, 8080) == url
+
+
+def test_url_host_brackets_only_ipv6() -> None:
+    assert url_host("::1") == "[::1]"
+    assert url_host("[::1]") == "[::1]"
+    assert url_host("10.0.0.1") == "10.0.0.1"
+    assert url_host("gpu1") == "gpu1"
+
+
+def _config(listen: str, target: str | None = None) -> dict[str, object]:
+    host: dict[str, object] = {"kind": "systemd"}
+    if target is not None:
+        host["target"] = target
+    return {
+        "hosts": {"h": host},
+        "instances": {
+            "a": {"model": "/m/t.gguf", "variant": "upstream", "listen": listen, "host": "h"}
+        },
+    }
+
+
+@pytest.mark.parametrize(
+    ("listen", "target", "url"),
+    [
+        ("0.0.0.0", None, "http://127.0.0.1:8080"),
+        # Before the address module the gate asked 127.0.0.1 for a server on "::" or "::1".
+        ("::", None, "http://[::1]:8080"),
+        ("::1", None, "http://[::1]:8080"),
+        ("192.168.1.5", None, "http://192.168.1.5:8080"),
+        ("0.0.0.0", "root@gpu1", "http://gpu1:8080"),
+        ("::1", "gpu1", "http://gpu1:8080"),
+        ("192.168.1.5", "gpu1", "http://192.168.1.5:8080"),
+    ],
+)
+def test_the_gate_reaches_the_instance(listen: str, target: str | None, url: str) -> None:
+    config = parse_config(_config(listen, target), "t.toml")
+    assert gate_url(config, "a") == url
+
+
+def test_loopback_listeners_are_filtered_to_localhost() -> None:
+    for listen in ("127.0.0.1", "::1", "localhost", "127.0.0.2"):
+        assert ip_allow_list(listen) == ("localhost",)
+    assert ip_allow_list("gpu1.lan") is None
+
+
+def test_alive_sees_a_running_process_and_not_a_zombie() -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
+    )
+    try:
+        assert alive(proc.pid)
+    finally:
+        assert proc.stdin is not None
+        proc.stdin.close()
+    # Exited but not reaped yet (WNOWAIT leaves it unreaped): a zombie, which is not alive.
+    os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
+    assert not alive(proc.pid)
+    proc.wait()
+    assert not alive(proc.pid)
+
+
+def test_alive_refuses_what_is_not_a_process_number() -> None:
+    assert not alive(0)
+    assert not alive(-1)
