@@ -20,6 +20,14 @@ def wheel_argv(project: Path, out: Path) -> list[str]:
     ]  # fmt: skip
 
 
+def sdist_download_argv(requirement: str, dest: Path) -> list[str]:
+    """The source distribution of ``requirement`` alone (no dependencies, never a wheel)."""
+    return [
+        sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+        requirement, "-d", str(dest),
+    ]  # fmt: skip
+
+
 def download_argv(python: str, requirements: Sequence[str], out: Path) -> list[str]:
     """Binary wheels of ``requirements`` (and what they need) for CPython ``python`` ("3.13")
     on this machine's architecture, whatever Python runs this."""

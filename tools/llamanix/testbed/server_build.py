@@ -51,6 +51,7 @@ from rich.progress import (
 
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
 from llamanix.core.probe import commit_of
+from llamanix.external import cmake, pip
 from llamanix.external.files import atomic_write, extract_trusted, locked
 from llamanix.external.llama_server import binary_version_line
 from llamanix.external.process import run_streamed
@@ -141,37 +142,19 @@ def default_layout(cache: Path | None = None) -> BuildLayout:
     return BuildLayout((cache or cache_root()) / "llama-server" / LLAMA_CPP_PYTHON_VERSION)
 
 
-# --- external commands: one function per command line -------------------------------------
+# --- external commands: their argv is built in external/ (pip, cmake) --------------------
 
 
 def pip_download_argv(dest: Path) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "pip",
-        "download",
-        "--no-deps",
-        "--no-binary",
-        ":all:",
-        f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}",
-        "-d",
-        str(dest),
-    ]
+    return pip.sdist_download_argv(f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}", dest)
 
 
 def cmake_configure_argv(layout: BuildLayout) -> list[str]:
-    return ["cmake", "-S", str(layout.src), "-B", str(layout.build), *CMAKE_OPTIONS]
+    return cmake.configure_argv(layout.src, layout.build, CMAKE_OPTIONS)
 
 
 def cmake_build_argv(layout: BuildLayout, jobs: int) -> list[str]:
-    return [
-        "cmake",
-        "--build",
-        str(layout.build),
-        "--target",
-        *BUILD_TARGETS,
-        f"-j{jobs}",
-    ]
+    return cmake.build_argv(layout.build, BUILD_TARGETS, jobs)
 
 
 def build_jobs() -> int:
