@@ -32,6 +32,8 @@ import httpx
 
 from llamanix import __version__
 from llamanix.core.errors import Problem, UserError
+from llamanix.core.json_fields import integer as as_int
+from llamanix.core.json_fields import text as as_str
 from llamanix.measure.bench_results import (
     PHASES,
     BenchMeta,
@@ -49,7 +51,6 @@ from llamanix.measure.bench_results import (
 )
 from llamanix.measure.ceiling import Ceiling
 from llamanix.measure.client import LlamaClient
-from llamanix.measure.json_values import as_int, as_str
 from llamanix.measure.metrics import MetricsSnapshot, metrics_delta
 from llamanix.measure.prompts import Prompt, new_session
 from llamanix.measure.streaming import request_body, stream_completion

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from llamanix.core.errors import Problem, UserError
+from llamanix.core.json_fields import JsonFields
 from llamanix.measure.ceiling import Ceiling
-from llamanix.measure.json_values import JsonFields
 from llamanix.measure.prompts import read_user_json
 
 DEFAULT_MAX_TOKENS = (100, 500, 1000, 2000)

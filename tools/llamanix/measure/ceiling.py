@@ -14,8 +14,8 @@ from typing import Any
 
 from llamanix.core.errors import Problem, UserError
 from llamanix.core.gpus import Gpu, load_gpus
+from llamanix.core.json_fields import JsonFields
 from llamanix.measure.gguf_info import GgufInfo
-from llamanix.measure.json_values import JsonFields
 
 GB = 1_000_000_000
 GIB = 1 << 30

@@ -17,9 +17,10 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
+from llamanix.core.json_fields import integer as as_int
+from llamanix.core.json_fields import real as as_float
 from llamanix.measure.bench_results import BenchSettings, RequestResult
 from llamanix.measure.client import LlamaClient, error_message
-from llamanix.measure.json_values import as_float, as_int
 from llamanix.measure.prompts import Prompt, agent_messages, new_session
 
 
