@@ -191,19 +191,31 @@
         {
           config,
           lib,
+          # Every NixOS evaluation passes it; a bare call of the module (tests) may not.
+          options ? { },
           pkgs,
           ...
         }:
         let
           system = pkgs.stdenv.hostPlatform.system;
           useSystemNixpkgs = config.services.llamanix.useSystemNixpkgs;
+          # nixpkgs' readOnlyPkgs module (nixpkgs.pkgs given, nothing may add overlays) declares
+          # none of the legacy options such as nixpkgs.localSystem; the usual module does.
+          readOnlyPkgs = options ? nixpkgs && !(options.nixpkgs ? localSystem);
+          readOnlyMessage = "services.llamanix.useSystemNixpkgs = true needs the llamanix overlay in this system's pkgs, but nixpkgs.pkgs is read-only (nixpkgs' readOnlyPkgs module) and lacks it: build those pkgs with `overlays = [ llamanix.overlays.default ]`, or leave useSystemNixpkgs off to use the flake's pinned set.";
         in
         {
           imports = [ ./modules/llamanix.nix ];
-          nixpkgs.overlays = lib.mkIf useSystemNixpkgs [ overlay ];
+          nixpkgs.overlays = lib.mkIf (useSystemNixpkgs && !readOnlyPkgs) [ overlay ];
+          assertions = [
+            {
+              assertion = !(useSystemNixpkgs && readOnlyPkgs && !(pkgs ? llamanixPackages));
+              message = readOnlyMessage;
+            }
+          ];
           services.llamanix.packageSet = lib.mkDefault (
             if useSystemNixpkgs then
-              pkgs.llamanixPackages
+              pkgs.llamanixPackages or (throw readOnlyMessage)
             else
               self.legacyPackages.${system}.llamanixPackages or (throw (llamanixLib.unsupportedSystem system))
           );

@@ -31,6 +31,11 @@ let
   # The host name the generator sees; the units do not depend on it beyond the manifest.
   hostName = if config.networking.hostName != "" then config.networking.hostName else "localhost";
 
+  # hardware.nvidia.enabled is read-only and follows services.xserver.videoDrivers; a module
+  # set without the NVIDIA module (a container, a test) has neither.
+  nvidiaEnabled =
+    config.hardware.nvidia.enabled
+      or (builtins.elem "nvidia" (config.services.xserver.videoDrivers or [ ]));
   cudaArchType = types.strMatching "[0-9]+\\.[0-9]+[af]?";
 
   instanceModule =
@@ -158,15 +163,18 @@ in
 
     cudaArchs = mkOption {
       type = types.listOf cudaArchType;
-      default = [
-        "8.6"
-        "12.0"
-      ];
+      # A CUDA build takes hours: only a host that runs the NVIDIA driver gets one by default.
+      default = if nvidiaEnabled then llamanixLib.archSets."" else [ ];
+      defaultText = literalMD ''
+        `[ "8.6" "12.0" ]` (RTX 3090 and RTX 5090) when the host enables the NVIDIA driver
+        (`hardware.nvidia.enabled`, which `services.xserver.videoDrivers = [ "nvidia" ]` sets),
+        else `[ ]` (the CPU)
+      '';
       example = [ "12.0" ];
       description = ''
-        ${hostSchema.cuda_archs.doc} The default of every instance's `cudaArchs`; `[ ]` for a
-        machine without an NVIDIA GPU. The key `cuda_archs` of llamanix.toml's
-        `[hosts.NAME]` table.
+        ${hostSchema.cuda_archs.doc} The default of every instance's `cudaArchs`; `[ ]` builds
+        for the CPU. The key `cuda_archs` of llamanix.toml's `[hosts.NAME]` table (a TOML host
+        that names archs sets this option through `fromToml`).
       '';
     };
 

@@ -46,8 +46,23 @@ let
       null;
 
   cudaVersion = cudaPackages.cudaMajorMinorVersion or cudaPackages.cudaVersion or "0";
-  # Blackwell (10.x datacenter, 12.x RTX 50xx) came with CUDA 12.8.
+  # Blackwell (10.x datacenter, 12.x RTX 50xx) came with CUDA 12.8; 12.1 (DGX Spark's GB10)
+  # only with 12.9.
   wantsBlackwell = builtins.any (arch: lib.versionAtLeast arch "10.0") cudaArchs;
+  wantsSpark = builtins.any (
+    arch: lib.versionAtLeast arch "12.1" && lib.versionOlder arch "12.2"
+  ) cudaArchs;
+  isBeellama = variant == "beellama";
+
+  # The arch list in the name tells the builds of one variant apart in the store
+  # (llama-cpp-ik-cuda-sm86-sm120); nixpkgs' own CPU build keeps its name, so it stays the very
+  # derivation cache.nixos.org has.
+  archSuffix =
+    if cudaSupport then
+      "cuda-"
+      + lib.concatMapStringsSep "-" (arch: "sm" + builtins.replaceStrings [ "." ] [ "" ] arch) cudaArchs
+    else
+      "cpu";
 
   cudaFlags = lib.optionals cudaSupport (
     [
@@ -61,9 +76,11 @@ let
     (lib.cmakeFeature "LLAMA_BUILD_COMMIT" commit)
     # The UI is not built: since May 2026 upstream builds it with npm or downloads it from
     # Hugging Face at configure time, neither of which a sandboxed build may do. llama-server
-    # runs without it. Both spellings, since either one left ON turns the UI build on.
+    # runs without it. Both spellings, since either one left ON turns the UI build on. BeeLlama
+    # embeds its UI from files in its tree (tools/server/public, through xxd.cmake), which needs
+    # neither, so it keeps it.
     (lib.cmakeBool "LLAMA_BUILD_UI" false)
-    (lib.cmakeBool "LLAMA_BUILD_WEBUI" false)
+    (lib.cmakeBool "LLAMA_BUILD_WEBUI" isBeellama)
     (lib.cmakeBool "LLAMA_USE_PREBUILT_UI" false)
     (lib.cmakeBool "LLAMA_USE_PREBUILT_WEBUI" false)
   ];
@@ -86,18 +103,16 @@ let
 in
 assert lib.assertMsg (!cudaSupport || !wantsBlackwell || lib.versionAtLeast cudaVersion "12.8")
   "llama-cpp-${variant}: Blackwell compute capabilities (10.x, 12.x: RTX 50xx) need CUDA 12.8 or newer, this nixpkgs has cudaPackages ${cudaVersion}; use .override { cudaPackages = cudaPackages_12_8; } (or newer).";
+assert lib.assertMsg (!cudaSupport || !wantsSpark || lib.versionAtLeast cudaVersion "12.9")
+  "llama-cpp-${variant}: compute capability 12.1 (DGX Spark's GB10) needs CUDA 12.9 or newer, this nixpkgs has cudaPackages ${cudaVersion}; use .override { cudaPackages = cudaPackages_12_9; } (or newer).";
 assert lib.assertMsg (
   variant != "nixpkgs" || !fromSource
 ) "llama-cpp-nixpkgs is nixpkgs' own llama-cpp source; give other sources another variant name.";
 base.overrideAttrs (
   finalAttrs: prev:
   {
-    # nixpkgs' own CPU build keeps its name, so it stays the very derivation cache.nixos.org has.
     pname =
-      if variant == "nixpkgs" then
-        prev.pname
-      else
-        "llama-cpp-${variant}-${if cudaSupport then "cuda" else "cpu"}";
+      if variant == "nixpkgs" && !cudaSupport then prev.pname else "llama-cpp-${variant}-${archSuffix}";
 
     cmakeFlags = llamanixLib.dropCMakeFlags ourFlagNames (prev.cmakeFlags or [ ]) ++ ourFlags;
 
@@ -153,6 +168,11 @@ base.overrideAttrs (
       ])
     ) (prev.nativeBuildInputs or [ ]);
 
+  }
+  # nixpkgs' postInstall runs `llama-server --completion-bash` for shell completions: a CUDA
+  # binary cannot run in the build sandbox (no driver), and installShellCompletion refuses the
+  # empty output, so every CUDA build (and every other source) gets this one instead.
+  // lib.optionalAttrs (fromSource || cudaSupport) {
     postInstall = ''
       if [ -e "$out/bin/llama-cli" ]; then ln -sf llama-cli "$out/bin/llama"; fi
     '';

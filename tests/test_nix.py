@@ -564,3 +564,49 @@ def test_the_module_on_another_system_fails_with_one_line() -> None:
         "error: services.llamanix: riscv64-linux is not supported; "
         "the llamanix flake builds for x86_64-linux and aarch64-linux."
     )
+
+
+def test_use_system_nixpkgs_on_read_only_pkgs_fails_with_our_message() -> None:
+    """With nixpkgs' readOnlyPkgs module no module may add an overlay: nixpkgs' own error would
+    say only "nixpkgs.overlays is set to read-only", so the module asserts with the fix."""
+    usual = flake_outputs("systemNixpkgsUsual")
+    assert usual.returncode == 0, usual.stderr
+    assert json.loads(usual.stdout) == {"addsOverlay": True, "failed": []}
+    read_only = flake_outputs("systemNixpkgsReadOnly")
+    assert read_only.returncode == 0, read_only.stderr
+    found = json.loads(read_only.stdout)
+    assert found["addsOverlay"] is False
+    [message] = found["failed"]
+    assert message.startswith(
+        "services.llamanix.useSystemNixpkgs = true needs the llamanix overlay"
+    )
+    assert "overlays = [ llamanix.overlays.default ]" in message
+
+
+@pytest.mark.skipif(not REAL_LIB, reason="set LLAMANIX_NIXPKGS_LIB to a nixpkgs lib/ directory")
+def test_variant_builds_are_named_by_arch_and_never_run_the_binary(tmp_path: Path) -> None:
+    (tmp_path / "ggml").mkdir()
+    (tmp_path / "ggml" / "CMakeLists.txt").write_text("")
+    argv = ["nix-instantiate", "--readonly-mode", "--eval", "--strict", "--json"]
+    argv += [str(ROOT / "tests/nix/variant-eval.nix"), "--argstr", "libPath", REAL_LIB]
+    argv += ["--argstr", "sourceDir", str(tmp_path)]
+    proc = subprocess.run(argv, capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    found = json.loads(proc.stdout)
+    built = {name: d for name, d in found.items() if d["evaluates"]}
+    # nixpkgs' own CPU build keeps its name (the cached derivation); every other build says
+    # which variant and which architectures it is, so the store paths tell them apart.
+    assert {name: d["pname"] for name, d in built.items()} == {
+        "nixpkgsCpu": "llama-cpp",
+        "nixpkgsCuda": "llama-cpp-nixpkgs-cuda-sm86-sm120",
+        "ikSm86": "llama-cpp-ik-cuda-sm86",
+        "upstreamCpu": "llama-cpp-upstream-cpu",
+        "beellamaCpu": "llama-cpp-beellama-cpu",
+        "sparkOnCuda129": "llama-cpp-upstream-cuda-sm121",
+    }
+    # Only nixpkgs' own CPU build keeps its postInstall, which runs the binary for completions.
+    assert [n for n, d in built.items() if d["completionAtBuild"]] == ["nixpkgsCpu"]
+    # BeeLlama embeds its UI from its own tree; the others' UI needs npm or a download.
+    assert [n for n, d in built.items() if d["webui"]] == ["beellamaCpu"]
+    # 12.1 (DGX Spark) needs CUDA 12.9.
+    assert found["sparkOnCuda128"] == {"evaluates": False}

@@ -49,10 +49,11 @@ def hosts_of(path: Path) -> list[tuple[Path, str]]:
 CASES = [case for path in CONFIGS for case in hosts_of(path)]
 
 
-def module_eval(toml: Path, host: str, lib_path: str) -> dict[str, Any]:
+def module_eval(toml: Path, host: str, lib_path: str, *, nvidia: bool = False) -> dict[str, Any]:
     argv = ["nix-instantiate", "--readonly-mode", "--eval", "--strict", "--json"]
     argv += [str(ROOT / "tests/nix/module-eval.nix"), "--argstr", "toml", str(toml)]
     argv += ["--argstr", "host", host, "--argstr", "libPath", lib_path]
+    argv += ["--argstr", "nvidia", "true" if nvidia else "false"]
     proc = subprocess.run(argv, capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
     result: dict[str, Any] = json.loads(proc.stdout)
@@ -206,3 +207,23 @@ def test_stub_and_real_lib_agree(toml: Path, host: str) -> None:
     assert sorted(real["options"]["top"]) == sorted(options["moduleTopOptions"])
     assert sorted(real["options"]["instance"]) == sorted(options["moduleInstanceOptions"])
     assert sorted(real["options"]["speculative"]) == sorted(options["moduleSpeculativeOptions"])
+
+
+@pytest.mark.parametrize(
+    "lib_path", ["", REAL_LIB] if REAL_LIB else [""], ids=["stub", "real"][: 2 if REAL_LIB else 1]
+)
+@pytest.mark.parametrize(("nvidia", "archs"), [(False, []), (True, ["8.6", "12.0"])])
+def test_cuda_archs_default_to_the_cpu_unless_the_host_enables_nvidia(
+    tmp_path: Path, lib_path: str, nvidia: bool, archs: list[str]
+) -> None:
+    """A host without the NVIDIA driver must not start a multi-hour CUDA build by default."""
+    source = ROOT / "tests/data/configs/draft-and-key.toml"
+    text = "\n".join(
+        line for line in source.read_text().splitlines() if not line.startswith("cuda_archs")
+    )
+    toml = tmp_path / "no-archs.toml"
+    toml.write_text(text + "\n")
+    name = "gpu5090"
+    assert load_config(toml).hosts[name].cuda_archs == ()
+    evaluated = module_eval(toml, name, lib_path, nvidia=nvidia)
+    assert set(map(tuple, evaluated["cudaArchs"].values())) == {tuple(archs)}

@@ -30,6 +30,23 @@ let
       pkgs.stdenv.hostPlatform.system = system;
     }).services.llamanix.packageSet.content;
   supported = import ../../nix/lib.nix;
+  # The module with useSystemNixpkgs = true, under nixpkgs' usual module (it declares the legacy
+  # nixpkgs.localSystem) or under its readOnlyPkgs module (it does not), with pkgs lacking the
+  # llamanix overlay: whether it adds its overlay, and the messages of its failed assertions.
+  systemNixpkgs =
+    nixpkgsOptions:
+    let
+      module = outputs.nixosModules.default {
+        inherit lib;
+        options.nixpkgs = nixpkgsOptions;
+        config.services.llamanix.useSystemNixpkgs = true;
+        pkgs.stdenv.hostPlatform.system = "x86_64-linux";
+      };
+    in
+    {
+      addsOverlay = module.nixpkgs.overlays.condition;
+      failed = map (a: a.message) (builtins.filter (a: !a.assertion) module.assertions);
+    };
 in
 {
   systems = {
@@ -48,4 +65,12 @@ in
   # which the test reads from the error of `moduleOnUnsupported`.
   moduleOnSupported = outputs.legacyPackages ? x86_64-linux;
   moduleOnUnsupported = builtins.seq (moduleOn "riscv64-linux") null;
+  systemNixpkgsUsual = systemNixpkgs {
+    localSystem = { };
+    overlays = { };
+  };
+  systemNixpkgsReadOnly = systemNixpkgs {
+    pkgs = { };
+    overlays = { };
+  };
 }

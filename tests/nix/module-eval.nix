@@ -2,7 +2,7 @@
 # tests/test_nix_equivalence.py:
 #
 #   nix-instantiate --eval --strict --json tests/nix/module-eval.nix \
-#     --argstr toml PATH --argstr host HOST [--argstr libPath DIR]
+#     --argstr toml PATH --argstr host HOST [--argstr libPath DIR] [--argstr nvidia true]
 #
 # Returns { config = the JSON the module hands `llamanix render`; cudaArchs = NAME -> the CUDA
 # architectures of the package instance NAME runs; options = the option names it declares }.
@@ -11,11 +11,13 @@
 # way the module system applies them (tests/nix/module-json.nix). With libPath (a real nixpkgs
 # lib/ directory) the real modules/llamanix.nix is evaluated by lib.evalModules, with the few
 # NixOS options it reads or sets declared loosely and a package set whose derivations are plain
-# attribute sets, so nothing is built.
+# attribute sets, so nothing is built. nvidia = "true" evaluates a host that enables the NVIDIA
+# driver (hardware.nvidia.enabled), which changes the default of services.llamanix.cudaArchs.
 {
   toml,
   host,
   libPath ? "",
+  nvidia ? "false",
 }:
 let
   llamanixLib = import ../../nix/lib.nix;
@@ -45,10 +47,7 @@ let
         options: values: builtins.mapAttrs (name: option: values.${name} or (option.default or null)) options;
       # The module's own defaults: variant and gpuSandbox from the schema, cudaArchs from the
       # host.
-      hostArchs = settings.cudaArchs or [
-        "8.6"
-        "12.0"
-      ];
+      hostArchs = settings.cudaArchs or (if nvidia == "true" then llamanixLib.archSets."" else [ ]);
       instance =
         values:
         withDefaults schemaOptions.instanceOptions values
@@ -124,6 +123,7 @@ let
           {
             _module.args.pkgs = pkgs;
             networking.hostName = host;
+            hardware = if nvidia == "true" then { nvidia.enabled = true; } else { };
             services.llamanix = settings // {
               enable = true;
             };

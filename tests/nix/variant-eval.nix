@@ -1,0 +1,107 @@
+# pkgs/llama-cpp-variant.nix evaluated with the real nixpkgs lib and a stand-in llama-cpp (an
+# attribute set whose overrideAttrs applies the builder's function), for tests/test_nix.py:
+#
+#   nix-instantiate --eval --strict --json tests/nix/variant-eval.nix \
+#     --argstr libPath DIR --argstr sourceDir DIR
+#
+# sourceDir stands for a variant's source tree (the builder reads its ggml/CMakeLists.txt).
+# Nothing is built: only the attributes the builder sets are read back.
+{
+  libPath,
+  sourceDir,
+}:
+let
+  lib = import libPath;
+  # What the builder reads of nixpkgs' llama-cpp: its name, flags and postInstall.
+  nixpkgsAttrs = {
+    pname = "llama-cpp";
+    version = "7000";
+    cmakeFlags = [ ];
+    postInstall = "installShellCompletion --cmd llama-server --bash <($out/bin/llama-server --completion-bash)";
+    nativeBuildInputs = [ ];
+    passthru = { };
+    meta = { };
+    src.tag = "b7000";
+  };
+  llama-cpp.override = _: {
+    overrideAttrs =
+      f:
+      let
+        final = nixpkgsAttrs // f (final // { finalPackage = final; }) nixpkgsAttrs;
+      in
+      final;
+  };
+  build =
+    {
+      variant,
+      cudaArchs,
+      fromSource ? true,
+      cuda ? "12.8",
+    }:
+    import ../../pkgs/llama-cpp-variant.nix {
+      inherit lib llama-cpp variant cudaArchs;
+      callPackage = _: _: { };
+      cudaPackages.cudaMajorMinorVersion = cuda;
+      llamanix = { };
+      source =
+        if fromSource then
+          {
+            outPath = sourceDir;
+            rev = "de55d9e2f6c24d3f0c8a8a2a296e486b2ccf80b2";
+            lastModifiedDate = "20260725000000";
+          }
+        else
+          null;
+    };
+  describe =
+    args:
+    let
+      tried = builtins.tryEval (build args).pname;
+      drv = build args;
+    in
+    if !tried.success then
+      { evaluates = false; }
+    else
+      {
+        evaluates = true;
+        inherit (drv) pname;
+        completionAtBuild = lib.hasInfix "completion-bash" drv.postInstall;
+        webui = builtins.elem "-DLLAMA_BUILD_WEBUI:BOOL=TRUE" drv.cmakeFlags;
+      };
+in
+{
+  nixpkgsCpu = describe {
+    variant = "nixpkgs";
+    cudaArchs = [ ];
+    fromSource = false;
+  };
+  nixpkgsCuda = describe {
+    variant = "nixpkgs";
+    cudaArchs = [
+      "8.6"
+      "12.0"
+    ];
+    fromSource = false;
+  };
+  ikSm86 = describe {
+    variant = "ik";
+    cudaArchs = [ "8.6" ];
+  };
+  upstreamCpu = describe {
+    variant = "upstream";
+    cudaArchs = [ ];
+  };
+  beellamaCpu = describe {
+    variant = "beellama";
+    cudaArchs = [ ];
+  };
+  sparkOnCuda128 = describe {
+    variant = "upstream";
+    cudaArchs = [ "12.1" ];
+  };
+  sparkOnCuda129 = describe {
+    variant = "upstream";
+    cudaArchs = [ "12.1" ];
+    cuda = "12.9";
+  };
+}
