@@ -11,11 +11,14 @@ from pathlib import Path
 import click
 import pytest
 from click.testing import CliRunner
+from click.utils import make_default_short_help
 
-from llamanix.cli import COMMAND_GROUPS, main
+from llamanix.cli import COMMAND_GROUPS, load_all, main
 from llamanix.cli.examples import EXAMPLES
 
 ROOT = Path(__file__).resolve().parent.parent
+ENV = {**os.environ, "PYTHONPATH": str(ROOT / "tools")}
+BENCH_RUNS_0 = "llamanix bench: --runs: must be at least 1 (pass --runs 1 or more)"
 
 
 def every_command() -> list[tuple[str, click.Command]]:
@@ -30,6 +33,7 @@ def every_command() -> list[tuple[str, click.Command]]:
             if isinstance(command, click.Group):
                 walk(path, command)
 
+    load_all()
     walk("", main)
     return out
 
@@ -49,7 +53,8 @@ def test_help_lists_commands_by_job() -> None:
 
 def test_every_command_is_in_a_group() -> None:
     grouped = {name for names in COMMAND_GROUPS.values() for name in names}
-    assert set(main.commands) - {n for n, c in main.commands.items() if c.hidden} == grouped
+    commands = load_all()
+    assert set(commands) - {n for n, c in commands.items() if c.hidden} == grouped
 
 
 @pytest.mark.parametrize("path", [p for p, _ in every_command()])
@@ -116,3 +121,97 @@ def test_switch_infers_the_only_host(tmp_path: Path) -> None:
     )
     assert result.exit_code == 0, result.output
     assert result.output.startswith("box: ")
+
+
+def test_listing_and_completion_come_from_the_index_and_match_the_commands() -> None:
+    """`--help` and a TAB read cli.COMMANDS without importing the command modules: each
+    entry names the module that really defines the command and its real short help."""
+    from llamanix.cli import COMMANDS, load_all
+
+    commands = load_all()
+    assert set(COMMANDS) == set(commands)
+    for name, (module, short) in COMMANDS.items():
+        command = commands[name]
+        assert command.callback is not None
+        assert command.callback.__module__ == f"llamanix.cli.{module}", name
+        for width in (30, 45, 80, 200):
+            assert make_default_short_help(short, width) == command.get_short_help_str(width)
+
+
+def test_help_and_completion_import_no_heavy_library() -> None:
+    script = (
+        "import sys, contextlib, io\n"
+        "import llamanix.cli as cli\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    try:\n"
+        "        cli.main(['--help'])\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+        "heavy = ('gguf', 'numpy', 'httpx', 'rich', 'jinja2', 'prometheus_client')\n"
+        "print(','.join(m for m in heavy if m in sys.modules))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=False, env=ENV
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == ""
+    env = {
+        **ENV,
+        "_LLAMANIX_COMPLETE": "bash_complete",
+        "COMP_WORDS": "llamanix pl",
+        "COMP_CWORD": "1",
+    }
+    tab = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "llamanix"],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=env,
+    )
+    assert tab.stdout.split() == ["plain,plan"]
+    imported = {line.rsplit("|", 1)[-1].strip() for line in tab.stderr.splitlines()}
+    assert not imported & {"gguf", "numpy", "httpx", "rich", "jinja2", "llamanix.cli.core"}
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "argv"),
+    [
+        (
+            "--deadline",
+            "--timeout",
+            ["readiness", "--url", "http://127.0.0.1:9", "--deadline", "0"],
+        ),
+        (
+            "--model",
+            "--alias",
+            ["bench", "--url", "http://127.0.0.1:9", "--model", "m", "--runs", "0"],
+        ),
+    ],
+)
+def test_deprecated_spellings_still_work_and_say_so(old: str, new: str, argv: list[str]) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "llamanix", *argv],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        check=False,
+    )
+    assert f"llamanix: {old} is deprecated, use {new}" in done.stderr.splitlines()
+    assert "Traceback" not in done.stderr
+    # Taken as the option it stands for: readiness gave up at once (exit 1, the deadline
+    # was 0 s); bench reached its own check of --runs (exit 2, one line).
+    assert done.returncode in (1, 2)
+
+
+def test_bench_run_is_bare_bench() -> None:
+    """`bench run` and bare `bench` are one command: the same options, the same checks."""
+    for argv in (["bench", "run"], ["bench"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "llamanix", *argv, "--url", "http://127.0.0.1:9", "--runs", "0"],
+            capture_output=True,
+            text=True,
+            env=ENV,
+            check=False,
+        )
+        assert done.returncode == 2
+        assert done.stderr.strip().splitlines() == [BENCH_RUNS_0], argv

@@ -117,7 +117,7 @@ def test_a_wrong_api_key_is_one_line(
     assert readiness("--url", server.url, "--api-key-file", str(key)).returncode == 0
     wrong = tmp_path / "wrong"
     wrong.write_text("not-the-key\n")
-    proc = readiness("--url", server.url, "--api-key-file", str(wrong), "--deadline", "30")
+    proc = readiness("--url", server.url, "--api-key-file", str(wrong), "--timeout", "30")
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines() == [
         f"llamanix readiness: {server.url}: a one-token completion answered 401: "
@@ -205,7 +205,7 @@ def test_up_counts_a_failed_exec_start_post_as_a_failed_start(
     # healthy and yet the unit must not count as started.
     wrong = connect_url("127.0.0.1", free_port())
     argv = [w if w != f"http://127.0.0.1:{port}" else wrong for w in spec.start_post[0]]
-    argv += ["--deadline", "3"]
+    argv += ["--timeout", "3"]
     bad_spec = dataclasses.replace(spec, start_post=(tuple(argv),), restart="no")
     bad = run_once(bad_spec, tmp_path)
     try:

@@ -64,6 +64,14 @@ def test_system_units_verify_and_score(
     assert proc.returncode == 0, proc.stdout + proc.stderr
     exposure = systemd_analyze.security_exposure(unit)
     assert exposure is not None and exposure <= NIXPKGS_LLAMA_CPP_EXPOSURE
+    # plan scores every unit of a host in one run; it must read the same figure per unit.
+    other = tmp_path / "llamanix-b.service"
+    other.write_text(unit.read_text())
+    assert systemd_analyze.security_exposures_argv([unit, other]) == [
+        "systemd-analyze", "security", "--offline=yes", "--no-pager", str(unit), str(other)
+    ]  # fmt: skip
+    both = systemd_analyze.security_exposures([unit, other])
+    assert both == {"llamanix-a.service": exposure, "llamanix-b.service": exposure}
 
 
 @needs_systemd

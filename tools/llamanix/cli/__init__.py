@@ -1,18 +1,24 @@
 """The ``llamanix`` command line (click).
 
-Commands live in one module per concern (core, testbed, measure, checks, deploy); each exposes
-``register(group)``. User mistakes become one line on stderr and exit code 2, never a traceback;
-SIGINT, SIGTERM and SIGHUP stop what the command started, then exit 128 + the signal's number.
+Commands live in one module per concern (core, testbed, measure, checks, deploy, readiness);
+each exposes ``register(group)``. A module is imported only when one of its commands runs: the
+listing (``--help``) and completing a command name come from ``COMMANDS`` below, so they load
+no command module and none of the libraries those import (gguf, numpy, httpx, rich, jinja2).
+User mistakes become one line on stderr and exit code 2, never a traceback; SIGINT, SIGTERM and
+SIGHUP stop what the command started, then exit 128 + the signal's number.
 """
 
 from __future__ import annotations
 
-import sys
+import importlib
 from typing import Any
 
 import click
+from click.shell_completion import CompletionItem
+from click.utils import make_default_short_help
 
 from llamanix import __version__
+from llamanix.cli.options import exit_with
 from llamanix.core.errors import ExternalCommandError, UserError
 from llamanix.external import interrupt
 
@@ -44,27 +50,114 @@ COMMAND_GROUPS: dict[str, tuple[str, ...]] = {
     "Test bed": ("build-server", "synth-model", "demo", "host-shell"),
 }
 
+# Each command: the module under llamanix.cli that defines it, and the first sentence of its
+# help, which `--help` and completion show without importing that module. tests/test_cli.py
+# checks both against the commands themselves.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "validate": ("core", "Check CONFIG; exit 2 with one line per problem."),
+    "argv": ("core", "Print INSTANCE's exact llama-server argv as a JSON list, program first."),
+    "plan": ("core", "Per host: each instance's variant, address, speculation and command line."),
+    "render": (
+        "core",
+        "Write llamanix-NAME.service, NAME.argv.json and manifest.json for a host.",
+    ),
+    "probe": (
+        "core",
+        "Read a llama-server's version and every flag it accepts from --version and --help.",
+    ),
+    "schema": (
+        "core",
+        "Print the config schema (what the NixOS module's options are made from).",
+    ),
+    "build-server": (
+        "testbed",
+        "Build (or reuse) the pinned CPU llama-server used by tests and the demo.",
+    ),
+    "synth-model": (
+        "testbed",
+        "Write a tiny random llama-architecture GGUF to OUT (same arguments, same bytes).",
+    ),
+    "demo": (
+        "testbed",
+        "Serve a synthetic target with and without a draft, then gate the same flips.",
+    ),
+    "host-shell": (
+        "testbed",
+        "Boot a test host (systemd as PID 1) and open a root shell in it, as the tests see it.",
+    ),
+    "bench": (
+        "measure",
+        "Benchmark a running llama-server: TTFT, prefill and decode, server and client clocks.",
+    ),
+    "lossless": (
+        "measure",
+        "Do two servers answer alike at temperature 0? Speculation (B) against a baseline (A).",
+    ),
+    "inspect": (
+        "measure",
+        "What a GGUF holds: architecture, sizes, layers, KV cost per token, MTP, hybrid.",
+    ),
+    "ceiling": ("measure", "The decode roofline: memory bandwidth / bytes read per token."),
+    "doctor": (
+        "measure",
+        "Find what silently costs speed or memory; exit 1 on any error finding.",
+    ),
+    "up": (
+        "deploy",
+        "Run a host's instances in the foreground, restarting them like their units say.",
+    ),
+    "switch": (
+        "deploy",
+        "Change what a host runs, gate it, and roll back when the gate fails (exit 1).",
+    ),
+    "rollback": ("deploy", "Serve an earlier generation again (and put its config back)."),
+    "generations": (
+        "deploy",
+        "List a host's generations: date, variant and source revision per instance, gate.",
+    ),
+    "pin": ("deploy", "Pin a variant's flake input to REV (or --latest); `plan` shows the pins."),
+    "readiness": (
+        "readiness",
+        "Exit 0 once a llama-server serves: /health is 200 and a one-token completion answers.",
+    ),
+    "smoke": (
+        "checks",
+        "Start a llama-server with all layers offloaded and check that it really serves.",
+    ),
+}
+
 
 class LlamanixGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*COMMANDS, *self.commands})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in COMMANDS:
+            _load(self, COMMANDS[cmd_name][0])
+        return self.commands.get(cmd_name)
+
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        commands = {
-            name: cmd
-            for name in self.list_commands(ctx)
-            if (cmd := self.get_command(ctx, name)) is not None and not cmd.hidden
-        }
-        width = formatter.width - 6 - max((len(name) for name in commands), default=0)
+        names = self.list_commands(ctx)
+        width = formatter.width - 6 - max((len(name) for name in names), default=0)
         grouped = {name for names in COMMAND_GROUPS.values() for name in names}
         sections = [
-            (title, [name for name in names if name in commands])
-            for title, names in COMMAND_GROUPS.items()
+            (title, [name for name in group if name in names])
+            for title, group in COMMAND_GROUPS.items()
         ]
-        sections.append(("Other commands", sorted(set(commands) - grouped)))
-        for title, names in sections:
-            if not names:
+        sections.append(("Other commands", sorted(set(names) - grouped)))
+        for title, section in sections:
+            if not section:
                 continue
-            rows = [(name, commands[name].get_short_help_str(width)) for name in names]
+            rows = [(name, _short_help(self, ctx, name, width)) for name in section]
             with formatter.section(title):
                 formatter.write_dl(rows)
+
+    def shell_complete(self, ctx: click.Context, incomplete: str) -> list[CompletionItem]:
+        # A command name completes from COMMANDS alone: one TAB imports no command module.
+        names = [name for name in self.list_commands(ctx) if name.startswith(incomplete)]
+        results = [CompletionItem(name, help=_short_help(self, ctx, name, 45)) for name in names]
+        results.extend(click.Command.shell_complete(self, ctx, incomplete))
+        return results
 
     def invoke(self, ctx: click.Context) -> Any:
         # SIGTERM and SIGHUP take Ctrl-C's path: the command's cleanup stops every
@@ -74,14 +167,14 @@ class LlamanixGroup(click.Group):
                 return super().invoke(ctx)
             except interrupt.Interrupted as err:
                 click.echo(f"llamanix: stopped by {err.name}", err=True)
-                sys.exit(err.exit_code)
+                exit_with(err.exit_code)
             except UserError as err:
                 for problem in err.problems:
                     click.echo(str(problem), err=True)
-                sys.exit(err.exit_code)
+                exit_with(err.exit_code)
             except ExternalCommandError as err:
                 click.echo(f"llamanix: {err}", err=True)
-                sys.exit(err.exit_code)
+                exit_with(err.exit_code)
 
 
 @click.group(cls=LlamanixGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -90,14 +183,27 @@ def main() -> None:
     """Build, serve, switch, measure and roll back llama.cpp variants."""
 
 
-def _register_all() -> None:
-    from llamanix.cli import checks, core, deploy, measure, testbed
+def _short_help(group: click.Group, ctx: click.Context, name: str, width: int) -> str:
+    if name in COMMANDS and name not in group.commands:
+        return make_default_short_help(COMMANDS[name][1], width)
+    command = group.get_command(ctx, name)
+    return command.get_short_help_str(width) if command is not None else ""
+
+
+def _load(group: click.Group, module_name: str) -> None:
+    """Import llamanix.cli.MODULE and add its commands (with their examples) to ``group``."""
     from llamanix.cli.examples import with_examples
 
-    for module in (core, testbed, measure, deploy, checks):
-        module.register(main)
-    for name, command in main.commands.items():
+    module = importlib.import_module(f"llamanix.cli.{module_name}")
+    loaded = click.Group()
+    module.register(loaded)
+    for name, command in loaded.commands.items():
         with_examples(command, name)
+        group.add_command(command, name)
 
 
-_register_all()
+def load_all() -> dict[str, click.Command]:
+    """Every command, loaded (for tests and tools that walk the whole command tree)."""
+    for module_name in sorted({module for module, _ in COMMANDS.values()}):
+        _load(main, module_name)
+    return dict(main.commands)

@@ -10,6 +10,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from llamanix.cli.options import OneOf, exit_with, json_flag, output_option
 from llamanix.core.variants import variant_names
 from llamanix.external.files import atomic_write
 from llamanix.measure import smoke as smoke_module
@@ -55,7 +56,7 @@ def summary_line(report: SmokeReport) -> str:
 )
 @click.option(
     "--spec",
-    type=click.Choice(smoke_module.SPECS),
+    type=OneOf(smoke_module.SPECS),
     default="none",
     show_default=True,
     help="Speculative decoding to check: draft (the model drafts for itself, or "
@@ -68,7 +69,7 @@ def summary_line(report: SmokeReport) -> str:
 )
 @click.option(
     "--variant",
-    type=click.Choice(variant_names()),
+    type=OneOf(variant_names()),
     default="upstream",
     show_default=True,
     help="Which variant's command-line dialect the binary speaks.",
@@ -85,14 +86,8 @@ def summary_line(report: SmokeReport) -> str:
     type=click.Path(path_type=Path, file_okay=False),
     help="Keep the synthetic model and the server log in this directory.",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON, not a table.")
-@click.option(
-    "-o",
-    "--output",
-    "json_out",
-    type=click.Path(path_type=Path, dir_okay=False),
-    help="Also write the report as JSON to this file.",
-)
+@json_flag
+@output_option("the report")
 def smoke(
     binary: Path,
     model: Path | None,
@@ -144,7 +139,7 @@ def smoke(
         click.echo("llama-server log (last lines):\n  " + "\n  ".join(report.log_tail), err=True)
     click.echo(summary_line(report), err=True)
     if not report.ok:
-        sys.exit(1)
+        exit_with(1)
 
 
 def register(group: click.Group) -> None:

@@ -14,6 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from llamanix.cli.completion import complete_hosts, complete_instances
+from llamanix.cli.options import exit_with, json_flag
 from llamanix.core import schema
 from llamanix.core.argv import dialect_warning, instance_argv
 from llamanix.core.config import Config, load_config
@@ -26,7 +27,6 @@ from llamanix.render.units import CapabilityMap, render_host, write_render
 
 FC = TypeVar("FC", bound=Callable[..., Any])
 CONFIG = click.argument("config", type=click.Path(path_type=Path, dir_okay=False))
-JSON_FLAG = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 
 
 def _capability_option(multiple: bool) -> Callable[[FC], FC]:
@@ -65,7 +65,7 @@ def _echo_json(data: Any) -> None:
 @click.command()
 @CONFIG
 @_capability_option(multiple=True)
-@JSON_FLAG
+@json_flag
 def validate(config: Path, capabilities: tuple[str, ...], as_json: bool) -> None:
     """Check CONFIG; exit 2 with one line per problem."""
     caps = _load_caps(capabilities)
@@ -84,7 +84,7 @@ def validate(config: Path, capabilities: tuple[str, ...], as_json: bool) -> None
     except UserError as err:
         if as_json:
             _echo_json({"ok": False, "problems": [str(p) for p in err.problems]})
-            raise SystemExit(2) from None
+            exit_with(2)
         raise
     if as_json:
         _echo_json({"ok": True, "instances": sorted(cfg.instances)})
@@ -127,7 +127,7 @@ def argv_cmd(config: Path, instance: str, variant: str | None, capabilities: str
     help="The probe of the build an instance runs now: plan warns when the flip to the build "
     "of --capabilities would drop something the instance uses (see probe --diff).",
 )
-@JSON_FLAG
+@json_flag
 def plan(
     config: Path,
     host: str | None,
@@ -223,7 +223,7 @@ def render(
     metavar="A.json B.json",
     help="Compare two saved probes: what a flip from build A to build B gains or loses.",
 )
-@JSON_FLAG
+@json_flag
 def probe(binary: Path | None, diff: tuple[Path, Path] | None, as_json: bool) -> None:
     """Read a llama-server's version and every flag it accepts from --version and --help.
 
@@ -252,7 +252,7 @@ def probe(binary: Path | None, diff: tuple[Path, Path] | None, as_json: bool) ->
 
 
 @click.command("schema")
-@JSON_FLAG
+@json_flag
 @click.option(
     "--markdown", is_flag=True, help="Print the config reference (docs/configuration.md)."
 )

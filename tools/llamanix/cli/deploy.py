@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import click
@@ -11,11 +10,12 @@ from rich.console import Console
 from rich.table import Table
 
 from llamanix.cli.completion import complete_hosts
+from llamanix.cli.options import OneOf, deprecated, fail, hidden_alias, json_flag, timeout_option
 from llamanix.core.config import load_config
 from llamanix.deploy import managers
 from llamanix.deploy import pin as pin_module
 from llamanix.deploy import switch as deploy
-from llamanix.deploy.gate import DEFAULT_MAX_RUNS, GATES, GateKind
+from llamanix.deploy.gate import ACTIONS, DEFAULT_MAX_RUNS, GATES, GateKind
 from llamanix.deploy.generations import MANAGERS, GenerationRecord, HostState, ManagerKind
 from llamanix.deploy.supervisor import DEFAULT_START_TIMEOUT_S, Supervisor
 from llamanix.external.process import Runner
@@ -32,6 +32,10 @@ def _echo_err(line: str) -> None:
     """Progress lines while stdout carries JSON."""
     click.echo(line, err=True)
 
+
+# switch and rollback: how long each instance may take to become healthy.
+DEFAULT_TIMEOUT_S = 120.0
+TIMEOUT_HELP = "Seconds each instance may take to become healthy."
 
 # switch, rollback and pin: how long to wait for the host's lock.
 _WAIT = click.option(
@@ -54,7 +58,7 @@ def _manager_options(f: click.decorators.FC) -> click.decorators.FC:
     )(f)
     return click.option(
         "--manager",
-        type=click.Choice(MANAGERS),
+        type=OneOf(MANAGERS),
         help="Override the host's kind: 'up' installs into the directory a running "
         "`llamanix up` watches (no systemd needed).",
     )(f)
@@ -72,14 +76,18 @@ def _manager_options(f: click.decorators.FC) -> click.decorators.FC:
     type=click.Path(path_type=Path, file_okay=False),
     help="Render directory to run and watch (default: .llamanix-state/HOST/up beside CONFIG).",
 )
-@click.option(
-    "--start-timeout",
-    type=float,
-    default=DEFAULT_START_TIMEOUT_S,
-    show_default=True,
-    help="Seconds an instance may take to answer /health before the start counts as failed.",
+@timeout_option(
+    DEFAULT_START_TIMEOUT_S,
+    "Seconds an instance may take to answer /health before the start counts as failed.",
 )
-def up(config: Path, host: str | None, units_dir: Path | None, start_timeout: float) -> None:
+@hidden_alias("--start-timeout", "start_timeout", type=float)
+def up(
+    config: Path,
+    host: str | None,
+    units_dir: Path | None,
+    timeout_s: float,
+    start_timeout: float | None,
+) -> None:
     """Run a host's instances in the foreground, restarting them like their units say.
 
     The config is rendered into the units directory, then that directory is watched:
@@ -89,7 +97,8 @@ def up(config: Path, host: str | None, units_dir: Path | None, start_timeout: fl
     cfg = load_config(config)
     name = pick_host(cfg, host)
     directory = units_dir or HostState.beside(config, name).root / "up"
-    supervisor = Supervisor(directory, start_timeout_s=start_timeout, log=_echo)
+    timeout_s = deprecated(timeout_s, start_timeout, "--start-timeout", "--timeout")
+    supervisor = Supervisor(directory, start_timeout_s=timeout_s, log=_echo)
     supervisor.claim()
     render = deploy.with_source_revisions(render_host(cfg, name), cfg, from_flake=False)
     manager = managers.UpManager(directory)
@@ -116,7 +125,7 @@ def up(config: Path, host: str | None, units_dir: Path | None, start_timeout: fl
 )
 @click.option(
     "--gate",
-    type=click.Choice(GATES),
+    type=OneOf(GATES),
     help="What a changed instance must pass (default: health; bench with a threshold).",
 )
 @click.option("--min-tok-s", type=float, help="bench gate: minimum decode tok/s.")
@@ -136,24 +145,15 @@ def up(config: Path, host: str | None, units_dir: Path | None, start_timeout: fl
 )
 @click.option(
     "--inconclusive",
+    type=OneOf(ACTIONS),
     default="keep",
     show_default=True,
-    metavar="keep|rollback",
     help="bench gate: what a still-inconclusive comparison after --max-runs ends as.",
 )
-@click.option(
-    "--timeout",
-    "timeout_s",
-    type=float,
-    default=120.0,
-    show_default=True,
-    help="Seconds each instance may take to become healthy.",
-)
+@timeout_option(DEFAULT_TIMEOUT_S, TIMEOUT_HELP)
 @_WAIT
 @click.option("--dry-run", is_flag=True, help="Print the commands a real run would execute.")
-@click.option(
-    "--json", "as_json", is_flag=True, help="Print each host's outcome and gate results as JSON."
-)
+@json_flag
 @_manager_options
 def switch(
     config: Path,
@@ -206,8 +206,7 @@ def switch(
         Console().print(table)
     for o in outcomes:
         if not o.ok:
-            click.echo(f"llamanix: switch of {o.host} failed: {o.detail}", err=True)
-            sys.exit(1)
+            fail(f"llamanix: switch of {o.host} failed: {o.detail}")
 
 
 @click.command()
@@ -224,7 +223,7 @@ def switch(
     metavar="N",
     help="Generation number (default: the newest good one before the current).",
 )
-@click.option("--timeout", "timeout_s", type=float, default=120.0, show_default=True)
+@timeout_option(DEFAULT_TIMEOUT_S, TIMEOUT_HELP)
 @_WAIT
 @click.option("--dry-run", is_flag=True, help="Print the commands a real run would execute.")
 @_manager_options
@@ -259,7 +258,7 @@ def rollback(
 @click.option(
     "--host", shell_complete=complete_hosts, help="Host (may be left out when the config has one)."
 )
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@json_flag
 def generations(config: Path, host: str | None, as_json: bool) -> None:
     """List a host's generations: date, variant and source revision per instance, gate."""
     cfg = load_config(config)
@@ -362,55 +361,7 @@ def pin(
         click.echo(f"{variant}: {flake_input} = {locked_revisions(flake_dir).get(flake_input)}")
 
 
-@click.command()
-@click.option("--url", required=True, help="The server's base URL (loopback).")
-@click.option(
-    "--model",
-    "model_files",
-    multiple=True,
-    help="A model file the server loads (repeatable); their size sets the deadline.",
-)
-@click.option(
-    "--api-key-file",
-    type=click.Path(path_type=Path, dir_okay=False),
-    help="File holding the API key (the unit passes systemd's credential).",
-)
-@click.option("--pid", type=int, help="The server's pid ($MAINPID): stop waiting once it exits.")
-@click.option("--deadline", type=float, help="Seconds to wait (default: from the model size).")
-@click.option(
-    "--as-server-user",
-    is_flag=True,
-    help="Started as root by a keyed unit's '+' line: read the key as the server (--pid) sees "
-    "it, then switch to the server's user before any request.",
-)
-def readiness(
-    url: str,
-    model_files: tuple[str, ...],
-    api_key_file: Path | None,
-    pid: int | None,
-    deadline: float | None,
-    as_server_user: bool,
-) -> None:
-    """Exit 0 once a llama-server serves: /health is 200 and a one-token completion answers.
-
-    Rendered units run it as ExecStartPost=, so a unit only counts as started (and
-    `nixos-rebuild switch` only succeeds) when its new backend serves. Exit 1 with one line
-    when the deadline passes or the server exits first.
-    """
-    from llamanix.measure.readiness import NotReady, ReadinessCheck, wait_ready
-
-    check = ReadinessCheck(
-        url.rstrip("/"), model_files, api_key_file, pid, deadline, as_server_user
-    )
-    try:
-        took = wait_ready(check)
-    except NotReady as err:
-        click.echo(f"llamanix readiness: {err}", err=True)
-        sys.exit(1)
-    click.echo(f"{url}: serving after {took:.1f}s")
-
-
 def register(group: click.Group) -> None:
     """Add this module's commands to the main group."""
-    for command in (up, switch, rollback, generations, pin, readiness):
+    for command in (up, switch, rollback, generations, pin):
         group.add_command(command)

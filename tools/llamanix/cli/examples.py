@@ -57,11 +57,11 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     ),
     "up": (
         "llamanix up llamanix.toml",
-        "llamanix up llamanix.toml --host dev --start-timeout 600",
+        "llamanix up llamanix.toml --host dev --timeout 600",
     ),
     "readiness": (
         "llamanix readiness --url http://127.0.0.1:8080 --model /srv/models/qwen.gguf",
-        "llamanix readiness --url http://127.0.0.1:8080 --deadline 30",
+        "llamanix readiness --url http://127.0.0.1:8080 --timeout 30",
     ),
     "bench": (
         "llamanix bench --url http://127.0.0.1:8080 -o base.json",
@@ -70,6 +70,10 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "llamanix bench --url http://127.0.0.1:8080 --prompts agent:8000 "
         "--max-tokens 64,256,1024 -o base.json",
         "llamanix bench compare base.json spec.json",
+    ),
+    "bench run": (
+        "llamanix bench run --url http://127.0.0.1:8080 -o base.json",
+        "llamanix bench run --url http://127.0.0.1:8080 --alias qwen --api-key-file key.txt",
     ),
     "bench compare": (
         "llamanix bench compare base.json spec.json",

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlparse
 
 import click
@@ -18,7 +18,18 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from llamanix.cli.completion import complete_instances
+from llamanix.cli.options import (
+    api_key_file_option,
+    deprecated,
+    exit_with,
+    hidden_alias,
+    json_flag,
+    output_option,
+    runs_option,
+    url_option,
+)
 from llamanix.core.address import is_loopback
+from llamanix.core.api_key import read_api_key
 from llamanix.core.errors import Problem, UserError
 from llamanix.core.gpus import Gpu, load_gpus
 from llamanix.external.files import atomic_write
@@ -32,10 +43,12 @@ from llamanix.measure.ceiling import (
     find_gpu,
     parse_bytes,
 )
-from llamanix.measure.client import check_url, read_api_key
+from llamanix.measure.client import check_url
 from llamanix.measure.doctor_inputs import DoctorRequest, run_doctor
 from llamanix.measure.gguf_info import CACHE_TYPES, GgufInfo, read_gguf
 from llamanix.measure.prompts import load_prompts
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 @contextmanager
@@ -205,149 +218,119 @@ def _run_bench(ctx: click.Context, opts: BenchOptions) -> None:
         bench_report.plot_decode([result], opts.plot_out)
 
 
+def _bench_options(url_required: bool) -> Callable[[F], F]:
+    """The options of `bench run`, which bare `bench` takes too (its --url is checked by hand
+    there: a group cannot require an option its subcommands do not take)."""
+    options = [
+        url_option(required=url_required),
+        click.option("--alias", help="Model name sent with each request (the server's --alias)."),
+        hidden_alias("--model", "model"),
+        click.option(
+            "--prompts",
+            default="builtin",
+            show_default=True,
+            help="'builtin', 'builtin:NAME,NAME', 'agent:N' (an agent-shaped prompt: N shared "
+            "prefix tokens, a new last turn per request, cold then warm) or a JSON file of "
+            "prompts.",
+        ),
+        click.option(
+            "--max-tokens",
+            default=",".join(map(str, bench_results.DEFAULT_MAX_TOKENS)),
+            show_default=True,
+            help="Output lengths to measure, comma-separated.",
+        ),
+        runs_option(bench_results.DEFAULT_RUNS, "Measured runs per prompt x length."),
+        click.option(
+            "--warmup",
+            type=int,
+            default=bench_results.DEFAULT_WARMUP,
+            show_default=True,
+            help="Unmeasured warm-up requests per prompt.",
+        ),
+        click.option(
+            "--concurrency",
+            type=int,
+            default=1,
+            show_default=True,
+            help="Requests sent at once in each run.",
+        ),
+        click.option("--temperature", type=float, default=0.0, show_default=True),
+        click.option("--seed", type=int, default=bench_results.DEFAULT_SEED, show_default=True),
+        click.option("--label", help="Name of this configuration in tables and plots."),
+        json_flag,
+        output_option("every run and the summaries"),
+        click.option(
+            "--csv",
+            "csv_out",
+            type=click.Path(path_type=Path, dir_okay=False),
+            help="Write one row per request to this CSV file.",
+        ),
+        click.option(
+            "--plot",
+            "plot_out",
+            type=click.Path(path_type=Path, dir_okay=False),
+            help="Plot decode tok/s against output length to this PNG (needs matplotlib).",
+        ),
+        click.option(
+            "--ignore-eos/--no-ignore-eos",
+            default=True,
+            show_default=True,
+            help="Generate exactly --max-tokens tokens.",
+        ),
+        click.option(
+            "--cache-prompt/--no-cache-prompt",
+            default=False,
+            show_default=True,
+            help="Let the server reuse cached prompt tokens (off: prefill is measured cold).",
+        ),
+        api_key_file_option,
+        click.option("--gpu", help="GPU (table name) for the ceiling column."),
+        click.option(
+            "--gguf",
+            type=click.Path(path_type=Path, dir_okay=False),
+            help="The served model file, for the ceiling column (default: /props model_path "
+            "when readable here).",
+        ),
+    ]
+
+    def apply(f: F) -> F:
+        for option in reversed(options):
+            f = option(f)
+        return f
+
+    return apply
+
+
+def _bench_opts(options: dict[str, Any]) -> BenchOptions:
+    alias, model = options.pop("alias"), options.pop("model")
+    return BenchOptions(model=deprecated(alias, model, "--model", "--alias"), **options)
+
+
 @click.group("bench", invoke_without_command=True)
-@click.option("--url", help="Base URL of a running llama-server, e.g. http://127.0.0.1:8080.")
-@click.option("--model", help="Model name sent with each request (the server's alias).")
-@click.option(
-    "--prompts",
-    default="builtin",
-    show_default=True,
-    help="'builtin', 'builtin:NAME,NAME', 'agent:N' (an agent-shaped prompt: N shared prefix "
-    "tokens, a new last turn per request, cold then warm) or a JSON file of prompts.",
-)
-@click.option(
-    "--max-tokens",
-    default=",".join(map(str, bench_results.DEFAULT_MAX_TOKENS)),
-    show_default=True,
-    help="Output lengths to measure, comma-separated.",
-)
-@click.option(
-    "--runs",
-    type=int,
-    default=bench_results.DEFAULT_RUNS,
-    show_default=True,
-    help="Measured runs per prompt x length.",
-)
-@click.option(
-    "--warmup",
-    type=int,
-    default=bench_results.DEFAULT_WARMUP,
-    show_default=True,
-    help="Unmeasured warm-up requests per prompt.",
-)
-@click.option(
-    "--concurrency",
-    type=int,
-    default=1,
-    show_default=True,
-    help="Requests sent at once in each run.",
-)
-@click.option("--temperature", type=float, default=0.0, show_default=True)
-@click.option("--seed", type=int, default=bench_results.DEFAULT_SEED, show_default=True)
-@click.option("--label", help="Name of this configuration in tables and plots.")
-@click.option("--json", "as_json", is_flag=True, help="Print the JSON instead of the table.")
-@click.option(
-    "-o",
-    "--output",
-    "json_out",
-    type=click.Path(path_type=Path, dir_okay=False),
-    help="Also write every run and the summaries to this JSON file.",
-)
-@click.option(
-    "--csv",
-    "csv_out",
-    type=click.Path(path_type=Path, dir_okay=False),
-    help="Write one row per request to this CSV file.",
-)
-@click.option(
-    "--plot",
-    "plot_out",
-    type=click.Path(path_type=Path, dir_okay=False),
-    help="Plot decode tok/s against output length to this PNG (needs matplotlib).",
-)
-@click.option(
-    "--ignore-eos/--no-ignore-eos",
-    default=True,
-    show_default=True,
-    help="Generate exactly --max-tokens tokens.",
-)
-@click.option(
-    "--cache-prompt/--no-cache-prompt",
-    default=False,
-    show_default=True,
-    help="Let the server reuse cached prompt tokens (off: prefill is measured cold).",
-)
-@click.option(
-    "--api-key-file",
-    type=click.Path(path_type=Path, dir_okay=False),
-    help="File holding the server's API key.",
-)
-@click.option("--gpu", help="GPU (table name) for the ceiling column.")
-@click.option(
-    "--gguf",
-    type=click.Path(path_type=Path, dir_okay=False),
-    help="The served model file, for the ceiling column (default: /props model_path "
-    "when readable here).",
-)
+@_bench_options(url_required=False)
 @click.pass_context
-def bench_group(
-    ctx: click.Context,
-    /,
-    url: str | None,
-    model: str | None,
-    prompts: str,
-    max_tokens: str,
-    runs: int,
-    warmup: int,
-    concurrency: int,
-    temperature: float,
-    seed: int,
-    label: str | None,
-    as_json: bool,
-    json_out: Path | None,
-    csv_out: Path | None,
-    plot_out: Path | None,
-    ignore_eos: bool,
-    cache_prompt: bool,
-    api_key_file: Path | None,
-    gpu: str | None,
-    gguf: Path | None,
-) -> None:
+def bench_group(ctx: click.Context, /, **options: Any) -> None:
     """Benchmark a running llama-server: TTFT, prefill and decode, server and client clocks.
 
+    `llamanix bench run --url URL` measures (bare `llamanix bench --url URL` does the same);
     `llamanix bench compare A.json B.json` compares saved results.
     """
     if ctx.invoked_subcommand is not None:
         return
-    _run_bench(
-        ctx,
-        BenchOptions(
-            url=url,
-            model=model,
-            prompts=prompts,
-            max_tokens=max_tokens,
-            runs=runs,
-            warmup=warmup,
-            concurrency=concurrency,
-            temperature=temperature,
-            seed=seed,
-            label=label,
-            as_json=as_json,
-            json_out=json_out,
-            csv_out=csv_out,
-            plot_out=plot_out,
-            ignore_eos=ignore_eos,
-            cache_prompt=cache_prompt,
-            api_key_file=api_key_file,
-            gpu=gpu,
-            gguf=gguf,
-        ),
-    )
+    _run_bench(ctx, _bench_opts(options))
+
+
+@bench_group.command("run")
+@_bench_options(url_required=True)
+@click.pass_context
+def bench_run(ctx: click.Context, /, **options: Any) -> None:
+    """Measure a running llama-server (what bare `llamanix bench --url URL` also does)."""
+    _run_bench(ctx, _bench_opts(options))
 
 
 @bench_group.command("compare")
 @click.argument("files", nargs=-1, type=click.Path(path_type=Path, dir_okay=False))
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@json_flag
 @click.option(
     "--plot",
     "plot_out",
@@ -406,12 +389,9 @@ def bench_compare(
     help="'builtin', 'builtin:NAME,NAME' or a JSON file of prompts (as for bench; "
     '"must_match": true marks a prompt whose outputs must be identical).',
 )
-@click.option(
-    "--runs",
-    type=int,
-    default=losslessmod.DEFAULT_RUNS,
-    show_default=True,
-    help="Requests per prompt and server; the edit distance is the median over them.",
+@runs_option(
+    losslessmod.DEFAULT_RUNS,
+    "Requests per prompt and server; the edit distance is the median over them.",
 )
 @click.option(
     "--max-tokens",
@@ -422,19 +402,9 @@ def bench_compare(
 )
 @click.option("--seed", type=int, default=bench_results.DEFAULT_SEED, show_default=True)
 @click.option("--strict", is_flag=True, help="Every prompt must match, not only must_match ones.")
-@click.option(
-    "--api-key-file",
-    type=click.Path(path_type=Path, dir_okay=False),
-    help="File holding the servers' API key (sent to both).",
-)
-@click.option("--json", "as_json", is_flag=True, help="Print the JSON instead of the table.")
-@click.option(
-    "-o",
-    "--output",
-    "json_out",
-    type=click.Path(path_type=Path, dir_okay=False),
-    help="Also write every answer and the comparison to this JSON file.",
-)
+@api_key_file_option
+@json_flag
+@output_option("every answer and the comparison")
 @click.pass_context
 def lossless_cmd(
     ctx: click.Context,
@@ -485,7 +455,7 @@ def lossless_cmd(
     if json_out is not None:
         atomic_write(json_out, json.dumps(data, indent=2) + "\n")
     if result.failed:
-        ctx.exit(1)
+        exit_with(1)
 
 
 # --- inspect --------------------------------------------------------------------------------
@@ -543,7 +513,7 @@ def _inspect_table(info: GgufInfo) -> Table:
 
 @click.command("inspect")
 @click.argument("model", type=click.Path(path_type=Path, dir_okay=False))
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@json_flag
 def inspect_cmd(model: Path, as_json: bool) -> None:
     """What a GGUF holds: architecture, sizes, layers, KV cost per token, MTP, hybrid."""
     info = read_gguf(model)
@@ -592,7 +562,7 @@ def _gpu_table() -> Table:
     help="Share of the weights read per token (MoE: active/total parameters).",
 )
 @click.option("--list", "show_list", is_flag=True, help="Show the GPU table.")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+@json_flag
 def ceiling_cmd(
     gpu: str | None,
     bandwidth: float | None,
@@ -684,7 +654,7 @@ _STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
     help="A saved llama-server log of the instance.",
 )
 @click.option("--journal", is_flag=True, help="Read the instance's log from journalctl.")
-@click.option("--url", help="Probe the running instance with one completion.")
+@url_option(help="Also probe the running instance at this base URL with one completion.")
 @click.option("--gpu", help="GPU from the table (overrides hosts.NAME.gpu and nvidia-smi).")
 @click.option(
     "--bench",
@@ -699,7 +669,7 @@ _STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
     help="Output tokens your requests average, for the --bench crossover check "
     "(default: what the bench results generated).",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+@json_flag
 @click.pass_context
 def doctor_cmd(
     ctx: click.Context,
@@ -747,7 +717,7 @@ def doctor_cmd(
             if result.outcome == "skipped":
                 console.print(f"[dim]{check}: {escape(result.text())}[/]", highlight=False)
     if report.has_errors:
-        ctx.exit(1)
+        exit_with(1)
 
 
 def register(group: click.Group) -> None:

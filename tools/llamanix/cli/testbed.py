@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 
+from llamanix.cli.options import OneOf, exit_with, json_flag, output_option, runs_option
 from llamanix.external.files import atomic_write
 from llamanix.external.llama_server import binary_version_line
 from llamanix.testbed import demo as demo_module
@@ -71,7 +72,7 @@ def build_server(print_path: bool) -> None:
 @click.option(
     "--type",
     "type_",
-    type=click.Choice(TYPES),
+    type=OneOf(TYPES),
     default=SynthSpec.type,
     show_default=True,
     help="Weight type of the 2-D tensors (f32 costs the most per token on a CPU).",
@@ -151,26 +152,18 @@ def synth_model_command(
     show_default=True,
     help="Tokens generated per request.",
 )
-@click.option(
-    "--runs",
+@runs_option(
+    demo_module.DEFAULT_RUNS,
+    "Measured runs per server (after one warm-up).",
     type=click.IntRange(min=1),
-    default=demo_module.DEFAULT_RUNS,
-    show_default=True,
-    help="Measured runs per server (after one warm-up).",
 )
 @click.option(
     "--no-gate",
     is_flag=True,
     help="Skip the deploy loop (llamanix up, and the switches through the bench gate).",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON, not tables.")
-@click.option(
-    "-o",
-    "--output",
-    "json_out",
-    type=click.Path(path_type=Path, dir_okay=False),
-    help="Also write the figures as JSON to this file.",
-)
+@json_flag
+@output_option("the figures")
 def demo(
     binary: Path | None,
     keep: Path | None,
@@ -211,7 +204,7 @@ def _checkout() -> Path | None:
 
 
 @click.command("host-shell")
-@click.argument("name", type=click.Choice(HOST_NAMES))
+@click.argument("name", type=OneOf(HOST_NAMES))
 @click.option(
     "--project",
     type=click.Path(path_type=Path, file_okay=False, exists=True),
@@ -238,7 +231,7 @@ def host_shell(name: str, project: Path | None, bare: bool, workdir: Path | None
     binary = None if bare else server_build.ensure_llama_server(progress=True)
     with tempfile.TemporaryDirectory(prefix=f"llamanix-{name}.", dir=workdir) as tmp:
         code = hosts.shell(name, Path(tmp), project, binary)
-    raise SystemExit(code)
+    exit_with(code)
 
 
 def register(group: click.Group) -> None:

@@ -20,16 +20,11 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
-
-import httpx
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from llamanix.core import json_fields as jf
 from llamanix.core.errors import ExternalCommandError, UserError
 from llamanix.external.clock import now
-from llamanix.measure.bench import run_bench
-from llamanix.measure.bench_results import BenchSettings
-from llamanix.measure.client import LlamaClient, NotServing
 from llamanix.measure.interval import (
     CONFIDENCE,
     DECISIONS,
@@ -42,8 +37,9 @@ from llamanix.measure.interval import (
     ratio_interval,
     threshold_of,
 )
-from llamanix.measure.metrics import parse_metrics
-from llamanix.measure.prompts import builtin_prompts
+
+if TYPE_CHECKING:
+    from llamanix.measure.client import LlamaClient
 
 GateKind = Literal["health", "smoke", "bench"]
 GATES: tuple[GateKind, ...] = get_args(GateKind)
@@ -305,6 +301,8 @@ def chat(client: LlamaClient, target: GateTarget, max_tokens: int) -> dict[str, 
 
 
 def _smoke(client: LlamaClient, target: GateTarget) -> str:
+    from llamanix.measure.metrics import parse_metrics
+
     notes = []
     if target.metrics:
         resp = client.metrics_response()
@@ -327,6 +325,12 @@ def _smoke(client: LlamaClient, target: GateTarget) -> str:
 
 def bench_samples(target: GateTarget, runs: int, warmup: int) -> list[float]:
     """Decode tok/s of each of ``runs`` runs (one prompt, BENCH_MAX_TOKENS tokens)."""
+    import httpx
+
+    from llamanix.measure.bench import run_bench
+    from llamanix.measure.bench_results import BenchSettings
+    from llamanix.measure.prompts import builtin_prompts
+
     settings = BenchSettings(
         url=target.url,
         model=target.alias,
@@ -351,6 +355,10 @@ def bench_samples(target: GateTarget, runs: int, warmup: int) -> list[float]:
 def measure_baseline(target: GateTarget) -> Baseline | None:
     """The instance as it serves now, measured like the candidate (same prompt, length and
     warm-up; BASELINE_RUNS runs); None when it does not answer (nothing installed, or down)."""
+    import httpx
+
+    from llamanix.measure.client import LlamaClient
+
     try:
         with LlamaClient(target.url, api_key=target.api_key, timeout_s=30.0, connect_s=5.0) as c:
             if c.health().status_code != 200:
@@ -429,6 +437,12 @@ def run_gate(
     gate: GateKind, target: GateTarget, timeout_s: float, limits: Thresholds | None = None
 ) -> GateResult:
     """Run one gate against one instance; never raises for a failing server."""
+    # What gates a server imports what talks to one only when a gate runs: `plan`
+    # and `generations` read gate records without an HTTP client.
+    import httpx
+
+    from llamanix.measure.client import LlamaClient, NotServing
+
     limits = limits or Thresholds()
     notes: list[str] = []
     tok_s: float | None = None

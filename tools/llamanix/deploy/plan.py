@@ -11,11 +11,10 @@ from llamanix.core.config import Config, Host, Instance
 from llamanix.core.errors import Problem, UserError
 from llamanix.core.probe_diff import flip_warning, probe_diff
 from llamanix.core.variants import VARIANTS
-from llamanix.deploy.managers import runs_under_up
 from llamanix.external import systemd_analyze
 from llamanix.external.files import atomic_write
 from llamanix.external.nix import locked_revisions
-from llamanix.render.manifest import Render, RenderedInstance
+from llamanix.render.manifest import Render
 from llamanix.render.paths import unseen_paths
 from llamanix.render.units import CapabilityMap, capabilities_for, pick_host, render_host
 
@@ -106,15 +105,25 @@ def unseen(config: Config, render: Render) -> list[Problem]:
     for one that ``llamanix up`` runs here (no sandbox); for a remote host (``target``) only
     where each path is counts, since its files are not here to read.
     """
-    if render.kind == "nixos" or runs_under_up(config, render.host):
+    if render.kind == "nixos":
+        return []
+    # The managers (and the gate records and supervisor they read) load only here: a plan of a
+    # NixOS host never needs them, and `plan` is meant to answer at once.
+    from llamanix.deploy.managers import runs_under_up
+
+    if runs_under_up(config, render.host):
         return []
     return unseen_paths(config, render, local=config.hosts[render.host].target is None)
 
 
-def _exposure(rendered: RenderedInstance, tmp: Path) -> float | None:
-    unit = tmp / rendered.unit
-    atomic_write(unit, rendered.unit_text)
-    return systemd_analyze.security_exposure(unit)
+def _exposures(render: Render, tmp: Path) -> dict[str, float]:
+    """Every unit's offline exposure score, by unit file name, from one systemd-analyze run."""
+    units = []
+    for rendered in render.instances:
+        unit = tmp / rendered.unit
+        atomic_write(unit, rendered.unit_text)
+        units.append(unit)
+    return systemd_analyze.security_exposures(units)
 
 
 def _flip_warnings(inst: Instance, previous: CapabilityMap, caps: CapabilityMap) -> list[str]:
@@ -143,6 +152,7 @@ def plan_config(
     with tempfile.TemporaryDirectory(prefix="llamanix-plan-") as tmp:
         for name in hosts:
             render = render_host(config, name, caps)
+            exposures = _exposures(render, Path(tmp)) if measure else {}
             rows = []
             for r in render.instances:
                 inst = config.instances[r.name]
@@ -157,7 +167,7 @@ def plan_config(
                         "argv": r.argv,
                         "unit": r.unit,
                         "gpu": r.gpu,
-                        "security_exposure": _exposure(r, Path(tmp)) if measure else None,
+                        "security_exposure": exposures.get(r.unit),
                         "warnings": [
                             *warnings_for(inst),
                             *r.warnings,

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Literal
 
 from llamanix.core.address import connect_url, is_loopback, is_wildcard, url_host
+from llamanix.core.api_key import key_if_readable
 from llamanix.core.config import Config, suggest
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
 from llamanix.core.probe import commit_of
@@ -61,7 +62,6 @@ from llamanix.external.clock import now
 from llamanix.external.files import atomic_write
 from llamanix.external.llama_server import binary_version_line
 from llamanix.external.process import Runner
-from llamanix.measure.client import key_if_readable
 from llamanix.render.manifest import Render, RenderedInstance
 from llamanix.render.units import pick_host, render_host
 

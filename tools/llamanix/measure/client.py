@@ -13,7 +13,6 @@ import json
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from types import TracebackType
 from typing import Any
 from urllib.parse import urlparse
@@ -28,34 +27,6 @@ REQUEST_TIMEOUT_S = 600.0
 CONNECT_TIMEOUT_S = 10.0
 POLL_S = 0.25
 CHAT = "/v1/chat/completions"
-
-
-def read_api_key(path: Path, field: str = "--api-key-file") -> str | None:
-    """The key in a key file (whitespace around it ignored; an empty file means no key), or
-    one line naming the file and ``field`` when it cannot be read."""
-    try:
-        return path.read_text().strip() or None
-    except OSError as err:
-        raise UserError(
-            Problem(
-                str(path),
-                field,
-                f"cannot read ({err.strerror})",
-                "give a readable file holding the key",
-            )
-        ) from None
-
-
-def key_if_readable(path: str | Path | None) -> str | None:
-    """The key in an instance's ``api_key_file`` when that file is readable here, else None:
-    a key file on another host, or one only root may read, leaves the caller to check what it
-    can without the key (the server then answers 401, which says so)."""
-    if path is None:
-        return None
-    try:
-        return read_api_key(Path(path), "api_key_file")
-    except UserError:
-        return None
 
 
 def check_url(url: str, command: str, argument: str) -> None:

@@ -11,12 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from llamanix.core.api_key import key_if_readable
 from llamanix.core.config import Config, load_config
 from llamanix.core.errors import Problem, UserError
 from llamanix.external.journalctl import read_journal
 from llamanix.measure.bench_results import load_result
 from llamanix.measure.ceiling import find_gpu
-from llamanix.measure.client import key_if_readable
 from llamanix.measure.doctor import (
     Inputs,
     Report,

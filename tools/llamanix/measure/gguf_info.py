@@ -13,11 +13,13 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
-
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
+from typing import TYPE_CHECKING, Any
 
 from llamanix.core.errors import Problem, UserError
+
+if TYPE_CHECKING:
+    # gguf brings numpy: imported where a file is read, so importing this module stays cheap.
+    from gguf import GGUFReader
 
 # The KV cache types llama-server accepts (-ctk/-ctv); ik adds q6_0 and q8_KV, which the gguf
 # package does not know, so they are left out of the per-type table.
@@ -63,6 +65,8 @@ DEFAULT_FULL_ATTENTION_INTERVAL = 4
 
 def cache_type_bytes(cache_type: str) -> float:
     """Bytes per element of a KV cache type (block size over block bytes for quantized ones)."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
     try:
         qtype = GGMLQuantizationType[cache_type.upper()]
     except KeyError:
@@ -260,6 +264,8 @@ def _open_cached(path: Path, mtime_ns: int, size: int) -> GGUFReader:
                 "give the path of a .gguf model file",
             )
         )
+    from gguf import GGUFReader
+
     try:
         return GGUFReader(path)
     except (ValueError, OSError, IndexError, KeyError):

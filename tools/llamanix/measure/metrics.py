@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from prometheus_client.parser import text_string_to_metric_families
-
 PREFIX = "llamacpp:"
 # Declared a counter by llama-server but a running maximum: its delta means nothing. The parser
 # appends "_total" to counter samples that lack it; this one keeps its own name.
@@ -42,6 +40,9 @@ def parse_metrics(text: str) -> MetricsSnapshot:
     """Parse Prometheus text exposition into a snapshot."""
     values: dict[str, float] = {}
     counters: set[str] = set()
+    # Imported here: the gate's records (read by `plan`) import this module, not the parser.
+    from prometheus_client.parser import text_string_to_metric_families
+
     for family in text_string_to_metric_families(text):
         family_name = _sample_key(family.name, {})
         for sample in family.samples:

@@ -14,22 +14,26 @@ in a system unit, as the user in a user unit) it opens the key through the serve
 the file system (``/proc/PID/root``: exactly the credential the server holds, nothing else),
 then becomes the server's user and group, with no supplementary groups and ``no_new_privs``,
 before it sends a single request.
+
+Every unit start waits on this process, so it imports no HTTP library: two plain requests on
+the standard library's ``http.client`` are all it sends (``scripts/bench-cli`` times it).
 """
 
 from __future__ import annotations
 
 import ctypes
+import http.client
+import json
 import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
-import httpx
-
+from llamanix.core.api_key import read_api_key
 from llamanix.core.errors import UserError
 from llamanix.core.readiness import deadline_s, files_size
 from llamanix.external.process import alive
-from llamanix.measure.client import LlamaClient, read_api_key
 
 POLL_S = 0.25
 
@@ -110,24 +114,79 @@ def wait_ready(check: ReadinessCheck) -> float:
     if check.as_server_user and check.pid is not None:
         become_user_of(check.pid)
     last = "no answer yet"
-    with LlamaClient(check.url, api_key=api_key, timeout_s=max(10.0, limit)) as client:
-        while True:
-            elapsed = time.monotonic() - started
-            if check.pid is not None and not alive(check.pid):
-                raise NotReady(f"llama-server (pid {check.pid}) exited before serving ({last})")
-            if elapsed > limit:
-                raise NotReady(f"{check.url} not serving after {limit:g}s ({last})")
+    probe = _Probe(check.url, api_key, timeout_s=max(10.0, limit))
+    while True:
+        elapsed = time.monotonic() - started
+        if check.pid is not None and not alive(check.pid):
+            raise NotReady(f"llama-server (pid {check.pid}) exited before serving ({last})")
+        if elapsed > limit:
+            raise NotReady(f"{check.url} not serving after {limit:g}s ({last})")
+        try:
+            health = probe.status("GET", "/health")
+            if health != 200:
+                last = f"/health answered {health}"
+            else:
+                done = probe.status(
+                    "POST", "/completion", {"prompt": "Hello", "n_predict": 1, "temperature": 0}
+                )
+                if done == 200:
+                    return time.monotonic() - started
+                last = f"a one-token completion answered {done}"
+                if done in (401, 403):
+                    raise NotReady(f"{check.url}: {last}: check the API key file")
+        except _Failed as err:
+            last = err.kind
+        time.sleep(POLL_S)
+
+
+class _Failed(Exception):
+    """A request that got no answer; ``kind`` names how, as the measure client's errors do
+    (ConnectError, ReadTimeout, ...), for the one line a failed start prints."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__(kind)
+        self.kind = kind
+
+
+@dataclass(frozen=True)
+class _Probe:
+    """One request at a time to the server at ``url``, each on a fresh connection."""
+
+    url: str
+    api_key: str | None
+    timeout_s: float
+
+    def status(self, method: str, path: str, body: dict[str, object] | None = None) -> int:
+        """The status code of one request (its body read and dropped)."""
+        parts = urlsplit(self.url)
+        host, port = parts.hostname or "127.0.0.1", parts.port
+        conn: http.client.HTTPConnection
+        if parts.scheme == "https":
+            conn = http.client.HTTPSConnection(host, port, timeout=self.timeout_s)
+        else:
+            conn = http.client.HTTPConnection(host, port, timeout=self.timeout_s)
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        payload = None
+        if body is not None:
+            payload = json.dumps(body).encode()
+            headers["Content-Type"] = "application/json"
+        try:
             try:
-                health = client.health()
-                if health.status_code != 200:
-                    last = f"/health answered {health.status_code}"
-                else:
-                    done = client.complete("Hello", 1)
-                    if done.status_code == 200:
-                        return time.monotonic() - started
-                    last = f"a one-token completion answered {done.status_code}"
-                    if done.status_code in (401, 403):
-                        raise NotReady(f"{check.url}: {last}: check the API key file")
-            except httpx.HTTPError as err:
-                last = type(err).__name__
-            time.sleep(POLL_S)
+                conn.connect()
+            except TimeoutError:
+                raise _Failed("ConnectTimeout") from None
+            except OSError:
+                raise _Failed("ConnectError") from None
+            try:
+                conn.request(method, parts.path.rstrip("/") + path, body=payload, headers=headers)
+                response = conn.getresponse()
+                response.read()
+            except TimeoutError:
+                raise _Failed("ReadTimeout") from None
+            except http.client.HTTPException:
+                raise _Failed("RemoteProtocolError") from None
+            except OSError:
+                raise _Failed("ReadError") from None
+            return response.status
+        finally:
+            conn.close()

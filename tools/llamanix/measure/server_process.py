@@ -22,7 +22,6 @@ from llamanix.core.address import connect_host, url_host
 from llamanix.external import interrupt
 from llamanix.external.llama_server import ServerStartError, start_server
 from llamanix.external.process import Child, wait_exit
-from llamanix.measure.client import LlamaClient, NotServing
 
 DEFAULT_HOST = "127.0.0.1"
 POLL_INTERVAL_S = 0.1
@@ -118,6 +117,10 @@ class LlamaServer:
         return self
 
     def wait_healthy(self) -> None:
+        # The HTTP client is imported when a server is waited on, not by every importer
+        # (`up`'s supervisor records, `plan`).
+        from llamanix.measure.client import LlamaClient, NotServing
+
         assert self.process is not None
         process = self.process
         with LlamaClient(self.url, timeout_s=5.0) as client:

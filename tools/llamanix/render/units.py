@@ -7,6 +7,7 @@ manifest last, so a reader that trusts the manifest never sees a half-written se
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import ipaddress
 import json
@@ -194,7 +195,9 @@ def config_hash(config: Config) -> str:
     return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
 
 
+@functools.cache
 def _template() -> jinja2.Template:
+    # Compiled once per process: compiling it took a plan of 20 instances a fifth of its time.
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("llamanix.render", "templates"),
         trim_blocks=True,

@@ -1,0 +1,126 @@
+"""Options several commands share, declared once: one spelling and one help text each.
+
+Time options have one name per meaning: ``--timeout`` is how long a server may take to serve
+(switch, rollback, up, readiness), ``--wait`` how long to wait for another switch of the same
+host. A renamed option keeps its old spelling for a release, hidden from ``--help``; using it
+prints one line on stderr naming the new one (``deprecated``). Only click here: every command
+module imports this one, and ``llamanix --help`` must stay quick.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NoReturn, TypeVar
+
+import click
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+FILE = click.Path(path_type=Path, dir_okay=False)
+
+
+def json_flag(f: F) -> F:
+    """``--json``: the result as JSON on stdout (progress, if any, goes to stderr)."""
+    return click.option(
+        "--json", "as_json", is_flag=True, help="Print JSON instead of a table or text."
+    )(f)
+
+
+def output_option(what: str) -> Callable[[F], F]:
+    """``-o/--output FILE``: also write ``what`` as JSON to FILE (atomically)."""
+    return click.option(
+        "-o", "--output", "json_out", type=FILE, help=f"Also write {what} as JSON to this file."
+    )
+
+
+def api_key_file_option(f: F) -> F:
+    return click.option(
+        "--api-key-file",
+        type=FILE,
+        help="File holding the server's API key (sent as a bearer token; never on argv).",
+    )(f)
+
+
+def url_option(*, required: bool = False, help: str | None = None) -> Callable[[F], F]:
+    return click.option(
+        "--url",
+        required=required,
+        help=help or "Base URL of a running llama-server, e.g. http://127.0.0.1:8080.",
+    )
+
+
+def runs_option(default: int, what: str, type: Any = int) -> Callable[[F], F]:
+    return click.option("--runs", type=type, default=default, show_default=True, help=what)
+
+
+def timeout_option(default: float | None, what: str) -> Callable[[F], F]:
+    """``--timeout SECONDS``: how long a server may take to serve. ``default`` None: the
+    command works it out (readiness: from the model's size)."""
+    return click.option(
+        "--timeout",
+        "timeout_s",
+        type=click.FloatRange(min=0),
+        default=default,
+        show_default=default is not None,
+        metavar="SECONDS",
+        help=what,
+    )
+
+
+def hidden_alias(old: str, dest: str, type: Any = None, is_flag: bool = False) -> Callable[[F], F]:
+    """The old spelling of a renamed option, still accepted for a release (see deprecated)."""
+    return click.option(old, dest, type=type, is_flag=is_flag, default=None, hidden=True)
+
+
+def deprecated(new_value: Any, old_value: Any, old: str, new: str) -> Any:
+    """The option's value whichever spelling gave it; the old spelling says so on stderr. The
+    new spelling wins when both are on the command line; the old one beats the new one's
+    default."""
+    if old_value is None:
+        return new_value
+    click.echo(f"llamanix: {old} is deprecated, use {new}", err=True)
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None and new_value is not None:
+        given_on_command_line = click.core.ParameterSource.COMMANDLINE
+        for param in ctx.command.params:
+            if (
+                new in getattr(param, "opts", ())
+                and param.name is not None
+                and ctx.get_parameter_source(param.name) is given_on_command_line
+            ):
+                return new_value
+    return old_value
+
+
+def exit_with(code: int) -> NoReturn:
+    """The one way a command ends with a code other than 0 once it has said why: 1 for a
+    failure it found (a gate, a check, a finding), 2 for a user mistake (UserError, which
+    the main group turns into its one line and this), 128 + N for a signal."""
+    sys.exit(code)
+
+
+def fail(message: str, code: int = 1) -> NoReturn:
+    """One line on stderr, then ``exit_with(code)``."""
+    click.echo(message, err=True)
+    exit_with(code)
+
+
+class OneOf(click.Choice):  # type: ignore[type-arg]
+    """A closed set of values, refused like every other bad input: one line naming the option
+    and the closest value, exit 2 (a plain click.Choice prints a usage error instead)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        try:
+            return super().convert(value, param, ctx)
+        except click.BadParameter:
+            from llamanix.core.config import suggest
+            from llamanix.core.errors import Problem, UserError
+
+            where = f"llamanix {ctx.info_name}" if ctx is not None else "llamanix"
+            name = param.opts[0] if param is not None and param.opts else "value"
+            choices = tuple(str(c) for c in self.choices)
+            raise UserError(
+                Problem(where, name, f"unknown value {value!r}", suggest(str(value), choices))
+            ) from None

@@ -1,0 +1,41 @@
+"""Reading an API key from its file: the one reader every command and check uses.
+
+Here rather than next to the HTTP client so that ``llamanix readiness`` (every keyed unit's
+``ExecStartPost=``) reads a key without importing an HTTP library.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from llamanix.core.errors import Problem, UserError
+
+__all__ = ["key_if_readable", "read_api_key"]
+
+
+def read_api_key(path: Path, field: str = "--api-key-file") -> str | None:
+    """The key in a key file (whitespace around it ignored; an empty file means no key), or
+    one line naming the file and ``field`` when it cannot be read."""
+    try:
+        return path.read_text().strip() or None
+    except OSError as err:
+        raise UserError(
+            Problem(
+                str(path),
+                field,
+                f"cannot read ({err.strerror})",
+                "give a readable file holding the key",
+            )
+        ) from None
+
+
+def key_if_readable(path: str | Path | None) -> str | None:
+    """The key in an instance's ``api_key_file`` when that file is readable here, else None:
+    a key file on another host, or one only root may read, leaves the caller to check what it
+    can without the key (the server then answers 401, which says so)."""
+    if path is None:
+        return None
+    try:
+        return read_api_key(Path(path), "api_key_file")
+    except UserError:
+        return None
