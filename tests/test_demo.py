@@ -19,7 +19,7 @@ from typing import Any
 import gguf
 import pytest
 
-from llamanix.deploy.supervisor import read_status
+from llamanix.deploy.up_status import read_status
 from llamanix.testbed import demo
 
 pytestmark = pytest.mark.server

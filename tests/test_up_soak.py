@@ -24,7 +24,7 @@ import httpx
 import pytest
 from conftest import SESSION_TAG_ENV
 
-from llamanix.deploy.supervisor import STATUS, read_status
+from llamanix.deploy.up_status import STATUS, read_status
 from llamanix.measure.client import LlamaClient
 from llamanix.measure.server_process import free_port, processes_with_env
 from llamanix.testbed.up_process import start_up, stop_up

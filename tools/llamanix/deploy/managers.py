@@ -15,7 +15,7 @@ from typing import Protocol
 from llamanix.core.config import Config
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
 from llamanix.deploy.generations import HostState, InstanceSummary, ManagerKind, ManagerRecord
-from llamanix.deploy.supervisor import SETTLED, load_specs, read_status
+from llamanix.deploy.up_status import read_status
 from llamanix.external import nix, systemctl
 from llamanix.external.files import atomic_write
 from llamanix.external.journalctl import read_journal
@@ -292,6 +292,8 @@ class UpManager(_InstallsFiles):
 
     def wait_applied(self, new: dict[str, str], timeout_s: float) -> dict[str, str]:
         """Wait until ``up`` runs exactly ``new``; returns {instance: error} for failed starts."""
+        from llamanix.deploy.supervisor import SETTLED, load_specs
+
         digest = hashlib.sha256(new[MANIFEST].encode()).hexdigest()
         keys = {n: s.key for n, s in load_specs(self.units_dir).items()}
         deadline = time.monotonic() + timeout_s

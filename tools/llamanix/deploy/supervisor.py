@@ -34,13 +34,13 @@ from types import FrameType
 from typing import Any
 
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
+from llamanix.deploy.up_status import STATUS, read_status
 from llamanix.external.files import atomic_write
 from llamanix.external.llama_server import ServerStartError
-from llamanix.external.process import CommandTimedOut, alive, run_captured
+from llamanix.external.process import CommandTimedOut, run_captured
 from llamanix.measure.server_process import LlamaServer, tail
 from llamanix.render.manifest import MANIFEST, Manifest
 
-STATUS = "up-status.json"
 POLL_S = 0.25
 # llama-server has no readiness notification; a model load of this long is treated as failed.
 DEFAULT_START_TIMEOUT_S = 300.0
@@ -227,17 +227,6 @@ def load_specs(units_dir: Path) -> dict[str, ServiceSpec]:
         except ValueError as err:
             raise UserError(Problem(str(units_dir / unit), "", str(err))) from None
     return specs
-
-
-def read_status(units_dir: Path) -> dict[str, Any] | None:
-    """``up``'s status file, or None when no live ``up`` owns this directory."""
-    try:
-        data = json.loads((units_dir / STATUS).read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
-    if not isinstance(data, dict) or not alive(int(data.get("pid", 0))):
-        return None
-    return data
 
 
 @dataclass

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from llamanix.core.errors import ExternalCommandError
-from llamanix.deploy.supervisor import read_status
+from llamanix.deploy.up_status import read_status
 from llamanix.external import interrupt
 from llamanix.external.process import PIPE, TextChild, spawn_text, wait_exit
 
