@@ -71,6 +71,9 @@ let
       types.bool
     else if kind == "enum" then
       types.enum field.values
+    else if kind == "enum_list" then
+      # One value, or a chain of them: written to the config as the user gave it.
+      types.either (types.enum field.values) (types.nonEmptyListOf (types.enum field.values))
     else if kind == "layers" then
       types.either types.ints.unsigned (
         types.enum [

@@ -34,9 +34,19 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.server
 
 SEED_PROMPT = "the quick brown fox jumps over the lazy dog"
-# Every speculative type upstream runs without special weights (draft-mtp, -eagle3 and
-# -dflash need heads trained for them).
-SPEC_TYPES = ("none", "draft", "ngram-simple", "ngram-mod", "ngram-cache", "ngram-map-k")
+# Every speculative type upstream runs without special weights (draft-mtp, -eagle3, -dflash
+# and -dspark need heads trained for them), and a chain: a drafter beside an n-gram type, with
+# the drafter's own cache types and device.
+SPEC_TYPES = (
+    "none",
+    "draft",
+    "ngram-simple",
+    "ngram-mod",
+    "ngram-cache",
+    "ngram-map-k",
+    "ngram-map-k4v",
+    "draft+ngram-mod",
+)
 SPEC_COUNTERS = (
     "llamacpp:spec_decode_num_drafts_total",
     "llamacpp:spec_decode_num_draft_tokens_total",
@@ -66,6 +76,16 @@ def speculative_table(spec_type: str, model: Path) -> dict[str, Any]:
     if spec_type == "draft":
         # draft = target: a confident model agrees with itself, so p_min 0.6 keeps drafting.
         return {"type": "draft", "draft_model": str(model), "n_max": 8, "p_min": 0.6}
+    if spec_type == "draft+ngram-mod":
+        return {
+            "type": ["draft", "ngram-mod"],
+            "draft_model": str(model),
+            "n_max": 8,
+            "p_min": 0.6,
+            "draft_cache_type_k": "f16",
+            "draft_cache_type_v": "f16",
+            "draft_device": "none",
+        }
     return {"type": spec_type}
 
 
@@ -150,6 +170,10 @@ def test_speculative_type_starts_serves_and_drafts(
     argv = instance_argv(cfg, "t", variant="upstream")
     assert argv[0] == str(llama_server_bin)
     assert ("--spec-type" in argv) == (spec_type != "none"), shlex.join(argv)
+    if spec_type == "draft+ngram-mod":
+        i = argv.index("--spec-type")
+        assert argv[i : i + 2] == ["--spec-type", "draft-simple,ngram-mod"]
+        assert shlex.join(argv).count("-ctkd f16 -ctvd f16 -devd none") == 1
 
     server = server_factory(argv)
 

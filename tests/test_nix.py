@@ -268,6 +268,9 @@ def expected_type(field: dict[str, Any]) -> dict[str, Any]:
         t = {"name": "bool"}
     elif kind == "enum":
         t = {"name": "enum", "values": field["values"]}
+    elif kind == "enum_list":
+        one = {"name": "enum", "values": field["values"]}
+        t = {"name": "either", "left": one, "right": {"name": "nonEmptyListOf", "elem": one}}
     elif kind == "layers":
         t = {
             "name": "either",

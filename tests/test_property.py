@@ -35,6 +35,10 @@ def plausible(f: schema.Field) -> st.SearchStrategy[Any]:
         schema.FLOAT: st.floats(-0.5, 1.5),
         schema.BOOL: st.booleans(),
         schema.ENUM: st.sampled_from([*f.values, *VARIANTS, "bogus"]),
+        schema.ENUM_LIST: st.one_of(
+            st.sampled_from([*f.values, "bogus"]),
+            st.lists(st.sampled_from([*f.values, "bogus"]), max_size=3),
+        ),
         schema.LAYERS: st.one_of(st.integers(-1, 999), st.sampled_from(["all", "auto", "most"])),
         schema.LIST_STR: st.lists(
             st.sampled_from(["--no-webui", "--api-key", "-t", "4"]), max_size=3

@@ -64,6 +64,7 @@ in
     enum = values: type "enum" { inherit values; };
     nullOr = elem: type "nullOr" { inherit elem; };
     listOf = elem: type "listOf" { inherit elem; };
+    nonEmptyListOf = elem: type "nonEmptyListOf" { inherit elem; };
     attrsOf = elem: type "attrsOf" { inherit elem; };
     either = left: right: type "either" { inherit left right; };
     submodule = module: type "submodule" { inherit module; };

@@ -8,7 +8,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llamanix.core.config import SPEC_PARAMS, Config, Host, Instance, check_instance, suggest
+from llamanix.core.config import (
+    DRAFTER_SETTINGS,
+    SPEC_PARAMS,
+    Config,
+    Host,
+    Instance,
+    check_instance,
+    suggest,
+)
 from llamanix.core.errors import Problem, UserError
 from llamanix.core.probe import FLAG, Capabilities
 from llamanix.core.variants import VARIANTS, Dialect, Variant, effective_variant
@@ -91,9 +99,9 @@ def _speculative_args(inst: Instance, variant: Variant) -> list[Arg]:
         return []
     d = variant.dialect
     f = d.flags
-    spelling = variant.spec_spelling(spec.type)
-    if spelling is None:  # check_instance refuses this before rendering
-        raise AssertionError(f"{spec.type} unsupported by {variant.name}")
+    spellings = [variant.spec_spelling(t) for t in spec.types]
+    if None in spellings:  # check_instance refuses this before rendering
+        raise AssertionError(f"{spec.label} unsupported by {variant.name}")
     params = d.spec_params.get(spec.type, {})
     out: list[Arg] = []
     if spec.draft_model is not None:
@@ -105,16 +113,24 @@ def _speculative_args(inst: Instance, variant: Variant) -> list[Arg]:
                     (f["draft_gpu_layers"], _layers(spec.draft_gpu_layers, d)),
                 )
             )
+    for key in DRAFTER_SETTINGS:
+        value = getattr(spec, key)
+        if value is True:
+            out.append(Arg(f"speculative.{key}", (f[key],)))
+        elif value is not None and value is not False:
+            out.append(Arg(f"speculative.{key}", (f[key], str(value))))
     values = [(p, getattr(spec, p)) for p in SPEC_PARAMS]
     given = [(p, v) for p, v in values if v is not None]
     if d.spec_style == "stages":
-        stage = spelling
-        if given:
-            stage += ":" + ",".join(f"{params[p]}={_number(v)}" for p, v in given)
-        out.append(Arg("speculative.type", (f["spec_type"], stage)))
+        # ik: one --spec-type per stage; the parameters ride on the first stage.
+        for i, spelling in enumerate(spellings):
+            stage = str(spelling)
+            if i == 0 and given:
+                stage += ":" + ",".join(f"{params[p]}={_number(v)}" for p, v in given)
+            out.append(Arg("speculative.type", (f["spec_type"], stage)))
         return out
-    if spelling:
-        out.append(Arg("speculative.type", (f["spec_type"], spelling)))
+    if spellings[0]:
+        out.append(Arg("speculative.type", (f["spec_type"], ",".join(map(str, spellings)))))
     for p, v in given:
         out.append(Arg(f"speculative.{p}", (params[p], _number(v))))
     return out
@@ -166,16 +182,23 @@ def instance_arg_pieces(
     if capabilities is not None:
         problems = [
             Problem(config.source, f"instances.{name}.{where}", message, fix)
-            for where, message, fix in check_against(capabilities, args)
+            for where, message, fix in check_against(
+                capabilities, args, chosen.dialect.unlisted_flags
+            )
         ]
         if problems:
             raise UserError(problems)
     return args
 
 
-def check_against(caps: Capabilities, args: list[Arg]) -> list[tuple[str, str, str]]:
-    """(field, message, fix) for every flag or value this binary would not take."""
-    known = set(caps.flags)
+def check_against(
+    caps: Capabilities, args: list[Arg], unlisted: tuple[str, ...] = ()
+) -> list[tuple[str, str, str]]:
+    """(field, message, fix) for every flag or value this binary would not take.
+
+    unlisted: flags the dialect's parser takes although its --help does not print them.
+    """
+    known = set(caps.flags) | set(unlisted)
     out: list[tuple[str, str, str]] = []
     for arg in args[1:]:
         tokens = arg.tokens
@@ -198,14 +221,15 @@ def check_against(caps: Capabilities, args: list[Arg]) -> list[tuple[str, str, s
                 )
         if arg.field == "speculative.type" and caps.spec_types:
             stage = tokens[1].split(":", 1)[0]
-            if stage not in caps.spec_types:
-                out.append(
-                    (
-                        arg.field,
-                        f"--spec-type {stage} is not known to {caps.describe()}",
-                        "it knows: " + ", ".join(caps.spec_types),
+            for name in stage.split(",") if ":" not in tokens[1] else [stage]:
+                if name not in caps.spec_types:
+                    out.append(
+                        (
+                            arg.field,
+                            f"--spec-type {name} is not known to {caps.describe()}",
+                            "it knows: " + ", ".join(caps.spec_types),
+                        )
                     )
-                )
         if (
             arg.field == "flash_attn"
             and caps.flash_attn_values
@@ -218,16 +242,13 @@ def check_against(caps: Capabilities, args: list[Arg]) -> list[tuple[str, str, s
                     "use one of: " + ", ".join(caps.flash_attn_values),
                 )
             )
-        if (
-            arg.field in ("cache_type_k", "cache_type_v")
-            and caps.cache_types
-            and (tokens[1] not in caps.cache_types)
-        ):
+        allowed = caps.cache_types_for(arg.field) if "cache_type" in arg.field else []
+        if allowed and tokens[1] not in allowed:
             out.append(
                 (
                     arg.field,
                     f"cache type {tokens[1]} is not known to {caps.describe()}",
-                    "use one of: " + ", ".join(caps.cache_types),
+                    "use one of: " + ", ".join(allowed),
                 )
             )
     return out

@@ -21,6 +21,7 @@ from llamanix.core import schema
 from llamanix.core.errors import Problem, UserError
 from llamanix.core.gpus import load_gpus
 from llamanix.core.schema import (
+    SPEC_DRAFTERS,
     SPEC_TYPES_WITH_DRAFT_MODEL,
     Field,
     GpuSandbox,
@@ -37,15 +38,23 @@ _CUDA_ARCH = re.compile(r"^\d+\.\d+[af]?$")
 _SECRET_ENV = ("LLAMA_API_KEY", "LLAMA_ARG_API_KEY")
 
 
-# Speculative parameters besides type and the draft model, in the order argv renders them.
+# Speculative parameters besides type and the draft model, in the order argv renders them. They
+# belong to the first type of a chain.
 SPEC_PARAMS = ("n_max", "n_min", "p_min", "draft_ctx_size", "dflash_max_slots", "dflash_cross_ctx")
+# The drafter's own settings: flags of the draft context, whichever drafter the chain holds.
+DRAFTER_SETTINGS = ("draft_cache_type_k", "draft_cache_type_v", "draft_device", "draft_cpu_moe")
 
 
 @dataclass(frozen=True)
 class Speculative:
-    type: str = "none"
+    # One type, or a chain (TOML: a string or a list); ("none",) = no speculation.
+    types: tuple[str, ...] = ("none",)
     draft_model: str | None = None
     draft_gpu_layers: int | str | None = None
+    draft_cache_type_k: str | None = None
+    draft_cache_type_v: str | None = None
+    draft_device: str | None = None
+    draft_cpu_moe: bool | None = None
     n_max: int | None = None
     n_min: int | None = None
     p_min: float | None = None
@@ -54,8 +63,22 @@ class Speculative:
     dflash_cross_ctx: int | None = None
 
     @property
+    def type(self) -> str:
+        """The first type of the chain: the one the parameters belong to."""
+        return self.types[0]
+
+    @property
     def enabled(self) -> bool:
-        return self.type != "none"
+        return self.types != ("none",)
+
+    @property
+    def chain(self) -> bool:
+        return len(self.types) > 1
+
+    @property
+    def label(self) -> str:
+        """The chain as the config says it: "mtp" or "mtp+ngram-mod"."""
+        return "+".join(self.types)
 
 
 @dataclass(frozen=True)
@@ -173,6 +196,8 @@ class _Checker:
                 self.add(where, f"must be a number, got {_describe(value)}")
                 return None
             return self._bounds(where, f, float(value))
+        if kind == schema.ENUM_LIST:
+            return self._enum_list(where, f, value)
         if kind == schema.ENUM:
             choices = variants if (f.name == "variant" and variants) else f.values
             if not isinstance(value, str) or value not in choices:
@@ -201,6 +226,24 @@ class _Checker:
                 return None
             return dict(value)
         raise AssertionError(f"schema kind {kind!r} has no check")  # a bug in schema.py
+
+    def _enum_list(self, where: str, f: Field, value: Any) -> tuple[str, ...] | None:
+        items = value if isinstance(value, list) else [value]
+        if not items:
+            self.add(where, "is an empty list", f'write one value, e.g. "{f.values[0]}"')
+            return None
+        for item in items:
+            if not isinstance(item, str) or item not in f.values:
+                shown = item if isinstance(item, str) else _describe(item)
+                self.add(where, f"unknown value '{shown}'", suggest(str(shown), f.values))
+                return None
+        if len(items) > 1 and "none" in items:
+            self.add(where, "'none' in a chain", 'write "none" alone, or leave it out')
+            return None
+        if len(set(items)) < len(items):
+            self.add(where, "names a type twice", "name each type once")
+            return None
+        return tuple(items)
 
     def _bounds(self, where: str, f: Field, value: float) -> Any:
         if f.minimum is not None and value < f.minimum:
@@ -422,8 +465,15 @@ def _parse_instance(
                 "--api-key would put the key into argv",
                 "use api_key_file instead",
             )
+        elif arg.startswith("--spec-synth-"):
+            c.add(
+                f"{where}.extra_args",
+                f"{arg.split('=')[0]} makes the server accept drafts without verifying them "
+                "(benchmarking only): it must never serve",
+                "remove it; sweep acceptance with llamanix bench --synthetic-acceptance",
+            )
 
-    spec = Speculative(**spec_values)
+    spec = Speculative(types=spec_values.pop("type", ("none",)), **spec_values)
     fields = {k: v for k, v in values.items() if k != "model"}
     return Instance(name=name, model=model, speculative=spec, **{**fields, "host": host})
 
@@ -458,20 +508,23 @@ def check_instance(
     def add(where: str, message: str, fix: str = "") -> None:
         out.append((where, message, fix))
 
-    if spec.enabled and variant.spec_spelling(spec.type) is None:
+    unsupported = [t for t in spec.types if spec.enabled and variant.spec_spelling(t) is None]
+    for t in unsupported:
         add(
             "speculative.type",
-            f"'{spec.type}' is not supported by the {variant.name} variant",
+            f"'{t}' is not supported by the {variant.name} variant",
             "choose one of: "
             + ", ".join(variant.supported_spec_types())
-            + (" or another variant" if spec.type == "mtp" else ""),
+            + (" or another variant" if t == "mtp" else ""),
         )
-    if spec.type in SPEC_TYPES_WITH_DRAFT_MODEL and spec.draft_model is None:
-        add(
-            "speculative.draft_model",
-            f"type '{spec.type}' needs a draft model",
-            'set draft_model = "/abs/path/draft.gguf"',
-        )
+    out.extend(_chain_problems(spec, variant))
+    for t in spec.types:
+        if t in SPEC_TYPES_WITH_DRAFT_MODEL and spec.draft_model is None:
+            add(
+                "speculative.draft_model",
+                f"type '{t}' needs a draft model",
+                'set draft_model = "/abs/path/draft.gguf"',
+            )
     if spec.n_min is not None and spec.n_max is not None and spec.n_min > spec.n_max:
         add(
             "speculative.n_min",
@@ -485,10 +538,12 @@ def check_instance(
                 add(
                     f"speculative.{param}",
                     f"'{spec.type}' on the {variant.name} variant takes no {param}",
-                    "remove it",
+                    "remove it"
+                    + (" (parameters belong to the chain's first type)" if spec.chain else ""),
                 )
+    out.extend(_drafter_problems(spec, variant))
     slots = spec.dflash_max_slots or 1
-    if d.dflash_slot_limit and spec.type == "dflash" and (inst.parallel or 1) > slots:
+    if d.dflash_slot_limit and "dflash" in spec.types and (inst.parallel or 1) > slots:
         add(
             "parallel",
             f"DFlash keeps its state for {slots} slot(s) (speculative.dflash_max_slots) and "
@@ -529,6 +584,84 @@ def check_instance(
                 )
     if inst.jinja is False and d.no_jinja_flag is None and d.jinja_default:
         add("jinja", f"the {variant.name} variant cannot turn jinja off", "remove jinja")
+    return out
+
+
+def _chain_problems(spec: Speculative, variant: Variant) -> list[tuple[str, str, str]]:
+    """A chain's shape: one drafter at most, and no longer than the dialect spells."""
+    if not spec.chain:
+        return []
+    d = variant.dialect
+    out: list[tuple[str, str, str]] = []
+    if d.spec_chain == "single":
+        out.append(
+            (
+                "speculative.type",
+                f"the {variant.name} variant takes one speculative type, not a chain "
+                f"({', '.join(spec.types)})",
+                f'keep one, e.g. type = "{spec.types[0]}", or use a variant that chains '
+                "(upstream, ik)",
+            )
+        )
+    elif d.spec_chain_max is not None and len(spec.types) > d.spec_chain_max:
+        out.append(
+            (
+                "speculative.type",
+                f"the {variant.name} variant chains at most {d.spec_chain_max} types, "
+                f"got {len(spec.types)}",
+                f"keep {d.spec_chain_max}",
+            )
+        )
+    drafters = [t for t in spec.types if t in SPEC_DRAFTERS]
+    if len(drafters) > 1:
+        out.append(
+            (
+                "speculative.type",
+                f"a chain holds at most one drafter, got {' and '.join(drafters)}",
+                "keep one drafter and add n-gram types beside it",
+            )
+        )
+    if "" in (variant.spec_spelling(t) for t in spec.types):
+        out.append(
+            (
+                "speculative.type",
+                f"on the {variant.name} variant 'draft' is a draft model alone (no --spec-type "
+                "value), so it cannot be chained",
+                'use type = "draft" alone',
+            )
+        )
+    return out
+
+
+def _drafter_problems(spec: Speculative, variant: Variant) -> list[tuple[str, str, str]]:
+    """The drafter's cache types, device and CPU-MoE: only with a drafter, only where spelled."""
+    out: list[tuple[str, str, str]] = []
+    d = variant.dialect
+    has_drafter = any(t in SPEC_DRAFTERS for t in spec.types)
+    for key in DRAFTER_SETTINGS:
+        value = getattr(spec, key)
+        if value is None or value is False:
+            continue
+        where = f"speculative.{key}"
+        if key not in d.flags:
+            out.append((where, f"the {variant.name} variant has no flag for {key}", "remove it"))
+        elif not has_drafter:
+            out.append(
+                (
+                    where,
+                    f"only a drafter ({', '.join(SPEC_DRAFTERS)}) uses {key}, "
+                    f"and the type is {spec.label}",
+                    "remove it, or add a drafter to speculative.type",
+                )
+            )
+        elif key.startswith("draft_cache_type") and value not in d.cache_types:
+            out.append(
+                (
+                    where,
+                    f"cache type '{value}' is not known to the {variant.name} variant",
+                    "choose one of: " + ", ".join(d.cache_types),
+                )
+            )
     return out
 
 

@@ -16,7 +16,9 @@ from typing import Any
 from llamanix.core.errors import Problem, UserError
 
 # An option line: optional small indent, then "-x, --long-name VALUE_HINT    help".
-_OPTION = re.compile(r"^ {0,6}((?:--?[A-Za-z][\w.-]*(?:,\s*)?)+)(?: ((?:[^\s]|, )+))?")
+# ik indents a long-only option by nine spaces (aligned under "-x,   --long"); continuation
+# lines start far deeper.
+_OPTION = re.compile(r"^ {0,10}((?:--?[A-Za-z][\w.-]*(?:,\s*)?)+)(?: ((?:[^\s]|, )+))?")
 FLAG = re.compile(r"--?[A-Za-z][\w.-]*")
 _VERSION = re.compile(r"version:\s*(\S+)(?:\s*\(build\s*(\d+),\s*commit\s*(\w+)\))?")
 _BUILD = re.compile(r"build\s*[=:]\s*(\d+)\s*\((\w+)\)")
@@ -35,11 +37,19 @@ class Capabilities:
     removed_flags: list[str] = field(default_factory=list)
     spec_types: list[str] = field(default_factory=list)
     flash_attn_values: list[str] = field(default_factory=list)
-    cache_types: list[str] = field(default_factory=list)
+    cache_types: list[str] = field(default_factory=list)  # -ctk's allowed values
+    # -ctv's, where they differ (BeeLlama v0.4 lists KVarN for V only); empty: same as K.
+    cache_types_v: list[str] = field(default_factory=list)
     cuda: bool = False
     # The flag dialect this binary's --help shows (a name from core.variants.DIALECTS), or None
     # when it matches none of them.
     dialect: str | None = None
+    # Why the dialect is only the family's (a build newer than the recorded one): its markers.
+    # Empty when the --help matches a recorded build of that dialect.
+    dialect_guess: str = ""
+    # How --spec-type takes a chain: "comma" (one comma-separated value), "repeat" (one flag
+    # per stage), "single"; None when the binary has no --spec-type.
+    spec_chain: str | None = None
     source: str = ""  # the probe file, for messages
 
     def to_json(self) -> dict[str, Any]:
@@ -51,6 +61,15 @@ class Capabilities:
     def from_json(cls, data: dict[str, Any], source: str = "") -> Capabilities:
         known = {k: data[k] for k in cls.__dataclass_fields__ if k in data and k != "source"}
         return cls(**known, source=source)
+
+    def all_cache_types(self) -> list[str]:
+        return [*dict.fromkeys([*self.cache_types, *self.cache_types_v])]
+
+    def cache_types_for(self, key: str) -> list[str]:
+        """The types -ctk (``cache_type_k``) or -ctv (``cache_type_v``) accepts."""
+        if key.endswith("_v") and self.cache_types_v:
+            return self.cache_types_v
+        return self.cache_types
 
     def describe(self) -> str:
         what = self.source or self.binary
@@ -82,6 +101,13 @@ def parse_help(text: str) -> tuple[list[str], list[str], dict[str, tuple[str, st
     return flags, removed, details
 
 
+def _allowed(details: dict[str, tuple[str, str]], flag: str) -> list[str]:
+    if flag not in details:
+        return []
+    a = _ALLOWED.search(details[flag][1])
+    return [v.strip() for v in a.group(1).split(",") if v.strip()] if a else []
+
+
 def _values_from_hint(hint: str) -> list[str]:
     inner = hint.strip("[]{}<>")
     if not re.search(r"[,|]", inner):
@@ -105,31 +131,73 @@ def parse_capabilities(binary: str, version_text: str, help_text: str) -> Capabi
         # ik's hint is the stage syntax (SPEC[:k=v,...]); its types are listed in the prose.
         from_hint = [] if hint.startswith("SPEC") else _values_from_hint(hint)
         caps.spec_types = from_hint or _spec_types_from_text(desc)
+        if "comma-separated list" in desc:
+            caps.spec_chain = "comma"
+        elif re.search(r"repeat for .*chain", desc):
+            caps.spec_chain = "repeat"
+        else:
+            caps.spec_chain = "single"
     if "-fa" in details:
         caps.flash_attn_values = _values_from_hint(details["-fa"][0])
-    if "-ctk" in details:
-        a = _ALLOWED.search(details["-ctk"][1])
-        if a:
-            caps.cache_types = [v.strip() for v in a.group(1).split(",") if v.strip()]
+    caps.cache_types = _allowed(details, "-ctk")
+    v_types = _allowed(details, "-ctv")
+    if v_types != caps.cache_types:
+        caps.cache_types_v = v_types
     caps.cuda = any(marker in version_text for marker in _CUDA_MARKERS)
-    caps.dialect = detect_dialect_name(caps, help_text)
+    caps.dialect, caps.dialect_guess = detect_dialect(caps, help_text)
     return caps
 
 
-def detect_dialect_name(caps: Capabilities, help_text: str) -> str | None:
-    """Which family of spellings the --help shows, checked from the most specific marker down:
-    BeeLlama's TurboQuant cache types, ik's ``--spec-type SPEC[:k=v,...]`` stages, upstream's
-    ``draft-*`` speculative types (with ``--spec-draft-model`` since mid 2026, ``-md`` before),
-    and b8770's ``--draft-max``, which later builds list only as removed."""
-    if any(t.startswith("turbo") for t in caps.cache_types):
-        return "beellama"
+# BeeLlama's own additions, any of which marks a build as BeeLlama: its KV cache families
+# (TurboQuant until v0.3, KVarN since v0.4), its draftless types, DFlash's slot limit.
+_BEELLAMA_CACHE_PREFIXES = ("turbo", "kvarn")
+_BEELLAMA_SPEC_TYPES = ("copyspec", "recycle")
+_BEELLAMA_FLAGS = ("--spec-dflash-max-slots",)
+
+
+def _beellama_markers(caps: Capabilities) -> list[str]:
+    found = sorted(
+        {
+            p + "*"
+            for t in caps.all_cache_types()
+            for p in _BEELLAMA_CACHE_PREFIXES
+            if t.startswith(p)
+        }
+    )
+    found += [t for t in _BEELLAMA_SPEC_TYPES if t in caps.spec_types]
+    found += [f for f in _BEELLAMA_FLAGS if f in caps.flags]
+    return found
+
+
+def _is_beellama_v03(caps: Capabilities) -> bool:
+    """The recorded v0.3 (ba1fdce): TurboQuant caches, a bare ``dflash`` type, ``-cd``."""
+    return (
+        any(t.startswith("turbo") for t in caps.cache_types)
+        and "dflash" in caps.spec_types
+        and "-cd" in caps.flags
+    )
+
+
+def detect_dialect(caps: Capabilities, help_text: str) -> tuple[str | None, str]:
+    """Which family of spellings the --help shows, and (second) the markers it was inferred
+    from when the build is not one llamanix has a recording of ("" when it is).
+
+    Checked from the most specific family down: BeeLlama (any of its own cache types, types or
+    flags; not one word, since v0.4 renamed most of them), ik's ``--spec-type SPEC[:k=v,...]``
+    stages, upstream's ``draft-*`` types (with ``--spec-draft-model`` since mid 2026, ``-md``
+    before), and b8770's ``--draft-max``, which later builds list only as removed."""
+    markers = _beellama_markers(caps)
+    if markers:
+        if _is_beellama_v03(caps):
+            return "beellama", ""
+        return "beellama", "not v0.3: " + ", ".join(markers)
     if re.search(r"--spec-type\s+SPEC\[:", help_text):
-        return "ik"
+        return "ik", ""
     if "draft-simple" in caps.spec_types:
-        return "upstream" if "--spec-draft-model" in caps.flags else "upstream-2026-05"
+        return ("upstream" if "--spec-draft-model" in caps.flags else "upstream-2026-05"), ""
     if "--draft-max" in caps.flags:
-        return "b8770"
-    return None
+        return "b8770", ""
+    return None, ""
 
 
 def _spec_types_from_text(desc: str) -> list[str]:

@@ -18,6 +18,7 @@ FLOAT = "float"
 BOOL = "bool"
 PATH = "path"  # an absolute path, as a string
 ENUM = "enum"
+ENUM_LIST = "enum_list"  # one of the values, or a non-empty list of them
 LAYERS = "layers"  # integer >= 0, "all" or "auto"
 LIST_STR = "list_str"
 DICT_STR = "dict_str"
@@ -66,23 +67,42 @@ FLASH_ATTN = ("on", "off", "auto")
 CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 IK_CACHE_TYPES = ("q6_0", "q8_KV")
 TURBO_CACHE_TYPES = ("turbo2", "turbo3", "turbo4", "turbo2_tcq", "turbo3_tcq")
-ALL_CACHE_TYPES = (*CACHE_TYPES, *IK_CACHE_TYPES, *TURBO_CACHE_TYPES)
+# BeeLlama v0.4's -ctv list (docs/variants.md names where it was read): KVarN and more q types.
+KVARN_CACHE_TYPES = (
+    "q6_1",
+    "q3_0",
+    "q3_1",
+    "q2_0",
+    "q2_1",
+    "kvarn2",
+    "kvarn3",
+    "kvarn4",
+    "kvarn5",
+    "kvarn6",
+    "kvarn8",
+)
+ALL_CACHE_TYPES = (*CACHE_TYPES, *IK_CACHE_TYPES, *TURBO_CACHE_TYPES, *KVARN_CACHE_TYPES)
 SPEC_TYPES = (
     "none",
     "draft",
     "mtp",
     "dflash",
+    "dspark",
     "eagle3",
     "ngram-simple",
     "ngram-mod",
     "ngram-cache",
     "ngram-map-k",
+    "ngram-map-k4v",
     "copyspec",
     "suffix",
     "recycle",
 )
 # Speculative types that need a separate draft model file.
-SPEC_TYPES_WITH_DRAFT_MODEL = ("draft", "dflash", "eagle3")
+SPEC_TYPES_WITH_DRAFT_MODEL = ("draft", "dflash", "dspark", "eagle3")
+# Types that draft with a model context (the draft file's, or the target's own MTP heads): a
+# chain holds at most one, and only they use the drafter's cache types, device and CPU-MoE.
+SPEC_DRAFTERS = ("mtp", *SPEC_TYPES_WITH_DRAFT_MODEL)
 
 HOST_FIELDS: tuple[Field, ...] = (
     Field("kind", ENUM, "How units are installed on this host.", "nixos", HOST_KINDS),
@@ -173,9 +193,41 @@ INSTANCE_FIELDS: tuple[Field, ...] = (
 )
 
 SPECULATIVE_FIELDS: tuple[Field, ...] = (
-    Field("type", ENUM, "Speculative decoding mode.", "none", SPEC_TYPES),
-    Field("draft_model", PATH, "Absolute path of the draft GGUF (draft, dflash, eagle3)."),
+    Field(
+        "type",
+        ENUM_LIST,
+        "Speculative decoding mode, or a chain of them (a list, e.g. "
+        '["mtp", "ngram-mod"]: at most one drafter, rendered as the binary spells a chain). '
+        "The parameters below apply to the first type.",
+        "none",
+        SPEC_TYPES,
+    ),
+    Field("draft_model", PATH, "Absolute path of the draft GGUF (draft, dflash, dspark, eagle3)."),
     Field("draft_gpu_layers", LAYERS, 'Draft layers on the GPU: integer, "all" or "auto".'),
+    Field(
+        "draft_cache_type_k",
+        ENUM,
+        "The drafter's K cache type (-ctkd); needs a drafter in the chain.",
+        values=ALL_CACHE_TYPES,
+    ),
+    Field(
+        "draft_cache_type_v",
+        ENUM,
+        "The drafter's V cache type (-ctvd); needs a drafter in the chain.",
+        values=ALL_CACHE_TYPES,
+    ),
+    Field(
+        "draft_device",
+        STR,
+        "Devices for the drafter (-devd), comma-separated as --list-devices names them, or "
+        '"none"; not in ik.',
+        example="CUDA1",
+    ),
+    Field(
+        "draft_cpu_moe",
+        BOOL,
+        "Keep the drafter's MoE expert weights on the CPU (-cmoed); not in ik.",
+    ),
     Field("n_max", INT, "Maximum tokens drafted per step.", minimum=0),
     Field("n_min", INT, "Minimum tokens drafted per step.", minimum=0),
     Field("p_min", FLOAT, "Minimum draft probability to keep drafting.", minimum=0.0, maximum=1.0),
@@ -228,6 +280,8 @@ def _markdown_default(f: Field) -> str:
 
 
 def _markdown_type(f: Field) -> str:
+    if f.kind == ENUM_LIST:
+        return "one of " + ", ".join(f"`{v}`" for v in f.values) + ", or a list of them"
     if f.kind == ENUM:
         return " \\| ".join(f"`{v}`" for v in f.values) if f.name != "variant" else ("variant name")
     return {

@@ -20,6 +20,7 @@ from llamanix.core.probe import Capabilities
 from llamanix.core.schema import (
     CACHE_TYPES,
     IK_CACHE_TYPES,
+    KVARN_CACHE_TYPES,
     SPEC_TYPES,
     TURBO_CACHE_TYPES,
     VariantName,
@@ -45,7 +46,12 @@ _COMMON_FLAGS: dict[str, str] = {
     "metrics": "--metrics",
     "api_key_file": "--api-key-file",
     "spec_type": "--spec-type",
+    # The drafter's KV cache types: every recorded build has these short forms.
+    "draft_cache_type_k": "-ctkd",
+    "draft_cache_type_v": "-ctvd",
 }
+# Where the drafter goes: upstream since b8770 and BeeLlama have these; ik has neither.
+_DRAFT_PLACEMENT_FLAGS = {"draft_device": "-devd", "draft_cpu_moe": "-cmoed"}
 
 
 @dataclass(frozen=True)
@@ -55,6 +61,9 @@ class Dialect:
     flags: Mapping[str, str]
     # "flags": --spec-type T plus one flag per parameter; "stages": --spec-type T:k=v,k=v (ik).
     spec_style: Literal["flags", "stages"]
+    # How a chain of types is spelled: one comma-separated --spec-type value (upstream), one
+    # --spec-type per stage (ik), or not at all.
+    spec_chain: Literal["comma", "repeat", "single"]
     # Canonical speculative type -> this dialect's spelling; absent = not supported. "mtp" is not
     # here: its spelling depends on the pinned commit, so it is a property of the Variant.
     spec_types: Mapping[str, str]
@@ -71,6 +80,9 @@ class Dialect:
     hybrid_spec_checkpoints: bool = True
     # BeeLlama keeps DFlash state for --spec-dflash-max-slots slots only; the rest decode plainly.
     dflash_slot_limit: bool = False
+    spec_chain_max: int | None = None  # longest chain, where the binary says
+    # Flags the parser takes that --help leaves out, so a probe must not refuse them.
+    unlisted_flags: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -112,6 +124,7 @@ _NGRAM_PARAMS_UPSTREAM: dict[str, dict[str, str]] = {
     "ngram-mod": {"n_max": "--spec-ngram-mod-n-max", "n_min": "--spec-ngram-mod-n-min"},
     "ngram-simple": {"n_max": "--spec-ngram-simple-size-m"},
     "ngram-map-k": {"n_max": "--spec-ngram-map-k-size-m"},
+    "ngram-map-k4v": {"n_max": "--spec-ngram-map-k4v-size-m"},
 }
 
 # ggml-org/llama.cpp after #22397 (spec params refactor) and #22964 (draft-* type names).
@@ -121,20 +134,25 @@ UPSTREAM = Dialect(
     flags=MappingProxyType(
         {
             **_COMMON_FLAGS,
+            **_DRAFT_PLACEMENT_FLAGS,
             "draft_model": "--spec-draft-model",
             "draft_gpu_layers": "--spec-draft-ngl",
         }
     ),
     spec_style="flags",
+    # common/arg.cpp: "comma-separated list of types"; repeated flags append.
+    spec_chain="comma",
     spec_types=MappingProxyType(
         {
             "draft": "draft-simple",
             "dflash": "draft-dflash",
+            "dspark": "draft-dspark",
             "eagle3": "draft-eagle3",
             "ngram-simple": "ngram-simple",
             "ngram-mod": "ngram-mod",
             "ngram-cache": "ngram-cache",
             "ngram-map-k": "ngram-map-k",
+            "ngram-map-k4v": "ngram-map-k4v",
         }
     ),
     spec_params=_frozen(
@@ -142,6 +160,7 @@ UPSTREAM = Dialect(
             "draft": _DRAFT_PARAMS_UPSTREAM,
             "mtp": _DRAFT_PARAMS_UPSTREAM,
             "dflash": _DRAFT_PARAMS_UPSTREAM,
+            "dspark": _DRAFT_PARAMS_UPSTREAM,
             "eagle3": _DRAFT_PARAMS_UPSTREAM,
             **_NGRAM_PARAMS_UPSTREAM,
         }
@@ -149,13 +168,22 @@ UPSTREAM = Dialect(
 )
 
 # The May 2026 tree PR #22673 was merged from: the same refactored flags, -md/-ngld spellings
-# for the draft, no DFlash yet, EAGLE3 only a stub.
-_NOT_YET_IN_MAY_2026 = ("dflash", "eagle3")
+# for the draft, no DFlash yet, EAGLE3 only a stub. Whether it already chained types was not
+# read in its source: chains are refused unless the binary's own --help says "comma-separated".
+_NOT_YET_IN_MAY_2026 = ("dflash", "dspark", "eagle3")
 UPSTREAM_MAY_2026 = replace(
     UPSTREAM,
     name="upstream-2026-05",
     description="llama.cpp as of the MTP merge (May 2026): refactored --spec-* flags, no DFlash",
-    flags=MappingProxyType({**_COMMON_FLAGS, "draft_model": "-md", "draft_gpu_layers": "-ngld"}),
+    flags=MappingProxyType(
+        {
+            **_COMMON_FLAGS,
+            **_DRAFT_PLACEMENT_FLAGS,
+            "draft_model": "-md",
+            "draft_gpu_layers": "-ngld",
+        }
+    ),
+    spec_chain="single",
     spec_types=MappingProxyType(
         {k: v for k, v in UPSTREAM.spec_types.items() if k not in _NOT_YET_IN_MAY_2026}
     ),
@@ -168,8 +196,16 @@ UPSTREAM_MAY_2026 = replace(
 LEGACY_B8770 = Dialect(
     name="b8770",
     description="llama.cpp b8770 (Apr 2026): -md drafts by itself, --draft-max/-min/-p-min",
-    flags=MappingProxyType({**_COMMON_FLAGS, "draft_model": "-md", "draft_gpu_layers": "-ngld"}),
+    flags=MappingProxyType(
+        {
+            **_COMMON_FLAGS,
+            **_DRAFT_PLACEMENT_FLAGS,
+            "draft_model": "-md",
+            "draft_gpu_layers": "-ngld",
+        }
+    ),
     spec_style="flags",
+    spec_chain="single",
     spec_types=MappingProxyType(
         {
             "draft": "",  # no --spec-type value: -md alone enables draft-model speculation
@@ -177,6 +213,7 @@ LEGACY_B8770 = Dialect(
             "ngram-mod": "ngram-mod",
             "ngram-cache": "ngram-cache",
             "ngram-map-k": "ngram-map-k",
+            "ngram-map-k4v": "ngram-map-k4v",
         }
     ),
     spec_params=_frozen(
@@ -190,6 +227,8 @@ LEGACY_B8770 = Dialect(
 )
 
 _IK_KEYS = {"n_max": "n_max", "n_min": "n_min", "p_min": "p_min"}
+# DFlash's and DSpark's cross-attention context is a stage key in ik ("cross_ctx").
+_IK_DFLASH_KEYS = {**_IK_KEYS, "dflash_cross_ctx": "cross_ctx"}
 
 # ikawrakow/ik_llama.cpp: --spec-type STAGE[:k=v,...], integer-only layer counts, --jinja off by
 # default (and no --no-jinja), speculation only with one slot.
@@ -198,20 +237,35 @@ IK = Dialect(
     description="ik_llama.cpp: --spec-type draft:n_max=..,p_min=.., -np 1 for speculation",
     flags=MappingProxyType({**_COMMON_FLAGS, "draft_model": "-md", "draft_gpu_layers": "-ngld"}),
     spec_style="stages",
+    # "repeat for a supported two-stage chain" (its --spec-type help).
+    spec_chain="repeat",
+    spec_chain_max=2,
     spec_types=MappingProxyType(
         {
             "draft": "draft",
             "dflash": "dflash",
+            "dspark": "dspark",
             "eagle3": "eagle3",
             "ngram-simple": "ngram-simple",
             "ngram-mod": "ngram-mod",
             "ngram-cache": "ngram-cache",
             "ngram-map-k": "ngram-map-k",
+            "ngram-map-k4v": "ngram-map-k4v",
+            "suffix": "suffix",
         }
     ),
-    # ik's stage parser accepts every key on every stage.
-    spec_params=_frozen({t: _IK_KEYS for t in SPEC_TYPES if t != "none"}),
+    # ik's stage parser accepts the canonical keys on every stage.
+    spec_params=_frozen(
+        {
+            t: _IK_DFLASH_KEYS if t in ("dflash", "dspark") else _IK_KEYS
+            for t in SPEC_TYPES
+            if t != "none"
+        }
+    ),
     layers_words=False,
+    # common.cpp parses -a/--alias but its usage table has no row for it, and prints -ngl and
+    # -ngld only when built with GPU offload (a CPU build still takes them, with a warning).
+    unlisted_flags=("-a", "--alias", "-ngl", "--gpu-layers", "-ngld", "--gpu-layers-draft"),
     jinja_default=False,
     no_jinja_flag=None,
     spec_single_slot=True,
@@ -234,11 +288,14 @@ BEELLAMA = Dialect(
     flags=MappingProxyType(
         {
             **_COMMON_FLAGS,
+            **_DRAFT_PLACEMENT_FLAGS,
             "draft_model": "--spec-draft-model",
             "draft_gpu_layers": "--spec-draft-ngl",
         }
     ),
     spec_style="flags",
+    # common/arg.cpp at ba1fdce compares the whole value with each type name: one type only.
+    spec_chain="single",
     spec_types=MappingProxyType(
         {
             "draft": "",  # no --spec-type value: a draft model alone drafts
@@ -247,6 +304,7 @@ BEELLAMA = Dialect(
             "ngram-mod": "ngram-mod",
             "ngram-cache": "ngram-cache",
             "ngram-map-k": "ngram-map-k",
+            "ngram-map-k4v": "ngram-map-k4v",
             "copyspec": "copyspec",
             "suffix": "suffix",
             "recycle": "recycle",
@@ -264,7 +322,9 @@ BEELLAMA = Dialect(
         }
     ),
     draft_type_flag=False,
-    cache_types=(*CACHE_TYPES, *TURBO_CACHE_TYPES),
+    # TurboQuant until v0.3, KVarN after: the variant follows whichever BeeLlama is pinned or
+    # built, and the probe of the binary narrows this to what it lists.
+    cache_types=(*CACHE_TYPES, *TURBO_CACHE_TYPES, *KVARN_CACHE_TYPES),
     dflash_slot_limit=True,
 )
 
@@ -279,18 +339,87 @@ def detect_dialect(caps: Capabilities) -> Dialect | None:
     return DIALECTS.get(caps.dialect) if caps.dialect else None
 
 
+def _known_spellings(canonical: str) -> list[str]:
+    """Every way a known dialect spells a type, then the plain and the ``draft-`` forms."""
+    out = [d.spec_types[canonical] for d in DIALECTS.values() if d.spec_types.get(canonical)]
+    return [*dict.fromkeys([*out, canonical, f"draft-{canonical}"])]
+
+
+def _spelling_in(listed: list[str], canonical: str, table: str | None) -> str | None:
+    if table and table in listed:
+        return table
+    for spelling in _known_spellings(canonical):
+        if spelling in listed:
+            return spelling
+    # "": a draft model alone drafts, with no --spec-type value; a build that lists a draft
+    # type (draft-simple) would load such a draft and never use it, so the listed name wins.
+    return "" if table == "" else None
+
+
+def adapt_to_probe(dialect: Dialect, caps: Capabilities) -> Dialect:
+    """The dialect as this binary spells it: its --help's speculative types (under any known
+    spelling), its cache types and its chain syntax win over the table, which only fills in
+    what the probe cannot say. A build that matches the table renders exactly as before."""
+    changes: dict[str, object] = {}
+    if caps.spec_types:
+        spellings: dict[str, str] = {}
+        params = dict(dialect.spec_params)
+        for canonical in SPEC_TYPES:
+            if canonical in ("none", "mtp"):
+                continue
+            table = dialect.spec_types.get(canonical)
+            found = _spelling_in(caps.spec_types, canonical, table)
+            if found is not None:
+                spellings[canonical] = found
+                if canonical not in params:
+                    params[canonical] = _params_elsewhere(canonical, found, dialect.spec_style)
+            elif table is not None:
+                spellings[canonical] = table  # check_against names the missing type
+        changes["spec_types"] = MappingProxyType(spellings)
+        changes["spec_params"] = MappingProxyType(params)
+    if caps.cache_types:
+        changes["cache_types"] = tuple(caps.all_cache_types())
+    if caps.spec_chain is not None and caps.spec_chain != dialect.spec_chain:
+        changes["spec_chain"] = caps.spec_chain
+    adapted = replace(dialect, **changes)  # type: ignore[arg-type]
+    if adapted == dialect:
+        return dialect
+    return adapted
+
+
+def _params_elsewhere(canonical: str, spelling: str, style: str) -> Mapping[str, str]:
+    """The parameters of a type this dialect's table lacks, from the dialect that spells it so."""
+    for d in DIALECTS.values():
+        if d.spec_types.get(canonical) == spelling and d.spec_style == style:
+            return d.spec_params.get(canonical, MappingProxyType({}))
+    return MappingProxyType({})
+
+
 def effective_variant(variant: Variant, caps: Capabilities | None) -> tuple[Variant, str | None]:
     """The variant as this binary spells it, and a one-line warning when its --help shows another
-    dialect than the variant declares. Without a probe (or one that cannot tell) the declared
-    dialect applies and there is nothing to say."""
-    detected = detect_dialect(caps) if caps is not None else None
-    if caps is None or detected is None or detected is variant.dialect:
+    dialect than the variant declares, or a build the tables don't know (a BeeLlama after v0.3).
+    Without a probe the declared dialect applies and there is nothing to say."""
+    if caps is None:
         return variant, None
-    warning = (
-        f"variant {variant.name} declares the {variant.dialect.name} dialect, but "
-        f"{caps.describe()} speaks {detected.name}: spelling its flags for {detected.name}"
-    )
-    return replace(variant, dialect=detected, mtp_spec_type=mtp_spelling(caps)), warning
+    detected = detect_dialect(caps)
+    base = detected or variant.dialect
+    warning = None
+    if detected is not None and detected is not variant.dialect:
+        warning = (
+            f"variant {variant.name} declares the {variant.dialect.name} dialect, but "
+            f"{caps.describe()} speaks {detected.name}: spelling its flags for {detected.name}"
+        )
+    if caps.dialect_guess:
+        warning = (
+            f"{caps.describe()} is a {base.name} build llamanix has no recording of "
+            f"({caps.dialect_guess}): speculative and cache types are taken from its --help; "
+            "see docs/variants.md"
+        )
+    mtp = mtp_spelling(caps)
+    if mtp is None and base is variant.dialect:
+        mtp = variant.mtp_spec_type  # check_against names it if the binary lacks it
+    adapted = replace(variant, dialect=adapt_to_probe(base, caps), mtp_spec_type=mtp)
+    return (variant if adapted == variant else adapted), warning
 
 
 def mtp_spelling(caps: Capabilities) -> str | None:
