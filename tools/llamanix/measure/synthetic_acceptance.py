@@ -168,9 +168,9 @@ def plan_sweep(config: Config, name: str) -> SweepPlan:
         raise _refuse(
             config,
             f"{where}.speculative.type",
-            f"instance has no speculation, {OPTION} needs some",
-            "set speculative.type (e.g. draft with speculative.draft_model) or bench another "
-            "instance",
+            f"instance has no speculation for {OPTION} to act on",
+            "set speculative.type, e.g. draft with a speculative.draft_model, or name an "
+            "instance that has speculation",
         )
     for token in inst.extra_args:
         if token.startswith(SYNTH_FLAG_PREFIX):
