@@ -149,9 +149,15 @@ class BenchOptions:
     api_key_file: Path | None
     gpu: str | None
     gguf: Path | None
+    config: Path | None = None
+    instance: str | None = None
+    synthetic_acceptance: str | None = None
 
 
 def _run_bench(ctx: click.Context, opts: BenchOptions) -> None:
+    if opts.synthetic_acceptance is not None or opts.config or opts.instance:
+        _run_synthetic(opts)
+        return
     if opts.url is None:
         raise UserError(
             Problem(
@@ -162,35 +168,10 @@ def _run_bench(ctx: click.Context, opts: BenchOptions) -> None:
             )
         )
     check_url(opts.url, "llamanix bench", "--url")
-    for name, value, least in (
-        ("--runs", opts.runs, 1),
-        ("--warmup", opts.warmup, 0),
-        ("--concurrency", opts.concurrency, 1),
-    ):
-        if value < least:
-            raise UserError(
-                Problem(
-                    "llamanix bench",
-                    name,
-                    f"must be at least {least}",
-                    f"pass {name} {least} or more",
-                )
-            )
+    _check_counts(opts)
     if opts.gpu:
         find_gpu(opts.gpu, "llamanix bench")
-    settings = bench_results.BenchSettings(
-        url=opts.url,
-        model=opts.model,
-        max_tokens=tuple(benchmod.parse_lengths(opts.max_tokens)),
-        runs=opts.runs,
-        warmup=opts.warmup,
-        concurrency=opts.concurrency,
-        temperature=opts.temperature,
-        seed=opts.seed,
-        ignore_eos=opts.ignore_eos,
-        cache_prompt=opts.cache_prompt,
-        label=opts.label,
-    )
+    settings = _bench_settings(opts, opts.url)
     prompt_list = load_prompts(opts.prompts)
     api_key = read_api_key(opts.api_key_file) if opts.api_key_file else None
     console = _console()
@@ -218,11 +199,131 @@ def _run_bench(ctx: click.Context, opts: BenchOptions) -> None:
         bench_report.plot_decode([result], opts.plot_out)
 
 
-def _bench_options(url_required: bool) -> Callable[[F], F]:
-    """The options of `bench run`, which bare `bench` takes too (its --url is checked by hand
-    there: a group cannot require an option its subcommands do not take)."""
+def _check_counts(opts: BenchOptions) -> None:
+    for name, value, least in (
+        ("--runs", opts.runs, 1),
+        ("--warmup", opts.warmup, 0),
+        ("--concurrency", opts.concurrency, 1),
+    ):
+        if value < least:
+            raise UserError(
+                Problem(
+                    "llamanix bench",
+                    name,
+                    f"must be at least {least}",
+                    f"pass {name} {least} or more",
+                )
+            )
+
+
+def _bench_settings(opts: BenchOptions, url: str) -> bench_results.BenchSettings:
+    return bench_results.BenchSettings(
+        url=url,
+        model=opts.model,
+        max_tokens=tuple(benchmod.parse_lengths(opts.max_tokens)),
+        runs=opts.runs,
+        warmup=opts.warmup,
+        concurrency=opts.concurrency,
+        temperature=opts.temperature,
+        seed=opts.seed,
+        ignore_eos=opts.ignore_eos,
+        cache_prompt=opts.cache_prompt,
+        label=opts.label,
+    )
+
+
+_SYNTHETIC = "--synthetic-acceptance"
+
+
+def _synthetic_refusals(opts: BenchOptions) -> tuple[Path, str, str]:
+    """(config, instance, rates) once the options make a sweep; UserError (one line) else."""
+    if opts.synthetic_acceptance is None:
+        name = "--config" if opts.config is not None else "--instance"
+        raise UserError(
+            Problem(
+                "llamanix bench",
+                name,
+                f"only taken with {_SYNTHETIC}",
+                f"add {_SYNTHETIC} RATES, or leave {name} out and pass --url of a running server",
+            )
+        )
+    if opts.config is None or opts.instance is None:
+        raise UserError(
+            Problem(
+                "llamanix bench",
+                _SYNTHETIC,
+                "needs --config and --instance",
+                "pass --config CONFIG --instance NAME: bench starts that instance's server",
+            )
+        )
+    given = (
+        ("--url", opts.url),
+        ("--api-key-file", opts.api_key_file),
+        ("--csv", opts.csv_out),
+        ("--plot", opts.plot_out),
+        ("--gpu", opts.gpu),
+        ("--gguf", opts.gguf),
+    )
+    for name, value in given:
+        if value is not None:
+            raise UserError(
+                Problem(
+                    "llamanix bench",
+                    name,
+                    f"not taken with {_SYNTHETIC}",
+                    f"leave {name} out: bench starts the instance's own servers",
+                )
+            )
+    return opts.config, opts.instance, opts.synthetic_acceptance
+
+
+def _run_synthetic(opts: BenchOptions) -> None:
+    """`bench --synthetic-acceptance RATES --config CONFIG --instance NAME`."""
+    import tempfile
+
+    from llamanix.core.config import load_config
+    from llamanix.measure import synthetic_acceptance as synth
+
+    config_path, instance, rates_text = _synthetic_refusals(opts)
+    rates = synth.parse_rates(rates_text)
+    _check_counts(opts)
+    settings = _bench_settings(opts, "http://127.0.0.1")  # each server's own URL replaces it
+    prompt_list = load_prompts(opts.prompts)
+    plan = synth.plan_sweep(load_config(config_path), instance)
+    console = _console()
+    steps = (1 + len(rates)) * benchmod.planned_steps(settings, prompt_list)
+
+    def say(line: str) -> None:
+        click.echo(f"llamanix bench: {line}", err=True)
+
+    with (
+        tempfile.TemporaryDirectory(prefix="llamanix-synthetic.") as logs,
+        _progress_bar(console, "synthetic acceptance", steps) as step,
+    ):
+        request = synth.SweepRequest(
+            plan=plan,
+            rates=rates,
+            settings=settings,
+            prompts=tuple(prompt_list),
+            log_dir=Path(logs),
+        )
+        result = synth.run_sweep(request, progress=step, say=say)
+    if opts.as_json:
+        _echo_json(result.to_json())
+    else:
+        console.print(synth.sweep_table(result))
+        for note in result.notes:
+            console.print(f"note: {escape(note)}", highlight=False, soft_wrap=True)
+    if opts.json_out is not None:
+        atomic_write(opts.json_out, json.dumps(result.to_json(with_runs=True), indent=2) + "\n")
+
+
+def _bench_options() -> Callable[[F], F]:
+    """The options of `bench run`, which bare `bench` takes too (--url is checked by hand: a
+    group cannot require an option its subcommands do not take, and --synthetic-acceptance
+    starts its own servers instead)."""
     options = [
-        url_option(required=url_required),
+        url_option(),
         click.option("--alias", help="Model name sent with each request (the server's --alias)."),
         hidden_alias("--model", "model"),
         click.option(
@@ -291,6 +392,23 @@ def _bench_options(url_required: bool) -> Callable[[F], F]:
             help="The served model file, for the ceiling column (default: /props model_path "
             "when readable here).",
         ),
+        click.option(
+            "--synthetic-acceptance",
+            metavar="RATES",
+            help="Benchmark only: start --instance's own server per per-drafted-token acceptance "
+            "rate (e.g. 0.3,0.6,0.9) with upstream's --spec-synth-len, and a baseline without "
+            "speculation; prints decode tok/s and speedup per rate. Output text is not valid.",
+        ),
+        click.option(
+            "--config",
+            type=click.Path(path_type=Path, dir_okay=False),
+            help="llamanix.toml holding --instance (with --synthetic-acceptance).",
+        ),
+        click.option(
+            "--instance",
+            shell_complete=complete_instances,
+            help="Instance whose server --synthetic-acceptance starts.",
+        ),
     ]
 
     def apply(f: F) -> F:
@@ -307,7 +425,7 @@ def _bench_opts(options: dict[str, Any]) -> BenchOptions:
 
 
 @click.group("bench", invoke_without_command=True)
-@_bench_options(url_required=False)
+@_bench_options()
 @click.pass_context
 def bench_group(ctx: click.Context, /, **options: Any) -> None:
     """Benchmark a running llama-server: TTFT, prefill and decode, server and client clocks.
@@ -321,7 +439,7 @@ def bench_group(ctx: click.Context, /, **options: Any) -> None:
 
 
 @bench_group.command("run")
-@_bench_options(url_required=True)
+@_bench_options()
 @click.pass_context
 def bench_run(ctx: click.Context, /, **options: Any) -> None:
     """Measure a running llama-server (what bare `llamanix bench --url URL` also does)."""
