@@ -5,62 +5,18 @@ several markers, with a build newer than the recorded v0.3 falling back to its o
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from recorded_help import B8770, BEE03, IK_NEW, IK_PIN, UPSTREAM, bee_after_v03, recorded
 
 from llamanix.cli import main
 from llamanix.core.argv import check_against, dialect_warning, instance_arg_pieces, instance_argv
 from llamanix.core.config import parse_config
 from llamanix.core.errors import UserError
-from llamanix.core.probe import Capabilities, parse_capabilities
 from llamanix.core.variants import VARIANTS, effective_variant
-
-HELP = Path(__file__).parent / "data" / "help"
-
-
-def recorded(name: str) -> Capabilities:
-    return parse_capabilities(
-        f"recorded:{name}",
-        (HELP / f"{name}.version.txt").read_text(),
-        (HELP / f"{name}.help.txt").read_text(),
-    )
-
-
-UPSTREAM, IK_PIN, IK_NEW, BEE03, B8770 = (
-    "upstream-0c1e570",
-    "ik-de55d9e2",
-    "ik-8337e4cd",
-    "beellama-ba1fdce",
-    "b8770-f49e917",
-)
-
-
-def bee_after_v03() -> Capabilities:
-    """NOT a recording: the BeeLlama v0.3 recording with only the three changes its tracker
-    names for v0.4 applied (#98: DFlash is ``draft-dflash``; #97: ``-cd`` is gone; #120: -ctk
-    lists no KVarN type, -ctv lists kvarn2..kvarn8 and no turbo*). No v0.4 source could be
-    fetched here; this exercises the fallback an unrecorded BeeLlama takes."""
-    text = (HELP / f"{BEE03}.help.txt").read_text()
-    text = text.replace("|recycle|dflash]", "|recycle|draft-dflash]")
-    text = re.sub(r"--spec-draft-ctx-size, -cd, --ctx-size-draft N\n(?: {20,}.*\n)+", "", text)
-    turbo = "q5_1,\n" + " " * 40 + "turbo2, turbo3, turbo4, turbo3_tcq, turbo2_tcq"
-    assert text.count(turbo) >= 2
-    k_list = "q5_1"
-    v_list = (
-        "q5_1,\n                                        q6_0, q6_1, q3_0, q3_1, q2_0, q2_1, "
-        "kvarn2, kvarn3, kvarn4, kvarn5,\n                                        kvarn6, kvarn8"
-    )
-    head, _, tail = text.partition("-ctv,  --cache-type-v TYPE")
-    text = (
-        head.replace(turbo, k_list, 1)
-        + "-ctv,  --cache-type-v TYPE"
-        + tail.replace(turbo, v_list, 1)
-    )
-    return parse_capabilities("derived:beellama-after-v0.3", "version: 0 (unknown)", text)
 
 
 def cfg(variant: str, spec: dict[str, Any], **inst: Any) -> Any:
@@ -259,8 +215,9 @@ def test_beellama_after_v03_falls_back_to_its_own_lists_with_one_warning() -> No
     # The v0.3 binary's own list refuses it.
     with pytest.raises(UserError) as err:
         instance_argv(c, "a", capabilities=recorded(BEE03))
-    assert "cache type 'kvarn5' is not known to the beellama variant (choose one of:" in str(
-        err.value
+    assert (
+        "cache type 'kvarn5' is not known to the beellama variant's build recorded:beellama-ba1fdce"
+        in str(err.value)
     )
     assert "turbo3_tcq" in str(err.value)
 
@@ -276,7 +233,11 @@ def test_beellama_after_v03_refuses_what_it_dropped() -> None:
         instance_argv(gone, "a", capabilities=caps)
     [problem] = err.value.problems
     assert problem.field == "instances.a.speculative.draft_ctx_size"
-    assert "--spec-draft-ctx-size is not accepted by this build" in problem.message
+    assert problem.message == (
+        "'dflash' on the beellama variant's build derived:beellama-after-v0.3 "
+        "(version 0, commit ?) takes no draft_ctx_size"
+    )
+    assert problem.fix == "remove it"
     k_kvarn = cfg("beellama", {"type": "none"}, cache_type_k="kvarn5")
     pieces = instance_arg_pieces(k_kvarn, "a")  # the table alone lets it through
     [(field, message, _fix)] = check_against(caps, pieces)

@@ -124,8 +124,9 @@ def argv_cmd(config: Path, instance: str, variant: str | None, capabilities: str
     "previous",
     multiple=True,
     metavar="[NAME=]FILE",
-    help="The probe of the build an instance runs now: plan warns when the flip to the build "
-    "of --capabilities would drop something the instance uses (see probe --diff).",
+    help="The probe of the build an instance runs now: plan lists, field by field, how its flags "
+    "change on the build of --capabilities (respelled, refused with the fix, no longer "
+    "rendered), and warns when that build drops something (see probe --diff).",
 )
 @json_flag
 def plan(
@@ -182,6 +183,14 @@ def plan(
             console.print(f"[bold]{row['name']}[/]: {shlex.join(row['argv'])}", highlight=False)
             for warning in row["warnings"]:
                 console.print(f"  [yellow]warning[/]: {warning}", highlight=False)
+            if row["drift"] is not None:
+                console.print(
+                    "  drift from --previous: "
+                    + ("none" if not row["drift"] else f"{len(row['drift'])} field(s)"),
+                    highlight=False,
+                )
+            for d in row["drift"] or []:
+                console.print(f"    {escape(d['line'])}", highlight=False)
 
 
 @click.command()

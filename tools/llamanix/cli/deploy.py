@@ -10,7 +10,15 @@ from rich.console import Console
 from rich.table import Table
 
 from llamanix.cli.completion import complete_hosts
-from llamanix.cli.options import OneOf, deprecated, fail, hidden_alias, json_flag, timeout_option
+from llamanix.cli.options import (
+    OneOf,
+    deprecated,
+    exit_with,
+    fail,
+    hidden_alias,
+    json_flag,
+    timeout_option,
+)
 from llamanix.core.config import load_config
 from llamanix.deploy import managers
 from llamanix.deploy import pin as pin_module
@@ -348,17 +356,85 @@ def _verdict_cell(record: GenerationRecord, not_serving: dict[str, str]) -> str:
 )
 @_WAIT
 @click.option("--dry-run", is_flag=True, help="Print the command instead of running it.")
+@click.option(
+    "--config",
+    "config",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Config whose instances of VARIANT the drift report covers.",
+)
+@click.option(
+    "--previous",
+    type=click.Path(path_type=Path, dir_okay=False),
+    metavar="FILE",
+    help="Probe of the build VARIANT runs now (llamanix probe BINARY --json).",
+)
+@click.option(
+    "--capabilities",
+    type=click.Path(path_type=Path, dir_okay=False),
+    metavar="FILE",
+    help="Probe of the build the pin would bring: with --config and --previous, list each "
+    "field whose flag is respelled, refused (with the fix) or no longer rendered.",
+)
 def pin(
-    variant: str, rev: str | None, latest: bool, flake_dir: Path, wait_s: float, dry_run: bool
+    variant: str,
+    rev: str | None,
+    latest: bool,
+    flake_dir: Path,
+    wait_s: float,
+    dry_run: bool,
+    config: Path | None,
+    previous: Path | None,
+    capabilities: Path | None,
 ) -> None:
-    """Pin a variant's flake input to REV (or --latest); `plan` shows the pins."""
+    """Pin a variant's flake input to REV (or --latest); `plan` shows the pins.
+
+    Before moving a pin, --dry-run with --config, --previous and --capabilities prints the flag
+    drift: what the new build spells differently, refuses or no longer renders, field by field.
+    Without --capabilities, --dry-run says how to build and probe the new build first. Exit 1
+    when the new build refuses a field (and then, without --dry-run, the pin does not move).
+    """
+    report = None
+    if capabilities is not None or previous is not None:
+        if config is None or capabilities is None or previous is None:
+            from llamanix.core.errors import Problem, UserError
+
+            raise UserError(
+                Problem(
+                    "llamanix pin",
+                    "--capabilities",
+                    "the drift report needs --config, --previous and --capabilities together",
+                    "probe the build you run now (--previous) and the new one (--capabilities)",
+                )
+            )
+        from llamanix.core.probe import load_capabilities
+
+        report = pin_module.pin_drift(
+            load_config(config),
+            variant,
+            load_capabilities(previous),
+            load_capabilities(capabilities),
+        )
+    if report is not None:
+        for line in report.lines():
+            click.echo(line)
+        if report.refused and not dry_run:
+            fail(
+                f"llamanix pin: not moved: the new build refuses {len(report.refused)} field(s) "
+                "of the config (above); fix them first, or pin without --capabilities",
+                1,
+            )
     flake_input = pin_module.pin(
         variant, rev, latest, flake_dir, Runner(dry_run=dry_run, echo=_echo), wait_s
     )
+    if report is None and dry_run:
+        for line in pin_module.probe_hint(variant, rev, str(config) if config else None):
+            click.echo(line)
     if not dry_run:
         from llamanix.external.nix import locked_revisions
 
         click.echo(f"{variant}: {flake_input} = {locked_revisions(flake_dir).get(flake_input)}")
+    if report is not None and report.refused:
+        exit_with(1)  # a dry run that shows refusals fails, so a script can gate on it
 
 
 def register(group: click.Group) -> None:

@@ -54,6 +54,8 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "pin": (
         "llamanix pin upstream --latest",
         "llamanix pin ik 8337e4cd --flake ~/src/llamanix --dry-run",
+        "llamanix pin beellama --latest --dry-run --config llamanix.toml --previous old.json "
+        "--capabilities new.json",
     ),
     "up": (
         "llamanix up llamanix.toml",

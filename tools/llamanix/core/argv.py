@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from llamanix.core.config import (
-    DRAFTER_SETTINGS,
     SPEC_PARAMS,
     Config,
     Host,
@@ -19,7 +18,7 @@ from llamanix.core.config import (
 )
 from llamanix.core.errors import Problem, UserError
 from llamanix.core.probe import FLAG, Capabilities
-from llamanix.core.variants import VARIANTS, Dialect, Variant, effective_variant
+from llamanix.core.variants import DRAFTER_SETTINGS, VARIANTS, Dialect, Variant, effective_variant
 
 # ik and other integer-only builds: any count above the model's layer count offloads them all.
 ALL_LAYERS = "999"

@@ -28,7 +28,7 @@ from llamanix.core.schema import (
     HostKind,
     VariantName,
 )
-from llamanix.core.variants import VARIANTS, Variant
+from llamanix.core.variants import DRAFTER_SETTINGS, VARIANTS, Variant
 
 IMPLICIT_HOST = "local"
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -41,8 +41,6 @@ _SECRET_ENV = ("LLAMA_API_KEY", "LLAMA_ARG_API_KEY")
 # Speculative parameters besides type and the draft model, in the order argv renders them. They
 # belong to the first type of a chain.
 SPEC_PARAMS = ("n_max", "n_min", "p_min", "draft_ctx_size", "dflash_max_slots", "dflash_cross_ctx")
-# The drafter's own settings: flags of the draft context, whichever drafter the chain holds.
-DRAFTER_SETTINGS = ("draft_cache_type_k", "draft_cache_type_v", "draft_device", "draft_cpu_moe")
 
 
 @dataclass(frozen=True)
@@ -512,7 +510,7 @@ def check_instance(
     for t in unsupported:
         add(
             "speculative.type",
-            f"'{t}' is not supported by the {variant.name} variant",
+            f"'{t}' is not supported by {variant.who}",
             "choose one of: "
             + ", ".join(variant.supported_spec_types())
             + (" or another variant" if t == "mtp" else ""),
@@ -537,7 +535,7 @@ def check_instance(
             if getattr(spec, param) is not None and param not in allowed:
                 add(
                     f"speculative.{param}",
-                    f"'{spec.type}' on the {variant.name} variant takes no {param}",
+                    f"'{spec.type}' on {variant.who} takes no {param}",
                     "remove it"
                     + (" (parameters belong to the chain's first type)" if spec.chain else ""),
                 )
@@ -553,8 +551,7 @@ def check_instance(
     if d.spec_single_slot and spec.enabled and (inst.parallel or 1) > 1:
         add(
             "parallel",
-            f"the {variant.name} variant speculates only with one slot, "
-            f"parallel is {inst.parallel}",
+            f"{variant.who} speculates only with one slot, parallel is {inst.parallel}",
             'set parallel = 1 or speculative.type = "none"',
         )
     for key in ("cache_type_k", "cache_type_v"):
@@ -562,7 +559,7 @@ def check_instance(
         if value is not None and value not in d.cache_types:
             add(
                 key,
-                f"cache type '{value}' is not known to the {variant.name} variant",
+                f"cache type '{value}' is not known to {variant.who}",
                 "choose one of: " + ", ".join(d.cache_types),
             )
     if _quantized(inst.cache_type_v) and inst.flash_attn == "off":
@@ -579,11 +576,11 @@ def check_instance(
             if value == "auto":
                 add(
                     key,
-                    f"the {variant.name} variant takes a layer count, not 'auto'",
+                    f"{variant.who} takes a layer count, not 'auto'",
                     'use an integer or "all"',
                 )
     if inst.jinja is False and d.no_jinja_flag is None and d.jinja_default:
-        add("jinja", f"the {variant.name} variant cannot turn jinja off", "remove jinja")
+        add("jinja", f"{variant.who} cannot turn jinja off", "remove jinja")
     return out
 
 
@@ -597,8 +594,7 @@ def _chain_problems(spec: Speculative, variant: Variant) -> list[tuple[str, str,
         out.append(
             (
                 "speculative.type",
-                f"the {variant.name} variant takes one speculative type, not a chain "
-                f"({', '.join(spec.types)})",
+                f"{variant.who} takes one speculative type, not a chain ({', '.join(spec.types)})",
                 f'keep one, e.g. type = "{spec.types[0]}", or use a variant that chains '
                 "(upstream, ik)",
             )
@@ -607,8 +603,7 @@ def _chain_problems(spec: Speculative, variant: Variant) -> list[tuple[str, str,
         out.append(
             (
                 "speculative.type",
-                f"the {variant.name} variant chains at most {d.spec_chain_max} types, "
-                f"got {len(spec.types)}",
+                f"{variant.who} chains at most {d.spec_chain_max} types, got {len(spec.types)}",
                 f"keep {d.spec_chain_max}",
             )
         )
@@ -625,7 +620,7 @@ def _chain_problems(spec: Speculative, variant: Variant) -> list[tuple[str, str,
         out.append(
             (
                 "speculative.type",
-                f"on the {variant.name} variant 'draft' is a draft model alone (no --spec-type "
+                f"on {variant.who} 'draft' is a draft model alone (no --spec-type "
                 "value), so it cannot be chained",
                 'use type = "draft" alone',
             )
@@ -644,7 +639,7 @@ def _drafter_problems(spec: Speculative, variant: Variant) -> list[tuple[str, st
             continue
         where = f"speculative.{key}"
         if key not in d.flags:
-            out.append((where, f"the {variant.name} variant has no flag for {key}", "remove it"))
+            out.append((where, f"{variant.who} has no flag for {key}", "remove it"))
         elif not has_drafter:
             out.append(
                 (
@@ -658,7 +653,7 @@ def _drafter_problems(spec: Speculative, variant: Variant) -> list[tuple[str, st
             out.append(
                 (
                     where,
-                    f"cache type '{value}' is not known to the {variant.name} variant",
+                    f"cache type '{value}' is not known to {variant.who}",
                     "choose one of: " + ", ".join(d.cache_types),
                 )
             )

@@ -8,7 +8,13 @@ from dataclasses import dataclass
 from llamanix.core.config import SPEC_PARAMS
 from llamanix.core.probe import Capabilities
 from llamanix.core.schema import INSTANCE
-from llamanix.core.variants import Dialect, detect_dialect, mtp_spelling
+from llamanix.core.variants import (
+    DRAFTER_SETTINGS,
+    Dialect,
+    adapt_to_probe,
+    detect_dialect,
+    mtp_spelling,
+)
 
 # Keys every build takes as they are (paths, the host, what llamanix itself handles).
 _ALWAYS = {"host", "variant", "binary", "model", "extra_args", "environment"}
@@ -47,12 +53,15 @@ class ProbeDiff:
 
 def supported(caps: Capabilities) -> Supported:
     """What this build can do, in the config's terms (canonical keys and type names)."""
-    dialect: Dialect | None = detect_dialect(caps)
-    flags = set(caps.flags)
+    detected: Dialect | None = detect_dialect(caps)
+    flags = set(caps.flags) | set(detected.unlisted_flags if detected else ())
     keys: set[str] = set()
     types: set[str] = set()
-    if dialect is not None:
+    if detected is not None:
+        # As the renderer sees this build: its own lists of types and cache types.
+        dialect = adapt_to_probe(detected, caps)
         keys = {k for k in INSTANCE if k not in _ALWAYS and dialect.flags.get(k) in flags}
+        keys |= {f"speculative.{k}" for k in DRAFTER_SETTINGS if dialect.flags.get(k) in flags}
         for canonical, spelling in dialect.spec_types.items():
             # "" = a draft model alone drafts: supported when the draft-model flag exists.
             if (spelling and spelling in caps.spec_types) or (
@@ -64,7 +73,7 @@ def supported(caps: Capabilities) -> Supported:
                         keys.add(f"speculative.{param}")
         if mtp_spelling(caps):
             types.add("mtp")
-    return Supported(frozenset(keys), frozenset(types), frozenset(caps.cache_types))
+    return Supported(frozenset(keys), frozenset(types), frozenset(caps.all_cache_types()))
 
 
 def _lost(before: frozenset[str], after: frozenset[str]) -> tuple[str, ...]:

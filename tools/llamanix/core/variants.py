@@ -52,6 +52,8 @@ _COMMON_FLAGS: dict[str, str] = {
 }
 # Where the drafter goes: upstream since b8770 and BeeLlama have these; ik has neither.
 _DRAFT_PLACEMENT_FLAGS = {"draft_device": "-devd", "draft_cpu_moe": "-cmoed"}
+# The drafter's own settings (speculative.KEY): the keys of the two tables above it owns.
+DRAFTER_SETTINGS = ("draft_cache_type_k", "draft_cache_type_v", *_DRAFT_PLACEMENT_FLAGS)
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,17 @@ class Variant:
     # "draft-mtp"); None when the build has no MTP.
     mtp_spec_type: str | None = None
     upstream: str = ""
+    # The probed build this variant was adapted to (its describe()), so refusals name it.
+    probed: str = ""
+
+    @property
+    def who(self) -> str:
+        """Who takes or refuses a setting: the variant, or the probed build it was adapted to."""
+        return (
+            f"the {self.name} variant's build {self.probed}"
+            if self.probed
+            else (f"the {self.name} variant")
+        )
 
     def spec_spelling(self, spec_type: str) -> str | None:
         if spec_type == "mtp":
@@ -361,9 +374,10 @@ def adapt_to_probe(dialect: Dialect, caps: Capabilities) -> Dialect:
     spelling), its cache types and its chain syntax win over the table, which only fills in
     what the probe cannot say. A build that matches the table renders exactly as before."""
     changes: dict[str, object] = {}
+    params: Mapping[str, Mapping[str, str]] = dialect.spec_params
     if caps.spec_types:
         spellings: dict[str, str] = {}
-        params = dict(dialect.spec_params)
+        found_params = dict(dialect.spec_params)
         for canonical in SPEC_TYPES:
             if canonical in ("none", "mtp"):
                 continue
@@ -371,12 +385,29 @@ def adapt_to_probe(dialect: Dialect, caps: Capabilities) -> Dialect:
             found = _spelling_in(caps.spec_types, canonical, table)
             if found is not None:
                 spellings[canonical] = found
-                if canonical not in params:
-                    params[canonical] = _params_elsewhere(canonical, found, dialect.spec_style)
+                if canonical not in found_params:
+                    found_params[canonical] = _params_elsewhere(
+                        canonical, found, dialect.spec_style
+                    )
             elif table is not None:
                 spellings[canonical] = table  # check_against names the missing type
         changes["spec_types"] = MappingProxyType(spellings)
+        params = found_params
         changes["spec_params"] = MappingProxyType(params)
+    if caps.flags and dialect.spec_style == "flags":
+        # A speculative parameter or drafter setting whose flag this build lacks is refused as
+        # "has no flag for KEY (remove it)", together with everything else wrong, instead of
+        # one flag at a time after the render.
+        have = set(caps.flags) | set(dialect.unlisted_flags)
+        changes["spec_params"] = MappingProxyType(
+            {
+                t: MappingProxyType({k: f for k, f in p.items() if f in have})
+                for t, p in params.items()
+            }
+        )
+        changes["flags"] = MappingProxyType(
+            {k: f for k, f in dialect.flags.items() if k not in DRAFTER_SETTINGS or f in have}
+        )
     if caps.cache_types:
         changes["cache_types"] = tuple(caps.all_cache_types())
     if caps.spec_chain is not None and caps.spec_chain != dialect.spec_chain:
@@ -418,8 +449,10 @@ def effective_variant(variant: Variant, caps: Capabilities | None) -> tuple[Vari
     mtp = mtp_spelling(caps)
     if mtp is None and base is variant.dialect:
         mtp = variant.mtp_spec_type  # check_against names it if the binary lacks it
-    adapted = replace(variant, dialect=adapt_to_probe(base, caps), mtp_spec_type=mtp)
-    return (variant if adapted == variant else adapted), warning
+    adapted = replace(
+        variant, dialect=adapt_to_probe(base, caps), mtp_spec_type=mtp, probed=caps.describe()
+    )
+    return adapted, warning
 
 
 def mtp_spelling(caps: Capabilities) -> str | None:

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import re
+import shlex
 from contextlib import nullcontext
 from pathlib import Path
 
-from llamanix.core.config import suggest
+from llamanix.core.config import Config, suggest
+from llamanix.core.drift import DriftReport, drift_report
 from llamanix.core.errors import Problem, UserError
+from llamanix.core.probe import Capabilities
 from llamanix.core.variants import VARIANTS
 from llamanix.deploy.generations import STATE_DIR
 from llamanix.deploy.host_lock import host_lock
@@ -16,6 +19,18 @@ from llamanix.external.process import Runner
 
 _REV = re.compile(r"^[A-Za-z0-9._-]+$")
 _PINNED_BY_URL = re.compile(r"/[0-9a-f]{40}$")
+
+
+def _check_variant(variant: str) -> None:
+    if variant not in VARIANTS:
+        raise UserError(
+            Problem(
+                "llamanix pin",
+                "VARIANT",
+                f"unknown variant '{variant}'",
+                suggest(variant, tuple(VARIANTS)),
+            )
+        )
 
 
 def pin(
@@ -27,15 +42,7 @@ def pin(
     wait_s: float = 0.0,
 ) -> str:
     """Point the variant's flake input at REV (or its newest commit); returns the input name."""
-    if variant not in VARIANTS:
-        raise UserError(
-            Problem(
-                "llamanix pin",
-                "VARIANT",
-                f"unknown variant '{variant}'",
-                suggest(variant, tuple(VARIANTS)),
-            )
-        )
+    _check_variant(variant)
     if (rev is None) == (not latest):
         raise UserError(
             Problem(
@@ -93,3 +100,69 @@ def pin(
         )
         nix.flake_lock_override_input(runner, flake_dir, flake_input, f"{repo}/{rev}")
         return flake_input
+
+
+# flake.nix's own URL for the nixpkgs input: what --latest moves it to.
+_NIXPKGS_URL = "github:NixOS/nixpkgs/nixos-unstable"
+
+
+def _target_url(variant: str, rev: str | None) -> str:
+    v = VARIANTS[variant]
+    if v.flake_input is None:
+        repo, latest = "github:NixOS/nixpkgs", _NIXPKGS_URL
+    else:
+        repo, latest = "/".join(v.upstream.split("/")[:2]), v.upstream
+    return latest if rev is None else f"{repo}/{rev}"
+
+
+def probe_hint(variant: str, rev: str | None, config: str | None) -> list[str]:
+    """How to get the probe of the build the pin would bring, without moving the pin: build it
+    with the input overridden (flake.lock untouched) and probe its llama-server."""
+    v = VARIANTS[variant]
+    out_link = f"new-{variant}"
+    build = [
+        "nix",
+        "build",
+        f".#llama-cpp-{variant}",
+        "--override-input",
+        v.flake_input or "nixpkgs",
+        _target_url(variant, rev),
+        "--no-write-lock-file",
+        "-o",
+        out_link,
+    ]
+    again = ["llamanix", "pin", variant, *([rev] if rev else ["--latest"]), "--dry-run"]
+    again += [
+        "--config",
+        config or "CONFIG",
+        "--previous",
+        "old.json",
+        "--capabilities",
+        "new.json",
+    ]
+    return [
+        "to list the flags this move changes for your config, probe both builds:",
+        "  " + shlex.join(build),
+        f"  llamanix probe {out_link}/bin/llama-server --json > new.json",
+        "  llamanix probe BINARY-YOU-RUN-NOW --json > old.json",
+        "  " + shlex.join(again),
+    ]
+
+
+def pin_drift(
+    config: Config, variant: str, previous: Capabilities, capabilities: Capabilities
+) -> DriftReport:
+    """The drift report of the config's instances that run VARIANT; UserError when none does."""
+    _check_variant(variant)
+    names = tuple(n for n, i in config.instances.items() if i.variant == variant)
+    used = ", ".join(sorted({i.variant for i in config.instances.values()}))
+    if not names:
+        raise UserError(
+            Problem(
+                config.source,
+                "instances",
+                f"no instance runs variant {variant}, so moving its pin changes no flag here",
+                f"pin a variant your instances use ({used})",
+            )
+        )
+    return drift_report(config, previous, capabilities, names)

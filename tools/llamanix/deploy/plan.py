@@ -8,6 +8,7 @@ from typing import Any
 
 from llamanix.core.address import is_loopback
 from llamanix.core.config import Config, Host, Instance
+from llamanix.core.drift import WHOLE, FieldDrift, drift_report
 from llamanix.core.errors import Problem, UserError
 from llamanix.core.probe_diff import flip_warning, probe_diff
 from llamanix.core.variants import VARIANTS
@@ -134,6 +135,39 @@ def _flip_warnings(inst: Instance, previous: CapabilityMap, caps: CapabilityMap)
     return [warning] if warning else []
 
 
+def _drift(
+    config: Config, name: str, previous: CapabilityMap, caps: CapabilityMap
+) -> list[FieldDrift] | None:
+    """Field by field, how the instance's flags move from the build it runs now (its
+    --previous probe) to the build of --capabilities; None without both probes."""
+    before, after = capabilities_for(previous, name), capabilities_for(caps, name)
+    if before is None or after is None:
+        return None
+    return list(drift_report(config, before, after, (name,)).instances[0].fields)
+
+
+def _refuse_drift(
+    config: Config, names: list[str], previous: CapabilityMap, caps: CapabilityMap
+) -> None:
+    """Before rendering against --capabilities: what that build refuses, each with the flag the
+    instance has now, so the refusal reads as drift rather than as a bad config."""
+    problems: list[Problem] = []
+    for name in names:
+        for d in _drift(config, name, previous, caps) or []:
+            if d.change == "refused":
+                now = " ".join(d.old) or "nothing rendered"
+                problems.append(
+                    Problem(
+                        config.source,
+                        f"instances.{name}.{d.field}" if d.field != WHOLE else f"instances.{name}",
+                        f"the build of --capabilities refuses it (now: {now}): {d.message}",
+                        d.fix,
+                    )
+                )
+    if problems:
+        raise UserError(problems)
+
+
 def plan_config(
     config: Config,
     caps: CapabilityMap,
@@ -146,6 +180,10 @@ def plan_config(
     hosts = (
         [pick_host(config, host)] if host else [h for h in config.hosts if config.instances_on(h)]
     )
+    if previous:
+        _refuse_drift(
+            config, [i.name for h in hosts for i in config.instances_on(h)], previous, caps
+        )
     measure = security and systemd_analyze.available()
     pins = locked_revisions(flake_dir or Path(config.source).resolve().parent)
     out: dict[str, Any] = {"config": config.source, "hosts": {}}
@@ -173,6 +211,11 @@ def plan_config(
                             *r.warnings,
                             *_flip_warnings(inst, previous or {}, caps),
                         ],
+                        "drift": (
+                            None
+                            if (drift := _drift(config, r.name, previous or {}, caps)) is None
+                            else [d.to_json() for d in drift]
+                        ),
                         "vram": fit,
                         "fit": fit_summary(fit),
                     }
