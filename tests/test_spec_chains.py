@@ -74,14 +74,15 @@ def test_upstream_chain_is_one_comma_value_and_the_binary_takes_it() -> None:
 
 
 def test_ik_chain_is_one_stage_per_flag_with_the_parameters_on_the_first() -> None:
-    c = cfg("ik", {"type": ["mtp", "ngram-mod"], "n_max": 1, "p_min": 0.0})
+    # ik's common_speculative_validate_chain: a self-speculating stage, then mtp or draft.
+    c = cfg("ik", {"type": ["ngram-mod", "mtp"], "n_max": 16, "p_min": 0.0})
     for name in (IK_PIN, IK_NEW):
         argv = instance_argv(c, "a", capabilities=recorded(name))
         assert argv[argv.index("--spec-type") :] == [
             "--spec-type",
-            "mtp:n_max=1,p_min=0",
+            "ngram-mod:n_max=16,p_min=0",
             "--spec-type",
-            "ngram-mod",
+            "mtp",
         ]
 
 
@@ -117,6 +118,17 @@ def test_single_type_dialects_refuse_a_chain(variant: str) -> None:
             "a chain holds at most one drafter, got mtp and draft",
         ),
         ("ik", {"type": ["ngram-mod", "ngram-cache", "mtp"]}, "chains at most 2 types, got 3"),
+        (
+            "ik",
+            {"type": ["mtp", "ngram-mod"]},
+            "the ik variant chains a self-speculating type (n-gram, suffix) first, then mtp or "
+            'draft; got mtp, ngram-mod (e.g. type = ["ngram-mod", "draft"])',
+        ),
+        (
+            "ik",
+            {"type": ["ngram-mod", "ngram-cache"]},
+            "then mtp or draft; got ngram-mod, ngram-cache",
+        ),
         ("upstream", {"type": ["none", "mtp"]}, "'none' in a chain"),
         ("upstream", {"type": ["mtp", "mtp"]}, "names a type twice"),
         ("upstream", {"type": []}, "is an empty list"),

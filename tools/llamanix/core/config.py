@@ -607,6 +607,18 @@ def _chain_problems(spec: Speculative, variant: Variant) -> list[tuple[str, str,
                 f"keep {d.spec_chain_max}",
             )
         )
+    then = d.spec_chain_then
+    if then is not None and len(spec.types) == 2:
+        first, second = spec.types
+        if first in SPEC_DRAFTERS or second not in then:
+            out.append(
+                (
+                    "speculative.type",
+                    f"{variant.who} chains a self-speculating type (n-gram, suffix) first, then "
+                    f"{' or '.join(then)}; got {first}, {second}",
+                    f'e.g. type = ["ngram-mod", "{then[-1]}"]',
+                )
+            )
     drafters = [t for t in spec.types if t in SPEC_DRAFTERS]
     if len(drafters) > 1:
         out.append(

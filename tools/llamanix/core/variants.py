@@ -83,6 +83,9 @@ class Dialect:
     # BeeLlama keeps DFlash state for --spec-dflash-max-slots slots only; the rest decode plainly.
     dflash_slot_limit: bool = False
     spec_chain_max: int | None = None  # longest chain, where the binary says
+    # Where a two-type chain must be a self-speculating type (n-gram, suffix) followed by one of
+    # these; None: any order.
+    spec_chain_then: tuple[str, ...] | None = None
     # Flags the parser takes that --help leaves out, so a probe must not refuse them.
     unlisted_flags: tuple[str, ...] = ()
 
@@ -253,6 +256,9 @@ IK = Dialect(
     # "repeat for a supported two-stage chain" (its --spec-type help).
     spec_chain="repeat",
     spec_chain_max=2,
+    # common_speculative_validate_chain: "requires a self-spec stage first", then "only MTP or
+    # draft-model fallback after self-spec" (both pins).
+    spec_chain_then=("mtp", "draft"),
     spec_types=MappingProxyType(
         {
             "draft": "draft",
