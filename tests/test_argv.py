@@ -212,14 +212,8 @@ EXPECTED: dict[str, dict[str, list[str] | str]] = {
             "--spec-type",
             "dspark:n_max=8,n_min=2,p_min=0.5",
         ],
-        "eagle3": [
-            "-md",
-            "/m/draft.gguf",
-            "-ngld",
-            "999",
-            "--spec-type",
-            "eagle3:n_max=8,n_min=2,p_min=0.5",
-        ],
+        # ik has no EAGLE3 stage (its type map, common/speculative.cpp, at both pins).
+        "eagle3": NOT,
         "ngram-mod": ["--spec-type", "ngram-mod:n_max=64,n_min=48"],
         "ngram-simple": ["--spec-type", "ngram-simple"],
         "ngram-cache": ["--spec-type", "ngram-cache"],

@@ -264,7 +264,6 @@ IK = Dialect(
             "draft": "draft",
             "dflash": "dflash",
             "dspark": "dspark",
-            "eagle3": "eagle3",
             "ngram-simple": "ngram-simple",
             "ngram-mod": "ngram-mod",
             "ngram-cache": "ngram-cache",
