@@ -197,7 +197,7 @@ SPECULATIVE_FIELDS: tuple[Field, ...] = (
         "type",
         ENUM_LIST,
         "Speculative decoding mode, or a chain of them (a list, e.g. "
-        '["mtp", "ngram-mod"]: at most one drafter, rendered as the binary spells a chain). '
+        '["ngram-mod", "mtp"]: at most one drafter, rendered as the binary spells a chain). '
         "The parameters below apply to the first type.",
         "none",
         SPEC_TYPES,
