@@ -275,6 +275,7 @@ def schema_cmd(as_json: bool, markdown: bool) -> None:
         return
     for table, fields in (
         ("hosts.NAME", schema.HOST_FIELDS),
+        ("hosts.NAME.router", schema.ROUTER_FIELDS),
         ("instances.NAME / defaults", schema.INSTANCE_FIELDS),
         ("instances.NAME.speculative", schema.SPECULATIVE_FIELDS),
     ):

@@ -26,6 +26,7 @@ from llamanix.core.schema import (
     Field,
     GpuSandbox,
     HostKind,
+    RouterKind,
     VariantName,
 )
 from llamanix.core.variants import DRAFTER_SETTINGS, VARIANTS, Variant
@@ -80,6 +81,20 @@ class Speculative:
 
 
 @dataclass(frozen=True)
+class Router:
+    """One endpoint in front of some of a host's instances (``[hosts.NAME.router]``)."""
+
+    kind: RouterKind
+    members: tuple[str, ...]
+    listen: str = "127.0.0.1"
+    port: int = 8080
+    idle_ttl: int = 0  # seconds; 0 = never unloaded
+    max_loaded: int | None = None  # None: what fits together (plan), else all
+    api_key_file: str | None = None
+    binary: str | None = None  # llama-swap on systemd hosts
+
+
+@dataclass(frozen=True)
 class Host:
     name: str
     kind: HostKind = "nixos"
@@ -88,6 +103,7 @@ class Host:
     cuda_archs: tuple[str, ...] = ()
     binaries: dict[str, str] = field(default_factory=dict)
     gpu_sandbox: GpuSandbox = "device-allow"
+    router: Router | None = None
 
     @property
     def has_gpu(self) -> bool:
@@ -335,7 +351,8 @@ def parse_config(data: dict[str, Any], source: str) -> Config:
         if inst is not None:
             instances[name] = inst
 
-    _check_ports(c, instances)
+    _check_ports(c, instances, hosts)
+    _check_routers(c, hosts, instances)
     for inst in instances.values():
         for where, message, fix in check_instance(inst, hosts[inst.host]):
             c.add(
@@ -350,7 +367,7 @@ def parse_config(data: dict[str, Any], source: str) -> Config:
 
 def _parse_hosts(c: _Checker, raw: dict[str, Any]) -> dict[str, Host]:
     hosts: dict[str, Host] = {}
-    known = tuple(schema.HOSTS)
+    known = (*schema.HOSTS, *schema.HOST_TABLES)
     for name, table in raw.items():
         where = f"hosts.{name}"
         table = c.table(where, table)
@@ -394,8 +411,128 @@ def _parse_hosts(c: _Checker, raw: dict[str, Any]) -> dict[str, Host]:
             binaries=dict(binaries),
             # checked against the enum
             gpu_sandbox=cast(GpuSandbox, values.get("gpu_sandbox") or "device-allow"),
+            router=_parse_router(c, where, table["router"]) if "router" in table else None,
         )
     return hosts
+
+
+def _parse_router(c: _Checker, host_where: str, raw: Any) -> Router | None:
+    where = f"{host_where}.router"
+    table = c.table(where, raw)
+    c.unknown_keys(where, table, tuple(schema.ROUTER))
+    values: dict[str, Any] = {}
+    for key, f in schema.ROUTER.items():
+        if key in table:
+            values[key] = c.value(f"{where}.{key}", f, table[key])
+        elif f.required:
+            c.add(f"{where}.{key}", "missing", _ROUTER_MISSING[key])
+            values[key] = None
+    if any(v is None for v in values.values()):
+        return None
+    members = values.pop("members")
+    if not members:
+        c.add(f"{where}.members", "is empty", _ROUTER_MISSING["members"])
+        return None
+    if len(set(members)) < len(members):
+        c.add(f"{where}.members", "names an instance twice", "name each member once")
+        return None
+    return Router(kind=cast(RouterKind, values.pop("kind")), members=members, **values)
+
+
+_ROUTER_MISSING = {
+    "kind": 'set kind = "llama-server" (one variant) or "llama-swap" (any mix)',
+    "members": 'list the instances it serves, e.g. members = ["big", "small"]',
+}
+
+
+def _check_routers(c: _Checker, hosts: dict[str, Host], instances: dict[str, Instance]) -> None:
+    """Members exist on the router's host; llama-server's router runs one binary; the router's
+    port is its own on the host."""
+    for host in hosts.values():
+        router = host.router
+        if router is None:
+            continue
+        where = f"hosts.{host.name}.router"
+        members: list[Instance] = []
+        for name in router.members:
+            inst = instances.get(name)
+            if inst is None:
+                c.add(f"{where}.members", f"no instance '{name}'", suggest(name, tuple(instances)))
+            elif inst.host != host.name:
+                c.add(
+                    f"{where}.members",
+                    f"instance '{name}' runs on host '{inst.host}', not '{host.name}'",
+                    f"route it on host '{inst.host}', or move it to this host",
+                )
+            else:
+                members.append(inst)
+        names = [m.alias or m.name for m in members]
+        for served in {n for n in names if names.count(n) > 1}:
+            c.add(
+                f"{where}.members",
+                f"two members are served as '{served}'",
+                "give each member its own alias",
+            )
+        if router.kind == "llama-server":
+            for problem in _one_binary_problems(members, host):
+                c.add(f"{where}.kind", *problem)
+        for inst in instances.values():
+            if (
+                inst.host == host.name
+                and inst.name not in router.members
+                and inst.port == router.port
+            ):
+                c.add(
+                    f"{where}.port",
+                    f"port {router.port} on host '{host.name}' is already used by instance "
+                    f"'{inst.name}'",
+                    "give the router its own port",
+                )
+
+
+def _one_binary_problems(members: list[Instance], host: Host) -> list[tuple[str, str]]:
+    """llama-server's router starts each member with its own binary and flags: one variant, one
+    binary, and a variant that has router mode."""
+    out: list[tuple[str, str]] = []
+    variants = list(dict.fromkeys(m.variant for m in members))
+    if len(variants) > 1:
+        a = next(m for m in members if m.variant == variants[0])
+        b = next(m for m in members if m.variant == variants[1])
+        out.append(
+            (
+                f"a llama-server router starts every member with the router's binary, but "
+                f"'{a.name}' uses variant {a.variant} and '{b.name}' uses variant {b.variant}",
+                'use kind = "llama-swap", which starts each member with its own binary',
+            )
+        )
+        return out
+    binaries = list(dict.fromkeys(m.binary for m in members))
+    if len(binaries) > 1:
+        shown = ", ".join(b or "(the variant's)" for b in binaries)
+        out.append(
+            (
+                "a llama-server router starts every member with the router's binary, but the "
+                f"members name different binaries ({shown})",
+                'use one binary, or kind = "llama-swap"',
+            )
+        )
+    environments = list(dict.fromkeys(tuple(sorted(m.environment.items())) for m in members))
+    if len(environments) > 1:
+        out.append(
+            (
+                "a llama-server router passes its own environment to every member, but the "
+                "members set different environments",
+                'give them the same environment, or use kind = "llama-swap"',
+            )
+        )
+    if variants and not VARIANTS[variants[0]].dialect.router_mode:
+        out.append(
+            (
+                f"variant {variants[0]} has no router mode (no --models-preset in its --help)",
+                'use kind = "llama-swap"',
+            )
+        )
+    return out
 
 
 def _parse_instance(
@@ -476,9 +613,12 @@ def _parse_instance(
     return Instance(name=name, model=model, speculative=spec, **{**fields, "host": host})
 
 
-def _check_ports(c: _Checker, instances: dict[str, Instance]) -> None:
+def _check_ports(c: _Checker, instances: dict[str, Instance], hosts: dict[str, Host]) -> None:
     seen: dict[tuple[str, int], str] = {}
     for inst in instances.values():
+        router = hosts[inst.host].router
+        if router is not None and inst.name in router.members:
+            continue  # behind the router its port is internal: the router assigns one
         key = (inst.host, inst.port)
         if key in seen:
             c.add(

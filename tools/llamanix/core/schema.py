@@ -52,6 +52,9 @@ class Field:
 
 
 HostKind = Literal["nixos", "systemd", "systemd-user"]
+# What puts a host's instances behind one endpoint (docs/routers.md).
+RouterKind = Literal["llama-server", "llama-swap"]
+ROUTER_KINDS: tuple[RouterKind, ...] = get_args(RouterKind)
 # The variant names (core.variants holds one registry entry for each; a test keeps them equal).
 VariantName = Literal["nixpkgs", "upstream", "ik", "mtp", "beellama"]
 VARIANT_NAMES: tuple[VariantName, ...] = get_args(VariantName)
@@ -139,6 +142,52 @@ HOST_FIELDS: tuple[Field, ...] = (
         "on a real GPU). User units and CPU units ignore it.",
         "device-allow",
         GPU_SANDBOXES,
+    ),
+)
+
+ROUTER_FIELDS: tuple[Field, ...] = (
+    Field(
+        "kind",
+        ENUM,
+        "`llama-server`: its router mode (--models-preset), one binary for every member, so "
+        "one variant; `llama-swap`: one command per member, any mix of variants.",
+        values=ROUTER_KINDS,
+        required=True,
+    ),
+    Field(
+        "members",
+        LIST_STR,
+        "Instances of this host served behind the router's one endpoint, each under its alias "
+        "(else its name); their own listen and port become internal.",
+        required=True,
+        example=["qwen27b", "small"],
+    ),
+    Field("listen", STR, "Address the router listens on.", "127.0.0.1"),
+    Field("port", INT, "Port of the router's endpoint.", 8080, minimum=1, maximum=65535),
+    Field(
+        "idle_ttl",
+        INT,
+        "Seconds a loaded member may sit idle before it is unloaded; 0 keeps it loaded.",
+        0,
+        minimum=0,
+    ),
+    Field(
+        "max_loaded",
+        INT,
+        "Members loaded at once; absent: as many as fit together in the host GPU's memory "
+        "(`llamanix plan` shows which), or all of them without a GPU table entry.",
+        minimum=1,
+    ),
+    Field(
+        "api_key_file",
+        PATH,
+        "File holding the router endpoint's API key (read at start, never in argv or unit text).",
+    ),
+    Field(
+        "binary",
+        PATH,
+        "llama-swap's path on systemd hosts (NixOS hosts use nixpkgs' llama-swap package).",
+        example="/usr/local/bin/llama-swap",
     ),
 )
 
@@ -253,6 +302,9 @@ SPECULATIVE_FIELDS: tuple[Field, ...] = (
 )
 
 HOSTS = {f.name: f for f in HOST_FIELDS}
+ROUTER = {f.name: f for f in ROUTER_FIELDS}
+# Keys a host table may hold besides its fields.
+HOST_TABLES = ("router",)
 INSTANCE = {f.name: f for f in INSTANCE_FIELDS}
 SPECULATIVE = {f.name: f for f in SPECULATIVE_FIELDS}
 # Keys an instance table may hold besides its fields.
@@ -264,6 +316,7 @@ def schema_json() -> dict[str, Any]:
     """The schema as data: what ``data/schema.json`` holds and the NixOS module reads."""
     return {
         "hosts": {f.name: f.to_json() for f in HOST_FIELDS},
+        "router": {f.name: f.to_json() for f in ROUTER_FIELDS},
         "instances": {f.name: f.to_json() for f in INSTANCE_FIELDS},
         "speculative": {f.name: f.to_json() for f in SPECULATIVE_FIELDS},
     }
@@ -301,6 +354,7 @@ def schema_markdown() -> str:
     out: list[str] = []
     for title, fields in (
         ("`[hosts.NAME]`", HOST_FIELDS),
+        ("`[hosts.NAME.router]`", ROUTER_FIELDS),
         ("`[instances.NAME]` (and `[defaults]`)", INSTANCE_FIELDS),
         ("`[instances.NAME.speculative]`", SPECULATIVE_FIELDS),
     ):

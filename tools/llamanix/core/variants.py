@@ -88,6 +88,8 @@ class Dialect:
     spec_chain_then: tuple[str, ...] | None = None
     # Flags the parser takes that --help leaves out, so a probe must not refuse them.
     unlisted_flags: tuple[str, ...] = ()
+    # llama-server's router mode (--models-preset, --models-max): every recorded build but ik's.
+    router_mode: bool = True
 
 
 @dataclass(frozen=True)
@@ -284,6 +286,7 @@ IK = Dialect(
     # common.cpp parses -a/--alias but its usage table has no row for it, and prints -ngl and
     # -ngld only when built with GPU offload (a CPU build still takes them, with a warning).
     unlisted_flags=("-a", "--alias", "-ngl", "--gpu-layers", "-ngld", "--gpu-layers-draft"),
+    router_mode=False,
     jinja_default=False,
     no_jinja_flag=None,
     spec_single_slot=True,

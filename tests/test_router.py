@@ -1,0 +1,465 @@
+"""Routers (``[hosts.NAME.router]``): the config's checks, which members stay loaded together,
+the llama-server preset, and upstream's router mode really serving two synthetic models behind
+one port from what llamanix renders.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from llamanix.core.config import parse_config
+from llamanix.core.errors import UserError
+from llamanix.core.probe import parse_help
+from llamanix.core.residency import GIB, plan_residency
+from llamanix.measure.server_process import free_port
+from llamanix.render import router as r
+
+
+def config(instances: dict[str, dict[str, Any]], router: dict[str, Any], **host: Any) -> Any:
+    data = {
+        "hosts": {"box": {"kind": "systemd", **host, "router": router}},
+        "instances": {name: {"model": f"/m/{name}.gguf", **i} for name, i in instances.items()},
+    }
+    return parse_config(data, "r.toml")
+
+
+def refusal(instances: dict[str, dict[str, Any]], router: dict[str, Any], **host: Any) -> str:
+    with pytest.raises(UserError) as err:
+        config(instances, router, **host)
+    [problem] = err.value.problems
+    return str(problem)
+
+
+TWO = {"big": {"port": 9001}, "small": {"port": 9001, "alias": "fast"}}
+# Without a valid router their ports are theirs again, so these differ.
+APART = {"big": {"port": 9001}, "small": {"port": 9002}}
+
+
+# --- the config -------------------------------------------------------------------------------
+
+
+def test_members_ports_are_internal_and_the_router_takes_its_own() -> None:
+    c = config(TWO, {"kind": "llama-server", "members": ["big", "small"], "port": 8080})
+    router = c.hosts["box"].router
+    assert router is not None
+    assert (router.kind, router.members, router.listen, router.port) == (
+        "llama-server",
+        ("big", "small"),
+        "127.0.0.1",
+        8080,
+    )
+    assert (router.idle_ttl, router.max_loaded, router.api_key_file) == (0, None, None)
+
+
+@pytest.mark.parametrize(
+    ("instances", "router", "expected"),
+    [
+        (
+            {"big": {"variant": "upstream"}, "small": {"variant": "ik", "port": 9002}},
+            {"kind": "llama-server", "members": ["big", "small"]},
+            "r.toml: hosts.box.router.kind: a llama-server router starts every member with the "
+            "router's binary, but 'big' uses variant upstream and 'small' uses variant ik (use "
+            'kind = "llama-swap", which starts each member with its own binary)',
+        ),
+        (
+            {"big": {"variant": "ik"}, "small": {"variant": "ik", "port": 9002}},
+            {"kind": "llama-server", "members": ["big", "small"]},
+            "r.toml: hosts.box.router.kind: variant ik has no router mode (no --models-preset "
+            'in its --help) (use kind = "llama-swap")',
+        ),
+        (
+            {"big": {"environment": {"CUDA_VISIBLE_DEVICES": "0"}}, "small": {"port": 9002}},
+            {"kind": "llama-server", "members": ["big", "small"]},
+            "r.toml: hosts.box.router.kind: a llama-server router passes its own environment "
+            "to every member, but the members set different environments (give them the same "
+            'environment, or use kind = "llama-swap")',
+        ),
+        (
+            {"big": {"binary": "/opt/a/llama-server"}, "small": {"port": 9002}},
+            {"kind": "llama-server", "members": ["big", "small"]},
+            "r.toml: hosts.box.router.kind: a llama-server router starts every member with the "
+            "router's binary, but the members name different binaries (/opt/a/llama-server, "
+            '(the variant\'s)) (use one binary, or kind = "llama-swap")',
+        ),
+        (
+            APART,
+            {"kind": "llama-server", "members": ["big", "smal"]},
+            "r.toml: hosts.box.router.members: no instance 'smal' (did you mean 'small'?)",
+        ),
+        (
+            {"big": {"alias": "m"}, "small": {"alias": "m", "port": 9002}},
+            {"kind": "llama-swap", "members": ["big", "small"]},
+            "r.toml: hosts.box.router.members: two members are served as 'm' (give each member "
+            "its own alias)",
+        ),
+        (
+            {"big": {"port": 9001}, "small": {"port": 8080}},
+            {"kind": "llama-swap", "members": ["big"], "port": 8080},
+            "r.toml: hosts.box.router.port: port 8080 on host 'box' is already used by "
+            "instance 'small' (give the router its own port)",
+        ),
+        (
+            APART,
+            {"members": ["big"]},
+            'r.toml: hosts.box.router.kind: missing (set kind = "llama-server" (one variant) '
+            'or "llama-swap" (any mix))',
+        ),
+        (
+            APART,
+            {"kind": "llama-swap", "members": []},
+            "r.toml: hosts.box.router.members: is empty (list the instances it serves, e.g. "
+            'members = ["big", "small"])',
+        ),
+        (
+            APART,
+            {"kind": "nginx", "members": ["big"]},
+            "r.toml: hosts.box.router.kind: unknown value 'nginx' (known: llama-server, "
+            "llama-swap)",
+        ),
+        (
+            APART,
+            {"kind": "llama-swap", "members": ["big"], "ttl": 5},
+            "r.toml: hosts.box.router.ttl: unknown key (known: kind, members, listen, port, "
+            "idle_ttl, max_loaded, api_key_file, binary)",
+        ),
+    ],
+)
+def test_router_refusals_are_one_line(
+    instances: dict[str, dict[str, Any]], router: dict[str, Any], expected: str
+) -> None:
+    assert refusal(instances, router) == expected
+
+
+def test_llama_swap_takes_any_mix_of_variants() -> None:
+    c = config(
+        {"big": {"variant": "upstream"}, "small": {"variant": "ik", "port": 9002}},
+        {"kind": "llama-swap", "members": ["big", "small"]},
+    )
+    assert c.hosts["box"].router.kind == "llama-swap"
+
+
+def test_a_member_on_another_host_is_refused() -> None:
+    data = {
+        "hosts": {
+            "a": {"kind": "systemd", "router": {"kind": "llama-swap", "members": ["x"]}},
+            "b": {"kind": "systemd"},
+        },
+        "instances": {"x": {"model": "/m/x.gguf", "host": "b"}},
+    }
+    with pytest.raises(UserError) as err:
+        parse_config(data, "r.toml")
+    assert [str(p) for p in err.value.problems] == [
+        "r.toml: hosts.a.router.members: instance 'x' runs on host 'b', not 'a' (route it on "
+        "host 'b', or move it to this host)"
+    ]
+
+
+# --- who stays loaded -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("vram", "gpu", "max_loaded", "resident", "swapping", "reason"),
+    [
+        (
+            {"a": 10, "b": 5, "c": 8},
+            32,
+            None,
+            ("a", "b", "c"),
+            (),
+            "all fit together: 23.0 GiB of 32.0 GiB",
+        ),
+        (
+            {"a": 10, "b": 5, "c": 20},
+            32,
+            None,
+            ("a",),
+            ("b", "c"),
+            "a kept loaded (10.0 GiB), with room for the largest member that takes turns "
+            "(20.0 GiB) in 32.0 GiB",
+        ),
+        (
+            {"a": 20, "b": 20, "c": 20},
+            24,
+            None,
+            (),
+            ("a", "b", "c"),
+            "no two fit together in 24.0 GiB: one member at a time",
+        ),
+        (
+            {"a": 10, "b": 5, "c": 8},
+            32,
+            2,
+            ("a",),
+            ("b", "c"),
+            "a kept loaded (10.0 GiB), with room for the largest member that takes turns "
+            "(8.0 GiB) in 32.0 GiB; max_loaded = 2",
+        ),
+        (
+            {"a": 30, "b": 1, "c": 1},
+            24,
+            None,
+            ("b", "c"),
+            ("a",),
+            "the others fit together: 2.0 GiB of 24.0 GiB; a does not fit even alone (30.0 GiB)",
+        ),
+        (
+            {"a": None, "b": 1, "c": 1},
+            24,
+            None,
+            (),
+            ("a", "b", "c"),
+            "VRAM need of a unknown here (model not readable): one member at a time, which "
+            "never runs out of memory",
+        ),
+        ({}, None, None, ("a", "b", "c"), (), "no GPU memory to share: every member stays loaded"),
+        (
+            {},
+            None,
+            2,
+            ("a",),
+            ("b", "c"),
+            "max_loaded = 2: a kept loaded, the rest take turns",
+        ),
+    ],
+)
+def test_residency(
+    vram: dict[str, int | None],
+    gpu: int | None,
+    max_loaded: int | None,
+    resident: tuple[str, ...],
+    swapping: tuple[str, ...],
+    reason: str,
+) -> None:
+    in_bytes = {k: None if v is None else v * GIB for k, v in vram.items()}
+    plan = plan_residency(("a", "b", "c"), in_bytes, None if gpu is None else gpu * GIB, max_loaded)
+    assert (plan.resident, plan.swapping, plan.reason) == (resident, swapping, reason)
+    assert plan.max_loaded == len(resident) + (1 if swapping else 0)
+
+
+# --- the llama-server preset ------------------------------------------------------------------
+
+
+def test_preset_holds_each_members_argv_without_what_the_router_owns() -> None:
+    c = config(
+        {
+            "big": {"context": 8192, "api_key_file": "/run/k", "jinja": False},
+            "small": {
+                "port": 9002,
+                "alias": "fast",
+                "speculative": {"type": "ngram-mod", "n_max": 8},
+                "extra_args": ["--no-webui", "--cache-ram", "0"],
+            },
+        },
+        {"kind": "llama-server", "members": ["big", "small"], "idle_ttl": 600},
+        binaries={"upstream": "/opt/llama/bin/llama-server"},
+    )
+    members = r.members(c, "box")
+    assert r.preset_ini(c, "box", members) == "\n".join(
+        [
+            "; Generated by llamanix from r.toml: the router of host box.",
+            "; Each section is one member's argv as llamanix renders it for its variant.",
+            "version = 1",
+            "",
+            "[big]",
+            "m = /m/big.gguf",
+            "c = 8192",
+            "no-jinja = true",
+            "metrics = true",
+            "sleep-idle-seconds = 600",
+            "",
+            "[fast]",
+            "m = /m/small.gguf",
+            "metrics = true",
+            "spec-type = ngram-mod",
+            "spec-ngram-mod-n-max = 8",
+            "no-webui = true",
+            "cache-ram = 0",
+            "sleep-idle-seconds = 600",
+            "",
+        ]
+    )
+    plan = r.residency(c, "box", None, None)
+    assert r.llama_server_router_argv(c, "box", members, plan, "/etc/p.ini", "/run/key") == [
+        "/opt/llama/bin/llama-server",
+        "--models-preset",
+        "/etc/p.ini",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "8080",
+        "--models-max",
+        "2",
+        "--api-key-file",
+        "/run/key",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("inst", "expected"),
+    [
+        (
+            {"model": "/m/a;b.gguf"},
+            "r.toml: instances.big.model: '/m/a;b.gguf' holds ';', '#' or a newline, which a "
+            'llama-server preset cannot hold (rename the file, or use kind = "llama-swap")',
+        ),
+        (
+            {"extra_args": ["--cache-ram", "0", "--cache-ram", "1"]},
+            "r.toml: instances.big.extra_args: --cache-ram appears twice in its argv, and a "
+            'llama-server preset holds each option once (give it once, or use kind = "llama-swap")',
+        ),
+    ],
+)
+def test_preset_refuses_what_it_cannot_hold(inst: dict[str, Any], expected: str) -> None:
+    c = config({"big": inst}, {"kind": "llama-server", "members": ["big"]})
+    with pytest.raises(UserError) as err:
+        r.preset_ini(c, "box", r.members(c, "box"))
+    assert [str(p) for p in err.value.problems] == [expected]
+
+
+# --- upstream's router mode, really ---------------------------------------------------------
+
+
+def _long_forms(help_text: str) -> dict[str, str]:
+    """Every spelling of an option -> its last (long) one, as the router writes child argv."""
+    _flags, _removed, details = parse_help(help_text)
+    groups: dict[tuple[str, str], list[str]] = {}
+    for name, detail in details.items():
+        groups.setdefault(detail, []).append(name)
+    return {name: names[-1] for names in groups.values() for name in names}
+
+
+def _pairs(argv: list[str], long: dict[str, str]) -> set[tuple[str, str]]:
+    """(long flag, value or "") pairs of an argv, program left out."""
+    out: set[tuple[str, str]] = set()
+    i = 1
+    while i < len(argv):
+        flag = long.get(argv[i], argv[i])
+        if i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+            out.add((flag, argv[i + 1]))
+            i += 2
+        else:
+            out.add((flag, ""))
+            i += 1
+    return out
+
+
+def _chat(url: str, model: str) -> httpx.Response:
+    return httpx.post(
+        f"{url}/v1/chat/completions",
+        json={"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+        timeout=120,
+    )
+
+
+def _statuses(url: str) -> dict[str, dict[str, Any]]:
+    data = httpx.get(f"{url}/models", timeout=10).json()["data"]
+    return {m["id"]: m["status"] for m in data}
+
+
+@pytest.mark.server
+def test_router_mode_serves_two_members_on_one_port_and_evicts(
+    llama_server_bin: Path, synth_models: Any, tmp_path: Path
+) -> None:
+    port = free_port()
+    c = parse_config(
+        {
+            "hosts": {
+                "box": {
+                    "kind": "systemd",
+                    "binaries": {"upstream": str(llama_server_bin)},
+                    "router": {
+                        "kind": "llama-server",
+                        "members": ["alpha", "beta"],
+                        "port": port,
+                        "max_loaded": 1,
+                    },
+                }
+            },
+            "instances": {
+                "alpha": {
+                    "model": str(synth_models.target),
+                    "context": 1024,
+                    "parallel": 1,
+                    "threads": 1,
+                },
+                "beta": {
+                    "model": str(synth_models.builtin_vocab),
+                    "alias": "beta-model",
+                    "context": 1024,
+                    "parallel": 1,
+                    "threads": 1,
+                    "port": 9,
+                    "speculative": {"type": "ngram-mod", "n_max": 8},
+                },
+            },
+        },
+        "r.toml",
+    )
+    members = r.members(c, "box")
+    plan = r.residency(c, "box", None, None)
+    assert (plan.swapping, plan.max_loaded) == (("alpha", "beta"), 1)
+    preset = tmp_path / r.PRESET_FILE
+    preset.write_text(r.preset_ini(c, "box", members))
+    argv = r.llama_server_router_argv(c, "box", members, plan, str(preset))
+    url = f"http://127.0.0.1:{port}"
+    log = (tmp_path / "router.log").open("w")
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert proc.poll() is None, (tmp_path / "router.log").read_text()
+            assert time.monotonic() < deadline, "router did not answer /health"
+            time.sleep(0.2)
+        assert {k: v["value"] for k, v in _statuses(url).items()} == {
+            "alpha": "unloaded",
+            "beta-model": "unloaded",
+        }
+        long = _long_forms(
+            subprocess.run([str(llama_server_bin), "--help"], capture_output=True, text=True).stdout
+        )
+        for served, member in (
+            ("alpha", members[0]),
+            ("beta-model", members[1]),
+            ("alpha", members[0]),
+        ):
+            answer = _chat(url, served)
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["model"] == served
+            status = _statuses(url)
+            other = "beta-model" if served == "alpha" else "alpha"
+            # --models-max 1: loading one member evicted the other.
+            assert (status[served]["value"], status[other]["value"]) == ("loaded", "unloaded")
+            child = status[served]["args"]
+            # The child runs the member's own argv; only the address and alias are the router's.
+            ours = [t for a in member.pieces if a.field not in r.ROUTER_OWNED for t in a.tokens]
+            theirs = _pairs(child, long) - {
+                (long["--host"], "127.0.0.1"),
+                (long["--alias"], served),
+            }
+            theirs = {p for p in theirs if p[0] != long["--port"]}
+            assert theirs == _pairs(ours, long)
+            assert child[0] == str(llama_server_bin)
+    finally:
+        # The router and the children it started share its process group.
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
+    assert json.dumps(argv).count("--models-preset") == 1
