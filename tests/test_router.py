@@ -463,3 +463,67 @@ def test_router_mode_serves_two_members_on_one_port_and_evicts(
             proc.wait()
         log.close()
     assert json.dumps(argv).count("--models-preset") == 1
+
+
+# --- plan -------------------------------------------------------------------------------------
+
+
+def test_plan_shows_who_stays_loaded_and_why(synth_models: Any, tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from llamanix.cli import main
+
+    path = tmp_path / "llamanix.toml"
+    path.write_text(
+        f"""\
+[hosts.box]
+kind = "systemd"
+gpu = "rtx3090"
+
+[hosts.box.router]
+kind = "llama-server"
+members = ["alpha", "beta", "gamma"]
+port = 8080
+max_loaded = 2
+
+[instances.alpha]
+model = "{synth_models.target}"
+port = 9001
+
+[instances.beta]
+model = "{synth_models.builtin_vocab}"
+alias = "beta-model"
+port = 9002
+
+[instances.gamma]
+model = "/nowhere/gamma.gguf"
+port = 9003
+"""
+    )
+    result = CliRunner().invoke(main, ["plan", str(path), "--no-security", "--json"])
+    assert result.exit_code == 0, result.output
+    host = json.loads(result.stdout)["hosts"]["box"]
+    assert host["router"] == {
+        "kind": "llama-server",
+        "address": "127.0.0.1:8080",
+        "members": {"alpha": "alpha", "beta": "beta-model", "gamma": "gamma"},
+        "resident": [],
+        "take_turns": ["alpha", "beta", "gamma"],
+        "max_loaded": 1,
+        "reason": "VRAM need of gamma unknown here (model not readable): one member at a time, "
+        "which never runs out of memory",
+        "too_big": [],
+    }
+    assert [row["address"] for row in host["instances"]] == [
+        "127.0.0.1:8080 as alpha",
+        "127.0.0.1:8080 as beta-model",
+        "127.0.0.1:8080 as gamma",
+    ]
+    # Without the unreadable member, both fit in the RTX 3090's 24 GiB, within max_loaded.
+    path.write_text(path.read_text().replace(', "gamma"]', "]"))
+    text = CliRunner().invoke(main, ["plan", str(path), "--no-security"])
+    assert text.exit_code == 0, text.output
+    line = "router llama-server on 127.0.0.1:8080: alpha as 'alpha', beta as 'beta-model'\n"
+    assert line in text.stdout
+    assert "  loaded together: alpha, beta\n" in text.stdout
+    assert "  why: all fit together: " in text.stdout

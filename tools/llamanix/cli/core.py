@@ -176,6 +176,26 @@ def plan(
                 "-" if exposure is None else f"{exposure:.1f}",
             )
         console.print(table)
+        if (router := host_plan["router"]) is not None:
+            served = router["members"]
+            console.print(
+                f"router {router['kind']} on {router['address']}: "
+                + ", ".join(f"{m} as '{served[m]}'" for m in served),
+                highlight=False,
+            )
+            if router["resident"]:
+                console.print(
+                    f"  loaded together: {', '.join(router['resident'])}", highlight=False
+                )
+            if router["take_turns"]:
+                console.print(
+                    f"  take turns, one at a time: {', '.join(router['take_turns'])}",
+                    highlight=False,
+                )
+            console.print(
+                f"  why: {router['reason']} (at most {router['max_loaded']} loaded)",
+                highlight=False,
+            )
         # What validate refuses: a plan still shows what would run, with these on top.
         for line in host_plan["unseen_paths"]:
             console.print(f"[yellow]warning[/]: {escape(line)}", highlight=False)

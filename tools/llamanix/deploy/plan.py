@@ -11,6 +11,7 @@ from llamanix.core.config import Config, Host, Instance
 from llamanix.core.drift import WHOLE, FieldDrift, drift_report
 from llamanix.core.errors import Problem, UserError
 from llamanix.core.probe_diff import flip_warning, probe_diff
+from llamanix.core.residency import plan_residency
 from llamanix.core.variants import VARIANTS
 from llamanix.external import systemd_analyze
 from llamanix.external.files import atomic_write
@@ -146,6 +147,51 @@ def _drift(
     return list(drift_report(config, before, after, (name,)).instances[0].fields)
 
 
+def _router_plan(config: Config, host: str, rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The host's router: its endpoint, and which members stay loaded together and which take
+    turns (from each member's VRAM fit), and why."""
+    router = config.hosts[host].router
+    if router is None:
+        return None
+    fits = {row["name"]: row["vram"] for row in rows}
+    vram = {
+        name: (fit or {}).get("vram_bytes") if fit and "error" not in fit else None
+        for name, fit in fits.items()
+    }
+    memory = next(
+        (f["gpu_memory_bytes"] for f in fits.values() if f and "gpu_memory_bytes" in f), None
+    )
+    gpu = config.hosts[host].gpu
+    if memory is None and gpu is not None:
+        from llamanix.core.gpus import load_gpus
+        from llamanix.measure.ceiling import gpu_memory_bytes
+
+        memory = gpu_memory_bytes(load_gpus()[gpu])
+    plan = plan_residency(router.members, vram, memory, router.max_loaded)
+    return {
+        "kind": router.kind,
+        "address": f"{router.listen}:{router.port}",
+        "members": {m: served_name(config.instances[m]) for m in router.members},
+        "resident": list(plan.resident),
+        "take_turns": list(plan.swapping),
+        "max_loaded": plan.max_loaded,
+        "reason": plan.reason,
+        "too_big": list(plan.too_big),
+    }
+
+
+def _address(config: Config, host: str, name: str, own: str) -> str:
+    """Where clients reach the instance: its own address, or its router's and its name there."""
+    router = config.hosts[host].router
+    if router is None or name not in router.members:
+        return own
+    return f"{router.listen}:{router.port} as {served_name(config.instances[name])}"
+
+
+def served_name(inst: Instance) -> str:
+    return inst.alias or inst.name
+
+
 def _refuse_drift(
     config: Config, names: list[str], previous: CapabilityMap, caps: CapabilityMap
 ) -> None:
@@ -200,7 +246,7 @@ def plan_config(
                         "name": r.name,
                         "variant": r.variant,
                         "pinned_revision": pins.get(VARIANTS[r.variant].flake_input or "nixpkgs"),
-                        "address": f"{r.listen}:{r.port}",
+                        "address": _address(config, name, r.name, f"{r.listen}:{r.port}"),
                         "speculative": speculative_summary(inst),
                         "argv": r.argv,
                         "unit": r.unit,
@@ -224,6 +270,7 @@ def plan_config(
                 "kind": render.kind,
                 "instances": rows,
                 "unseen_paths": [str(p) for p in unseen(config, render)],
+                "router": _router_plan(config, name, rows),
             }
             if render.kind == "systemd-user":
                 # systemd-analyze --offline scores any unit as a system service running as
