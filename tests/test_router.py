@@ -527,3 +527,104 @@ port = 9003
     assert line in text.stdout
     assert "  loaded together: alpha, beta\n" in text.stdout
     assert "  why: all fit together: " in text.stdout
+
+
+# --- llama-swap -------------------------------------------------------------------------------
+
+SWAP_SCHEMA = Path(__file__).parent / "data" / "llama-swap" / "config-schema.json"
+
+
+def _swap_config(**router: Any) -> Any:
+    return config(
+        {
+            "big": {
+                "variant": "upstream",
+                "context": 32768,
+                "api_key_file": "/run/secrets/k",
+                "environment": {"GGML_CUDA_ENABLE_UNIFIED_MEMORY": "0"},
+                "speculative": {"type": "draft", "draft_model": "/m/d one.gguf", "n_max": 8},
+            },
+            "small": {"variant": "ik", "alias": "fast", "port": 9002, "parallel": 1},
+            "embed": {"variant": "nixpkgs", "port": 9003, "extra_args": ["--embeddings"]},
+        },
+        {"kind": "llama-swap", "members": ["big", "small", "embed"], **router},
+        gpu="rtx3090",
+        binaries={
+            "upstream": "/opt/llama/bin/llama-server",
+            "ik": "/opt/ik/bin/llama-server",
+            "nixpkgs": "/usr/bin/llama-server",
+        },
+    )
+
+
+@pytest.mark.parametrize(
+    ("router", "vram", "groups"),
+    [
+        # Nothing known about the members' memory: they take turns.
+        ({}, None, {"take-turns": (True, ["big", "fast", "embed"])}),
+        (
+            {"idle_ttl": 300},
+            # Config order is priority: big stays, with room for the larger of the others.
+            {"big": 22 * GIB, "small": 2 * GIB, "embed": 1 * GIB},
+            {"resident": (False, ["big"]), "take-turns": (True, ["fast", "embed"])},
+        ),
+        (
+            {},
+            {"big": 10 * GIB, "small": 2 * GIB, "embed": 1 * GIB},
+            {"resident": (False, ["big", "fast", "embed"])},
+        ),
+    ],
+)
+def test_llama_swap_yaml_validates_against_its_schema_and_runs_our_argv(
+    router: dict[str, Any], vram: dict[str, int] | None, groups: dict[str, Any]
+) -> None:
+    import shlex
+
+    import jsonschema
+    import yaml
+
+    c = _swap_config(**router)
+    members = r.members(c, "box")
+    plan = r.residency(c, "box", vram, 24 * GIB)
+    text = r.swap_yaml(c, "box", members, plan, health_timeout_s=300)
+    data = yaml.safe_load(text)
+    jsonschema.Draft7Validator(json.loads(SWAP_SCHEMA.read_text())).validate(data)
+    assert list(data["models"]) == ["big", "fast", "embed"]
+    for member in members:
+        entry = data["models"][member.served_as]
+        argv = shlex.split(entry["cmd"])
+        # The member's own argv for its variant, with llama-swap's address instead of its own
+        # and no key (the proxy is the only client).
+        own = [
+            t
+            for a in member.pieces
+            if a.field not in ("listen", "port", "api_key_file")
+            for t in a.tokens
+        ]
+        assert argv == [*own, "--host", "127.0.0.1", "--port", "${PORT}"]
+        assert entry["proxy"] == "http://127.0.0.1:${PORT}"
+        assert entry["checkEndpoint"] == "/health"
+        assert entry.get("ttl") == router.get("idle_ttl")
+    big = shlex.split(data["models"]["big"]["cmd"])
+    assert big[0] == "/opt/llama/bin/llama-server"
+    assert big[big.index("--spec-draft-model") + 1] == "/m/d one.gguf"
+    assert "--api-key-file" not in big and "/run/secrets/k" not in data["models"]["big"]["cmd"]
+    assert shlex.split(data["models"]["fast"]["cmd"])[0] == "/opt/ik/bin/llama-server"
+    assert "fast:n_max" not in data["models"]["fast"]["cmd"]
+    assert data["models"]["big"]["env"] == ["GGML_CUDA_ENABLE_UNIFIED_MEMORY=0"]
+    assert {name: (g["swap"], g["members"]) for name, g in data.get("groups", {}).items()} == groups
+    for g in data.get("groups", {}).values():
+        assert g["exclusive"] is False and g["persistent"] is (not g["swap"])
+    assert data["healthCheckTimeout"] == 300
+
+
+def test_llama_swap_refuses_a_lower_case_environment_name() -> None:
+    with pytest.raises(UserError) as err:
+        config(
+            {"big": {"environment": {"hf_home": "/x"}}},
+            {"kind": "llama-swap", "members": ["big"]},
+        )
+    assert [str(p) for p in err.value.problems] == [
+        "r.toml: instances.big.environment.hf_home: llama-swap takes only upper-case "
+        "environment names (write it as HF_HOME)"
+    ]

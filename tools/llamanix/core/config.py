@@ -33,6 +33,8 @@ from llamanix.core.variants import DRAFTER_SETTINGS, VARIANTS, Variant
 
 IMPLICIT_HOST = "local"
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# llama-swap's config schema: a model's env entries match ^[A-Z_][A-Z0-9_]*=.
+_SWAP_ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 _CUDA_ARCH = re.compile(r"^\d+\.\d+[af]?$")
 # Environment variables through which llama-server would read a key: a key there would end up
 # in the unit text, so it is refused in favour of api_key_file.
@@ -476,6 +478,15 @@ def _check_routers(c: _Checker, hosts: dict[str, Host], instances: dict[str, Ins
         if router.kind == "llama-server":
             for problem in _one_binary_problems(members, host):
                 c.add(f"{where}.kind", *problem)
+        else:
+            for inst in members:
+                for key in inst.environment:
+                    if not _SWAP_ENV_NAME.match(key):
+                        c.add(
+                            f"instances.{inst.name}.environment.{key}",
+                            "llama-swap takes only upper-case environment names",
+                            f"write it as {key.upper()}",
+                        )
         for inst in instances.values():
             if (
                 inst.host == host.name
