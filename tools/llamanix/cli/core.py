@@ -23,7 +23,7 @@ from llamanix.core.probe import Capabilities, load_capabilities
 from llamanix.core.probe_diff import probe_diff
 from llamanix.deploy.plan import plan_config, unseen
 from llamanix.external.llama_server import probe_binary
-from llamanix.render.units import CapabilityMap, render_host, write_render
+from llamanix.render.units import CapabilityMap, pick_host, render_host, write_render
 
 FC = TypeVar("FC", bound=Callable[..., Any])
 CONFIG = click.argument("config", type=click.Path(path_type=Path, dir_okay=False))
@@ -234,7 +234,15 @@ def render(
 ) -> None:
     """Write llamanix-NAME.service, NAME.argv.json and manifest.json for a host."""
     cfg = load_config(config)
-    result = render_host(cfg, host, _load_caps(capabilities), user=True if user else None)
+    from llamanix.deploy.plan import member_vram
+
+    result = render_host(
+        cfg,
+        host,
+        _load_caps(capabilities),
+        user=True if user else None,
+        vram=member_vram(cfg, pick_host(cfg, host)),
+    )
     for inst in result.instances:
         for warning in inst.warnings:
             click.echo(f"warning: {inst.name}: {warning}", err=True)

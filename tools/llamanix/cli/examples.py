@@ -64,6 +64,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "readiness": (
         "llamanix readiness --url http://127.0.0.1:8080 --model /srv/models/qwen.gguf",
         "llamanix readiness --url http://127.0.0.1:8080 --timeout 30",
+        "llamanix readiness --url http://127.0.0.1:8080 --served-model big --served-model small",
     ),
     "bench": (
         "llamanix bench --url http://127.0.0.1:8080 -o base.json",

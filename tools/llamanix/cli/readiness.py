@@ -25,6 +25,14 @@ from llamanix.cli.options import (
     multiple=True,
     help="A model file the server loads (repeatable); their size sets the deadline.",
 )
+@click.option(
+    "--served-model",
+    "served_models",
+    multiple=True,
+    metavar="NAME",
+    help="A router: a model name that must answer too (repeatable); each is asked in turn, so "
+    "each member is loaded and checked.",
+)
 @api_key_file_option
 @click.option("--pid", type=int, help="The server's pid ($MAINPID): stop waiting once it exits.")
 @timeout_option(None, "Seconds to wait (default: from the model size).")
@@ -38,6 +46,7 @@ from llamanix.cli.options import (
 def readiness(
     url: str,
     model_files: tuple[str, ...],
+    served_models: tuple[str, ...],
     api_key_file: Path | None,
     pid: int | None,
     timeout_s: float | None,
@@ -54,7 +63,7 @@ def readiness(
 
     timeout_s = deprecated(timeout_s, deadline, "--deadline", "--timeout")
     check = ReadinessCheck(
-        url.rstrip("/"), model_files, api_key_file, pid, timeout_s, as_server_user
+        url.rstrip("/"), model_files, api_key_file, pid, timeout_s, as_server_user, served_models
     )
     try:
         took = wait_ready(check)

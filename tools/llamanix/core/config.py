@@ -468,6 +468,12 @@ def _check_routers(c: _Checker, hosts: dict[str, Host], instances: dict[str, Ins
                 )
             else:
                 members.append(inst)
+        if "router" in instances and instances["router"].host == host.name:
+            c.add(
+                "instances.router",
+                f"host '{host.name}' has a router, whose unit is llamanix-router.service",
+                "rename the instance",
+            )
         names = [m.alias or m.name for m in members]
         for served in {n for n in names if names.count(n) > 1}:
             c.add(

@@ -18,7 +18,13 @@ from llamanix.external.files import atomic_write
 from llamanix.external.nix import locked_revisions
 from llamanix.render.manifest import Render
 from llamanix.render.paths import unseen_paths
-from llamanix.render.units import CapabilityMap, capabilities_for, pick_host, render_host
+from llamanix.render.units import (
+    CapabilityMap,
+    capabilities_for,
+    member_entries,
+    pick_host,
+    render_host,
+)
 
 
 def speculative_summary(inst: Instance) -> str:
@@ -121,7 +127,7 @@ def unseen(config: Config, render: Render) -> list[Problem]:
 def _exposures(render: Render, tmp: Path) -> dict[str, float]:
     """Every unit's offline exposure score, by unit file name, from one systemd-analyze run."""
     units = []
-    for rendered in render.instances:
+    for rendered in (*render.instances, *([render.router] if render.router else [])):
         unit = tmp / rendered.unit
         atomic_write(unit, rendered.unit_text)
         units.append(unit)
@@ -147,26 +153,33 @@ def _drift(
     return list(drift_report(config, before, after, (name,)).instances[0].fields)
 
 
-def _router_plan(config: Config, host: str, rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+def member_vram(config: Config, host: str) -> dict[str, int | None] | None:
+    """Each router member's VRAM need where its model is readable here (None otherwise), for
+    the router's residency; None when the host has no router or no GPU table entry."""
+    router = config.hosts[host].router
+    if router is None or config.hosts[host].gpu is None:
+        return None
+    out: dict[str, int | None] = {}
+    for name in router.members:
+        fit = fit_and_ceiling(config.instances[name], config.hosts[host])
+        out[name] = None if fit is None or "error" in fit else int(fit["vram_bytes"])
+    return out
+
+
+def _router_plan(config: Config, host: str) -> dict[str, Any] | None:
     """The host's router: its endpoint, and which members stay loaded together and which take
     turns (from each member's VRAM fit), and why."""
     router = config.hosts[host].router
     if router is None:
         return None
-    fits = {row["name"]: row["vram"] for row in rows}
-    vram = {
-        name: (fit or {}).get("vram_bytes") if fit and "error" not in fit else None
-        for name, fit in fits.items()
-    }
-    memory = next(
-        (f["gpu_memory_bytes"] for f in fits.values() if f and "gpu_memory_bytes" in f), None
-    )
     gpu = config.hosts[host].gpu
-    if memory is None and gpu is not None:
+    memory = None
+    if gpu is not None:
         from llamanix.core.gpus import load_gpus
         from llamanix.measure.ceiling import gpu_memory_bytes
 
         memory = gpu_memory_bytes(load_gpus()[gpu])
+    vram = member_vram(config, host) or {}
     plan = plan_residency(router.members, vram, memory, router.max_loaded)
     return {
         "kind": router.kind,
@@ -235,10 +248,10 @@ def plan_config(
     out: dict[str, Any] = {"config": config.source, "hosts": {}}
     with tempfile.TemporaryDirectory(prefix="llamanix-plan-") as tmp:
         for name in hosts:
-            render = render_host(config, name, caps)
+            render = render_host(config, name, caps, vram=member_vram(config, name))
             exposures = _exposures(render, Path(tmp)) if measure else {}
             rows = []
-            for r in render.instances:
+            for r in (*render.instances, *member_entries(config, render, caps)):
                 inst = config.instances[r.name]
                 fit = fit_and_ceiling(inst, config.hosts[name])
                 rows.append(
@@ -270,7 +283,7 @@ def plan_config(
                 "kind": render.kind,
                 "instances": rows,
                 "unseen_paths": [str(p) for p in unseen(config, render)],
-                "router": _router_plan(config, name, rows),
+                "router": _router_plan(config, name),
             }
             if render.kind == "systemd-user":
                 # systemd-analyze --offline scores any unit as a system service running as

@@ -352,7 +352,13 @@ def _prepare(
     state = HostState.beside(path, host)
     manager = make_manager(config, host, state, opts.manager, opts.units_dir)
     manager.preflight(runner)
-    render = with_source_revisions(render_host(config, host), config, manager.runs_flake_packages)
+    from llamanix.deploy.plan import member_vram
+
+    render = with_source_revisions(
+        render_host(config, host, vram=member_vram(config, host)),
+        config,
+        manager.runs_flake_packages,
+    )
     new_files = render.files()
     current = state.current()
     old_files = current.files() if current else manager.installed()

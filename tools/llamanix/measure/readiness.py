@@ -49,6 +49,9 @@ class ReadinessCheck:
     # Started as root by the unit's "+" line: read the key as the server sees it, then become the
     # server's user (see the module's docstring).
     as_server_user: bool = False
+    # A router: each of these model names must answer a one-token completion, asked one after
+    # the other, so each member is loaded (and checked) in turn.
+    served_models: tuple[str, ...] = ()
 
     def effective_deadline_s(self) -> float:
         if self.deadline_s is not None:
@@ -114,6 +117,8 @@ def wait_ready(check: ReadinessCheck) -> float:
     if check.as_server_user and check.pid is not None:
         become_user_of(check.pid)
     last = "no answer yet"
+    # "" = the one model of a plain server, which takes no model name.
+    pending = list(check.served_models or ("",))
     probe = _Probe(check.url, api_key, timeout_s=max(10.0, limit))
     while True:
         elapsed = time.monotonic() - started
@@ -126,14 +131,20 @@ def wait_ready(check: ReadinessCheck) -> float:
             if health != 200:
                 last = f"/health answered {health}"
             else:
-                done = probe.status(
-                    "POST", "/completion", {"prompt": "Hello", "n_predict": 1, "temperature": 0}
-                )
-                if done == 200:
+                while pending:
+                    body: dict[str, object] = {"prompt": "Hello", "n_predict": 1, "temperature": 0}
+                    if pending[0]:
+                        body["model"] = pending[0]
+                    done = probe.status("POST", "/completion", body)
+                    named = f" for model {pending[0]}" if pending[0] else ""
+                    last = f"a one-token completion{named} answered {done}"
+                    if done in (401, 403):
+                        raise NotReady(f"{check.url}: {last}: check the API key file")
+                    if done != 200:
+                        break
+                    pending.pop(0)
+                if not pending:
                     return time.monotonic() - started
-                last = f"a one-token completion answered {done}"
-                if done in (401, 403):
-                    raise NotReady(f"{check.url}: {last}: check the API key file")
         except _Failed as err:
             last = err.kind
         time.sleep(POLL_S)

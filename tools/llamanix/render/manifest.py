@@ -40,6 +40,11 @@ class RenderedInstance:
     # What the renderer wants the user to know (e.g. the binary speaks another dialect than
     # its variant declares); printed by `llamanix render`, not written to any file.
     warnings: tuple[str, ...] = ()
+    # A router only: the config file it reads (carried in its unit) and its members, each with
+    # the model name clients ask for.
+    config_name: str | None = None
+    config_text: str | None = None
+    served: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -107,6 +112,54 @@ class ManifestInstance:
 
 
 @dataclass(frozen=True)
+class ManifestRouter:
+    """The router's entry: its unit, kind and endpoint, and the members behind it."""
+
+    unit: str
+    kind: str
+    argv: tuple[str, ...]
+    listen: str
+    port: int
+    served: Mapping[str, str]  # member instance -> the model name clients ask for
+    config_name: str | None = None
+
+    @staticmethod
+    def of(r: RenderedInstance) -> ManifestRouter:
+        return ManifestRouter(
+            r.unit, r.variant, r.argv, r.listen, r.port, dict(r.served), r.config_name
+        )
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "unit": self.unit,
+            "kind": self.kind,
+            "argv": list(self.argv),
+            "listen": self.listen,
+            "port": self.port,
+            "served": dict(self.served),
+            "config_name": self.config_name,
+        }
+
+    @staticmethod
+    def from_json(data: object) -> ManifestRouter:
+        if not isinstance(data, dict):
+            raise ValueError("router is not a table")
+        served = jf.table(data.get("served"))
+        port = jf.integer(data.get("port"))
+        if port is None:
+            raise ValueError("router has no port")
+        return ManifestRouter(
+            unit=jf.text(data.get("unit")) or unit_name("router"),
+            kind=jf.text(data.get("kind")) or "",
+            argv=jf.texts(data.get("argv")),
+            listen=jf.text(data.get("listen")) or "127.0.0.1",
+            port=port,
+            served={k: v for k, v in served.items() if isinstance(v, str)},
+            config_name=jf.text(data.get("config_name")),
+        )
+
+
+@dataclass(frozen=True)
 class Manifest:
     """``manifest.json``: which instances a render holds, and what each runs."""
 
@@ -114,14 +167,18 @@ class Manifest:
     host: str
     kind: HostKind
     instances: Mapping[str, ManifestInstance]
+    router: ManifestRouter | None = None
 
     def to_json(self) -> dict[str, object]:
-        return {
+        out: dict[str, object] = {
             "config_hash": self.config_hash,
             "host": self.host,
             "kind": self.kind,
             "instances": {name: i.to_json() for name, i in self.instances.items()},
         }
+        if self.router is not None:
+            out["router"] = self.router.to_json()
+        return out
 
     def text(self) -> str:
         return json.dumps(self.to_json(), indent=2) + "\n"
@@ -146,6 +203,7 @@ class Manifest:
                 str(name): ManifestInstance.from_json(str(name), entry)
                 for name, entry in instances.items()
             },
+            router=None if data.get("router") is None else ManifestRouter.from_json(data["router"]),
         )
 
     @staticmethod
@@ -173,6 +231,7 @@ class Render:
     kind: HostKind
     config_hash: str
     instances: tuple[RenderedInstance, ...] = ()
+    router: RenderedInstance | None = None
 
     def manifest(self) -> Manifest:
         return Manifest(
@@ -180,13 +239,17 @@ class Render:
             host=self.host,
             kind=self.kind,
             instances={r.name: ManifestInstance.of(r) for r in self.instances},
+            router=None if self.router is None else ManifestRouter.of(self.router),
         )
 
     def files(self) -> dict[str, str]:
         out: dict[str, str] = {}
-        for r in self.instances:
+        for r in (*self.instances, *([self.router] if self.router else [])):
             out[r.unit] = r.unit_text
             out[f"{r.name}.argv.json"] = json.dumps(list(r.argv), indent=2) + "\n"
+        if self.router is not None and self.router.config_name:
+            # For reading only: the unit carries the same text as its credential.
+            out[self.router.config_name] = self.router.config_text or ""
         out[MANIFEST] = self.manifest().text()
         return out
 

@@ -74,14 +74,15 @@ def unseen_paths(config: Config, render: Render, local: bool) -> list[Problem]:
             problems.append(Problem(config.source, field, *found))
         return found is not None
 
-    for rendered in render.instances:
+    for rendered in (*render.instances, *units.member_entries(config, render)):
         sandbox = sandbox_of(config, rendered, user)
         for item in instance_paths(config, rendered):
             check(item.field, item.path, item.role, sandbox)
-    if local and render.instances:
+    entries = [*render.instances, *units.member_entries(config, render)]
+    if local and entries:
         # The same llamanix runs every instance's readiness check: named once, by its first
         # path the unit cannot use (they share the fix).
-        sandbox = sandbox_of(config, render.instances[0], user)
+        sandbox = sandbox_of(config, entries[0], user)
         for path in units.llamanix_paths():
             if check(LLAMANIX_FIELD, path, "llamanix", sandbox):
                 break

@@ -16,6 +16,7 @@ import re
 import shutil
 import sys
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 
 import jinja2
@@ -30,9 +31,12 @@ from llamanix.core.readiness import start_timeout_s
 from llamanix.core.visibility import protect_home
 from llamanix.external.files import atomic_write
 from llamanix.external.paths import script_interpreter
+from llamanix.render import router as routing
 from llamanix.render.manifest import MANIFEST, Manifest, Render, RenderedInstance, unit_name
 
 PREVIOUS = ".previous"
+# The unit name of a host's router (an instance may not take it on a routed host).
+ROUTER = "router"
 # The NVIDIA device nodes CUDA opens (control, per-GPU, UVM and capability nodes), bound into the
 # private /dev of a GPU system unit with gpu_sandbox = "private-dev", the way container runtimes
 # do. "-": a node absent on this machine (a GPU index beyond the installed ones, nvidia-caps
@@ -283,6 +287,7 @@ def render_instance(
         gpu_sandbox=host.gpu_sandbox,
         nvidia_nodes=NVIDIA_NODES,
         wanted_by="default.target" if user else "multi-user.target",
+        credentials=[],
     )
     return RenderedInstance(
         name=inst.name,
@@ -302,7 +307,11 @@ def render_instance(
 
 
 def render_host(
-    config: Config, host: str | None, caps: CapabilityMap | None = None, user: bool | None = None
+    config: Config,
+    host: str | None,
+    caps: CapabilityMap | None = None,
+    user: bool | None = None,
+    vram: Mapping[str, int | None] | None = None,
 ) -> Render:
     """Render in memory; raises UserError (nothing written) when anything is wrong."""
     name = pick_host(config, host)
@@ -322,11 +331,21 @@ def render_host(
             )
     problems: list[Problem] = []
     rendered: list[RenderedInstance] = []
+    router = config.hosts[name].router
+    members = router.members if router else ()
     for inst in config.instances_on(name):
+        if inst.name in members:
+            continue  # a child of the router's unit, not a unit of its own
         try:
             rendered.append(
                 render_instance(config, inst, capabilities_for(caps, inst.name), as_user, digest)
             )
+        except UserError as err:
+            problems.extend(err.problems)
+    routed = None
+    if router is not None:
+        try:
+            routed = render_router(config, name, caps, as_user, digest, vram)
         except UserError as err:
             problems.extend(err.problems)
     if problems:
@@ -336,7 +355,180 @@ def render_host(
         kind="systemd-user" if as_user else kind,
         config_hash=digest,
         instances=tuple(rendered),
+        router=routed,
     )
+
+
+def _credential_value(text: str) -> str:
+    """SetCredential='s data: systemd C-unescapes it and expands no specifier (checked under
+    systemd 252 and 257), so only backslashes and line breaks are escaped."""
+    return text.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r")
+
+
+def _unit_word(token: str) -> str:
+    # %d/NAME is the unit's credentials directory: a specifier systemd must expand.
+    if token.startswith("%d/") and _PLAIN_ARG.fullmatch(token[3:]):
+        return token
+    return systemd_escape_arg(token)
+
+
+def render_router(
+    config: Config,
+    host_name: str,
+    caps: CapabilityMap,
+    user: bool,
+    digest: str,
+    vram: Mapping[str, int | None] | None = None,
+) -> RenderedInstance:
+    """The router's one unit: llama-server in router mode, or llama-swap, with the members as
+    its children and its config carried in the unit as a credential."""
+    host = config.hosts[host_name]
+    router = routing.router_of(config, host_name)
+    where = f"hosts.{host_name}.router"
+    members = routing.members(config, host_name, caps)
+    insts = [config.instances[m.name] for m in members]
+    plan = routing.residency(config, host_name, vram, _gpu_memory(host.gpu))
+    model_files = [p for i in insts for p in (i.model, i.speculative.draft_model) if p]
+    key_path = _CREDENTIAL_PATH if router.api_key_file else None
+    environment_of: Mapping[str, str] = {}
+    if router.kind == "llama-server":
+        config_name = routing.PRESET_FILE
+        config_text = routing.preset_ini(config, host_name, members)
+        argv = routing.llama_server_router_argv(
+            config, host_name, members, plan, f"%d/{config_name}", key_path
+        )
+        environment_of = insts[0].environment  # equal for all members (core.config checks)
+    else:
+        if router.binary is None:
+            raise UserError(
+                Problem(
+                    config.source,
+                    f"{where}.binary",
+                    "missing: llamanix needs llama-swap's path on this host",
+                    'set binary = "/usr/local/bin/llama-swap"',
+                )
+            )
+        if router.api_key_file:
+            raise UserError(
+                Problem(
+                    config.source,
+                    f"{where}.api_key_file",
+                    "a llama-swap router cannot take a key file yet (its apiKeys would put the "
+                    "key into its config)",
+                    'leave it out and keep the router on loopback, or use kind = "llama-server"',
+                )
+            )
+        config_name = routing.SWAP_FILE
+        config_text = routing.swap_yaml(
+            config, host_name, members, plan, start_timeout_s(model_files)
+        )
+        argv = [router.binary, "--config", f"%d/{config_name}"]
+        argv += ["--listen", f"{router.listen}:{router.port}"]
+    state = "llamanix-router"
+    environment = [
+        _environment_line("HOME", f"%C/{state}", expand=True),
+        _environment_line("LLAMA_CACHE", f"%C/{state}", expand=True),
+        *(_environment_line(k, v) for k, v in sorted(environment_of.items())),
+    ]
+    gpu = host.has_gpu and any(i.gpu_layers != 0 for i in insts)
+    programs = [m.pieces[0].tokens[0] for m in members]
+    home = protect_home([argv[0], *programs, *model_files, llamanix_command()[0]], user)
+    text = _template().render(
+        source=Path(config.source).name,
+        config_hash=digest[:19],
+        name=ROUTER,
+        variant=router.kind,
+        exec_start=" ".join(_unit_word(w) for w in argv),
+        exec_start_post=_router_readiness_line(
+            router.listen, router.port, members, model_files, key_path
+        ),
+        timeout_start_s=start_timeout_s(model_files),
+        environment=environment,
+        api_key_file=router.api_key_file,
+        user=user,
+        gpu=gpu,
+        protect_home=home,
+        ip_allow=ip_allow_list(router.listen),
+        resources=gpu
+        or any(
+            needs_resource_syscalls(m.argv, i.environment)
+            for m, i in zip(members, insts, strict=True)
+        ),
+        gpu_sandbox=host.gpu_sandbox,
+        nvidia_nodes=NVIDIA_NODES,
+        wanted_by="default.target" if user else "multi-user.target",
+        credentials=[f"{config_name}:{_credential_value(config_text)}"],
+    )
+    return RenderedInstance(
+        name=ROUTER,
+        unit=unit_name(ROUTER),
+        unit_text=text,
+        argv=tuple(argv),
+        variant=router.kind,
+        source_revision=None,
+        version=None,
+        environment=dict(environment_of),
+        listen=router.listen,
+        port=router.port,
+        alias=None,
+        gpu=gpu,
+        config_name=config_name,
+        config_text=config_text,
+        served={m.name: m.served_as for m in members},
+    )
+
+
+def member_entries(
+    config: Config, render: Render, caps: CapabilityMap | None = None
+) -> list[RenderedInstance]:
+    """The router's members as instances of their own: each with its own argv, run by the
+    router's unit (what plan shows and what the path checks look at)."""
+    routed = render.router
+    if routed is None:
+        return []
+    out: list[RenderedInstance] = []
+    for name in routed.served:
+        inst = config.instances[name]
+        probe = capabilities_for(caps or {}, name)
+        out.append(
+            replace(
+                routed,
+                name=name,
+                argv=tuple(flatten(instance_arg_pieces(config, name, None, probe))),
+                variant=inst.variant,
+                alias=inst.alias,
+                warnings=tuple(w for w in [dialect_warning(config, name, None, probe)] if w),
+            )
+        )
+    return out
+
+
+def _gpu_memory(gpu: str | None) -> int | None:
+    if gpu is None:
+        return None
+    from llamanix.core.gpus import load_gpus
+
+    return round(load_gpus()[gpu].memory_gib * 2**30)
+
+
+def _router_readiness_line(
+    listen: str,
+    port: int,
+    members: list[routing.Member],
+    model_files: list[str],
+    key_path: str | None,
+) -> str:
+    """Started means every member answers through the router, each loaded in turn."""
+    words = [systemd_escape_arg(w) for w in llamanix_command()]
+    words += ["readiness", "--url", systemd_escape_arg(connect_url(listen, port))]
+    for m in members:
+        words += ["--served-model", systemd_escape_arg(m.served_as)]
+    for path in model_files:
+        words += ["--model", systemd_escape_arg(path)]
+    if key_path:
+        words += ["--api-key-file", key_path, "--as-server-user"]
+    words += ["--pid", "$MAINPID"]
+    return ("+" if key_path else "") + " ".join(words)
 
 
 def write_render(render: Render, out: Path) -> list[Path]:
