@@ -449,7 +449,11 @@ def run_gate(
     verdict: BenchVerdict | None = None
     try:
         with LlamaClient(
-            target.url, api_key=target.api_key, timeout_s=max(timeout_s, 30.0), connect_s=5.0
+            target.url,
+            api_key=target.api_key,
+            timeout_s=max(timeout_s, 30.0),
+            connect_s=5.0,
+            model=target.alias,
         ) as client:
             try:
                 client.wait_healthy(timeout_s)

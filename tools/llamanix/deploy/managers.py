@@ -20,7 +20,14 @@ from llamanix.external import nix, systemctl
 from llamanix.external.files import atomic_write
 from llamanix.external.journalctl import read_journal
 from llamanix.external.process import Runner
-from llamanix.render.manifest import MANIFEST, Manifest, ManifestInstance, Render, unit_name
+from llamanix.render.manifest import (
+    MANIFEST,
+    Manifest,
+    ManifestInstance,
+    ManifestRouter,
+    Render,
+    unit_name,
+)
 
 Echo = Callable[[str], None]
 
@@ -37,6 +44,22 @@ def manifest_instances(files: Mapping[str, str]) -> dict[str, ManifestInstance]:
     return dict(Manifest.from_json(files[MANIFEST]).instances)
 
 
+def routed_members(files: Mapping[str, str]) -> tuple[str, dict[str, str]] | None:
+    """(the router's unit, its members) of a set of render files; None without a router."""
+    router = _manifest_router(files)
+    return None if router is None else (router.unit, dict(router.served))
+
+
+def _router_changes(new: Mapping[str, str], old: Mapping[str, str]) -> list[str]:
+    """The members to gate again: all of them when the router's unit changed (its config, and
+    so any member's flags, is in the unit), none otherwise."""
+    routed = routed_members(new)
+    if routed is None:
+        return []
+    unit, served = routed
+    return sorted(served) if new.get(unit) != old.get(unit) else []
+
+
 def diff_files(new: dict[str, str], old: dict[str, str]) -> tuple[list[str], list[str]]:
     """(changed or added, removed) instance names between two sets of files from disk (a
     recorded generation against what is installed: rollback)."""
@@ -50,7 +73,9 @@ def diff_files(new: dict[str, str], old: dict[str, str]) -> tuple[list[str], lis
             or (argv in old and new.get(argv) != old.get(argv))
         ):
             changed.append(name)
-    return sorted(changed), sorted(set(old_i) - set(new_i))
+    changed += _router_changes(new, old)
+    serving = set(new_i) | set((routed_members(new) or ("", {}))[1])
+    return sorted(set(changed)), sorted(set(old_i) - serving)
 
 
 def diff_instances(new: Render, old: dict[str, str]) -> tuple[list[str], list[str]]:
@@ -67,11 +92,32 @@ def diff_instances(new: Render, old: dict[str, str]) -> tuple[list[str], list[st
             or (argv in old and new_files[argv] != old.get(argv))
         ):
             changed.append(inst.name)
-    return sorted(changed), sorted(set(old_i) - set(new.names()))
+    changed += _router_changes(new_files, old)
+    serving = set(new.names()) | set(new.router.served if new.router else {})
+    return sorted(set(changed)), sorted(set(old_i) - serving)
 
 
 def summary_of(files: dict[str, str]) -> dict[str, InstanceSummary]:
-    return {name: InstanceSummary.of(e) for name, e in manifest_instances(files).items()}
+    out = {name: InstanceSummary.of(e) for name, e in manifest_instances(files).items()}
+    router = _manifest_router(files)
+    if router is not None:
+        for name in router.served:
+            out[name] = InstanceSummary(router.variants.get(name), None, router.port)
+    return out
+
+
+def served_names(files: Mapping[str, str]) -> set[str]:
+    """Every instance a set of render files serves: its own units' and the router's members."""
+    return set(manifest_instances(files)) | set((routed_members(files) or ("", {}))[1])
+
+
+def _manifest_router(files: Mapping[str, str]) -> ManifestRouter | None:
+    if MANIFEST not in files:
+        return None
+    try:
+        return Manifest.from_json(files[MANIFEST]).router
+    except ValueError:
+        return None
 
 
 # --- what changed, and the managers ---------------------------------------------------------
@@ -439,7 +485,11 @@ def not_serving_now(config: Config, host: str, state: HostState) -> dict[str, st
     manager = make_manager(config, host, state, None, None)
     if not isinstance(manager, SystemdManager):
         return {}
-    units = [unit_name(name) for name in manifest_instances(current.files())]
+    files = current.files()
+    units = [unit_name(name) for name in manifest_instances(files)]
+    routed = routed_members(files)
+    if routed is not None:
+        units.append(routed[0])
     try:
         return manager.not_serving(units)
     except ExternalCommandError as err:

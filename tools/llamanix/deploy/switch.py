@@ -19,7 +19,7 @@ from typing import Literal
 
 from llamanix.core.address import connect_url, is_loopback, is_wildcard, url_host
 from llamanix.core.api_key import key_if_readable
-from llamanix.core.config import Config, suggest
+from llamanix.core.config import Config, Router, suggest
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
 from llamanix.core.probe import commit_of
 from llamanix.core.variants import VARIANTS
@@ -54,7 +54,7 @@ from llamanix.deploy.managers import (
     diff_files,
     diff_instances,
     make_manager,
-    manifest_instances,
+    served_names,
     summary_of,
 )
 from llamanix.external import nix
@@ -63,30 +63,41 @@ from llamanix.external.files import atomic_write
 from llamanix.external.llama_server import binary_version_line
 from llamanix.external.process import Runner
 from llamanix.render.manifest import Render, RenderedInstance
-from llamanix.render.units import pick_host, render_host
+from llamanix.render.units import ROUTER, pick_host, render_host
 
 # What a switch did on one host.
 Outcome = Literal["passed", "failed", "unchanged", "dry-run"]
 Echo = Callable[[str], None]
 
 
+def _router_for(config: Config, name: str) -> Router | None:
+    """The router an instance is served behind, if any."""
+    router = config.hosts[config.instances[name].host].router
+    return router if router is not None and name in router.members else None
+
+
 def gate_url(config: Config, name: str) -> str:
     inst = config.instances[name]
+    router = _router_for(config, name)
+    listen, port = (router.listen, router.port) if router else (inst.listen, inst.port)
     target = config.hosts[inst.host].target
-    if target and (is_wildcard(inst.listen) or is_loopback(inst.listen)):
+    if target and (is_wildcard(listen) or is_loopback(listen)):
         # A remote host is reached by its ssh name.
-        return f"http://{url_host(target.rsplit('@', 1)[-1])}:{inst.port}"
-    return connect_url(inst.listen, inst.port)
+        return f"http://{url_host(target.rsplit('@', 1)[-1])}:{port}"
+    return connect_url(listen, port)
 
 
 def gate_target(config: Config, name: str) -> GateTarget:
+    """The instance as clients reach it: its own address, or its router's and its name there."""
     inst = config.instances[name]
+    router = _router_for(config, name)
     return GateTarget(
         name=name,
         url=gate_url(config, name),
-        alias=inst.alias,
+        # Behind a router the model name picks the member (and loads it).
+        alias=(inst.alias or inst.name) if router else inst.alias,
         # A remote host's key is not readable here: the chat check then reports the 401.
-        api_key=key_if_readable(inst.api_key_file),
+        api_key=key_if_readable(router.api_key_file if router else inst.api_key_file),
         speculative=inst.speculative.enabled,
         metrics=inst.metrics,
     )
@@ -435,8 +446,10 @@ def _activate_and_gate(
         activated = True
         crash_point("switch:activated")
         for name in sw.changed:
-            if name in early:
-                results.append(GateResult(name, sw.gate, False, f"did not start: {early[name]}"))
+            # A member's unit is its router's.
+            unit = ROUTER if _router_for(sw.config, name) else name
+            if unit in early:
+                results.append(GateResult(name, sw.gate, False, f"did not start: {early[unit]}"))
                 continue
             limits = sw.opts.thresholds(baselines.get(name))
             target = gate_target(sw.config, name)
@@ -486,7 +499,7 @@ def _restore(
     crash_point("switch:restoring")
     # Only what was installed before can serve again: an instance the failed generation
     # added (every instance, on a first switch) has nothing to wait for.
-    was_installed = manifest_instances(sw.old_files)
+    was_installed = served_names(sw.old_files)
     try:
         sw.manager.restore(sw.runner, sw.old_files, sw.new_files, sw.opts.timeout_s)
         serving, _ = _check_serving(

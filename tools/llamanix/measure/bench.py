@@ -211,6 +211,7 @@ def run_bench(
         api_key=api_key,
         timeout_s=REQUEST_TIMEOUT_S,
         max_connections=max(4, settings.concurrency * 2),
+        model=settings.model,
     ) as client:
         props = server_props(client)
         try:

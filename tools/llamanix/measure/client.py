@@ -67,8 +67,12 @@ class LlamaClient:
         timeout_s: float = REQUEST_TIMEOUT_S,
         connect_s: float = CONNECT_TIMEOUT_S,
         max_connections: int = 8,
+        model: str | None = None,
     ) -> None:
         self.url = url.rstrip("/")
+        # Behind a router (llama-server's router mode, llama-swap) a GET names its model in the
+        # query; a plain llama-server ignores the parameter.
+        self._model_query = {"model": model} if model else None
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.Client(
             timeout=httpx.Timeout(timeout_s, connect=connect_s),
@@ -96,10 +100,10 @@ class LlamaClient:
         return self._http.get(self.url + "/health")
 
     def props(self) -> httpx.Response:
-        return self._http.get(self.url + "/props")
+        return self._http.get(self.url + "/props", params=self._model_query)
 
     def metrics_response(self) -> httpx.Response:
-        return self._http.get(self.url + "/metrics")
+        return self._http.get(self.url + "/metrics", params=self._model_query)
 
     def chat(self, body: dict[str, Any]) -> httpx.Response:
         """One chat completion, not streamed."""

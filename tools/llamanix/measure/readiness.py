@@ -141,6 +141,8 @@ def wait_ready(check: ReadinessCheck) -> float:
                     if done in (401, 403):
                         raise NotReady(f"{check.url}: {last}: check the API key file")
                     if done != 200:
+                        if pending[0]:
+                            _raise_if_failed(probe, pending[0])
                         break
                     pending.pop(0)
                 if not pending:
@@ -148,6 +150,24 @@ def wait_ready(check: ReadinessCheck) -> float:
         except _Failed as err:
             last = err.kind
         time.sleep(POLL_S)
+
+
+def _raise_if_failed(probe: _Probe, model: str) -> None:
+    """A router that gave up loading a member says so in /models: no use waiting for it."""
+    try:
+        data = json.loads(probe.body("GET", "/models"))
+    except (_Failed, ValueError):
+        return
+    for entry in data.get("data", []) if isinstance(data, dict) else []:
+        if not isinstance(entry, dict) or entry.get("id") != model:
+            continue
+        status = entry.get("status")
+        if isinstance(status, dict) and status.get("failed"):
+            code = status.get("exit_code")
+            raise NotReady(
+                f"{probe.url}: model {model} failed to load"
+                + (f" (its llama-server exited with {code})" if code is not None else "")
+            )
 
 
 class _Failed(Exception):
@@ -169,6 +189,13 @@ class _Probe:
 
     def status(self, method: str, path: str, body: dict[str, object] | None = None) -> int:
         """The status code of one request (its body read and dropped)."""
+        return self._request(method, path, body)[0]
+
+    def body(self, method: str, path: str) -> bytes:
+        """The body of one request, whatever its status."""
+        return self._request(method, path, None)[1]
+
+    def _request(self, method: str, path: str, body: dict[str, object] | None) -> tuple[int, bytes]:
         parts = urlsplit(self.url)
         host, port = parts.hostname or "127.0.0.1", parts.port
         conn: http.client.HTTPConnection
@@ -191,13 +218,13 @@ class _Probe:
             try:
                 conn.request(method, parts.path.rstrip("/") + path, body=payload, headers=headers)
                 response = conn.getresponse()
-                response.read()
+                data = response.read()
             except TimeoutError:
                 raise _Failed("ReadTimeout") from None
             except http.client.HTTPException:
                 raise _Failed("RemoteProtocolError") from None
             except OSError:
                 raise _Failed("ReadError") from None
-            return response.status
+            return response.status, data
         finally:
             conn.close()

@@ -45,6 +45,7 @@ class RenderedInstance:
     config_name: str | None = None
     config_text: str | None = None
     served: Mapping[str, str] = field(default_factory=dict)
+    member_variants: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -122,11 +123,19 @@ class ManifestRouter:
     port: int
     served: Mapping[str, str]  # member instance -> the model name clients ask for
     config_name: str | None = None
+    variants: Mapping[str, str] = field(default_factory=dict)  # member -> its variant
 
     @staticmethod
     def of(r: RenderedInstance) -> ManifestRouter:
         return ManifestRouter(
-            r.unit, r.variant, r.argv, r.listen, r.port, dict(r.served), r.config_name
+            r.unit,
+            r.variant,
+            r.argv,
+            r.listen,
+            r.port,
+            dict(r.served),
+            r.config_name,
+            dict(r.member_variants),
         )
 
     def to_json(self) -> dict[str, object]:
@@ -138,6 +147,7 @@ class ManifestRouter:
             "port": self.port,
             "served": dict(self.served),
             "config_name": self.config_name,
+            "variants": dict(self.variants),
         }
 
     @staticmethod
@@ -145,6 +155,7 @@ class ManifestRouter:
         if not isinstance(data, dict):
             raise ValueError("router is not a table")
         served = jf.table(data.get("served"))
+        variants = jf.table(data.get("variants"))
         port = jf.integer(data.get("port"))
         if port is None:
             raise ValueError("router has no port")
@@ -156,6 +167,7 @@ class ManifestRouter:
             port=port,
             served={k: v for k, v in served.items() if isinstance(v, str)},
             config_name=jf.text(data.get("config_name")),
+            variants={k: v for k, v in variants.items() if isinstance(v, str)},
         )
 
 

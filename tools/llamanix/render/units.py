@@ -475,6 +475,7 @@ def render_router(
         config_name=config_name,
         config_text=config_text,
         served={m.name: m.served_as for m in members},
+        member_variants={i.name: i.variant for i in insts},
     )
 
 
