@@ -89,11 +89,27 @@ let
   capabilitiesOf =
     inst: inst.package.passthru.capabilities or (cfg.packageSet.mkCapabilities inst.package);
 
+  routerData =
+    if cfg.router == null then
+      null
+    else
+      {
+        router = cfg.router;
+        # llama-server's router runs its members' own binary; llama-swap is a program of its own.
+        binary =
+          if cfg.router.kind == "llama-swap" then
+            lib.getExe (if cfg.router.package != null then cfg.router.package else pkgs.llama-swap)
+          else
+            null;
+      };
+  routed = if cfg.router == null then [ ] else cfg.router.members;
+
   configFile = pkgs.writeText "llamanix.json" (
     builtins.toJSON (
       llamanixLib.configData {
         host = hostName;
         inherit (cfg) gpu cudaArchs gpuSandbox;
+        router = routerData;
         instances = lib.mapAttrs (_: inst: {
           binary = "${inst.package}/bin/llama-server";
           instance = inst;
@@ -119,7 +135,10 @@ let
   anyCuda = lib.any (inst: inst.package.passthru.cudaSupport or false) (
     lib.attrValues cfg.instances
   );
-  exposed = lib.filter (inst: inst.openFirewall) (lib.attrValues cfg.instances);
+  # A router's member listens on loopback inside the router: only the router's port is opened.
+  exposed = lib.attrValues (
+    lib.filterAttrs (name: inst: inst.openFirewall && !(builtins.elem name routed)) cfg.instances
+  );
 in
 {
   options.services.llamanix = {
@@ -148,6 +167,41 @@ in
         are the keys of an `[instances.<name>]` table of llamanix.toml, with the same names
         and meanings; an option left at null is not passed, so llama-server's own default
         applies.
+      '';
+    };
+
+    router = mkOption {
+      type = types.nullOr (
+        types.submodule {
+          options = schemaOptions.routerOptions // {
+            package = mkOption {
+              type = types.nullOr types.package;
+              default = null;
+              defaultText = literalExpression "pkgs.llama-swap";
+              description = "The llama-swap that a `kind = \"llama-swap\"` router runs (default: nixpkgs' `llama-swap`).";
+            };
+            openFirewall = mkOption {
+              type = types.bool;
+              default = false;
+              description = "Open the router's `port` in the firewall.";
+            };
+          };
+        }
+      );
+      default = null;
+      example = literalExpression ''
+        {
+          kind = "llama-server";
+          members = [ "qwen" "small" ];
+          port = 8080;
+          idle_ttl = 900;
+        }
+      '';
+      description = ''
+        One endpoint in front of some of the instances (docs/routers.md): llama-server's router
+        mode or llama-swap, run as one unit `llamanix-router.service` whose children are the
+        members. The options are the keys of llamanix.toml's `[hosts.NAME.router]` table; the
+        members' own `listen` and `port` become internal.
       '';
     };
 
@@ -238,15 +292,26 @@ in
     # CacheDirectory=: systemd creates them at start, owned by the unit's dynamic user (a
     # tmpfiles rule here would create them owned by root, which DynamicUser= refuses).
     systemd.packages = [ units ];
-    systemd.services = lib.mapAttrs' (
-      name: _:
-      lib.nameValuePair "llamanix-${name}" {
-        overrideStrategy = "asDropin";
-        wantedBy = [ "multi-user.target" ];
-      }
-    ) cfg.instances;
+    # A router's members are its children: they have no unit of their own.
+    systemd.services =
+      lib.mapAttrs' (
+        name: _:
+        lib.nameValuePair "llamanix-${name}" {
+          overrideStrategy = "asDropin";
+          wantedBy = [ "multi-user.target" ];
+        }
+      ) (lib.filterAttrs (name: _: !(builtins.elem name routed)) cfg.instances)
+      // lib.optionalAttrs (cfg.router != null) {
+        llamanix-router = {
+          overrideStrategy = "asDropin";
+          wantedBy = [ "multi-user.target" ];
+        };
+      };
 
-    networking.firewall.allowedTCPPorts = lib.unique (map (inst: inst.port) exposed);
+    networking.firewall.allowedTCPPorts = lib.unique (
+      map (inst: inst.port) exposed
+      ++ lib.optional (cfg.router != null && cfg.router.openFirewall) cfg.router.port
+    );
 
     # `nix build .#nixosConfigurations.HOST.config.system.build.llamanixUnits` renders and
     # checks the units without switching anything.

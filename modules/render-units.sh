@@ -36,3 +36,9 @@ llamanix render "$config" --host "$host" --out "$scratch/render" "${capabilities
 mkdir -p "$out/lib/systemd/system" "$out/share/llamanix"
 cp "$scratch"/render/llamanix-*.service "$out/lib/systemd/system/"
 cp "$scratch"/render/manifest.json "$scratch"/render/*.argv.json "$out/share/llamanix/"
+# A router's config, for reading: its unit carries the same text.
+for file in router-presets.ini llama-swap.yaml; do
+  if [ -e "$scratch/render/$file" ]; then
+    cp "$scratch/render/$file" "$out/share/llamanix/"
+  fi
+done

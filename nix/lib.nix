@@ -223,6 +223,13 @@ rec {
     cuda_archs = "cudaArchs";
     gpu_sandbox = "gpuSandbox";
   };
+  # Router keys the module sets itself: llama-swap's path is its package's.
+  routerKeysSetByModule = [ "binary" ];
+  # Options of services.llamanix.router that are not schema keys.
+  moduleOnlyRouterOptions = [
+    "package"
+    "openFirewall"
+  ];
   # Options of services.llamanix.instances.<name> that are not schema keys.
   moduleOnlyInstanceOptions = [
     "package"
@@ -259,12 +266,14 @@ rec {
 
   # The whole config for one NixOS host: { hosts.HOST = ...; instances.NAME = ...; }.
   # instances: NAME -> { binary; instance; }.
+  # router: null, or { binary (llama-swap's, or null); router = the option value set }.
   configData =
     {
       host,
       gpu ? null,
       cudaArchs ? [ ],
       gpuSandbox ? null,
+      router ? null,
       instances,
     }:
     {
@@ -273,6 +282,12 @@ rec {
         inherit gpu;
         cuda_archs = if cudaArchs == [ ] then null else cudaArchs;
         gpu_sandbox = gpuSandbox;
+        router =
+          if router == null then
+            null
+          else
+            builtins.removeAttrs (schemaValues schema.router router.router) routerKeysSetByModule
+            // dropNulls { inherit (router) binary; };
       };
       instances = builtins.mapAttrs (
         _: i:
@@ -305,7 +320,17 @@ rec {
         )
       );
     in
-    settings // { instances = instancesFromToml path host; };
+    settings
+    // {
+      instances = instancesFromToml path host;
+    }
+    // (
+      # [hosts.HOST.router] is services.llamanix.router, less what the module sets itself.
+      if hostTable ? router then
+        { router = builtins.removeAttrs hostTable.router routerKeysSetByModule; }
+      else
+        { }
+    );
 
   # Only the instances: `services.llamanix.instances = llamanix.lib.instancesFromToml ./llamanix.toml "gpu1";`
   instancesFromToml =

@@ -117,4 +117,5 @@ in
 {
   instanceOptions = optionsOf schema.instances llamanixLib.instanceKeysSetByModule;
   speculativeOptions = optionsOf schema.speculative [ ];
+  routerOptions = optionsOf schema.router llamanixLib.routerKeysSetByModule;
 }

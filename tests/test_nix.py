@@ -214,6 +214,17 @@ def test_speculative_options_are_exactly_the_speculative_keys(options: dict[str,
     assert set(options["moduleSpeculativeOptions"]) == set(SCHEMA["speculative"])
 
 
+def test_router_options_are_exactly_the_router_keys(options: dict[str, Any]) -> None:
+    set_by_module = set(options["routerKeysSetByModule"])
+    assert set_by_module == {"binary"}
+    schema_keys = set(SCHEMA["router"]) - set_by_module
+    assert set(options["schemaRouterOptions"]) == schema_keys
+    module_only = set(options["moduleOnlyRouterOptions"])
+    assert module_only == {"package", "openFirewall"}
+    assert set(options["moduleRouterOptions"]) == schema_keys | module_only
+    assert not module_only & set(SCHEMA["router"])
+
+
 def test_host_keys_are_module_options_or_set_by_the_module(options: dict[str, Any]) -> None:
     mapped: dict[str, str] = options["hostKeyOptions"]
     assert set(mapped) | set(options["hostKeysSetByModule"]) == set(SCHEMA["hosts"])
@@ -225,6 +236,7 @@ def test_host_keys_are_module_options_or_set_by_the_module(options: dict[str, An
         "gpu",
         "cudaArchs",
         "gpuSandbox",
+        "router",
         "useSystemNixpkgs",
         "packageSet",
     }
@@ -287,13 +299,18 @@ def expected_type(field: dict[str, Any]) -> dict[str, Any]:
     return {"name": "nullOr", "elem": t} if absent else t
 
 
-@pytest.mark.parametrize("table", ["instances", "speculative"])
+@pytest.mark.parametrize(
+    ("table", "key"),
+    [
+        ("instances", "schemaInstanceOptions"),
+        ("speculative", "schemaSpeculativeOptions"),
+        ("router", "schemaRouterOptions"),
+    ],
+)
 def test_option_types_defaults_and_docs_follow_the_schema(
-    options: dict[str, Any], table: str
+    options: dict[str, Any], table: str, key: str
 ) -> None:
-    declared = options[
-        "schemaInstanceOptions" if table == "instances" else "schemaSpeculativeOptions"
-    ]
+    declared = options[key]
     for name, option in declared.items():
         field = SCHEMA[table][name]
         assert option["type"] == expected_type(field), name

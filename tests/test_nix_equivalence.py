@@ -103,6 +103,10 @@ def normalised(files: dict[str, str]) -> dict[str, Any]:
     """Set aside what differs by construction (see the module docstring)."""
     manifest = json.loads(files["manifest.json"])
     binaries = {name: inst["argv"][0] for name, inst in manifest["instances"].items()}
+    if "router" in manifest:
+        # llama-server's router runs its members' binary, which differs the same way.
+        binaries["router"] = manifest["router"]["argv"][0]
+        manifest["router"]["argv"] = ["BINARY", *manifest["router"]["argv"][1:]]
     out: dict[str, Any] = {}
     for name, text in files.items():
         if name.endswith(".service"):
@@ -157,8 +161,11 @@ def test_toml_and_module_render_the_same_units(
 
     direct_files, module_files = rendered(direct), rendered(via_module)
     assert sorted(direct_files) == sorted(module_files)
+    router = cfg.hosts[host].router
+    members = router.members if router else ()
     assert sorted(n for n in direct_files if n.endswith(".service")) == sorted(
-        f"llamanix-{name}.service" for name in names
+        [f"llamanix-{name}.service" for name in names if name not in members]
+        + (["llamanix-router.service"] if router else [])
     )
     assert normalised(direct_files) == normalised(module_files)
 
@@ -170,7 +177,10 @@ def test_toml_and_module_render_the_same_units(
         variant = cfg.instances[name].variant
         archs = list(host_archs)
         assert evaluated["cudaArchs"][name] == archs, name
-        assert manifest["instances"][name]["argv"][0] == (
+        argv = (
+            manifest["router"]["argv"] if name in members else manifest["instances"][name]["argv"]
+        )
+        assert argv[0] == (
             "/nix/store/00000000000000000000000000000000-"
             f"llama-cpp-{variant}-{'_'.join(archs)}/bin/llama-server"
         )
@@ -227,3 +237,18 @@ def test_cuda_archs_default_to_the_cpu_unless_the_host_enables_nvidia(
     assert load_config(toml).hosts[name].cuda_archs == ()
     evaluated = module_eval(toml, name, lib_path, nvidia=nvidia)
     assert set(map(tuple, evaluated["cudaArchs"].values())) == {tuple(archs)}
+
+
+@pytest.mark.skipif(not REAL_LIB, reason="set LLAMANIX_NIXPKGS_LIB to a nixpkgs lib/ directory")
+def test_a_routed_host_enables_the_router_unit_and_no_member_unit(tmp_path: Path) -> None:
+    toml = ROOT / "tests/data/configs/router-llama-server.toml"
+    evaluated = module_eval(toml, "gpu1", REAL_LIB)
+    assert evaluated["units"] == ["llamanix-router"]
+    assert evaluated["ports"] == []
+    opened = tmp_path / "open.toml"
+    opened.write_text(
+        toml.read_text().replace("idle_ttl = 900\n", "idle_ttl = 900\nopenFirewall = true\n")
+    )
+    # openFirewall is an option of the module only (llamanix.toml has no such key); fromToml
+    # passes the table on as it is, which is enough to see the port opened.
+    assert module_eval(opened, "gpu1", REAL_LIB)["ports"] == [8080]

@@ -65,6 +65,18 @@ let
     {
       config = llamanixLib.configData {
         inherit host;
+        router =
+          if settings ? router then
+            {
+              router = withDefaults schemaOptions.routerOptions settings.router;
+              binary =
+                if settings.router.kind == "llama-swap" then
+                  "/nix/store/00000000000000000000000000000000-llama-swap/bin/llama-swap"
+                else
+                  null;
+            }
+          else
+            null;
         gpu = settings.gpu or null;
         cudaArchs = hostArchs;
         gpuSandbox = settings.gpuSandbox or llamanixLib.schema.hosts.gpu_sandbox.default;
@@ -113,6 +125,10 @@ let
         };
         runCommand = name: attrs: script: attrs // { inherit name script; };
         runtimeShell = "/bin/sh";
+        llama-swap = {
+          outPath = "/nix/store/00000000000000000000000000000000-llama-swap";
+          meta.mainProgram = "llama-swap";
+        };
         stdenv.hostPlatform.system = "x86_64-linux";
         llamanixPackages = packageSet;
       };
@@ -142,10 +158,18 @@ let
         else
           builtins.fromJSON evaluated.config.system.build.llamanixUnits.passthru.configFile.text;
       cudaArchs = builtins.mapAttrs (_: inst: inst.package.cudaArchs) cfg.instances;
+      # The units NixOS enables (a router's members have none) and the ports it opens.
+      units = builtins.attrNames evaluated.config.systemd.services;
+      ports = evaluated.config.networking.firewall.allowedTCPPorts or [ ];
       options = {
         top = builtins.attrNames evaluated.options.services.llamanix;
         instance = builtins.attrNames (
           builtins.removeAttrs (evaluated.options.services.llamanix.instances.type.getSubOptions [ ]) [
+            "_module"
+          ]
+        );
+        router = builtins.attrNames (
+          builtins.removeAttrs (evaluated.options.services.llamanix.router.type.getSubOptions [ ]) [
             "_module"
           ]
         );

@@ -70,6 +70,8 @@ in
 {
   schemaInstanceOptions = describe schema.instances schemaOptions.instanceOptions;
   schemaSpeculativeOptions = describe schema.speculative schemaOptions.speculativeOptions;
+  schemaRouterOptions = describe schema.router schemaOptions.routerOptions;
+  moduleRouterOptions = builtins.attrNames top.router.type.elem.module.options;
 
   moduleTopOptions = builtins.attrNames top;
   moduleInstanceOptions = builtins.attrNames instanceOptions;
@@ -88,5 +90,7 @@ in
     hostKeysSetByModule
     hostKeyOptions
     moduleOnlyInstanceOptions
+    routerKeysSetByModule
+    moduleOnlyRouterOptions
     ;
 }
