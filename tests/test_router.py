@@ -10,13 +10,15 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from llamanix.core.config import parse_config
+from llamanix.core.config import load_config, parse_config
 from llamanix.core.errors import UserError
 from llamanix.core.probe import parse_help
 from llamanix.core.residency import GIB, plan_residency
@@ -365,45 +367,55 @@ def _statuses(url: str) -> dict[str, dict[str, Any]]:
     return {m["id"]: m["status"] for m in data}
 
 
-@pytest.mark.server
-def test_router_mode_serves_two_members_on_one_port_and_evicts(
+@dataclass
+class RunningRouter:
+    url: str
+    config: Any
+    config_path: Path
+    members: list[r.Member]
+    argv: list[str]
+
+
+@pytest.fixture
+def running_router(
     llama_server_bin: Path, synth_models: Any, tmp_path: Path
-) -> None:
+) -> Iterator[RunningRouter]:
+    """llama-server's router mode started from what llamanix renders: two synthetic members,
+    at most one loaded."""
     port = free_port()
-    c = parse_config(
-        {
-            "hosts": {
-                "box": {
-                    "kind": "systemd",
-                    "binaries": {"upstream": str(llama_server_bin)},
-                    "router": {
-                        "kind": "llama-server",
-                        "members": ["alpha", "beta"],
-                        "port": port,
-                        "max_loaded": 1,
-                    },
-                }
-            },
-            "instances": {
-                "alpha": {
-                    "model": str(synth_models.target),
-                    "context": 1024,
-                    "parallel": 1,
-                    "threads": 1,
-                },
-                "beta": {
-                    "model": str(synth_models.builtin_vocab),
-                    "alias": "beta-model",
-                    "context": 1024,
-                    "parallel": 1,
-                    "threads": 1,
-                    "port": 9,
-                    "speculative": {"type": "ngram-mod", "n_max": 8},
-                },
-            },
-        },
-        "r.toml",
+    path = tmp_path / "llamanix.toml"
+    path.write_text(
+        f"""\
+[hosts.box]
+kind = "systemd"
+binaries = {{ upstream = "{llama_server_bin}" }}
+
+[hosts.box.router]
+kind = "llama-server"
+members = ["alpha", "beta"]
+port = {port}
+max_loaded = 1
+
+[instances.alpha]
+model = "{synth_models.target}"
+context = 1024
+parallel = 1
+threads = 1
+
+[instances.beta]
+model = "{synth_models.builtin_vocab}"
+alias = "beta-model"
+context = 1024
+parallel = 1
+threads = 1
+port = 9
+
+[instances.beta.speculative]
+type = "ngram-mod"
+n_max = 8
+"""
     )
+    c = load_config(path)
     members = r.members(c, "box")
     plan = r.residency(c, "box", None, None)
     assert (plan.swapping, plan.max_loaded) == (("alpha", "beta"), 1)
@@ -424,35 +436,7 @@ def test_router_mode_serves_two_members_on_one_port_and_evicts(
             assert proc.poll() is None, (tmp_path / "router.log").read_text()
             assert time.monotonic() < deadline, "router did not answer /health"
             time.sleep(0.2)
-        assert {k: v["value"] for k, v in _statuses(url).items()} == {
-            "alpha": "unloaded",
-            "beta-model": "unloaded",
-        }
-        long = _long_forms(
-            subprocess.run([str(llama_server_bin), "--help"], capture_output=True, text=True).stdout
-        )
-        for served, member in (
-            ("alpha", members[0]),
-            ("beta-model", members[1]),
-            ("alpha", members[0]),
-        ):
-            answer = _chat(url, served)
-            assert answer.status_code == 200, answer.text
-            assert answer.json()["model"] == served
-            status = _statuses(url)
-            other = "beta-model" if served == "alpha" else "alpha"
-            # --models-max 1: loading one member evicted the other.
-            assert (status[served]["value"], status[other]["value"]) == ("loaded", "unloaded")
-            child = status[served]["args"]
-            # The child runs the member's own argv; only the address and alias are the router's.
-            ours = [t for a in member.pieces if a.field not in r.ROUTER_OWNED for t in a.tokens]
-            theirs = _pairs(child, long) - {
-                (long["--host"], "127.0.0.1"),
-                (long["--alias"], served),
-            }
-            theirs = {p for p in theirs if p[0] != long["--port"]}
-            assert theirs == _pairs(ours, long)
-            assert child[0] == str(llama_server_bin)
+        yield RunningRouter(url, c, path, members, argv)
     finally:
         # The router and the children it started share its process group.
         os.killpg(proc.pid, signal.SIGINT)
@@ -462,7 +446,116 @@ def test_router_mode_serves_two_members_on_one_port_and_evicts(
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         log.close()
-    assert json.dumps(argv).count("--models-preset") == 1
+
+
+@pytest.mark.server
+def test_router_mode_serves_two_members_on_one_port_and_evicts(
+    running_router: RunningRouter, llama_server_bin: Path
+) -> None:
+    url, members = running_router.url, running_router.members
+    assert running_router.argv.count("--models-preset") == 1
+    assert {k: v["value"] for k, v in _statuses(url).items()} == {
+        "alpha": "unloaded",
+        "beta-model": "unloaded",
+    }
+    long = _long_forms(
+        subprocess.run([str(llama_server_bin), "--help"], capture_output=True, text=True).stdout
+    )
+    for served, member in (
+        ("alpha", members[0]),
+        ("beta-model", members[1]),
+        ("alpha", members[0]),
+    ):
+        answer = _chat(url, served)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["model"] == served
+        status = _statuses(url)
+        other = "beta-model" if served == "alpha" else "alpha"
+        # --models-max 1: loading one member evicted the other.
+        assert (status[served]["value"], status[other]["value"]) == ("loaded", "unloaded")
+        child = status[served]["args"]
+        # The child runs the member's own argv; only the address and alias are the router's.
+        ours = [t for a in member.pieces if a.field not in r.ROUTER_OWNED for t in a.tokens]
+        theirs = _pairs(child, long) - {(long["--host"], "127.0.0.1"), (long["--alias"], served)}
+        theirs = {p for p in theirs if p[0] != long["--port"]}
+        assert theirs == _pairs(ours, long)
+        assert child[0] == str(llama_server_bin)
+
+
+@pytest.mark.server
+def test_readiness_loads_each_member_in_turn(running_router: RunningRouter) -> None:
+    from llamanix.measure.readiness import ReadinessCheck, wait_ready
+
+    took = wait_ready(
+        ReadinessCheck(running_router.url, served_models=("alpha", "beta-model"), deadline_s=60)
+    )
+    assert took > 0
+    # Both answered, one after the other: with max_loaded = 1 the last one stays loaded.
+    status = _statuses(running_router.url)
+    assert (status["alpha"]["value"], status["beta-model"]["value"]) == ("unloaded", "loaded")
+
+
+@pytest.mark.server
+def test_bench_through_the_router_reports_the_cold_load_apart(
+    running_router: RunningRouter, tmp_path: Path
+) -> None:
+    from click.testing import CliRunner
+
+    from llamanix.cli import main
+
+    out = tmp_path / "bench.json"
+    result = CliRunner().invoke(
+        main,
+        [
+            "bench",
+            "run",
+            "--url",
+            running_router.url,
+            "--alias",
+            "beta-model",
+            "--prompts",
+            "builtin:fibonacci",
+            "--max-tokens",
+            "8",
+            "--runs",
+            "2",
+            "--warmup",
+            "1",
+            "-o",
+            str(out),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert "cold load through the router: " in result.stdout
+    data = json.loads(out.read_text())
+    assert data["meta"]["model"] == "beta-model"
+    assert data["meta"]["cold_load_s"] > 0
+    # The member is warm now: a second bench has nothing to load.
+    again = CliRunner().invoke(
+        main,
+        [
+            *("bench", "run", "--url", running_router.url, "--alias", "beta-model", "--json"),
+            *("--prompts", "builtin:fibonacci", "--max-tokens", "8", "--runs", "1"),
+            *("--warmup", "0"),
+        ],
+    )
+    assert again.exit_code == 0, again.output
+    assert json.loads(again.stdout)["meta"]["cold_load_s"] is None
+
+
+@pytest.mark.server
+def test_doctor_probes_a_member_through_the_router(running_router: RunningRouter) -> None:
+    from click.testing import CliRunner
+
+    from llamanix.cli import main
+
+    result = CliRunner().invoke(
+        main,
+        ["doctor", str(running_router.config_path), "beta", "--url", running_router.url, "--json"],
+    )
+    assert result.exit_code in (0, 1), result.output  # 1: a finding, not a failure to probe
+    assert "HTTP 400" not in result.output and "cannot connect" not in result.output
+    assert json.loads(result.stdout)
 
 
 # --- plan -------------------------------------------------------------------------------------

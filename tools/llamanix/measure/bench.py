@@ -198,6 +198,26 @@ def summarise(runs: Sequence[RunResult], prompt: str, max_tokens: int) -> Summar
 ProgressHook = Callable[[str], None]
 
 
+def cold_load(client: LlamaClient, model: str | None) -> float | None:
+    """Behind a router whose ``model`` is not loaded: the seconds a one-token request takes,
+    load included; None for a plain server or a model already loaded."""
+    if not model:
+        return None
+    try:
+        listing = client.models()
+    except httpx.HTTPError:
+        return None
+    entry = next((m for m in listing if m.get("id") == model), None)
+    status = entry.get("status") if entry else None
+    if not isinstance(status, dict) or status.get("value") == "loaded":
+        return None  # a plain server lists no status; a loaded member has nothing to load
+    body = {"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
+    started = time.monotonic()
+    resp = client.chat(body)
+    took = time.monotonic() - started
+    return took if resp.status_code == 200 else None
+
+
 def run_bench(
     settings: BenchSettings,
     prompts: Sequence[Prompt],
@@ -213,6 +233,7 @@ def run_bench(
         max_connections=max(4, settings.concurrency * 2),
         model=settings.model,
     ) as client:
+        cold_load_s = cold_load(client, settings.model)
         props = server_props(client)
         try:
             has_metrics = client.metrics() is not None
@@ -255,6 +276,7 @@ def run_bench(
         llamanix=__version__,
         metrics=has_metrics,
         settings=RecordedSettings.of(settings, [p.name for p in prompts]),
+        cold_load_s=cold_load_s,
     )
     summaries = tuple(
         summarise(runs, p.name, n) for p in prompts for n in p.lengths(settings.max_tokens)

@@ -381,6 +381,9 @@ class BenchMeta:
     llamanix: str  # the version that measured
     metrics: bool  # /metrics answered, so every run has a metrics_delta
     settings: RecordedSettings
+    # Behind a router, when the model was not loaded: seconds the first (one-token) request
+    # took, load included. Kept apart from every TTFT, which the warm-up then leaves warm.
+    cold_load_s: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -392,6 +395,7 @@ class BenchMeta:
             "llamanix": self.llamanix,
             "metrics": self.metrics,
             "settings": self.settings.to_json(),
+            "cold_load_s": self.cold_load_s,
         }
 
     @staticmethod
@@ -406,6 +410,7 @@ class BenchMeta:
             llamanix=data.string("llamanix"),
             metrics=data.flag("metrics"),
             settings=RecordedSettings.from_json(data.raw("settings"), f"{where}.settings"),
+            cold_load_s=data.opt_number("cold_load_s"),
         )
 
 

@@ -105,6 +105,14 @@ class LlamaClient:
     def metrics_response(self) -> httpx.Response:
         return self._http.get(self.url + "/metrics", params=self._model_query)
 
+    def models(self) -> list[dict[str, Any]]:
+        """GET /models: a router lists each model with its status; a plain server its one."""
+        resp = self._http.get(self.url + "/models")
+        resp.raise_for_status()
+        data = resp.json()
+        entries = data.get("data") if isinstance(data, dict) else None
+        return [e for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
+
     def chat(self, body: dict[str, Any]) -> httpx.Response:
         """One chat completion, not streamed."""
         return self._http.post(self.url + CHAT, json=body)

@@ -192,9 +192,9 @@ class Probe:
         return self.draft_n_accepted / self.draft_n
 
 
-def probe_server(url: str, api_key: str | None = None) -> Probe:
+def probe_server(url: str, api_key: str | None = None, model: str | None = None) -> Probe:
     """One short completion: did the server draft, and how much of it was kept?"""
-    body = {
+    body: dict[str, object] = {
         "messages": [{"role": "user", "content": PROBE_PROMPT}],
         "max_tokens": PROBE_TOKENS,
         "temperature": 0,
@@ -202,6 +202,8 @@ def probe_server(url: str, api_key: str | None = None) -> Probe:
         "ignore_eos": True,
         "cache_prompt": False,
     }
+    if model:
+        body["model"] = model
     try:
         with client.LlamaClient(url, api_key=api_key, timeout_s=PROBE_TIMEOUT_S) as server:
             resp = server.chat(body)

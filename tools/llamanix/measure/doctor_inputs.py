@@ -124,7 +124,10 @@ def _read_log(request: DoctorRequest, config: Config, instance: str | None) -> S
                 f"{instance}.log, then pass --log {instance}.log",
             )
         )
-    return parse_server_log(read_journal(unit_name(instance), user=host.kind == "systemd-user"))
+    # A router's member logs into the router's unit (mixed with the other members' lines).
+    routed = host.router is not None and instance in host.router.members
+    unit = unit_name("router" if routed else instance)
+    return parse_server_log(read_journal(unit, user=host.kind == "systemd-user"))
 
 
 def run_doctor(request: DoctorRequest) -> Report:
@@ -139,7 +142,13 @@ def run_doctor(request: DoctorRequest) -> Report:
     probe = None
     if request.url is not None:
         assert instance is not None  # _instance picked one: --url is per-instance evidence
-        probe = probe_server(request.url, key_if_readable(config.instances[instance].api_key_file))
+        inst = config.instances[instance]
+        router = config.hosts[inst.host].router
+        routed = router is not None and instance in router.members
+        key_file = router.api_key_file if router is not None and routed else inst.api_key_file
+        # Behind a router the model name picks (and loads) the member.
+        model = (inst.alias or inst.name) if routed else inst.alias
+        probe = probe_server(request.url, key_if_readable(key_file), model)
     inputs = Inputs(
         log=log,
         probe=probe,

@@ -48,7 +48,11 @@ def _range(st: Stats | None, digits: int = 1) -> str:
 
 def summary_table(result: BenchResult) -> Table:
     """Medians (min-max) per prompt x output length."""
-    table = Table(title=f"llamanix bench: {result.label}", title_justify="left")
+    title = f"llamanix bench: {result.label}"
+    if result.meta.cold_load_s is not None:
+        # Not in any TTFT: the warm-up leaves the member loaded.
+        title += f" (cold load through the router: {result.meta.cold_load_s:.2f} s)"
+    table = Table(title=title, title_justify="left")
     for heading, justify in (
         ("prompt", "left"),
         ("out", "right"),
