@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -109,7 +110,11 @@ def normalised(files: dict[str, str]) -> dict[str, Any]:
         manifest["router"]["argv"] = ["BINARY", *manifest["router"]["argv"][1:]]
     out: dict[str, Any] = {}
     for name, text in files.items():
-        if name.endswith(".service"):
+        # llama-swap's commands name each member's binary, which differs the same way.
+        text = re.sub(r'cmd: "\S+ ', 'cmd: "BINARY ', text)
+        if name.endswith((".yaml", ".ini")):
+            out[name] = text
+        elif name.endswith(".service"):
             instance = name.removeprefix("llamanix-").removesuffix(".service")
             body = text.split("\n", 1)[
                 1
@@ -177,13 +182,17 @@ def test_toml_and_module_render_the_same_units(
         variant = cfg.instances[name].variant
         archs = list(host_archs)
         assert evaluated["cudaArchs"][name] == archs, name
-        argv = (
-            manifest["router"]["argv"] if name in members else manifest["instances"][name]["argv"]
-        )
-        assert argv[0] == (
+        # The binary the module hands the generator for each instance (routed or not).
+        binary = evaluated["config"]["instances"][name]["binary"]
+        assert binary == (
             "/nix/store/00000000000000000000000000000000-"
             f"llama-cpp-{variant}-{'_'.join(archs)}/bin/llama-server"
         )
+        # ... and what its unit runs: its own, or (llama-server) the router's, with that binary.
+        if name not in members:
+            assert manifest["instances"][name]["argv"][0] == binary
+        elif router is not None and router.kind == "llama-server":
+            assert manifest["router"]["argv"][0] == binary
 
 
 @pytest.mark.parametrize(

@@ -126,6 +126,8 @@ let
         runCommand = name: attrs: script: attrs // { inherit name script; };
         runtimeShell = "/bin/sh";
         llama-swap = {
+          type = "derivation";
+          name = "llama-swap";
           outPath = "/nix/store/00000000000000000000000000000000-llama-swap";
           meta.mainProgram = "llama-swap";
         };

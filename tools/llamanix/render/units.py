@@ -399,7 +399,8 @@ def render_router(
         )
         environment_of = insts[0].environment  # equal for all members (core.config checks)
     else:
-        if router.binary is None:
+        binary = router.binary or ("llama-swap" if host.kind == "nixos" else None)
+        if binary is None:
             raise UserError(
                 Problem(
                     config.source,
@@ -422,7 +423,8 @@ def render_router(
         config_text = routing.swap_yaml(
             config, host_name, members, plan, start_timeout_s(model_files)
         )
-        argv = [router.binary, "--config", f"%d/{config_name}"]
+        # On NixOS the module names nixpkgs' llama-swap (services.llamanix.router.package).
+        argv = [binary, "--config", f"%d/{config_name}"]
         argv += ["--listen", f"{router.listen}:{router.port}"]
     state = "llamanix-router"
     environment = [
