@@ -721,3 +721,23 @@ def test_llama_swap_refuses_a_lower_case_environment_name() -> None:
         "r.toml: instances.big.environment.hf_home: llama-swap takes only upper-case "
         "environment names (write it as HF_HOME)"
     ]
+
+
+def test_up_refuses_a_routed_host_in_one_line(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from llamanix.cli import main
+
+    path = tmp_path / "llamanix.toml"
+    path.write_text(
+        '[hosts.box]\nkind = "systemd"\n\n[hosts.box.router]\nkind = "llama-server"\n'
+        'members = ["a"]\nport = 8090\n\n[instances.a]\nmodel = "/m/a.gguf"\n'
+    )
+    result = CliRunner().invoke(main, ["up", str(path)])
+    assert result.exit_code == 2
+    assert result.stdout == ""
+    assert result.stderr.strip().splitlines() == [
+        f"{path}: hosts.box.router: llamanix up does not run routers yet (let systemd run this "
+        "host (switch without --manager up), or leave the router out)"
+    ]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["llamanix.toml"]  # nothing written

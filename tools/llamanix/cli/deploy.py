@@ -104,6 +104,7 @@ def up(
     """
     cfg = load_config(config)
     name = pick_host(cfg, host)
+    managers.refuse_router_under_up(cfg, name)
     directory = units_dir or HostState.beside(config, name).root / "up"
     timeout_s = deprecated(timeout_s, start_timeout, "--start-timeout", "--timeout")
     supervisor = Supervisor(directory, start_timeout_s=timeout_s, log=_echo)

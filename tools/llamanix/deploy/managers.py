@@ -476,6 +476,21 @@ def make_manager(
     return SystemdManager(units_dir or Path("/etc/systemd/system"), user=False)
 
 
+def refuse_router_under_up(config: Config, host: str) -> None:
+    """``llamanix up`` runs each instance's argv file and knows no router: say so rather than
+    leave the routed members silently unserved."""
+    if config.hosts[host].router is None:
+        return
+    raise UserError(
+        Problem(
+            config.source,
+            f"hosts.{host}.router",
+            "llamanix up does not run routers yet",
+            "let systemd run this host (switch without --manager up), or leave the router out",
+        )
+    )
+
+
 def not_serving_now(config: Config, host: str, state: HostState) -> dict[str, str]:
     """{instance: why} for the current generation's units that systemd is not running now
     (a crash loop it gave up on after StartLimitBurst, say); empty for other managers."""

@@ -54,6 +54,7 @@ from llamanix.deploy.managers import (
     diff_files,
     diff_instances,
     make_manager,
+    refuse_router_under_up,
     served_names,
     summary_of,
 )
@@ -362,6 +363,8 @@ def _prepare(
     gate = opts.gate_kind(str(path))
     state = HostState.beside(path, host)
     manager = make_manager(config, host, state, opts.manager, opts.units_dir)
+    if manager.name == "up":
+        refuse_router_under_up(config, host)
     manager.preflight(runner)
     from llamanix.deploy.plan import member_vram
 
