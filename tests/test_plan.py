@@ -18,12 +18,14 @@ from llamanix.testbed.synth import SynthSpec, synth_model
 EXAMPLES = sorted((Path(__file__).resolve().parent.parent / "examples").glob("*.toml"))
 
 
-def test_there_are_four_examples() -> None:
+def test_the_examples_are_the_ones_the_docs_name() -> None:
     assert [p.name for p in EXAMPLES] == [
         "rtx3090-qwen35b-a3b.toml",
+        "rtx3090-router-llama-server.toml",
         "rtx3090ti-qwen27b-dflash.toml",
         "rtx3090ti-qwen27b-mtp.toml",
         "rtx5090-qwen27b-draft.toml",
+        "rtx5090-router-llama-swap.toml",
     ]
 
 
@@ -33,13 +35,22 @@ def test_examples_plan_cleanly(example: Path) -> None:
     assert result.exit_code == 0, result.output
     plan = json.loads(result.stdout)
     [host] = plan["hosts"].values()
-    [row] = host["instances"]
-    assert row["warnings"] == []
-    assert row["gpu"] is True
-    if systemd_analyze.available():
-        assert row["security_exposure"] <= 1.5
+    rows = host["instances"]
+    # A routed example serves several members behind one port; the others
+    # serve exactly one instance each.
+    if "router" in example.stem:
+        assert set(host["router"]["members"]) == {row["name"] for row in rows}
+        assert len(rows) >= 2
+    else:
+        assert host["router"] is None and len(rows) == 1
     text = CliRunner().invoke(main, ["plan", str(example)])
-    assert text.exit_code == 0 and row["name"] in text.stdout
+    assert text.exit_code == 0
+    for row in rows:
+        assert row["warnings"] == []
+        assert row["gpu"] is True
+        if systemd_analyze.available():
+            assert row["security_exposure"] <= 1.5
+        assert row["name"] in text.stdout
 
 
 def test_plan_reports_vram_fit_and_ceiling(tmp_path: Path) -> None:
