@@ -203,8 +203,14 @@
           # none of the legacy options such as nixpkgs.localSystem; the usual module does.
           readOnlyPkgs = options ? nixpkgs && !(options.nixpkgs ? localSystem);
           readOnlyMessage = "services.llamanix.useSystemNixpkgs = true needs the llamanix overlay in this system's pkgs, but nixpkgs.pkgs is read-only (nixpkgs' readOnlyPkgs module) and lacks it: build those pkgs with `overlays = [ llamanix.overlays.default ]`, or leave useSystemNixpkgs off to use the flake's pinned set.";
+          # The module system keeps one module per key: importing nixosModules.default twice (say,
+          # directly and again through another flake's module) is then one import, not a second
+          # definition of services.llamanix.packageSet. Errors name this file and attribute.
+          key = "${self.outPath}/flake.nix#nixosModules.default";
         in
         {
+          _file = key;
+          inherit key;
           imports = [ ./modules/llamanix.nix ];
           nixpkgs.overlays = lib.mkIf (useSystemNixpkgs && !readOnlyPkgs) [ overlay ];
           assertions = [

@@ -96,11 +96,7 @@ let
       {
         router = cfg.router;
         # llama-server's router runs its members' own binary; llama-swap is a program of its own.
-        binary =
-          if cfg.router.kind == "llama-swap" then
-            lib.getExe (if cfg.router.package != null then cfg.router.package else pkgs.llama-swap)
-          else
-            null;
+        binary = if cfg.router.kind == "llama-swap" then lib.getExe cfg.router.package else null;
       };
   routed = if cfg.router == null then [ ] else cfg.router.members;
 
@@ -174,11 +170,10 @@ in
       type = types.nullOr (
         types.submodule {
           options = schemaOptions.routerOptions // {
-            package = mkOption {
-              type = types.nullOr types.package;
-              default = null;
-              defaultText = literalExpression "pkgs.llama-swap";
-              description = "The llama-swap that a `kind = \"llama-swap\"` router runs (default: nixpkgs' `llama-swap`).";
+            # Read only by a `kind = "llama-swap"` router, so a nixpkgs without llama-swap still
+            # evaluates a llama-server router.
+            package = lib.mkPackageOption pkgs "llama-swap" {
+              extraDescription = "A `kind = \"llama-swap\"` router runs its `bin/llama-swap`; a `kind = \"llama-server\"` router does not read it.";
             };
             openFirewall = mkOption {
               type = types.bool;
@@ -270,7 +265,17 @@ in
         assertion = builtins.elem pkgs.stdenv.hostPlatform.system llamanixLib.systems;
         message = llamanixLib.unsupportedSystem pkgs.stdenv.hostPlatform.system;
       }
-    ];
+    ]
+    # What `llamanix render` would refuse at build time, in its words, before anything is built.
+    ++ map (message: {
+      assertion = false;
+      inherit message;
+    }) (
+      llamanixLib.routerProblems {
+        inherit (cfg) router;
+        instanceNames = lib.attrNames cfg.instances;
+      }
+    );
 
     warnings =
       lib.optional (anyCuda && !(config.hardware.graphics.enable or false)) ''
@@ -278,10 +283,9 @@ in
         enable it together with the NVIDIA driver (services.xserver.videoDrivers = [ "nvidia" ]
         and hardware.nvidia.*), or llama-server will find no GPU.
       ''
-      ++ map (
-        inst:
-        "services.llamanix: port ${toString inst.port} is opened in the firewall but the instance listens on ${inst.listen} only."
-      ) (lib.filter (inst: lib.elem inst.listen [ "127.0.0.1" "::1" "localhost" ]) exposed);
+      ++ llamanixLib.firewallWarnings {
+        inherit (cfg) instances router;
+      };
 
     # The units come from a package, so NixOS takes them as they are, hardening included (NixOS
     # would otherwise generate its own unit text from systemd.services). What NixOS does not do

@@ -18,6 +18,8 @@ let
   hasInfix = needle: text: builtins.length (builtins.split needle text) > 1;
   hasPrefix = prefix: text: builtins.substring 0 (builtins.stringLength prefix) text == prefix;
   toLower = builtins.replaceStrings (upperChars) (lowerChars);
+  range = lo: hi: if hi > lo then builtins.genList (i: lo + i) (hi - lo) else [ ];
+  chars = text: builtins.genList (i: builtins.substring i 1 text) (builtins.stringLength text);
   lowerChars = builtins.genList (i: builtins.substring i 1 "abcdefghijklmnopqrstuvwxyz") 26;
   upperChars = builtins.genList (i: builtins.substring i 1 "ABCDEFGHIJKLMNOPQRSTUVWXYZ") 26;
 in
@@ -163,6 +165,221 @@ rec {
     in
     builtins.all (l: (l.free or true) || builtins.elem (l.shortName or "") cudaLicenseNames) (
       if builtins.isList license then license else [ license ]
+    );
+
+  # --- CUDA architectures and the CUDA release that compiles them ----------------------------
+
+  # Compute capability -> { name; since; until ? }: the first CUDA release whose nvcc compiles
+  # it, and for one that a later release dropped or renamed, the last one that still does.
+  # Without this, an architecture the cudaPackages at hand cannot compile evaluates fine and
+  # fails later inside nvcc. The releases follow NVIDIA's CUDA release notes, as nixpkgs' own
+  # capability table (its cuda-modules database) records them: Blackwell came with 12.8 (10.0,
+  # 10.1, 12.0), 10.3, 12.1 and the family-specific `f` targets with 12.9; the
+  # architecture-specific `a` targets exist from Hopper on; CUDA 13.0 renamed 10.1 (Jetson Thor)
+  # to 11.0 and dropped everything before Turing (7.5), as 12.0 had dropped Kepler.
+  cudaArchReleases =
+    let
+      blackwell = name: since: {
+        "" = {
+          inherit name since;
+        };
+        a = {
+          inherit name since;
+        };
+        f = {
+          inherit name;
+          since = "12.9";
+        };
+      };
+      plain = name: since: until: { "" = { inherit name since until; }; };
+      suffixed =
+        base: variants:
+        builtins.listToAttrs (
+          map (suffix: {
+            name = base + suffix;
+            value = variants.${suffix};
+          }) (builtins.attrNames variants)
+        );
+    in
+    suffixed "3.5" (plain "Kepler" "10.0" "11.8")
+    // suffixed "3.7" (plain "Kepler" "10.0" "11.8")
+    // suffixed "5.0" (plain "Maxwell" "10.0" "12.9")
+    // suffixed "5.2" (plain "Maxwell" "10.0" "12.9")
+    // suffixed "5.3" (plain "Jetson Nano" "10.0" "12.9")
+    // suffixed "6.0" (plain "Pascal" "10.0" "12.9")
+    // suffixed "6.1" (plain "Pascal" "10.0" "12.9")
+    // suffixed "6.2" (plain "Jetson TX2" "10.0" "12.9")
+    // suffixed "7.0" (plain "Volta" "10.0" "12.9")
+    // suffixed "7.2" (plain "Jetson Xavier" "10.0" "12.9")
+    // suffixed "7.5" (plain "Turing" "10.0" null)
+    // suffixed "8.0" (plain "A100" "11.0" null)
+    // suffixed "8.6" (plain "RTX 30xx" "11.1" null)
+    // suffixed "8.7" (plain "Jetson Orin" "11.4" null)
+    // suffixed "8.9" (plain "RTX 40xx" "11.8" null)
+    // suffixed "9.0" (
+      plain "Hopper" "11.8" null
+      // {
+        a = {
+          name = "Hopper";
+          since = "12.0";
+        };
+      }
+    )
+    // suffixed "10.0" (blackwell "B200" "12.8")
+    // suffixed "10.1" (
+      builtins.mapAttrs (_: v: v // { until = "12.9"; }) (blackwell "Jetson Thor" "12.8")
+    )
+    // suffixed "10.3" (blackwell "B300" "12.9")
+    // suffixed "11.0" (blackwell "Jetson Thor" "13.0")
+    // suffixed "12.0" (blackwell "RTX 50xx" "12.8")
+    // suffixed "12.1" (blackwell "DGX Spark's GB10" "12.9");
+
+  # "cudaPackages_12_9" for "12.9".
+  cudaPackagesAttr = release: "cudaPackages_" + builtins.replaceStrings [ "." ] [ "_" ] release;
+
+  # Why `cudaVersion` (cudaPackages' major.minor) cannot compile `cudaArchs`: one sentence per
+  # architecture it cannot, naming the release to use; [ ] when it can compile them all.
+  cudaArchProblems =
+    cudaVersion: cudaArchs:
+    let
+      older = a: b: builtins.compareVersions a b < 0;
+      known = builtins.sort (a: b: older a b) (builtins.attrNames cudaArchReleases);
+      problem =
+        arch:
+        let
+          info = cudaArchReleases.${arch} or null;
+          until = if info == null then null else info.until or null;
+          isThor = builtins.substring 0 4 arch == "10.1";
+        in
+        if info == null then
+          "compute capability ${arch} is not in llamanix's table of CUDA architectures (known: ${builtins.concatStringsSep ", " known})"
+        else if older cudaVersion info.since then
+          "compute capability ${arch} (${info.name}) needs CUDA ${info.since} or newer, this nixpkgs has cudaPackages ${cudaVersion}; use .override { cudaPackages = ${cudaPackagesAttr info.since}; } (or newer)"
+        else if until != null && older until cudaVersion then
+          if isThor then
+            "compute capability ${arch} (${info.name}) is called 11.0${builtins.substring 4 1 arch} from CUDA 13.0 on, and this nixpkgs has cudaPackages ${cudaVersion}; write \"11.0${builtins.substring 4 1 arch}\" instead"
+          else
+            "compute capability ${arch} (${info.name}) was dropped after CUDA ${until}, and this nixpkgs has cudaPackages ${cudaVersion}; use .override { cudaPackages = ${cudaPackagesAttr until}; }"
+        else
+          null;
+    in
+    builtins.filter (p: p != null) (map problem cudaArchs);
+
+  # --- The NixOS module's checks that need no build ------------------------------------------
+
+  # Python's difflib.get_close_matches(word, choices, n = 1, cutoff = 0.6), which llamanix's "did
+  # you mean" uses, so that the module's assertions say what the generator says: the choice
+  # whose similarity ratio 2 * M / (its length + the word's length) is highest and at least 0.6,
+  # M being the characters of SequenceMatcher's matching blocks (the longest common block,
+  # earliest in the choice, then earliest in the word, then recursively left and right of it);
+  # of two equal ratios, the greater string. null when none is close.
+  closeMatch =
+    word: choices:
+    let
+      matched =
+        a: b:
+        let
+          at = builtins.elemAt;
+          count =
+            alo: ahi: blo: bhi:
+            let
+              run = i: j: if i < ahi && j < bhi && at a i == at b j then 1 + run (i + 1) (j + 1) else 0;
+              best = builtins.foldl' (
+                acc: i:
+                builtins.foldl' (
+                  acc: j:
+                  let
+                    k = run i j;
+                  in
+                  if k > acc.k then { inherit i j k; } else acc
+                ) acc (range blo bhi)
+              ) { k = 0; } (range alo ahi);
+            in
+            if best.k == 0 then
+              0
+            else
+              best.k + count alo best.i blo best.j + count (best.i + best.k) ahi (best.j + best.k) bhi;
+        in
+        count 0 (builtins.length a) 0 (builtins.length b);
+      scored = map (choice: {
+        inherit choice;
+        m = matched (chars choice) (chars word);
+        t = builtins.stringLength choice + builtins.stringLength word;
+      }) choices;
+      close = builtins.filter (s: s.t > 0 && 10 * s.m >= 3 * s.t) scored;
+      better = x: y: x.m * y.t > y.m * x.t || (x.m * y.t == y.m * x.t && y.choice < x.choice);
+      best = builtins.foldl' (acc: s: if acc == null || better s acc then s else acc) null close;
+    in
+    if best == null then null else best.choice;
+
+  # llamanix's hint after an unknown name: "did you mean 'x'?", else the names it knows.
+  suggest =
+    word: choices:
+    let
+      close = closeMatch word choices;
+    in
+    if close != null then
+      "did you mean '${close}'?"
+    else
+      "known: ${builtins.concatStringsSep ", " choices}";
+
+  # The router's mistakes that evaluation can see, each in the words `llamanix render` would use
+  # at build time (core/config.py, render/units.py), so `nixos-rebuild` stops before building.
+  # router: services.llamanix.router (or null); instanceNames: the instances' names.
+  routerProblems =
+    { router, instanceNames }:
+    if router == null then
+      [ ]
+    else
+      map (
+        name: "services.llamanix.router.members: no instance '${name}' (${suggest name instanceNames})"
+      ) (builtins.filter (name: !(builtins.elem name instanceNames)) router.members)
+      ++ (
+        if router.kind == "llama-swap" && (router.api_key_file or null) != null then
+          [
+            "services.llamanix.router.api_key_file: a llama-swap router cannot take a key file yet (its apiKeys would put the key into its config) (leave it out and keep the router on loopback, or use kind = \"llama-server\")"
+          ]
+        else
+          [ ]
+      );
+
+  # Whether a listen address is this machine's loopback (core/address.py's is_loopback).
+  isLoopback =
+    listen:
+    builtins.elem (toLower listen) [
+      "localhost"
+      "localhost."
+      "::1"
+      "[::1]"
+    ]
+    || hasPrefix "127." listen;
+
+  # Firewall settings that open nothing useful: a port opened for a loopback listener (an
+  # instance's or the router's), and openFirewall on a router's member, whose port is internal.
+  # instances: NAME -> { listen; port; openFirewall; }; router: services.llamanix.router or null.
+  firewallWarnings =
+    { instances, router }:
+    let
+      members = if router == null then [ ] else router.members;
+      opened = filterAttrs (_: inst: inst.openFirewall or false) instances;
+      routed = builtins.filter (name: builtins.elem name members) (builtins.attrNames opened);
+      exposed = builtins.filter (name: !(builtins.elem name members)) (builtins.attrNames opened);
+    in
+    map (
+      name:
+      "services.llamanix: port ${toString instances.${name}.port} is opened in the firewall but the instance listens on ${instances.${name}.listen} only."
+    ) (builtins.filter (name: isLoopback instances.${name}.listen) exposed)
+    ++ map (
+      name:
+      "services.llamanix.instances.${name}.openFirewall: ${name} is a member of the router, which gives it an internal port on 127.0.0.1, so nothing is opened for it; open the router's port instead (services.llamanix.router.openFirewall)."
+    ) routed
+    ++ (
+      if router != null && (router.openFirewall or false) && isLoopback router.listen then
+        [
+          "services.llamanix: port ${toString router.port} is opened in the firewall but the router listens on ${router.listen} only (set services.llamanix.router.listen)."
+        ]
+      else
+        [ ]
     );
 
   # --- Python dependencies: pyproject.toml is the only list ----------------------------------

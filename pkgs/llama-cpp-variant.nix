@@ -46,12 +46,10 @@ let
       null;
 
   cudaVersion = cudaPackages.cudaMajorMinorVersion or cudaPackages.cudaVersion or "0";
-  # Blackwell (10.x datacenter, 12.x RTX 50xx) came with CUDA 12.8; 12.1 (DGX Spark's GB10)
-  # only with 12.9.
-  wantsBlackwell = builtins.any (arch: lib.versionAtLeast arch "10.0") cudaArchs;
-  wantsSpark = builtins.any (
-    arch: lib.versionAtLeast arch "12.1" && lib.versionOlder arch "12.2"
-  ) cudaArchs;
+  # Each architecture against the first (and, for dropped or renamed ones, the last) CUDA
+  # release that compiles it (nix/lib.nix cudaArchReleases): 10.3 and 12.1 need 12.9, the
+  # family-specific `f` targets too, CUDA 13 calls 10.1 11.0 and no longer builds Pascal.
+  cudaProblems = lib.optionals cudaSupport (llamanixLib.cudaArchProblems cudaVersion cudaArchs);
   isBeellama = variant == "beellama";
 
   # The arch list in the name tells the builds of one variant apart in the store
@@ -101,10 +99,9 @@ let
 
   base = llama-cpp.override { inherit cudaSupport cudaPackages; };
 in
-assert lib.assertMsg (!cudaSupport || !wantsBlackwell || lib.versionAtLeast cudaVersion "12.8")
-  "llama-cpp-${variant}: Blackwell compute capabilities (10.x, 12.x: RTX 50xx) need CUDA 12.8 or newer, this nixpkgs has cudaPackages ${cudaVersion}; use .override { cudaPackages = cudaPackages_12_8; } (or newer).";
-assert lib.assertMsg (!cudaSupport || !wantsSpark || lib.versionAtLeast cudaVersion "12.9")
-  "llama-cpp-${variant}: compute capability 12.1 (DGX Spark's GB10) needs CUDA 12.9 or newer, this nixpkgs has cudaPackages ${cudaVersion}; use .override { cudaPackages = cudaPackages_12_9; } (or newer).";
+assert lib.assertMsg (
+  cudaProblems == [ ]
+) "llama-cpp-${variant}: ${builtins.head cudaProblems}.";
 assert lib.assertMsg (
   variant != "nixpkgs" || !fromSource
 ) "llama-cpp-nixpkgs is nixpkgs' own llama-cpp source; give other sources another variant name.";

@@ -83,6 +83,12 @@ def test_router_serves_two_members_behind_one_port(host: Host) -> None:
     assert "--models-preset %d/router-presets.ini" in unit_text
     assert "SetCredential=router-presets.ini:" in unit_text
     assert "--served-model small --served-model big" in unit_text
+    # On loopback, with no member downloading: ordered after network.target, as nixpkgs'
+    # llama-cpp and llama-swap modules order theirs, and the boot does not wait for the network.
+    shown = host.run(["systemctl", "show", "--property=After,Wants", UNIT], check=True).stdout
+    deps = {k: v.split() for k, _, v in (line.partition("=") for line in shown.splitlines())}
+    assert "network.target" in deps["After"], deps
+    assert "network-online.target" not in deps["After"] + deps["Wants"], deps
     for model, other in (("small", "big"), ("big", "small"), ("small", "big")):
         got = ask(host, model)
         # max_loaded = 1: the router evicts one member to load the other.

@@ -19,8 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from recorded_help import recorded, write_probe
 
+from llamanix.core.config import parse_config, suggest
+from llamanix.core.errors import UserError
 from llamanix.core.variants import VARIANTS
+from llamanix.render.units import render_host
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA: dict[str, dict[str, dict[str, Any]]] = json.loads(
@@ -392,26 +396,44 @@ def test_flake_lock_pins_every_input_completely() -> None:
 
 # --- the module's render command --------------------------------------------------------------
 
+# scripts/nix-real-lib names a recording of tests/data/help here when no llama-server is built:
+# the render tests then check against that recorded probe instead of starting a build.
+RECORDED_PROBE = os.environ.get("LLAMANIX_RECORDED_PROBE", "")
 
-@pytest.fixture(scope="module")
-def llama_server(llama_server_bin: Path) -> Path:
-    # Through the session fixture, so these tests are marked as server tests.
-    return llama_server_bin
+if RECORDED_PROBE:
 
+    @pytest.fixture(scope="module")
+    def llama_server() -> Path:
+        # Only named in the units: nothing runs it.
+        return Path("/nix/store/00000000000000000000000000000000-llama-cpp/bin/llama-server")
 
-@pytest.fixture(scope="module")
-def capabilities(llama_server: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The probe the module's build makes of a package's llama-server (`llamanix probe --json`)."""
-    path = tmp_path_factory.mktemp("probe") / "capabilities.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "llamanix", "probe", str(llama_server), "--json"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr
-    path.write_text(proc.stdout)
-    return path
+    @pytest.fixture(scope="module")
+    def capabilities(tmp_path_factory: pytest.TempPathFactory) -> Path:
+        """The recorded probe: what `llamanix probe --json` made of that build."""
+        path = tmp_path_factory.mktemp("probe") / "capabilities.json"
+        return write_probe(recorded(RECORDED_PROBE), path)
+
+else:
+
+    @pytest.fixture(scope="module")
+    def llama_server(llama_server_bin: Path) -> Path:
+        # Through the session fixture, so these tests are marked as server tests.
+        return llama_server_bin
+
+    @pytest.fixture(scope="module")
+    def capabilities(llama_server: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+        """The probe the module's build makes of a package's llama-server (`llamanix probe
+        --json`)."""
+        path = tmp_path_factory.mktemp("probe") / "capabilities.json"
+        proc = subprocess.run(
+            [sys.executable, "-m", "llamanix", "probe", str(llama_server), "--json"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert proc.returncode == 0, proc.stderr
+        path.write_text(proc.stdout)
+        return path
 
 
 def module_json(tmp_path: Path, spec: dict[str, Any]) -> Path:
@@ -610,7 +632,7 @@ def test_variant_builds_are_named_by_arch_and_never_run_the_binary(tmp_path: Pat
     argv = ["nix-instantiate", "--readonly-mode", "--eval", "--strict", "--json"]
     argv += [str(ROOT / "tests/nix/variant-eval.nix"), "--argstr", "libPath", REAL_LIB]
     argv += ["--argstr", "sourceDir", str(tmp_path)]
-    proc = subprocess.run(argv, capture_output=True, text=True, check=False)
+    proc = subprocess.run([*argv, "-A", "cases"], capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
     found = json.loads(proc.stdout)
     built = {name: d for name, d in found.items() if d["evaluates"]}
@@ -623,10 +645,318 @@ def test_variant_builds_are_named_by_arch_and_never_run_the_binary(tmp_path: Pat
         "upstreamCpu": "llama-cpp-upstream-cpu",
         "beellamaCpu": "llama-cpp-beellama-cpu",
         "sparkOnCuda129": "llama-cpp-upstream-cuda-sm121",
+        "familyOnCuda129": "llama-cpp-upstream-cuda-sm120f",
     }
     # Only nixpkgs' own CPU build keeps its postInstall, which runs the binary for completions.
     assert [n for n, d in built.items() if d["completionAtBuild"]] == ["nixpkgsCpu"]
     # BeeLlama embeds its UI from its own tree; the others' UI needs npm or a download.
     assert [n for n, d in built.items() if d["webui"]] == ["beellamaCpu"]
-    # 12.1 (DGX Spark) needs CUDA 12.9.
-    assert found["sparkOnCuda128"] == {"evaluates": False}
+    # 12.1 (DGX Spark) and 10.3 (B300) need CUDA 12.9; CUDA 13 calls 10.1 11.0 and builds no
+    # Pascal: each stops the evaluation (nix/lib.nix cudaArchReleases) rather than nvcc.
+    for case in ("sparkOnCuda128", "b300OnCuda128", "thorOnCuda130", "pascalOnCuda130"):
+        assert found[case] == {"evaluates": False}, case
+    refused = subprocess.run([*argv, "-A", "refused"], capture_output=True, text=True, check=False)
+    assert refused.returncode != 0
+    assert (
+        "llama-cpp-upstream: compute capability 10.3 (B300) needs CUDA 12.9 or newer, this "
+        "nixpkgs has cudaPackages 12.8; use .override { cudaPackages = cudaPackages_12_9; } (or "
+        "newer)."
+    ) in " ".join(refused.stderr.split())
+
+
+# --- scripts/nix-real-lib builds nothing ------------------------------------------------------
+
+NIX_REAL_LIB = ROOT / "scripts/nix-real-lib"
+
+
+def nix_real_lib(tmp_path: Path, env: dict[str, str], *pytest_args: str) -> str:
+    """scripts/nix-real-lib on a stand-in lib directory, for tests that do not evaluate it."""
+    lib = tmp_path / "lib"
+    lib.mkdir(parents=True)
+    for name in ("default.nix", "modules.nix"):
+        (lib / name).write_text("{ }\n")
+    proc = subprocess.run(
+        [str(NIX_REAL_LIB), str(lib), "-q", *pytest_args],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=env,
+        # A full llama-server build takes far longer: before the fix this ran into it.
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+def test_nix_real_lib_uses_the_recorded_probe_and_builds_nothing(tmp_path: Path) -> None:
+    """No llama-server built (an empty cache, no $LLAMANIX_LLAMA_SERVER): the script says so,
+    its render tests pass on the recorded probe, and nothing lands in the cache."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("LLAMANIX_LLAMA_SERVER", "LLAMANIX_RECORDED_PROBE")
+    }
+    out = nix_real_lib(tmp_path, {**env, "LLAMANIX_CACHE": str(cache)}, "-k", "test_render_command")
+    lines = out.splitlines()
+    assert lines[1] == (
+        "nix-real-lib: no llama-server is built, and none will be: the render tests use the probe "
+        "recorded in tests/data/help/upstream-0c1e570.*, and the tests that run llama-server are "
+        "skipped (scripts/build-llama-server builds one)"
+    )
+    assert re.search(r"^4 passed", lines[-1]), out
+    assert list(cache.iterdir()) == []
+    # A test that runs llama-server is left out rather than building one.
+    selected = "probes_a_built or render_command_usage"
+    out = nix_real_lib(
+        tmp_path / "again", {**env, "LLAMANIX_CACHE": str(cache)}, "--co", "-k", selected
+    )
+    assert [line for line in out.splitlines() if "::" in line] == [
+        "tests/test_nix.py::test_render_command_usage"
+    ]
+
+
+def test_nix_real_lib_probes_a_built_llama_server(tmp_path: Path, llama_server_bin: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "LLAMANIX_RECORDED_PROBE"}
+    env["LLAMANIX_LLAMA_SERVER"] = str(llama_server_bin)
+    out = nix_real_lib(tmp_path, env, "-k", "test_render_command_usage")
+    assert out.splitlines()[1] == (
+        f"nix-real-lib: the render tests probe the llama-server at {llama_server_bin}"
+    )
+
+
+def test_nix_real_lib_refuses_a_bad_llama_server_in_one_line(tmp_path: Path) -> None:
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    for name in ("default.nix", "modules.nix"):
+        (lib / name).write_text("{ }\n")
+    env = {**os.environ, "LLAMANIX_LLAMA_SERVER": str(tmp_path / "missing")}
+    proc = subprocess.run(
+        [str(NIX_REAL_LIB), str(lib)], capture_output=True, text=True, check=False, env=env
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == [
+        f"nix-real-lib: LLAMANIX_LLAMA_SERVER: {tmp_path / 'missing'} is not an executable file "
+        "(point LLAMANIX_LLAMA_SERVER at a built binary or unset it)"
+    ]
+
+
+# --- CUDA architectures against the CUDA release ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("cuda", "archs", "problem"),
+    [
+        ("12.8", ["8.6", "12.0"], None),
+        ("12.8", ["12.0a", "10.0", "9.0a", "8.9"], None),
+        # B300 and the family-specific targets came with 12.9.
+        (
+            "12.8",
+            ["8.6", "10.3"],
+            "compute capability 10.3 (B300) needs CUDA 12.9 or newer, this nixpkgs has "
+            "cudaPackages 12.8; use .override { cudaPackages = cudaPackages_12_9; } (or newer)",
+        ),
+        (
+            "12.8",
+            ["12.0f"],
+            "compute capability 12.0f (RTX 50xx) needs CUDA 12.9 or newer, this nixpkgs has "
+            "cudaPackages 12.8; use .override { cudaPackages = cudaPackages_12_9; } (or newer)",
+        ),
+        ("12.9", ["10.3", "12.0f", "12.1", "10.1"], None),
+        (
+            "12.8",
+            ["12.1"],
+            "compute capability 12.1 (DGX Spark's GB10) needs CUDA 12.9 or newer, this nixpkgs "
+            "has cudaPackages 12.8; use .override { cudaPackages = cudaPackages_12_9; } (or newer)",
+        ),
+        # CUDA 13.0 renamed Jetson Thor's 10.1 to 11.0, which older releases do not know.
+        (
+            "13.0",
+            ["10.1a"],
+            "compute capability 10.1a (Jetson Thor) is called 11.0a from CUDA 13.0 on, and this "
+            'nixpkgs has cudaPackages 13.0; write "11.0a" instead',
+        ),
+        (
+            "12.9",
+            ["11.0"],
+            "compute capability 11.0 (Jetson Thor) needs CUDA 13.0 or newer, this nixpkgs has "
+            "cudaPackages 12.9; use .override { cudaPackages = cudaPackages_13_0; } (or newer)",
+        ),
+        ("13.0", ["11.0", "12.0", "7.5"], None),
+        # ... and dropped everything before Turing.
+        (
+            "13.0",
+            ["6.1"],
+            "compute capability 6.1 (Pascal) was dropped after CUDA 12.9, and this nixpkgs has "
+            "cudaPackages 13.0; use .override { cudaPackages = cudaPackages_12_9; }",
+        ),
+        (
+            "12.0",
+            ["3.7"],
+            "compute capability 3.7 (Kepler) was dropped after CUDA 11.8, and this nixpkgs has "
+            "cudaPackages 12.0; use .override { cudaPackages = cudaPackages_11_8; }",
+        ),
+        # `a` targets exist from Hopper on.
+        ("12.8", ["8.6a"], "compute capability 8.6a is not in llamanix's table of CUDA "),
+    ],
+)
+def test_cuda_archs_are_checked_against_the_cuda_release(
+    cuda: str, archs: list[str], problem: str | None
+) -> None:
+    found = lib_call(f"l.cudaArchProblems \"{cuda}\" (builtins.fromJSON ''{json.dumps(archs)}'')")
+    if problem is None:
+        assert found == []
+    else:
+        [message] = found
+        assert message.startswith(problem), message
+
+
+def test_every_arch_set_the_flake_builds_compiles_with_cuda_12_8() -> None:
+    """The pinned nixpkgs has CUDA 12.8 or newer (docs/nixos.md): every package builds there."""
+    for name, archs in lib_call("l.archSets").items():
+        assert (
+            lib_call(f"l.cudaArchProblems \"12.8\" (builtins.fromJSON ''{json.dumps(archs)}'')")
+            == []
+        ), name
+
+
+# --- the module's checks at evaluation ---------------------------------------------------------
+
+
+def test_the_router_package_is_nixpkgs_llama_swap_by_mk_package_option(
+    options: dict[str, Any],
+) -> None:
+    package = options["moduleRouterPackage"]
+    assert package["type"] == {"name": "package"}  # not nullOr: lib.mkPackageOption's type
+    assert package["defaultText"] == {"_type": "literalExpression", "text": "pkgs.llama-swap"}
+    assert package["description"].startswith("The llama-swap package to use.")
+
+
+@pytest.mark.parametrize(
+    ("word", "choices"),
+    [
+        ("smal", ["big", "small"]),
+        ("zzz", ["big", "small"]),
+        ("a", ["ab", "ba"]),
+        ("abcd", ["bcda", "dabc"]),
+        ("qwen", ["qwen27b", "qwen35"]),
+        ("qwen27", ["qwen27b", "qwen35b-a3b", "coder"]),
+        ("reasonign", ["fast", "reasoning"]),
+        ("embed", ["embedding", "embeddings"]),
+        ("x", []),
+        ("abcabcabc", ["cbacbacba", "abcxabc", "aabbcc"]),
+    ],
+)
+def test_the_modules_suggestion_is_the_generators(word: str, choices: list[str]) -> None:
+    expected = suggest(word, tuple(choices))
+    found = lib_call(f"l.suggest \"{word}\" (builtins.fromJSON ''{json.dumps(choices)}'')")
+    assert found == expected
+
+
+def router_problems(router: dict[str, Any], instances: list[str]) -> list[str]:
+    spec = json.dumps({"router": router, "instanceNames": instances})
+    found: list[str] = lib_call(f"l.routerProblems (builtins.fromJSON ''{spec}'')")
+    return found
+
+
+def python_refusal(router: dict[str, Any], instances: list[str], tmp_path: Path) -> list[str]:
+    """What `llamanix render` says at build time of the module's JSON for this router."""
+    data = {
+        "hosts": {"h": {"kind": "nixos", "router": router}},
+        "instances": {
+            name: {"model": f"/m/{name}.gguf", "port": 9000 + i} for i, name in enumerate(instances)
+        },
+    }
+    with pytest.raises(UserError) as err:
+        render_host(parse_config(data, str(tmp_path / "llamanix.json")), "h")
+    return [
+        f"{p.field}: {p.message}" + (f" ({p.fix})" if p.fix else "") for p in err.value.problems
+    ]
+
+
+@pytest.mark.parametrize(
+    ("router", "instances"),
+    [
+        ({"kind": "llama-server", "members": ["reasoning", "fsat"]}, ["fast", "reasoning"]),
+        ({"kind": "llama-server", "members": ["nothing", "fast"]}, ["fast", "reasoning"]),
+        ({"kind": "llama-swap", "members": ["a"], "api_key_file": "/run/k"}, ["a"]),
+    ],
+    ids=["close-name", "far-name", "swap-key"],
+)
+def test_router_assertions_use_the_generators_words(
+    tmp_path: Path, router: dict[str, Any], instances: list[str]
+) -> None:
+    """What the module asserts at evaluation is what `llamanix render` would refuse at build
+    time, in the same words; only the field is named as a NixOS option."""
+    assertions = router_problems(router, instances)
+    generator = python_refusal(router, instances, tmp_path)
+    assert [a.removeprefix("services.llamanix.") for a in assertions] == [
+        g.removeprefix("hosts.h.") for g in generator
+    ]
+    assert all(a.startswith("services.llamanix.router.") for a in assertions)
+
+
+def test_a_sound_router_asserts_nothing() -> None:
+    assert router_problems({"kind": "llama-server", "members": ["a", "b"]}, ["a", "b", "c"]) == []
+    assert (
+        router_problems({"kind": "llama-swap", "members": ["a"], "api_key_file": None}, ["a"]) == []
+    )
+    assert lib_call("l.routerProblems { router = null; instanceNames = [ ]; }") == []
+
+
+def firewall_warnings(instances: dict[str, Any], router: dict[str, Any] | None) -> list[str]:
+    spec = json.dumps({"instances": instances, "router": router})
+    found: list[str] = lib_call(f"l.firewallWarnings (builtins.fromJSON ''{spec}'')")
+    return found
+
+
+def test_firewall_settings_that_open_nothing_warn() -> None:
+    def inst(listen: str, port: int, opened: bool = True) -> dict[str, Any]:
+        return {"listen": listen, "port": port, "openFirewall": opened}
+
+    router = {"members": ["m"], "listen": "127.0.0.1", "port": 8080, "openFirewall": True}
+    found = firewall_warnings(
+        {
+            "lo": inst("127.0.0.2", 8081),
+            "six": inst("::1", 8082),
+            "any": inst("0.0.0.0", 8083),
+            "closed": inst("127.0.0.1", 8084, opened=False),
+            "m": inst("0.0.0.0", 8085),
+        },
+        router,
+    )
+    assert found == [
+        "services.llamanix: port 8081 is opened in the firewall but the instance listens on "
+        "127.0.0.2 only.",
+        "services.llamanix: port 8082 is opened in the firewall but the instance listens on ::1 "
+        "only.",
+        "services.llamanix.instances.m.openFirewall: m is a member of the router, which gives it "
+        "an internal port on 127.0.0.1, so nothing is opened for it; open the router's port "
+        "instead (services.llamanix.router.openFirewall).",
+        "services.llamanix: port 8080 is opened in the firewall but the router listens on "
+        "127.0.0.1 only (set services.llamanix.router.listen).",
+    ]
+    # A router others can reach, opened: nothing to say.
+    assert firewall_warnings({"any": inst("0.0.0.0", 8083)}, router | {"listen": "0.0.0.0"}) == []
+
+
+def test_the_flake_module_is_one_module_however_often_imported() -> None:
+    """nixosModules.default names itself by key (and _file, for messages): the module system
+    keeps one module per key, so a second import defines nothing twice."""
+    proc = flake_outputs("moduleIdentity")
+    assert proc.returncode == 0, proc.stderr
+    name = "/nix/store/00000000000000000000000000000000-source/flake.nix#nixosModules.default"
+    assert json.loads(proc.stdout) == {"key": name, "_file": name}
+
+
+@pytest.mark.skipif(not REAL_LIB, reason="set LLAMANIX_NIXPKGS_LIB to a nixpkgs lib/ directory")
+def test_importing_the_flake_module_twice_evaluates() -> None:
+    proc = flake_outputs("importedTwice")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == {
+        "packageSet": "the system's llamanix package set",
+        # The overlay is added once.
+        "overlays": 1,
+        "failed": [],
+    }

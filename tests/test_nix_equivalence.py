@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from recorded_help import recorded, write_probe
 
 from llamanix.core.config import load_config
 from llamanix.core.probe import parse_capabilities
@@ -50,15 +51,30 @@ def hosts_of(path: Path) -> list[tuple[Path, str]]:
 CASES = [case for path in CONFIGS for case in hosts_of(path)]
 
 
-def module_eval(toml: Path, host: str, lib_path: str, *, nvidia: bool = False) -> dict[str, Any]:
+def module_eval_proc(
+    toml: Path,
+    host: str,
+    lib_path: str,
+    *,
+    nvidia: bool = False,
+    llama_swap: bool = True,
+    attr: str | None = None,
+) -> subprocess.CompletedProcess[str]:
     argv = ["nix-instantiate", "--readonly-mode", "--eval", "--strict", "--json"]
     argv += [str(ROOT / "tests/nix/module-eval.nix"), "--argstr", "toml", str(toml)]
     argv += ["--argstr", "host", host, "--argstr", "libPath", lib_path]
     argv += ["--argstr", "nvidia", "true" if nvidia else "false"]
-    proc = subprocess.run(argv, capture_output=True, text=True, check=False)
+    argv += ["--argstr", "llamaSwap", "true" if llama_swap else "false"]
+    argv += ["-A", attr] if attr else []
+    return subprocess.run(argv, capture_output=True, text=True, check=False)
+
+
+def module_eval(
+    toml: Path, host: str, lib_path: str, *, nvidia: bool = False, attr: str | None = None
+) -> Any:
+    proc = module_eval_proc(toml, host, lib_path, nvidia=nvidia, attr=attr)
     assert proc.returncode == 0, proc.stderr
-    result: dict[str, Any] = json.loads(proc.stdout)
-    return result
+    return json.loads(proc.stdout)
 
 
 @pytest.fixture(scope="module")
@@ -75,19 +91,32 @@ def beellama_capabilities(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-def capabilities(tmp_path_factory: pytest.TempPathFactory, llama_server_bin: Path) -> Path:
-    binary = llama_server_bin
-    path = tmp_path_factory.mktemp("probe") / "capabilities.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "llamanix", "probe", str(binary), "--json"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr
-    path.write_text(proc.stdout)
-    return path
+# scripts/nix-real-lib names a recording of tests/data/help here when no llama-server is built:
+# both front ends then render against that recorded probe instead of starting a build.
+RECORDED_PROBE = os.environ.get("LLAMANIX_RECORDED_PROBE", "")
+
+if RECORDED_PROBE:
+
+    @pytest.fixture(scope="module")
+    def capabilities(tmp_path_factory: pytest.TempPathFactory) -> Path:
+        path = tmp_path_factory.mktemp("probe") / "capabilities.json"
+        return write_probe(recorded(RECORDED_PROBE), path)
+
+else:
+
+    @pytest.fixture(scope="module")
+    def capabilities(tmp_path_factory: pytest.TempPathFactory, llama_server_bin: Path) -> Path:
+        binary = llama_server_bin
+        path = tmp_path_factory.mktemp("probe") / "capabilities.json"
+        proc = subprocess.run(
+            [sys.executable, "-m", "llamanix", "probe", str(binary), "--json"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert proc.returncode == 0, proc.stderr
+        path.write_text(proc.stdout)
+        return path
 
 
 def llamanix_path() -> str:
@@ -261,3 +290,104 @@ def test_a_routed_host_enables_the_router_unit_and_no_member_unit(tmp_path: Path
     # openFirewall is an option of the module only (llamanix.toml has no such key); fromToml
     # passes the table on as it is, which is enough to see the port opened.
     assert module_eval(opened, "gpu1", REAL_LIB)["ports"] == [8080]
+
+
+# --- the module's own checks, at evaluation (nixpkgs' lib.evalModules) -------------------------
+
+needs_real_lib = pytest.mark.skipif(
+    not REAL_LIB, reason="set LLAMANIX_NIXPKGS_LIB to a nixpkgs lib/ directory"
+)
+
+
+def routed_toml(tmp_path: Path, router: str, **instances: str) -> Path:
+    """A NixOS host whose router table is `router` (TOML lines) over instances fast and
+    reasoning (plus lines of their own); fromToml hands the tables to the module as they are."""
+    text = '[hosts.gpu1]\nkind = "nixos"\n\n[hosts.gpu1.router]\n' + router + "\n"
+    for name in ("fast", "reasoning"):
+        text += f'\n[instances.{name}]\nmodel = "/m/{name}.gguf"\n' + instances.get(name, "")
+    path = tmp_path / "llamanix.toml"
+    path.write_text(text)
+    return path
+
+
+@needs_real_lib
+@pytest.mark.parametrize(
+    ("router", "failed"),
+    [
+        (
+            'kind = "llama-server"\nmembers = ["reasoning", "fsat"]',
+            ["services.llamanix.router.members: no instance 'fsat' (did you mean 'fast'?)"],
+        ),
+        (
+            'kind = "llama-swap"\nmembers = ["fast"]\napi_key_file = "/run/keys/router"',
+            [
+                "services.llamanix.router.api_key_file: a llama-swap router cannot take a key file "
+                "yet (its apiKeys would put the key into its config) (leave it out and keep the "
+                'router on loopback, or use kind = "llama-server")'
+            ],
+        ),
+        ('kind = "llama-swap"\nmembers = ["fast", "reasoning"]', []),
+    ],
+    ids=["member-not-an-instance", "swap-with-key", "sound"],
+)
+def test_router_mistakes_fail_the_evaluation(
+    tmp_path: Path, router: str, failed: list[str]
+) -> None:
+    """Module assertions, so `nixos-rebuild` stops while evaluating, before any build."""
+    toml = routed_toml(tmp_path, router)
+    checks = module_eval(toml, "gpu1", REAL_LIB, attr="checks")
+    assert checks["failed"] == failed
+    proc = module_eval_proc(toml, "gpu1", REAL_LIB, attr="config")
+    if failed:
+        assert proc.returncode != 0
+        assert failed[0] in " ".join(proc.stderr.split())
+    else:
+        assert proc.returncode == 0, proc.stderr
+
+
+@needs_real_lib
+def test_firewall_settings_that_open_nothing_warn_at_evaluation(tmp_path: Path) -> None:
+    toml = routed_toml(
+        tmp_path,
+        'kind = "llama-server"\nmembers = ["fast"]\nport = 8080\nopenFirewall = true',
+        fast='listen = "0.0.0.0"\nopenFirewall = true\n',
+        reasoning="port = 8081\nopenFirewall = true\n",
+    )
+    assert module_eval(toml, "gpu1", REAL_LIB, attr="checks")["warnings"] == [
+        "services.llamanix: port 8081 is opened in the firewall but the instance listens on "
+        "127.0.0.1 only.",
+        "services.llamanix.instances.fast.openFirewall: fast is a member of the router, which "
+        "gives it an internal port on 127.0.0.1, so nothing is opened for it; open the router's "
+        "port instead (services.llamanix.router.openFirewall).",
+        "services.llamanix: port 8080 is opened in the firewall but the router listens on "
+        "127.0.0.1 only (set services.llamanix.router.listen).",
+    ]
+    # Nothing of the member's is opened; the router's port and the plain instance's are.
+    assert sorted(module_eval(toml, "gpu1", REAL_LIB, attr="ports")) == [8080, 8081]
+
+
+@needs_real_lib
+def test_router_package_is_nixpkgs_llama_swap_read_only_by_a_llama_swap_router(
+    tmp_path: Path,
+) -> None:
+    package = module_eval(
+        routed_toml(tmp_path, 'kind = "llama-server"\nmembers = ["fast"]'),
+        "gpu1",
+        REAL_LIB,
+        attr="routerPackage",
+    )
+    assert (package["type"], package["defaultText"]) == ("package", "pkgs.llama-swap")
+    # A nixpkgs without llama-swap evaluates a llama-server router ...
+    server = routed_toml(tmp_path, 'kind = "llama-server"\nmembers = ["fast"]')
+    proc = module_eval_proc(server, "gpu1", REAL_LIB, llama_swap=False, attr="config")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["hosts"]["gpu1"]["router"]["kind"] == "llama-server"
+    # ... and says what is missing for a llama-swap router (lib.mkPackageOption's words).
+    swap = routed_toml(tmp_path, 'kind = "llama-swap"\nmembers = ["fast"]')
+    proc = module_eval_proc(swap, "gpu1", REAL_LIB, llama_swap=False, attr="config")
+    assert proc.returncode != 0
+    assert "llama-swap cannot be found in pkgs" in proc.stderr
+    with_swap = module_eval(swap, "gpu1", REAL_LIB, attr="config")
+    assert with_swap["hosts"]["gpu1"]["router"]["binary"] == (
+        "/nix/store/00000000000000000000000000000000-llama-swap/bin/llama-swap"
+    )

@@ -297,3 +297,43 @@ def test_readiness_line_per_unit_kind(
         f"--model /srv/models/t.gguf{flags}"
     ]
     assert SECRET not in text
+
+
+@pytest.mark.parametrize(
+    ("listen", "extra", "online"),
+    [
+        ("127.0.0.1", [], False),
+        ("::1", [], False),
+        ("localhost", [], False),
+        ("0.0.0.0", [], True),
+        ("192.168.1.5", [], True),
+        ("llm.example.org", [], True),
+        # Downloads its model at start: it needs the network even on loopback.
+        ("127.0.0.1", ["-hf", "ggml-org/gemma-3-1b-it-GGUF"], True),
+    ],
+)
+@pytest.mark.parametrize("routed", [False, True], ids=["instance", "router"])
+def test_only_units_reachable_beyond_loopback_or_downloading_wait_for_the_network(
+    tmp_path: Path, listen: str, extra: list[str], online: bool, routed: bool
+) -> None:
+    """As nixpkgs' llama-cpp and llama-swap modules: after network.target; only a server others
+    reach (or one that downloads) wants network-online.target, so boot does not wait for the
+    network for a loopback listener."""
+    data = host_config("systemd", False, listen=listen, extra_args=extra)
+    unit = "llamanix-a.service"
+    if routed:
+        data["instances"]["a"]["listen"] = "127.0.0.1"
+        data["hosts"]["h"]["router"] = {"kind": "llama-server", "members": ["a"], "port": 8090}
+        data["hosts"]["h"]["router"]["listen"] = listen
+        unit = "llamanix-router.service"
+    out = render_to(tmp_path, data)
+    text = (out / unit).read_text()
+    unit_section = text.split("[Service]", 1)[0].splitlines()
+    network = [line for line in unit_section if line.startswith(("After=", "Wants="))]
+    if online:
+        assert network == ["After=network-online.target", "Wants=network-online.target"]
+    else:
+        assert network == ["After=network.target"]
+    if systemd_analyze.available():
+        proc = systemd_analyze.verify(out / unit)
+        assert proc.returncode == 0, proc.stdout + proc.stderr

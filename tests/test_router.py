@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,10 +21,14 @@ import pytest
 
 from llamanix.core.config import load_config, parse_config
 from llamanix.core.errors import UserError
-from llamanix.core.probe import parse_help
+from llamanix.core.probe import Capabilities, parse_capabilities, parse_help
 from llamanix.core.residency import GIB, plan_residency
+from llamanix.external import systemd_analyze
 from llamanix.measure.server_process import free_port
 from llamanix.render import router as r
+from llamanix.render.units import render_host, write_render
+
+HELP = Path(__file__).parent / "data" / "help"
 
 
 def config(instances: dict[str, dict[str, Any]], router: dict[str, Any], **host: Any) -> Any:
@@ -556,6 +561,151 @@ def test_doctor_probes_a_member_through_the_router(running_router: RunningRouter
     assert result.exit_code in (0, 1), result.output  # 1: a finding, not a failure to probe
     assert "HTTP 400" not in result.output and "cannot connect" not in result.output
     assert json.loads(result.stdout)
+
+
+# --- the router's unit --------------------------------------------------------------------------
+
+# What a CUDA build's probe shows in the NixOS build sandbox (its --version run on the CUDA stub):
+# the upstream recording's --help, with the stub's line before the version.
+CUDA_VERSION = (
+    "ggml_cuda_init: failed to initialize CUDA: CUDA driver is a stub library\n"
+    + (HELP / "upstream-0c1e570.version.txt").read_text()
+)
+
+
+def _probe(cuda: bool) -> Capabilities:
+    version = CUDA_VERSION if cuda else (HELP / "upstream-0c1e570.version.txt").read_text()
+    caps = parse_capabilities(
+        "llama-server", version, (HELP / "upstream-0c1e570.help.txt").read_text()
+    )
+    assert caps.cuda is cuda
+    return caps
+
+
+def _unit_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line and not line.startswith(("#", "["))]
+
+
+def _routed(
+    kind: str = "llama-server",
+    host: dict[str, Any] | None = None,
+    listen: str | None = None,
+    **members: dict[str, Any],
+) -> Any:
+    """A NixOS host (as the module writes it) with two members behind a router on port 8080."""
+    router: dict[str, Any] = {"kind": kind, "members": ["big", "small"], "port": 8080}
+    if listen is not None:
+        router["listen"] = listen
+    store = "/nix/store/00000000000000000000000000000000-llama-cpp/bin/llama-server"
+    insts = {
+        "big": {"binary": store, **members.get("big", {})},
+        "small": {"binary": store, "port": 9002, **members.get("small", {})},
+    }
+    return config(insts, router, **{"kind": "nixos", **(host or {})})
+
+
+def _router_unit(c: Any, caps: dict[str, Capabilities] | None = None) -> list[str]:
+    rendered = render_host(c, "box", caps)
+    assert rendered.router is not None
+    return _unit_lines(rendered.router.unit_text)
+
+
+def _alone_unit(c: Any, name: str, caps: dict[str, Capabilities] | None = None) -> list[str]:
+    """The same instance with no router: its unit of its own."""
+    data = {
+        **c.raw,
+        "hosts": {"box": {k: v for k, v in c.raw["hosts"]["box"].items() if k != "router"}},
+    }
+    alone = parse_config(data, "r.toml")
+    [unit] = [u for u in render_host(alone, "box", caps).instances if u.name == name]
+    return _unit_lines(unit.unit_text)
+
+
+DEVICES = [
+    "DevicePolicy=closed",
+    "DeviceAllow=char-nvidiactl rw",
+    "DeviceAllow=char-nvidia-frontend rw",
+    "DeviceAllow=char-nvidia-uvm rw",
+    "DeviceAllow=char-nvidia-caps rw",
+]
+
+
+@pytest.mark.parametrize("kind", ["llama-server", "llama-swap"])
+def test_router_opens_the_gpu_where_a_members_build_is_cuda_as_an_instance_would(
+    kind: str,
+) -> None:
+    """A NixOS host without `gpu` and with cudaArchs = [ ], whose members get a CUDA build from
+    their own cudaArchs or package: the probe says CUDA, so the router's unit opens the GPU as
+    the same instance's own unit does."""
+    c = _routed(kind)
+    assert not c.hosts["box"].has_gpu
+    for probe, opened in ((_probe(cuda=True), True), (_probe(cuda=False), False)):
+        caps = {"*": probe}
+        for lines in (_router_unit(c, caps), _alone_unit(c, "big", caps)):
+            assert all(d in lines for d in DEVICES) is opened, lines
+            assert ("PrivateDevices=no" in lines) is opened
+            assert ("RestrictAddressFamilies=AF_INET AF_INET6 AF_UNIX" in lines) is opened
+    # One CUDA member is enough; gpu_layers = 0 keeps a member on the CPU, as on its own.
+    caps = {"big": _probe(cuda=True), "small": _probe(cuda=False)}
+    assert all(d in _router_unit(c, caps) for d in DEVICES)
+    cpu = _routed(kind, big={"gpu_layers": 0})
+    assert "PrivateDevices=yes" in _router_unit(cpu, caps)
+    assert "PrivateDevices=yes" in _alone_unit(cpu, "big", caps)
+
+
+@pytest.mark.parametrize("kind", ["llama-server", "llama-swap"])
+def test_a_router_whose_member_downloads_has_no_ip_filter_as_an_instance_would(kind: str) -> None:
+    c = _routed(kind)
+    assert "IPAddressDeny=any" in _router_unit(c)
+    download = {"extra_args": ["--hf-repo", "ggml-org/gemma-3-1b-it-GGUF"]}
+    c = _routed(kind, small=download)
+    lines = _router_unit(c)
+    assert not any(line.startswith("IPAddress") for line in lines), lines
+    assert not any(line.startswith("IPAddress") for line in _alone_unit(c, "small"))
+    # It talks to the internet at start: the router waits for the network.
+    assert "Wants=network-online.target" in lines
+
+
+@pytest.mark.parametrize(
+    ("kind", "host", "proc", "devices"),
+    [
+        ("llama-swap", {}, "ProcSubset=all", "PrivateDevices=yes"),
+        ("llama-server", {}, "ProcSubset=pid", "PrivateDevices=yes"),
+        ("llama-swap", {"gpu": "rtx3090"}, "ProcSubset=all", "PrivateDevices=no"),
+    ],
+    ids=["swap-cpu", "server-cpu", "swap-gpu"],
+)
+def test_a_llama_swap_router_sees_proc_meminfo(
+    tmp_path: Path, kind: str, host: dict[str, Any], proc: str, devices: str
+) -> None:
+    """llama-swap reads /proc/meminfo, so even on a CPU host its unit has ProcSubset=all (as
+    nixpkgs' services.llama-swap now has); a CPU llama-server router keeps ProcSubset=pid."""
+    data = {
+        "hosts": {
+            "box": {
+                "kind": "systemd",
+                **host,
+                "router": {"kind": kind, "members": ["a", "b"], "binary": sys.executable},
+            }
+        },
+        "instances": {
+            "a": {"model": "/m/a.gguf", "binary": sys.executable},
+            "b": {"model": "/m/b.gguf", "binary": sys.executable, "port": 9002},
+        },
+    }
+    if kind == "llama-server":
+        del data["hosts"]["box"]["router"]["binary"]
+    c = parse_config(data, str(tmp_path / "llamanix.toml"))
+    lines = _router_unit(c)
+    assert [line for line in lines if line.startswith(("ProcSubset=", "PrivateDevices="))] == [
+        proc,
+        devices,
+    ]
+    out = tmp_path / "out"
+    write_render(render_host(c, "box"), out)
+    if systemd_analyze.available():
+        verified = systemd_analyze.verify(out / "llamanix-router.service")
+        assert verified.returncode == 0, verified.stdout + verified.stderr
 
 
 # --- plan -------------------------------------------------------------------------------------

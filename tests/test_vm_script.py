@@ -8,6 +8,9 @@
   renders for both variants of the flip.
 - The script's HTTP checks (health, alias, a chat completion that drafts with draft = target,
   the build's version tell) run against a real llama-server started from that same instance.
+- The VM's router (llama-server's router mode over two CPU members, at most one loaded) renders
+  through the module's JSON, and the script's router checks (/v1/models, a completion through
+  the router's port, a swap) run against a real router started from that render.
 """
 
 from __future__ import annotations
@@ -23,8 +26,12 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from recorded_help import UPSTREAM, recorded, write_probe
 
+from llamanix.core.config import load_config
+from llamanix.core.probe import Capabilities
 from llamanix.measure.server_process import LlamaServer, free_port
+from llamanix.render.units import render_host
 from llamanix.testbed.synth import SynthSpec, synth_model
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -283,16 +290,52 @@ def test_vm_flips_one_instance_between_two_cpu_builds(vm: Any) -> None:
         assert build["capabilities"].endswith(f"-{variant}-capabilities.json")
 
 
-def module_config(tmp_path: Path, vm_config: Any, binary: Path, port: int) -> Path:
+@needs_nix
+def test_vm_routes_two_cpu_members_of_the_base_variant(vm: Any) -> None:
+    expected = vm["expected"]
+    llamanix = vm["services"]["llamanix"]
+    router = llamanix["router"]
+    assert router["kind"] == "llama-server"
+    assert router["members"] == expected["router"]["members"] == ["alpha", "beta"]
+    assert router["port"] == expected["router"]["port"] != expected["port"]
+    # At most one member loaded: asking for the other one is a swap.
+    assert router["max_loaded"] == 1
+    assert expected["router"]["unit"] == "llamanix-router.service"
+    for name in router["members"]:
+        member = llamanix["instances"][name]
+        # One variant and one model for both (llama-server's router runs one binary), served by
+        # the instance's name, on the CPU (the host's cudaArchs = [ ]).
+        assert member["variant"] == expected["base"], name
+        assert member["model"] == expected["model"], name
+        assert "alias" not in member and "cudaArchs" not in member, name
+    # The flip leaves the router alone: only the tiny instance changes variant.
+    assert set(
+        vm["specialisation"][expected["other"]]["configuration"]["services"]["llamanix"][
+            "instances"
+        ]
+    ) == {expected["instance"]}
+
+
+def module_config(
+    tmp_path: Path, vm_config: Any, binary: Path, port: int, router_port: int | None = None
+) -> Path:
     """The llamanix.json the module writes for the VM's instance (via tests/nix/module-json.nix,
-    the module's own configData), with this machine's binary and a free port."""
+    the module's own configData), with this machine's binary and a free port; with
+    `router_port`, the VM's router and its members too, the router on that port."""
     expected = vm_config["expected"]
-    settings = dict(vm_config["services"]["llamanix"]["instances"][expected["instance"]])
+    instances = vm_config["services"]["llamanix"]["instances"]
+    settings = dict(instances[expected["instance"]])
     settings["port"] = port
-    spec = {
+    spec: dict[str, Any] = {
         "host": "machine",
         "instances": {expected["instance"]: {"binary": str(binary), "settings": settings}},
     }
+    if router_port is not None:
+        router = dict(vm_config["services"]["llamanix"]["router"])
+        router["port"] = router_port
+        spec["router"] = router
+        for name in router["members"]:
+            spec["instances"][name] = {"binary": str(binary), "settings": instances[name]}
     proc = subprocess.run(
         [
             "nix-instantiate",
@@ -406,6 +449,41 @@ def serve(
 
 
 @needs_nix
+def test_vm_router_renders_through_the_module(vm: Any, tmp_path: Path) -> None:
+    """The VM's router as the module renders it: one unit for the router, none for its members,
+    llama-server's router mode with one member loaded, and a CPU unit's sandbox."""
+    binary = Path("/nix/store/00000000000000000000000000000000-llama-cpp/bin/llama-server")
+    config = module_config(tmp_path, vm, binary, 8091, router_port=8092)
+    probe = write_probe(recorded(UPSTREAM), tmp_path / "probe.json")
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [
+            *(sys.executable, "-m", "llamanix", "render", str(config), "--host", "machine"),
+            *("--out", str(out), "--capabilities", str(probe)),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    units = sorted(p.name for p in out.glob("*.service"))
+    assert units == ["llamanix-router.service", vm["expected"]["unit"]]
+    manifest = json.loads((out / "manifest.json").read_text())
+    router = manifest["router"]
+    assert router["served"] == {"alpha": "alpha", "beta": "beta"}
+    assert router["argv"] == [
+        str(binary), "--models-preset", "%d/router-presets.ini",
+        "--host", "127.0.0.1", "--port", "8092", "--models-max", "1",
+    ]  # fmt: skip
+    text = (out / "llamanix-router.service").read_text()
+    lines = text.splitlines()
+    # What the script's check_hardening expects of a CPU unit, and a loopback unit's ordering.
+    for line in ("ProcSubset=pid", "PrivateDevices=yes", "After=network.target"):
+        assert line in lines, line
+    assert "Wants=network-online.target" not in lines
+
+
+@needs_nix
 @pytest.mark.server
 def test_script_http_checks_pass_on_the_vm_instance(
     tmp_path: Path, vm_instance: Any, llama_server_bin: Path
@@ -452,5 +530,76 @@ def test_script_drafting_check_fails_without_a_draft(
     try:
         with pytest.raises(AssertionError, match="proposed no tokens"):
             script.check_serving(LocalShell(), server.port, vm_instance["expected"]["alias"])
+    finally:
+        server.stop()
+
+
+def start_vm_router(
+    tmp_path: Path, vm_config: Any, binary: Path, capabilities: Path
+) -> tuple[LlamaServer, list[str]]:
+    """The VM's router, started as its unit would start it: the rendered argv, with the preset
+    that the unit carries as a credential written to a file."""
+    config = module_config(tmp_path, vm_config, binary, free_port(), router_port=free_port())
+    cfg = load_config(config)
+    rendered = render_host(
+        cfg, "machine", {"*": Capabilities.from_json(json.loads(capabilities.read_text()))}
+    )
+    router = rendered.router
+    assert router is not None and router.config_name is not None and router.config_text
+    preset = tmp_path / router.config_name
+    preset.write_text(router.config_text)
+    argv = [str(preset) if a == f"%d/{router.config_name}" else a for a in router.argv]
+    server = LlamaServer(argv, tmp_path / "router.log").start()
+    return server, list(router.served.values())
+
+
+@needs_nix
+@pytest.mark.server
+def test_script_router_checks_pass_on_the_vm_router(
+    tmp_path: Path, vm_instance: Any, llama_server_bin: Path
+) -> None:
+    script = load_script()
+    capabilities = tmp_path / "capabilities.json"
+    capabilities.write_text(
+        subprocess.run(
+            [sys.executable, "-m", "llamanix", "probe", str(llama_server_bin), "--json"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
+    server, served = start_vm_router(tmp_path, vm_instance, llama_server_bin, capabilities)
+    try:
+        assert served == vm_instance["expected"]["router"]["members"]
+        script.check_router(LocalShell(), server.port, served)
+        # Both members answered and only the one asked last is loaded.
+        assert script.member_statuses(LocalShell(), server.port) == {
+            served[0]: "unloaded",
+            served[-1]: "loaded",
+        }
+    finally:
+        server.stop()
+
+
+@needs_nix
+@pytest.mark.server
+def test_script_router_swap_check_fails_when_both_stay_loaded(
+    tmp_path: Path, vm_instance: Any, llama_server_bin: Path
+) -> None:
+    script = load_script()
+    capabilities = tmp_path / "capabilities.json"
+    capabilities.write_text(
+        subprocess.run(
+            [sys.executable, "-m", "llamanix", "probe", str(llama_server_bin), "--json"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
+    vm_instance["services"]["llamanix"]["router"]["max_loaded"] = 2
+    server, served = start_vm_router(tmp_path, vm_instance, llama_server_bin, capabilities)
+    try:
+        with pytest.raises(AssertionError, match="loaded beside"):
+            script.check_router(LocalShell(), server.port, served)
     finally:
         server.stop()

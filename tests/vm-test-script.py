@@ -7,9 +7,10 @@ run(), so the file has no undefined names of its own and lints like any module
 llama-server).
 
 The VM runs one llamanix instance on a synthetic model, built from the CPU build of variant
-`base`; the specialisation named `other` is the same instance on variant `other`. What the
-script expects (ports, store paths, each build's probe) is /etc/llamanix-vm-test.json, written
-by vm.nix from the same derivations the module uses.
+`base`; the specialisation named `other` is the same instance on variant `other`. Beside it runs
+a router: llama-server's router mode over two more CPU instances of `base`, at most one loaded.
+What the script expects (ports, store paths, each build's probe, the router's members) is
+/etc/llamanix-vm-test.json, written by vm.nix from the same derivations the module uses.
 """
 
 import json
@@ -109,6 +110,45 @@ def check_serving(node: Node, port: int, alias: str) -> dict[str, Any]:
     assert drafted > 0, f"the draft model proposed no tokens (timings {timings})"
     assert 0 < accepted <= drafted, f"{accepted} of {drafted} drafted tokens accepted"
     return timings
+
+
+# --- the router --------------------------------------------------------------------------------
+
+
+def member_statuses(node: Node, port: int) -> dict[str, str]:
+    """What the router's /v1/models says of each member: "loaded", "unloaded", ..."""
+    listed = curl_json(node, f"http://127.0.0.1:{port}/v1/models")
+    return {entry["id"]: entry["status"]["value"] for entry in listed.get("data", [])}
+
+
+def ask_member(node: Node, port: int, name: str) -> None:
+    """A chat completion through the router's port, for the member served as `name`."""
+    request = {
+        "model": name,
+        "messages": [{"role": "user", "content": PROMPT}],
+        "max_tokens": 8,
+        "temperature": 0,
+    }
+    reply = curl_json(node, f"http://127.0.0.1:{port}/v1/chat/completions", request)
+    assert reply.get("model") == name, f"asked {name!r}, answered by {reply.get('model')!r}"
+    assert reply["usage"]["completion_tokens"] > 0, f"{name}: nothing generated: {reply}"
+
+
+def check_router(node: Node, port: int, members: list[str]) -> None:
+    """llama-server's router mode with at most one member loaded: /v1/models lists every
+    member, each answers a completion through the router's one port, and asking for one
+    unloads the other (a swap)."""
+    wait_healthy(node, port)
+    statuses = member_statuses(node, port)
+    assert sorted(statuses) == sorted(members), f"/v1/models lists {sorted(statuses)}"
+    # The unit's start check asked each member in turn, so the last one is loaded: asking it
+    # swaps nothing, then every other member and it again each swap.
+    for name in [members[-1], *members]:
+        ask_member(node, port, name)
+        statuses = member_statuses(node, port)
+        others = {other: statuses[other] for other in members if other != name}
+        assert statuses[name] == "loaded", f"{name} answered but is {statuses[name]}"
+        assert set(others.values()) == {"unloaded"}, f"{name} loaded beside {others}"
 
 
 # --- which build answers ----------------------------------------------------------------------
@@ -239,6 +279,12 @@ def run(
 
     with subtest(f"{unit} is hardened"):
         check_hardening(machine, unit)
+
+    router = expected["router"]
+    with subtest(f"{router['unit']} routes to {', '.join(router['members'])} and swaps them"):
+        machine.wait_for_unit(router["unit"])
+        check_router(machine, router["port"], router["members"])
+        check_hardening(machine, router["unit"])
 
     with subtest(f"the specialisation flips {unit} to the {other} build"):
         machine.succeed(

@@ -8,6 +8,11 @@
 # the unit, /health, a chat completion, drafting with draft = target, the unit's hardening, then
 # switches to the specialisation and back and checks which build answers each time.
 #
+# Beside it, a router: llama-server's router mode over two more instances of the same model
+# (CPU members of variant `base`, at most one loaded). The script checks its unit and
+# hardening, that /v1/models lists both members, a completion through the router's port, and
+# that asking for the other member swaps them.
+#
 # Needs KVM (the builder's system-features must include kvm and nixos-test).
 {
   pkgs,
@@ -21,6 +26,14 @@ let
   instance = "tiny";
   port = 8091;
   alias = "tiny";
+  router = {
+    port = 8092;
+    # Served by their instance names (no alias).
+    members = [
+      "alpha"
+      "beta"
+    ];
+  };
 in
 pkgs.testers.runNixOSTest {
   name = "llamanix-vm";
@@ -64,6 +77,26 @@ pkgs.testers.runNixOSTest {
             p_min = 0.6;
           };
         };
+        # The router's members: plain CPU instances of the same model. Their ports are internal
+        # (the router assigns them), so they keep the default.
+        instances.alpha = {
+          variant = base;
+          model = "${model}";
+          context = 1024;
+          parallel = 1;
+        };
+        instances.beta = {
+          variant = base;
+          model = "${model}";
+          context = 1024;
+          parallel = 1;
+        };
+        router = {
+          kind = "llama-server";
+          inherit (router) members port;
+          # One member loaded at a time: asking for the other one swaps them.
+          max_loaded = 1;
+        };
       };
 
       # The same instance, served by the other variant's build.
@@ -82,6 +115,9 @@ pkgs.testers.runNixOSTest {
           ;
         model = "${model}";
         unit = "llamanix-${instance}.service";
+        router = router // {
+          unit = "llamanix-router.service";
+        };
         builds = {
           ${base} = expected base;
           ${other} = expected other;

@@ -20,7 +20,10 @@ let
     llama-cpp-mtp = source "mtp";
     beellama-cpp = source "beellama";
   };
-  self = outputs;
+  # A flake's self is its outputs and the store path of its source.
+  self = outputs // {
+    outPath = "/nix/store/00000000000000000000000000000000-source";
+  };
   # The module on a system without packages: the package set's default is what fails.
   moduleOn =
     system:
@@ -47,8 +50,45 @@ let
       addsOverlay = module.nixpkgs.overlays.condition;
       failed = map (a: a.message) (builtins.filter (a: !a.assertion) module.assertions);
     };
+  # The flake's module imported twice into one evaluation, as a system does that imports it
+  # directly and again through another module (nixpkgs' lib only: the stub has no evalModules).
+  # useSystemNixpkgs, so that the package set comes from pkgs rather than a pinned nixpkgs.
+  importedTwice =
+    let
+      evaluated = lib.evalModules {
+        modules = [
+          outputs.nixosModules.default
+          outputs.nixosModules.default
+          (import ./nixos-stub.nix { inherit lib; })
+          {
+            _module.args.pkgs = {
+              stdenv.hostPlatform.system = "x86_64-linux";
+              llamanixPackages.marker = "the system's llamanix package set";
+            };
+            services.llamanix.useSystemNixpkgs = true;
+          }
+        ];
+      };
+    in
+    {
+      packageSet = evaluated.config.services.llamanix.packageSet.marker;
+      overlays = builtins.length evaluated.config.nixpkgs.overlays;
+      failed = map (a: a.message) (builtins.filter (a: !a.assertion) evaluated.config.assertions);
+    };
 in
 {
+  inherit importedTwice;
+  # What makes a module one module however often it is imported.
+  moduleIdentity = builtins.intersectAttrs {
+    key = null;
+    _file = null;
+  } (
+    outputs.nixosModules.default {
+      inherit lib;
+      config.services.llamanix.useSystemNixpkgs = false;
+      pkgs.stdenv.hostPlatform.system = "x86_64-linux";
+    }
+  );
   systems = {
     packages = builtins.attrNames outputs.packages;
     legacyPackages = builtins.attrNames outputs.legacyPackages;

@@ -13,11 +13,16 @@
 # NixOS options it reads or sets declared loosely and a package set whose derivations are plain
 # attribute sets, so nothing is built. nvidia = "true" evaluates a host that enables the NVIDIA
 # driver (hardware.nvidia.enabled), which changes the default of services.llamanix.cudaArchs.
+# llamaSwap = "false" evaluates against a pkgs without llama-swap.
+#
+# With libPath, `-A checks` gives the module's failed assertions and warnings without failing,
+# and `-A routerPackage` what services.llamanix.router.package declares.
 {
   toml,
   host,
   libPath ? "",
   nvidia ? "false",
+  llamaSwap ? "true",
 }:
 let
   llamanixLib = import ../../nix/lib.nix;
@@ -91,33 +96,7 @@ let
   realEval =
     let
       lib = import libPath;
-      inherit (lib) mkOption types;
-      loose = mkOption {
-        type = types.anything;
-        default = { };
-      };
-      # Just enough of NixOS for the module: the options it reads and the ones it sets.
-      nixosStub = {
-        options = {
-          networking.hostName = mkOption {
-            type = types.str;
-            default = "";
-          };
-          networking.firewall = loose;
-          hardware = loose;
-          systemd = loose;
-          environment = loose;
-          system.build = loose;
-          assertions = mkOption {
-            type = types.listOf types.attrs;
-            default = [ ];
-          };
-          warnings = mkOption {
-            type = types.listOf types.str;
-            default = [ ];
-          };
-        };
-      };
+      nixosStub = import ./nixos-stub.nix { inherit lib; };
       pkgs = {
         writeText = name: text: {
           inherit name text;
@@ -125,15 +104,22 @@ let
         };
         runCommand = name: attrs: script: attrs // { inherit name script; };
         runtimeShell = "/bin/sh";
-        llama-swap = {
-          type = "derivation";
-          name = "llama-swap";
-          outPath = "/nix/store/00000000000000000000000000000000-llama-swap";
-          meta.mainProgram = "llama-swap";
-        };
         stdenv.hostPlatform.system = "x86_64-linux";
         llamanixPackages = packageSet;
-      };
+      }
+      // (
+        if llamaSwap == "true" then
+          {
+            llama-swap = {
+              type = "derivation";
+              name = "llama-swap";
+              outPath = "/nix/store/00000000000000000000000000000000-llama-swap";
+              meta.mainProgram = "llama-swap";
+            };
+          }
+        else
+          { }
+      );
       evaluated = lib.evalModules {
         modules = [
           ../../modules/llamanix.nix
@@ -149,16 +135,27 @@ let
         ];
       };
       cfg = evaluated.config.services.llamanix;
+      failed = map (a: a.message) (builtins.filter (a: !a.assertion) evaluated.config.assertions);
     in
     {
       config =
-        let
-          failed = builtins.filter (a: !a.assertion) evaluated.config.assertions;
-        in
         if failed != [ ] then
-          throw (builtins.concatStringsSep "\n" (map (a: a.message) failed))
+          throw (builtins.concatStringsSep "\n" failed)
         else
           builtins.fromJSON evaluated.config.system.build.llamanixUnits.passthru.configFile.text;
+      checks = {
+        inherit failed;
+        inherit (evaluated.config) warnings;
+      };
+      routerPackage =
+        let
+          option = (evaluated.options.services.llamanix.router.type.getSubOptions [ ]).package;
+        in
+        {
+          type = option.type.name;
+          defaultText = option.defaultText.text;
+          inherit (option) description;
+        };
       cudaArchs = builtins.mapAttrs (_: inst: inst.package.cudaArchs) cfg.instances;
       # The units NixOS enables (a router's members have none) and the ports it opens.
       units = builtins.attrNames evaluated.config.systemd.services;

@@ -3,9 +3,10 @@
 #
 #   nix-instantiate --eval --strict --json tests/nix/module-json.nix --argstr spec '{...}'
 #
-# spec: { host, gpu?, cudaArchs?, gpuSandbox?, instances: { NAME: { binary, settings } } }, where
-# settings are what a user writes under services.llamanix.instances.NAME (options left out take
-# their defaults, as the module system would give them).
+# spec: { host, gpu?, cudaArchs?, gpuSandbox?, router?, instances: { NAME: { binary, settings } } },
+# where settings are what a user writes under services.llamanix.instances.NAME and router what
+# they write under services.llamanix.router, a llama-server router (options left out take their
+# defaults, as the module system would give them).
 { spec }:
 let
   lib = import ./stub-lib.nix;
@@ -30,6 +31,14 @@ llamanixLib.configData {
   cudaArchs = args.cudaArchs or [ ];
   # The module's default, from the schema, as services.llamanix.gpuSandbox gives it.
   gpuSandbox = args.gpuSandbox or llamanixLib.schema.hosts.gpu_sandbox.default;
+  router =
+    if args ? router then
+      {
+        router = withDefaults schemaOptions.routerOptions args.router;
+        binary = null;
+      }
+    else
+      null;
   instances = builtins.mapAttrs (_: i: {
     inherit (i) binary;
     instance = optionValues i.settings;

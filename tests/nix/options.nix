@@ -72,6 +72,15 @@ in
   schemaSpeculativeOptions = describe schema.speculative schemaOptions.speculativeOptions;
   schemaRouterOptions = describe schema.router schemaOptions.routerOptions;
   moduleRouterOptions = builtins.attrNames top.router.type.elem.module.options;
+  # The llama-swap package option, without its default (pkgs here has no llama-swap).
+  moduleRouterPackage =
+    let
+      option = top.router.type.elem.module.options.package;
+    in
+    {
+      type = strip option.type;
+      inherit (option) defaultText description;
+    };
 
   moduleTopOptions = builtins.attrNames top;
   moduleInstanceOptions = builtins.attrNames instanceOptions;

@@ -29,6 +29,23 @@ in
     "aarch64-linux"
   ];
   mkOption = args: { _type = "option"; } // args;
+  # As nixpkgs' lib words it: the package `name` of `pkgs`, looked up only when read.
+  mkPackageOption =
+    pkgs: name:
+    {
+      extraDescription ? "",
+    }:
+    {
+      _type = "option";
+      type = type "package" { };
+      default = pkgs.${name} or (throw "${name} cannot be found in pkgs");
+      defaultText = {
+        _type = "literalExpression";
+        text = "pkgs.${name}";
+      };
+      description =
+        "The ${name} package to use." + (if extraDescription == "" then "" else " ") + extraDescription;
+    };
   mkEnableOption = what: {
     _type = "option";
     type = type "bool" { };

@@ -5,7 +5,7 @@
 #     --argstr libPath DIR --argstr sourceDir DIR
 #
 # sourceDir stands for a variant's source tree (the builder reads its ggml/CMakeLists.txt).
-# Nothing is built: only the attributes the builder sets are read back.
+# Nothing is built: only the attributes the builder sets are read back (`-A cases`).
 {
   libPath,
   sourceDir,
@@ -70,12 +70,19 @@ let
       };
 in
 {
-  nixpkgsCpu = describe {
+  # `-A refused`: the builder's own message for an architecture its CUDA cannot compile.
+  refused =
+    (build {
+      variant = "upstream";
+      cudaArchs = [ "10.3" ];
+    }).pname;
+
+  cases.nixpkgsCpu = describe {
     variant = "nixpkgs";
     cudaArchs = [ ];
     fromSource = false;
   };
-  nixpkgsCuda = describe {
+  cases.nixpkgsCuda = describe {
     variant = "nixpkgs";
     cudaArchs = [
       "8.6"
@@ -83,25 +90,48 @@ in
     ];
     fromSource = false;
   };
-  ikSm86 = describe {
+  cases.ikSm86 = describe {
     variant = "ik";
     cudaArchs = [ "8.6" ];
   };
-  upstreamCpu = describe {
+  cases.upstreamCpu = describe {
     variant = "upstream";
     cudaArchs = [ ];
   };
-  beellamaCpu = describe {
+  cases.beellamaCpu = describe {
     variant = "beellama";
     cudaArchs = [ ];
   };
-  sparkOnCuda128 = describe {
+  cases.sparkOnCuda128 = describe {
     variant = "upstream";
     cudaArchs = [ "12.1" ];
   };
-  sparkOnCuda129 = describe {
+  cases.sparkOnCuda129 = describe {
     variant = "upstream";
     cudaArchs = [ "12.1" ];
     cuda = "12.9";
+  };
+  # The builder's table of CUDA releases per architecture (nix/lib.nix cudaArchReleases).
+  cases.b300OnCuda128 = describe {
+    variant = "upstream";
+    cudaArchs = [
+      "8.6"
+      "10.3"
+    ];
+  };
+  cases.familyOnCuda129 = describe {
+    variant = "upstream";
+    cudaArchs = [ "12.0f" ];
+    cuda = "12.9";
+  };
+  cases.thorOnCuda130 = describe {
+    variant = "upstream";
+    cudaArchs = [ "10.1" ];
+    cuda = "13.0";
+  };
+  cases.pascalOnCuda130 = describe {
+    variant = "upstream";
+    cudaArchs = [ "6.1" ];
+    cuda = "13.0";
   };
 }

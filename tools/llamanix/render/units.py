@@ -24,7 +24,7 @@ import jinja2
 import llamanix
 from llamanix.core.address import connect_url, is_loopback
 from llamanix.core.argv import dialect_warning, flatten, instance_arg_pieces, resolve_variant
-from llamanix.core.config import Config, Instance, suggest
+from llamanix.core.config import Config, Host, Instance, suggest
 from llamanix.core.errors import Problem, UserError
 from llamanix.core.probe import Capabilities
 from llamanix.core.readiness import start_timeout_s
@@ -183,6 +183,21 @@ def downloads(argv: list[str]) -> bool:
     return bool(_flags(argv) & _DOWNLOAD_FLAGS)
 
 
+def wants_network(listen: str, download: bool) -> bool:
+    """Whether a unit waits for network-online.target: only a server reachable beyond loopback,
+    or one that downloads its model at start, needs the network up. Every other unit orders
+    after network.target alone, as nixpkgs' llama-cpp and llama-swap modules do, so booting
+    does not wait for the network for a loopback listener."""
+    return download or not is_loopback(listen)
+
+
+def uses_gpu(host: Host, inst: Instance, caps: Capabilities | None) -> bool:
+    """Whether an instance's unit opens the NVIDIA devices: the host names a GPU or CUDA archs,
+    or the probe of its own build says CUDA (a NixOS instance with its own cudaArchs or
+    package on a host without either); gpu_layers = 0 keeps it on the CPU even then."""
+    return (host.has_gpu or (caps is not None and caps.cuda)) and inst.gpu_layers != 0
+
+
 def needs_resource_syscalls(argv: list[str], environment: Mapping[str, str]) -> bool:
     """Whether the instance pins threads or sets priorities/NUMA policy (the @resources group)."""
     return bool(_flags(argv) & _RESOURCE_FLAGS) or bool(set(environment) & _RESOURCE_ENV)
@@ -263,8 +278,8 @@ def render_instance(
         _environment_line("LLAMA_CACHE", f"%C/{state}", expand=True),
         *(_environment_line(k, v) for k, v in sorted(inst.environment.items())),
     ]
-    # gpu_layers = 0 keeps an instance on the CPU even on a GPU host: no device access then.
-    gpu = (host.has_gpu or (caps is not None and caps.cuda)) and inst.gpu_layers != 0
+    gpu = uses_gpu(host, inst, caps)
+    download = downloads(argv)
     # Models and builds often live in a home directory on desktop machines; read-only keeps
     # them readable. llamanix itself (the readiness check) may be installed there, too.
     home = protect_home(home_paths(inst, argv[0]), user)
@@ -282,7 +297,9 @@ def render_instance(
         user=user,
         gpu=gpu,
         protect_home=home,
-        ip_allow=None if downloads(argv) else ip_allow_list(inst.listen),
+        ip_allow=None if download else ip_allow_list(inst.listen),
+        network_online=wants_network(inst.listen, download),
+        proc_all_reason=None,
         resources=gpu or needs_resource_syscalls(argv, inst.environment),
         gpu_sandbox=host.gpu_sandbox,
         nvidia_nodes=NVIDIA_NODES,
@@ -432,7 +449,11 @@ def render_router(
         _environment_line("LLAMA_CACHE", f"%C/{state}", expand=True),
         *(_environment_line(k, v) for k, v in sorted(environment_of.items())),
     ]
-    gpu = host.has_gpu and any(i.gpu_layers != 0 for i in insts)
+    # Decided per member as for an instance of its own: a member whose build's probe says CUDA
+    # needs the devices even on a host that names no GPU.
+    gpu = any(uses_gpu(host, i, capabilities_for(caps, i.name)) for i in insts)
+    # A member that downloads its model talks to the internet: no IP filter, as for an instance.
+    download = any(downloads(m.argv) for m in members)
     programs = [m.pieces[0].tokens[0] for m in members]
     home = protect_home([argv[0], *programs, *model_files, llamanix_command()[0]], user)
     text = _template().render(
@@ -450,7 +471,13 @@ def render_router(
         user=user,
         gpu=gpu,
         protect_home=home,
-        ip_allow=ip_allow_list(router.listen),
+        ip_allow=None if download else ip_allow_list(router.listen),
+        network_online=wants_network(router.listen, download),
+        # llama-swap reads /proc/meminfo (nixpkgs' services.llama-swap dropped ProcSubset=pid for
+        # it); a GPU unit has ProcSubset=all anyway.
+        proc_all_reason="llama-swap reads /proc/meminfo, which ProcSubset=pid would hide."
+        if router.kind == "llama-swap"
+        else None,
         resources=gpu
         or any(
             needs_resource_syscalls(m.argv, i.environment)
