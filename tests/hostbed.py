@@ -88,6 +88,35 @@ def chat(host: Host, port: int, key: str | None = None) -> str:
     return done.stdout.strip() or done.stderr.strip()
 
 
+_COMPLETE = """
+import json, sys, httpx
+port, prompt = sys.argv[1], sys.argv[2]
+key = sys.stdin.read().strip()
+headers = {"Authorization": f"Bearer {key}"} if key else {}
+body = {"prompt": prompt, "n_predict": 16, "temperature": 0}
+try:
+    r = httpx.post(f"http://127.0.0.1:{port}/completion", json=body, headers=headers, timeout=120)
+    text = r.json().get("content", "") if r.status_code == 200 else ""
+    print(json.dumps([r.status_code, text]))
+except httpx.HTTPError as err:
+    print(json.dumps([type(err).__name__, ""]))
+"""
+
+
+def complete(host: Host, port: int, prompt: str, key: str | None = None) -> tuple[str, str]:
+    """A raw-text completion inside the host (a base model's endpoint): its status and text.
+    The key travels on stdin: never in an argv."""
+    done = host.run(
+        [f"{hosts.VENV}/bin/python", "-c", _COMPLETE, str(port), prompt],
+        input_text=key or "",
+        check=False,
+    )
+    if not done.stdout.strip():
+        return done.stderr.strip(), ""
+    status, text = json.loads(done.stdout)
+    return str(status), str(text)
+
+
 def wait_chat(
     host: Host, port: int, want: str, key: str | None = None, within_s: float = 90
 ) -> str:

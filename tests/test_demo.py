@@ -18,9 +18,11 @@ from typing import Any
 
 import gguf
 import pytest
+from rich.console import Console
 
 from llamanix.deploy.up_status import read_status
-from llamanix.testbed import demo
+from llamanix.measure.interval import RatioInterval
+from llamanix.testbed import demo, real_text
 
 pytestmark = pytest.mark.server
 
@@ -53,11 +55,13 @@ class DemoRun:
 
 
 @pytest.fixture(scope="module")
-def demo_run(llama_server_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
+def demo_run(
+    llama_server_bin: Path, real_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> DemoRun:
     keep = tmp_path_factory.mktemp("demo")
     out = keep / "figures.json"
     result = llamanix(
-        *("demo", "--binary", str(llama_server_bin), "--keep", str(keep)),
+        *("demo", "--binary", str(llama_server_bin), "--keep", str(keep), "--synthetic-gate"),
         *("--tokens", "16", "--runs", "1", "--json", "-o", str(out)),
     )
     assert result.returncode == 0, result.stderr
@@ -88,8 +92,52 @@ def test_json_has_both_rows_the_acceptance_and_the_speedup(demo_run: DemoRun) ->
     assert (figures["tokens"], figures["runs"]) == (16, 1)
 
 
+def test_real_text_rows_per_speculation_and_workload(demo_run: DemoRun) -> None:
+    real = demo_run.figures["real_text"]
+    assert real["model"] == "gemma-3-270m-q4_k_m.gguf"
+    rows = real["rows"]
+    print()
+    for r in rows:
+        speedup = r["speedup"]
+        print(
+            f"{r['speculation']:<24} {r['workload']:<6} {speedup['ratio']:.2f}x "
+            f"[{speedup['low']:.2f}, {speedup['high']:.2f}] accepted {r['accepted']}/"
+            f"{r['drafted']}, same text {r['identical']}/{r['prompts']}"
+        )
+    # The test bed's build takes a chain: three speculations, two workloads each.
+    assert [(r["speculation"], r["workload"]) for r in rows] == [
+        (s, w)
+        for s in ("ngram-mod", "ngram-map-k4v", "ngram-mod+ngram-map-k4v")
+        for w in ("edit", "prose")
+    ]
+    for r in rows:
+        assert r["prompts"] == demo.REAL_PROMPTS_PER_WORKLOAD
+        assert r["identical"] + len(r["edit_distances"]) == r["prompts"]
+        assert r["speedup"]["low"] <= r["speedup"]["ratio"] <= r["speedup"]["high"]
+        assert r["accepted"] <= r["drafted"]
+    # An edit is mostly the prompt again: ngram-mod finds it there and drafts.
+    edit = next(r for r in rows if (r["speculation"], r["workload"]) == ("ngram-mod", "edit"))
+    assert edit["drafted"] > 0
+
+
+def test_the_real_text_gates_run_on_their_workloads(demo_run: DemoRun) -> None:
+    real = [g for g in demo_run.figures["gate"] if g["expected"] is None]
+    assert [g["step"] for g in real] == ["ngram-mod, edit", "ngram-mod, prose"]
+    # What the gate decides on real text is this machine's: printed, not asserted.
+    for g in real:
+        print(f"\n{g['step']}: {g['outcome']}: {g['detail']}")
+        assert g["outcome"] in ("kept", "rolled back")
+        assert "against" in g["detail"] and "interval" in g["detail"]
+    switch_log = (demo_run.keep / "deploy" / "switch.log").read_text()
+    assert "--gate-prompts realtext:edit" in switch_log
+    assert "--gate-prompts realtext:prose" in switch_log
+    # Each switch restarted and gated only the instance it changed.
+    assert "local: switching edit via up" in switch_log
+    assert "local: switching prose via up" in switch_log
+
+
 def test_the_bench_gate_keeps_the_good_draft_and_rolls_back_the_bad(demo_run: DemoRun) -> None:
-    gate = demo_run.figures["gate"]
+    gate = [g for g in demo_run.figures["gate"] if g["expected"] is not None]
     assert [(g["step"], g["outcome"]) for g in gate] == [
         ("baseline", "kept"),
         ("good draft", "kept"),
@@ -100,24 +148,32 @@ def test_the_bench_gate_keeps_the_good_draft_and_rolls_back_the_bad(demo_run: De
     assert all(g["detail"] for g in gate)
 
     # The switches really went through the deploy machinery: generations, gate verdicts,
-    # and the config put back to the good draft after the rollback.
+    # and the config put back to the good draft after the rollback. One `up` served the real
+    # model's two instances and the synthetic one; the real switches came first.
     deploy = demo_run.keep / "deploy"
     listing = llamanix("generations", str(deploy / "llamanix.toml"), "--host", "local", "--json")
     assert listing.returncode == 0, listing.stderr
     gens = json.loads(listing.stdout)
+    real = [g for g in demo_run.figures["gate"] if g["expected"] is None]
+    verdicts = {"kept": "passed", "rolled back": "failed"}
     assert [(g["gate"].get("kind"), g["gate"]["result"]) for g in gens] == [
         (None, "unverified"),
+        *(("bench", verdicts[g["outcome"]]) for g in real),
         ("bench", "passed"),
         ("bench", "passed"),
         ("bench", "failed"),
     ]
-    assert [g["current"] for g in gens] == [False, False, True, False]
+    assert [g["current"] for g in gens][-3:] == [False, True, False]
     config = (deploy / "llamanix.toml").read_text()
     assert str(demo_run.keep / "draft.gguf") in config
     assert "unrelated-draft" not in config
     # `up` ran from the state directory and was stopped at the end.
     units = deploy / ".llamanix-state" / "local" / "up"
-    assert sorted(p.name for p in units.glob("llamanix-*.service")) == ["llamanix-chat.service"]
+    assert sorted(p.name for p in units.glob("llamanix-*.service")) == [
+        "llamanix-chat.service",
+        "llamanix-edit.service",
+        "llamanix-prose.service",
+    ]
     assert read_status(units) is None
 
 
@@ -142,7 +198,7 @@ def test_table_without_the_gate(llama_server_bin: Path, tmp_path: Path) -> None:
     env = {**os.environ, "COLUMNS": "200"}
     result = llamanix(
         *("demo", "--binary", str(llama_server_bin), "--keep", str(tmp_path)),
-        *("--tokens", "16", "--runs", "1", "--no-gate"),
+        *("--tokens", "16", "--runs", "1", "--no-gate", "--no-real"),
         env=env,
     )
     assert result.returncode == 0, result.stderr
@@ -153,6 +209,7 @@ def test_table_without_the_gate(llama_server_bin: Path, tmp_path: Path) -> None:
         for cells in [[c.strip() for c in line.strip("│").split("│")]]
     }
     assert set(rows) == {"plain", "speculative"}, result.stdout
+    assert "real text" not in result.stdout
     # instance, speculation, tok/s, client, TTFT ms, wall s, accepted/drafted, acceptance
     assert rows["plain"][1] == "none" and rows["plain"][7] == "-"
     accepted, drafted = (int(n) for n in rows["speculative"][6].split("/"))
@@ -170,3 +227,30 @@ def test_bad_binary_is_one_line_exit_2(tmp_path: Path) -> None:
         "(give the path of a llama-server binary)\n"
     )
     assert not (tmp_path / "k").exists()
+
+
+def test_the_real_text_table_prints_every_row(demo_run: DemoRun) -> None:
+    """What `llamanix demo` prints of the real-text rows (the JSON run above carries them)."""
+    rows = [
+        real_text.WorkloadRow(
+            speculation=r["speculation"],
+            workload=r["workload"],
+            prompts=r["prompts"],
+            speedup=RatioInterval(r["speedup"]["low"], r["speedup"]["ratio"], r["speedup"]["high"]),
+            drafted=r["drafted"],
+            accepted=r["accepted"],
+            identical=r["identical"],
+            edit_distances=tuple(r["edit_distances"]),
+        )
+        for r in demo_run.figures["real_text"]["rows"]
+    ]
+    console = Console(record=True, width=200)
+    console.print(demo.real_table(rows))
+    text = console.export_text()
+    assert "real text: gemma-3-270m-q4_k_m.gguf (a base model)" in text
+    for row in rows:
+        line = next(
+            ln for ln in text.splitlines() if f" {row.speculation} " in ln and row.workload in ln
+        )
+        assert row.speedup is not None and row.speedup.text() in line
+        assert f"{row.identical}/{row.prompts}" in line

@@ -288,3 +288,35 @@ def test_state_dir_that_cannot_be_made_is_one_line(tmp_path: Path, recorder: Pat
     assert len(lines) == 1, lines
     assert lines[0].startswith(f"{config}: cannot keep host gpu1's state in "), lines
     assert recorded(recorder) == []
+
+
+def test_a_switch_restarts_only_the_instance_it_changes(tmp_path: Path, recorder: Path) -> None:
+    """Every unit's header names the config's hash, so any change rewrites every unit; only
+    the one whose settings changed is restarted (and gated)."""
+    units = tmp_path / "user-units"
+    config = tmp_path / "llamanix.toml"
+    config.write_text(
+        '[hosts.gpu1]\nkind = "systemd-user"\n'
+        'binaries = { upstream = "/opt/llama/bin/llama-server" }\n\n'
+        f'[instances.a]\nmodel = "/srv/models/a.gguf"\nport = {free_port()}\n\n'
+        f'[instances.b]\nmodel = "/srv/models/b.gguf"\nport = {free_port()}\n'
+    )
+    render = cli("render", str(config), "--host", "gpu1", "--out", str(units))
+    assert render.exit_code == 0, render.output
+    before = (units / "llamanix-b.service").read_text()
+    result = cli(
+        *("switch", str(config), "--host", "gpu1", "--units-dir", str(units), "--dry-run"),
+        *("--set", "instances.a.context=2048"),
+    )
+    assert result.exit_code == 0, result.output
+    assert "gpu1: switching a via systemd-user" in result.output
+    commands = [line for line in result.output.splitlines() if line.startswith("systemctl")]
+    assert commands == [
+        "systemctl --user daemon-reload",
+        "systemctl --user reset-failed llamanix-a.service",
+        "systemctl --user restart llamanix-a.service",
+    ]
+    # b's unit is rewritten (its header names the new config) but not restarted.
+    assert f"# write {units / 'llamanix-b.service'}" in result.output
+    assert (units / "llamanix-b.service").read_text() == before
+    assert recorded(recorder) == []

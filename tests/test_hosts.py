@@ -9,9 +9,11 @@ as a normal user. Nothing here stands in for systemctl.
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from conftest import HOST_FIGURES
@@ -22,6 +24,7 @@ from hostbed import (
     UNITS,
     USER_CONFIG,
     chat,
+    complete,
     config_text,
     exposure,
     generations,
@@ -84,6 +87,26 @@ def test_quick_start_with_an_api_key(host: Host) -> None:
     leaks = key_leaks(host, key, UNITS, "/etc/llamanix", "/var/lib", "/var/cache", "/run/systemd")
     assert leaks == []
     assert not any(key in text for text in outputs)
+
+
+def test_the_real_model_serves_real_text_behind_a_key(host: Host, real_model: Path) -> None:
+    """The real model (Gemma 3 270M, a base model) in a keyed system unit: readiness passes on
+    it, and raw text through /completion is answered with the key and refused without."""
+    inside = f"{hosts.MODELS}/{real_model.name}"
+    shutil.copyfile(real_model, host.path(inside))
+    key = new_key()
+    write_config(host, config_text(PORT, key=KEY_FILE, model=inside), key)
+    done = _switch(host)
+    assert done.returncode == 0, output(done)
+    assert host.run(["systemctl", "is-active", UNIT], check=False).stdout.strip() == "active"
+    status, text = complete(host, PORT, "The capital of France is", key)
+    assert status == "200" and text.strip(), (status, text)
+    HOST_FIGURES.append(
+        f"{host.spec.name}: the real model continued 'The capital of France is' with {text!r}"
+    )
+    assert complete(host, PORT, "The capital of France is")[0] == "401"
+    leaks = key_leaks(host, key, UNITS, "/etc/llamanix", "/var/lib", "/var/cache", "/run/systemd")
+    assert leaks == [] and key not in output(done)
 
 
 def test_online_exposure_of_the_running_unit(host: Host) -> None:

@@ -141,7 +141,7 @@ def one_line_exit_2(result: Result, out: Path) -> str:
         ),
         (
             ["http://127.0.0.1:1", "http://127.0.0.1:1", "--prompts", "builtin:nonesuch"],
-            "unknown built-in prompt",
+            "unknown builtin prompt",
         ),
         (
             ["http://127.0.0.1:1", "http://127.0.0.1:1", "--prompts", "/nonexistent/p.json"],

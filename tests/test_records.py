@@ -56,6 +56,7 @@ BENCH_RESULT = {
         "max_regression_pct": 5.0,
         "max_tokens": 64,
         "median": 41.25,
+        "prompts": "realtext:edit",
         "runs": 4,
         "samples": [41, 41.5, 42.25, 40.0],
         "threshold": 0.95,
@@ -137,6 +138,7 @@ def test_what_the_gate_writes_is_what_a_generation_reads() -> None:
         0.95,
         5.0,
         baseline,
+        "realtext:edit",
     )
     result = GateResult("chat", "bench", True, BENCH_RESULT["detail"], 41.5, verdict)  # type: ignore[arg-type]
     assert stored(result.to_json()) == BENCH_RESULT

@@ -72,6 +72,7 @@ def test_command_lines(tmp_path: Path) -> None:
         "--target",
         "llama-server",
         "llama-quantize",
+        "llama-bench",
         "-j3",
     ]
     assert llama_server.binary_argv(Path("/x/llama-server"), "--version") == [
@@ -95,6 +96,7 @@ def _finished_build_at(layout: sb.BuildLayout, real_server: Path) -> None:
     layout.bin_dir.mkdir(parents=True)
     layout.server.symlink_to(real_server)
     layout.quantize.symlink_to(real_server.parent / "llama-quantize")
+    layout.bench.symlink_to(real_server.parent / "llama-bench")
     sb.write_marker(layout, llama_server.binary_version_line(layout.server))
 
 
@@ -133,6 +135,9 @@ def test_marker_of_another_version_or_missing_binary_is_not_a_build(
     assert sb.read_marker(layout) is not None
     layout.quantize.unlink()
     assert sb.read_marker(layout) is None
+    layout.quantize.symlink_to(llama_server_bin.parent / "llama-quantize")
+    layout.bench.unlink()
+    assert sb.read_marker(layout) is None  # a build from before llama-bench: built again
     layout.marker.write_text("{not json")
     assert sb.read_marker(layout) is None
 
@@ -192,6 +197,7 @@ with sb.build_lock(layout):
     layout.bin_dir.mkdir(parents=True)
     layout.server.symlink_to(real)
     layout.quantize.symlink_to(real.parent / "llama-quantize")
+    layout.bench.symlink_to(real.parent / "llama-bench")
     sb.write_marker(layout, llama_server.binary_version_line(layout.server))
 """
 
@@ -415,7 +421,8 @@ int main() { std::fprintf(stderr, "version: 1 (abc1234)\nbuilt with a test\n"); 
 
 
 def _fake_source(src: Path, extra_sources: int = 6, broken: bool = False) -> None:
-    """A real CMake project with the targets the build asks for (llama-server, -quantize)."""
+    """A real CMake project with the targets the build asks for (llama-server, -quantize,
+    -bench)."""
     src.mkdir(parents=True)
     units = [f"unit{i}.cpp" for i in range(extra_sources)]
     for i, name in enumerate(units):
@@ -432,6 +439,7 @@ def _fake_source(src: Path, extra_sources: int = 6, broken: bool = False) -> Non
         "add_executable(llama-server server.cpp)\n"
         "target_link_libraries(llama-server units)\n"
         "add_executable(llama-quantize quantize.cpp)\n"
+        "add_executable(llama-bench quantize.cpp)\n"
     )
 
 

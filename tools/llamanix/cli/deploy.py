@@ -159,6 +159,13 @@ def up(
     show_default=True,
     help="bench gate: what a still-inconclusive comparison after --max-runs ends as.",
 )
+@click.option(
+    "--gate-prompts",
+    metavar="SPEC",
+    help="bench gate: the prompts measured, one per run in turn, as bench's --prompts names "
+    "them (default builtin:fibonacci; e.g. realtext:edit, raw text for a base model): "
+    "speculation pays on some text and costs on other text.",
+)
 @timeout_option(DEFAULT_TIMEOUT_S, TIMEOUT_HELP)
 @_WAIT
 @click.option("--dry-run", is_flag=True, help="Print the commands a real run would execute.")
@@ -173,6 +180,7 @@ def switch(
     max_regression: float | None,
     max_runs: int,
     inconclusive: str,
+    gate_prompts: str | None,
     timeout_s: float,
     wait_s: float,
     dry_run: bool,
@@ -199,6 +207,7 @@ def switch(
         wait_s=wait_s,
         manager=manager,
         units_dir=units_dir,
+        gate_prompts=gate_prompts,
     )
     echo = _echo_err if as_json else _echo
     outcomes = deploy.switch(config, host, opts, Runner(dry_run=dry_run, echo=echo), echo)

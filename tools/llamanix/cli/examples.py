@@ -41,6 +41,8 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "llamanix switch llamanix.toml --set instances.qwen.variant=ik",
         "llamanix switch llamanix.toml --set instances.qwen.variant=upstream --gate bench "
         "--max-regression 5",
+        "llamanix switch llamanix.toml --set instances.gemma.speculative.type=ngram-mod "
+        "--gate bench --max-regression 5 --gate-prompts realtext:edit",
         "llamanix switch llamanix.toml --host all --dry-run",
     ),
     "rollback": (
@@ -72,6 +74,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "--max-tokens 128,512 --runs 5 --json",
         "llamanix bench --url http://127.0.0.1:8080 --prompts agent:8000 "
         "--max-tokens 64,256,1024 -o base.json",
+        "llamanix bench --url http://127.0.0.1:8080 --prompts realtext:edit --max-tokens 128",
         "llamanix bench compare base.json spec.json",
     ),
     "bench run": (
@@ -87,6 +90,8 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "llamanix lossless http://127.0.0.1:8080 http://127.0.0.1:8081",
         "llamanix lossless http://127.0.0.1:8080 http://127.0.0.1:8081 --prompts mine.json "
         "--runs 5 --strict -o lossless.json",
+        "llamanix lossless http://127.0.0.1:8080 http://127.0.0.1:8081 --prompts realtext "
+        "--max-tokens 64 --runs 1 --concurrency 4",
     ),
     "ceiling": (
         "llamanix ceiling --bandwidth 1792 --bytes 15.3GB",
@@ -103,6 +108,8 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "llamanix doctor llamanix.toml qwen --log server.log --json",
         "llamanix doctor llamanix.toml qwen --bench base.json --bench spec.json "
         "--avg-output-tokens 400",
+        "llamanix doctor llamanix.toml gemma --url http://127.0.0.1:8081 --prompts realtext "
+        "--baseline-url http://127.0.0.1:8080",
     ),
     "smoke": (
         "llamanix smoke --binary ./result/bin/llama-server",
@@ -111,6 +118,10 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "build-server": (
         "llamanix build-server",
         "llamanix build-server --print-path",
+    ),
+    "fetch-model": (
+        "llamanix fetch-model",
+        "llamanix fetch-model --print-path",
     ),
     "synth-model": (
         "llamanix synth-model tiny.gguf",
@@ -128,6 +139,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "llamanix demo --json",
         "llamanix demo --keep ./demo --runs 5",
         "llamanix demo --no-gate --tokens 32 --runs 3",
+        "llamanix demo --no-real --synthetic-gate",
     ),
 }
 

@@ -330,9 +330,10 @@ def _bench_options() -> Callable[[F], F]:
             "--prompts",
             default="builtin",
             show_default=True,
-            help="'builtin', 'builtin:NAME,NAME', 'agent:N' (an agent-shaped prompt: N shared "
-            "prefix tokens, a new last turn per request, cold then warm) or a JSON file of "
-            "prompts.",
+            help="'builtin', 'builtin:NAME,NAME', 'realtext[:edit|prose]' (raw text for base "
+            "models without a chat template, sent to /completion), 'agent:N' (an agent-shaped "
+            "prompt: N shared prefix tokens, a new last turn per request, cold then warm) or a "
+            "JSON file of prompts.",
         ),
         click.option(
             "--max-tokens",
@@ -504,7 +505,8 @@ def bench_compare(
     "--prompts",
     default="builtin",
     show_default=True,
-    help="'builtin', 'builtin:NAME,NAME' or a JSON file of prompts (as for bench; "
+    help="'builtin', 'builtin:NAME,NAME', 'realtext[:edit|prose]' (raw text for base models, "
+    "sent to /completion) or a JSON file of prompts (as for bench; "
     '"must_match": true marks a prompt whose outputs must be identical).',
 )
 @runs_option(
@@ -519,6 +521,14 @@ def bench_compare(
     help="Output length asked for (a prompt's own max_tokens wins).",
 )
 @click.option("--seed", type=int, default=bench_results.DEFAULT_SEED, show_default=True)
+@click.option(
+    "--concurrency",
+    type=int,
+    default=1,
+    show_default=True,
+    help="Prompts in flight at once per server (a server with that many --parallel slots "
+    "decodes them in one batch, whose numerics differ from one sequence's).",
+)
 @click.option("--strict", is_flag=True, help="Every prompt must match, not only must_match ones.")
 @api_key_file_option
 @json_flag
@@ -532,6 +542,7 @@ def lossless_cmd(
     runs: int,
     max_tokens: int,
     seed: int,
+    concurrency: int,
     strict: bool,
     api_key_file: Path | None,
     as_json: bool,
@@ -545,13 +556,23 @@ def lossless_cmd(
     """
     check_url(url_a, "llamanix lossless", "URL_A")
     check_url(url_b, "llamanix lossless", "URL_B")
-    for name, value in (("--runs", runs), ("--max-tokens", max_tokens)):
+    for name, value in (
+        ("--runs", runs),
+        ("--max-tokens", max_tokens),
+        ("--concurrency", concurrency),
+    ):
         if value < 1:
             raise UserError(
                 Problem("llamanix lossless", name, "must be at least 1", f"pass {name} 1 or more")
             )
     settings = losslessmod.LosslessSettings(
-        url_a=url_a, url_b=url_b, max_tokens=max_tokens, runs=runs, seed=seed, strict=strict
+        url_a=url_a,
+        url_b=url_b,
+        max_tokens=max_tokens,
+        runs=runs,
+        seed=seed,
+        strict=strict,
+        concurrency=concurrency,
     )
     prompt_list = load_prompts(prompts)
     api_key = read_api_key(api_key_file) if api_key_file else None
@@ -787,6 +808,16 @@ _STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
     help="Output tokens your requests average, for the --bench crossover check "
     "(default: what the bench results generated).",
 )
+@click.option(
+    "--prompts",
+    help="With --url: run these prompts once each (as for bench: 'realtext', a JSON file...) "
+    "and give the acceptance per workload from /metrics.",
+)
+@click.option(
+    "--baseline-url",
+    help="With --prompts: the same model without speculation; each workload then gets the "
+    "speed-up with its 95% interval and a verdict (pays, costs, unclear).",
+)
 @json_flag
 @click.pass_context
 def doctor_cmd(
@@ -799,6 +830,8 @@ def doctor_cmd(
     gpu: str | None,
     bench_files: tuple[Path, ...],
     avg_output_tokens: float | None,
+    prompts: str | None,
+    baseline_url: str | None,
     as_json: bool,
 ) -> None:
     """Find what silently costs speed or memory; exit 1 on any error finding."""
@@ -812,6 +845,8 @@ def doctor_cmd(
             gpu=gpu,
             bench_files=bench_files,
             avg_output_tokens=avg_output_tokens,
+            prompts=prompts,
+            baseline_url=baseline_url,
         )
     )
     if as_json:

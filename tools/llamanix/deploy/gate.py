@@ -3,13 +3,18 @@
 - ``health``: GET /health answers 200 (polled until the deadline), then one chat completion.
 - ``smoke``: health, plus /metrics parses as Prometheus text (when metrics are on) and, when
   speculation is configured, a completion reports ``draft_n > 0`` (the draft really drafts).
-- ``bench``: health, plus a short decode measurement (``llamanix.measure.bench``, one prompt,
-  64 tokens, a warm-up and five runs, each run's decode rate kept). ``--min-tok-s`` checks the
-  median against a floor. ``--max-regression`` compares the runs with a baseline's runs through
-  a bootstrap interval of the ratio of medians (``llamanix.measure.interval``): the whole
-  interval below the threshold is a regression, its lower end at or above it a pass; in
-  between, three more runs at a time until ``--max-runs``, then ``inconclusive``, resolved by
-  ``--inconclusive keep|rollback``.
+- ``bench``: health, plus a short decode measurement (``llamanix.measure.bench``, 64 tokens, a
+  warm-up and five runs, each run's decode rate kept). The prompt is the built-in ``fibonacci``
+  chat unless ``--gate-prompts`` names others (speculation pays on some text and costs on
+  other text: gate on the workload the instance serves; a base model's raw text goes to
+  /completion). Several prompts are taken in turn, one per run, baseline and candidate alike
+  from the first: an n-gram drafter that keeps what it has seen across requests (ngram-mod)
+  knows a repeated prompt's answer, so a prompt measured once says what a new request gets.
+  ``--min-tok-s`` checks the median against a floor. ``--max-regression`` compares the runs
+  with a baseline's runs through a bootstrap interval of the ratio of medians
+  (``llamanix.measure.interval``): the whole interval below the threshold is a regression,
+  its lower end at or above it a pass; in between, three more runs at a time until
+  ``--max-runs``, then ``inconclusive``, resolved by ``--inconclusive keep|rollback``.
 
 The baseline is measured fresh, the same way, on the instance still serving just before the
 switch (``measure_baseline``), so both sides see the same machine at nearly the same time; only
@@ -40,10 +45,13 @@ from llamanix.measure.interval import (
 
 if TYPE_CHECKING:
     from llamanix.measure.client import LlamaClient
+    from llamanix.measure.prompts import Prompt
 
 GateKind = Literal["health", "smoke", "bench"]
 GATES: tuple[GateKind, ...] = get_args(GateKind)
 BENCH_MAX_TOKENS = 64
+# The prompt every bench gate used before --gate-prompts; a record without prompts used it.
+DEFAULT_GATE_PROMPTS = "builtin:fibonacci"
 BENCH_RUNS = 5  # N >= 5 after a warm-up: fewer runs make a regression check noise
 BENCH_BATCH = 3  # runs added while the interval straddles the threshold
 # The baseline cannot take more runs once the switch has replaced it, and with five runs a side
@@ -82,11 +90,16 @@ class Baseline:
     date: str | None = None
 
     @staticmethod
-    def stored(record: BaselineRecord | None) -> Baseline | None:
-        """An earlier gate's record (``bench/NAME.json``). A record written before runs were
-        kept holds only a median (``tok_s``): one number has no spread, so it is no baseline
-        at all and the next bench starts a new one."""
+    def stored(
+        record: BaselineRecord | None, prompts: str = DEFAULT_GATE_PROMPTS
+    ) -> Baseline | None:
+        """An earlier gate's record (``bench/NAME.json``) when it measured ``prompts``. A
+        record written before runs were kept holds only a median (``tok_s``): one number has
+        no spread, so it is no baseline at all and the next bench starts a new one; runs of
+        other prompts are no baseline either."""
         if record is None or record.samples is None:
+            return None
+        if (record.prompts or DEFAULT_GATE_PROMPTS) != prompts:
             return None
         samples = record.samples
         if len(samples) < MIN_SAMPLES or not all(v > 0 for v in samples):
@@ -128,10 +141,13 @@ class BaselineRecord:
     generation: int | None
     variant: str | None
     date: str | None
+    prompts: str | None = None  # the prompts measured; None in records before --gate-prompts
 
     @staticmethod
     def of(verdict: BenchVerdict, generation: int, variant: str) -> BaselineRecord:
-        return BaselineRecord(verdict.samples, verdict.median, generation, variant, now())
+        return BaselineRecord(
+            verdict.samples, verdict.median, generation, variant, now(), verdict.prompts
+        )
 
     def to_json(self) -> dict[str, object]:
         found: dict[str, object] = {
@@ -142,6 +158,8 @@ class BaselineRecord:
         }
         if self.samples is not None:
             found["samples"] = list(self.samples)
+        if self.prompts is not None:
+            found["prompts"] = self.prompts
         return found
 
     @staticmethod
@@ -153,6 +171,7 @@ class BaselineRecord:
             generation=jf.integer(found.get("generation")),
             variant=jf.text(found.get("variant")),
             date=jf.text(found.get("date")),
+            prompts=jf.text(found.get("prompts")),
         )
 
 
@@ -163,6 +182,7 @@ class Thresholds:
     baseline: Baseline | None = None
     max_runs: int = DEFAULT_MAX_RUNS
     inconclusive: Action = "keep"
+    prompts: GatePrompts | None = None  # None: the built-in fibonacci chat
 
 
 @dataclass(frozen=True)
@@ -180,6 +200,7 @@ class BenchVerdict:
     threshold: float | None = None
     max_regression_pct: float | None = None
     baseline: Baseline | None = None
+    prompts: str | None = None  # the prompts measured (None: recorded before --gate-prompts)
 
     @property
     def median(self) -> float:
@@ -197,6 +218,8 @@ class BenchVerdict:
             "median": self.median,
             "max_tokens": BENCH_MAX_TOKENS,
             "baseline": self.baseline.to_json() if self.baseline else None,
+            # Written only where --gate-prompts named them: older records read back the same.
+            **({"prompts": self.prompts} if self.prompts is not None else {}),
         }
 
     @staticmethod
@@ -219,6 +242,7 @@ class BenchVerdict:
             threshold=jf.number(found.get("threshold")),
             max_regression_pct=jf.number(found.get("max_regression_pct")),
             baseline=Baseline.from_json(baseline) if baseline is not None else None,
+            prompts=jf.text(found.get("prompts")),
         )
 
 
@@ -323,24 +347,47 @@ def _smoke(client: LlamaClient, target: GateTarget) -> str:
     return ", ".join(notes)
 
 
-def bench_samples(target: GateTarget, runs: int, warmup: int) -> list[float]:
-    """Decode tok/s of each of ``runs`` runs (one prompt, BENCH_MAX_TOKENS tokens)."""
+@dataclass(frozen=True)
+class GatePrompts:
+    """What the bench gate measures: the prompts ``spec`` names, one per run, in turn."""
+
+    spec: str
+    prompts: tuple[Prompt, ...]
+
+    @staticmethod
+    def load(spec: str = DEFAULT_GATE_PROMPTS) -> GatePrompts:
+        """The prompts as bench's --prompts names them (one line when there are none)."""
+        from llamanix.measure.prompts import load_prompts
+
+        return GatePrompts(spec, tuple(load_prompts(spec)))
+
+    def in_turn(self, start: int, runs: int) -> list[Prompt]:
+        return [self.prompts[(start + k) % len(self.prompts)] for k in range(runs)]
+
+
+def bench_samples(
+    target: GateTarget, runs: int, warmup: int, prompts: GatePrompts, start: int = 0
+) -> list[float]:
+    """Decode tok/s of each of ``runs`` runs (BENCH_MAX_TOKENS tokens), run ``k`` on prompt
+    ``start + k`` of ``prompts`` (in turn), after ``warmup`` warm-ups on another text."""
     import httpx
 
     from llamanix.measure.bench import run_bench
     from llamanix.measure.bench_results import BenchSettings
-    from llamanix.measure.prompts import builtin_prompts
+    from llamanix.measure.prompts import warmup_prompt
 
     settings = BenchSettings(
         url=target.url,
         model=target.alias,
         max_tokens=(BENCH_MAX_TOKENS,),
-        runs=runs,
-        warmup=warmup,
+        runs=1,
+        warmup=0,
         label=f"gate:{target.name}",
     )
     try:
-        result = run_bench(settings, [builtin_prompts()[0]], api_key=target.api_key)
+        for _ in range(warmup):
+            run_bench(settings, [warmup_prompt(prompts.prompts[0])], api_key=target.api_key)
+        result = run_bench(settings, prompts.in_turn(start, runs), api_key=target.api_key)
     except (UserError, ExternalCommandError, httpx.HTTPError) as err:
         raise GateFailed(f"bench: {err}") from None
     # The server's own rate where it reports one (it excludes HTTP and streaming).
@@ -352,7 +399,7 @@ def bench_samples(target: GateTarget, runs: int, warmup: int) -> list[float]:
     ]
 
 
-def measure_baseline(target: GateTarget) -> Baseline | None:
+def measure_baseline(target: GateTarget, prompts: GatePrompts | None = None) -> Baseline | None:
     """The instance as it serves now, measured like the candidate (same prompt, length and
     warm-up; BASELINE_RUNS runs); None when it does not answer (nothing installed, or down)."""
     import httpx
@@ -363,7 +410,7 @@ def measure_baseline(target: GateTarget) -> Baseline | None:
         with LlamaClient(target.url, api_key=target.api_key, timeout_s=30.0, connect_s=5.0) as c:
             if c.health().status_code != 200:
                 return None
-        samples = bench_samples(target, BASELINE_RUNS, warmup=1)
+        samples = bench_samples(target, BASELINE_RUNS, 1, prompts or GatePrompts.load())
     except (GateFailed, httpx.HTTPError):
         return None
     if len(samples) < MIN_SAMPLES:
@@ -379,7 +426,8 @@ def resolve(decision: Decision, inconclusive: Action) -> Action:
 
 
 def _bench(target: GateTarget, limits: Thresholds) -> BenchVerdict:
-    samples = bench_samples(target, BENCH_RUNS, warmup=1)
+    prompts = limits.prompts or GatePrompts.load()
+    samples = bench_samples(target, BENCH_RUNS, 1, prompts)
     runs = BENCH_RUNS
     if len(samples) < MIN_SAMPLES:
         raise GateFailed(
@@ -393,14 +441,16 @@ def _bench(target: GateTarget, limits: Thresholds) -> BenchVerdict:
     if limits.min_tok_s is not None:
         if median < limits.min_tok_s:
             note = f"{measured} is below --min-tok-s {limits.min_tok_s:g}"
-            return BenchVerdict(tuple(samples), "rollback", note)
-        return BenchVerdict(tuple(samples), "keep", measured)
+            return BenchVerdict(tuple(samples), "rollback", note, prompts=prompts.spec)
+        return BenchVerdict(tuple(samples), "keep", measured, prompts=prompts.spec)
     pct = limits.max_regression_pct
     baseline = limits.baseline
     if pct is None or baseline is None:
         if pct is not None:
             measured += "; no baseline to compare with (these runs become the baseline)"
-        return BenchVerdict(tuple(samples), "keep", measured, max_regression_pct=pct)
+        return BenchVerdict(
+            tuple(samples), "keep", measured, max_regression_pct=pct, prompts=prompts.spec
+        )
     threshold = threshold_of(pct)
     while True:
         interval = ratio_interval(baseline.samples, samples)
@@ -408,7 +458,7 @@ def _bench(target: GateTarget, limits: Thresholds) -> BenchVerdict:
         if decision != "inconclusive" or runs >= limits.max_runs:
             break
         more = min(BENCH_BATCH, limits.max_runs - runs)
-        samples += bench_samples(target, more, warmup=0)
+        samples += bench_samples(target, more, 0, prompts, start=runs)
         runs += more
     action = resolve(decision, limits.inconclusive)
     note = (
@@ -430,6 +480,7 @@ def _bench(target: GateTarget, limits: Thresholds) -> BenchVerdict:
         threshold=threshold,
         max_regression_pct=pct,
         baseline=baseline,
+        prompts=prompts.spec,
     )
 
 

@@ -26,6 +26,7 @@ from llamanix.render.manifest import (
     ManifestInstance,
     ManifestRouter,
     Render,
+    same_unit,
     unit_name,
 )
 
@@ -57,7 +58,7 @@ def _router_changes(new: Mapping[str, str], old: Mapping[str, str]) -> list[str]
     if routed is None:
         return []
     unit, served = routed
-    return sorted(served) if new.get(unit) != old.get(unit) else []
+    return sorted(served) if not same_unit(old.get(unit), new.get(unit)) else []
 
 
 def diff_files(new: dict[str, str], old: dict[str, str]) -> tuple[list[str], list[str]]:
@@ -69,7 +70,7 @@ def diff_files(new: dict[str, str], old: dict[str, str]) -> tuple[list[str], lis
         unit, argv = entry.unit, f"{name}.argv.json"
         if (
             name not in old_i
-            or new.get(unit) != old.get(unit)
+            or not same_unit(old.get(unit), new.get(unit))
             or (argv in old and new.get(argv) != old.get(argv))
         ):
             changed.append(name)
@@ -88,7 +89,7 @@ def diff_instances(new: Render, old: dict[str, str]) -> tuple[list[str], list[st
         argv = f"{inst.name}.argv.json"
         if (
             inst.name not in old_i
-            or inst.unit_text != old.get(inst.unit)
+            or not same_unit(old.get(inst.unit), inst.unit_text)
             or (argv in old and new_files[argv] != old.get(argv))
         ):
             changed.append(inst.name)
@@ -251,7 +252,8 @@ class SystemdManager(_InstallsFiles):
         old_u = {n: t for n, t in old.items() if _is_unit(n)}
         removed = sorted(set(old_u) - set(new_u))
         added = sorted(set(new_u) - set(old_u))
-        changed = sorted(n for n in new_u if old_u.get(n) != new_u[n])
+        # A unit whose header alone changed (the config's hash) is rewritten, not restarted.
+        changed = sorted(n for n in new_u if not same_unit(old_u.get(n), new_u[n]))
         systemctl.disable_now(runner, self.user, removed)
         install_files(runner, self.units_dir, new_u, old_u, _is_unit)
         systemctl.daemon_reload(runner, self.user)

@@ -16,6 +16,7 @@ from llamanix.core.variants import VARIANTS
 from llamanix.external import systemd_analyze
 from llamanix.external.files import atomic_write
 from llamanix.external.nix import locked_revisions
+from llamanix.measure.gguf_header import has_chat_template
 from llamanix.render.manifest import Render
 from llamanix.render.paths import unseen_paths
 from llamanix.render.units import (
@@ -62,6 +63,18 @@ def warnings_for(inst: Instance) -> list[str]:
             f"listens on {inst.listen} without api_key_file: anyone who can reach it can use it"
         )
     return out
+
+
+NO_CHAT_TEMPLATE = (
+    "the model has no chat template of its own (a base model?): llama-server falls back to "
+    "chatml and the model continues its markers instead of answering; send it raw text "
+    'through /completion (bench, lossless and doctor: prompts with "text")'
+)
+
+
+def chat_template_warnings(inst: Instance) -> list[str]:
+    """A model file readable here without a chat template; nothing when it is not readable."""
+    return [NO_CHAT_TEMPLATE] if has_chat_template(Path(inst.model)) is False else []
 
 
 def fit_and_ceiling(inst: Instance, host: Host) -> dict[str, Any] | None:
@@ -267,6 +280,7 @@ def plan_config(
                         "security_exposure": exposures.get(r.unit),
                         "warnings": [
                             *warnings_for(inst),
+                            *chat_template_warnings(inst),
                             *r.warnings,
                             *_flip_warnings(inst, previous or {}, caps),
                         ],

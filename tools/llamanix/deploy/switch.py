@@ -28,12 +28,14 @@ from llamanix.deploy.crash_point import crash_point
 from llamanix.deploy.gate import (
     ACTIONS,
     BENCH_RUNS,
+    DEFAULT_GATE_PROMPTS,
     DEFAULT_MAX_RUNS,
     GATES,
     Action,
     Baseline,
     BaselineRecord,
     GateKind,
+    GatePrompts,
     GateResult,
     GateTarget,
     Thresholds,
@@ -118,6 +120,12 @@ class SwitchOptions:
     wait_s: float = 0.0
     manager: ManagerKind | None = None
     units_dir: Path | None = None
+    # bench gate: the prompts measured, in turn (bench's --prompts spelling).
+    gate_prompts: str | None = None
+
+    def bench_prompts(self) -> GatePrompts | None:
+        """The --gate-prompts' prompts; None for the default (checked in gate_kind)."""
+        return None if self.gate_prompts is None else GatePrompts.load(self.gate_prompts)
 
     def gate_kind(self, source: str) -> GateKind:
         wants_bench = self.min_tok_s is not None or self.max_regression is not None
@@ -158,6 +166,17 @@ class SwitchOptions:
                 )
             )
         self.inconclusive_action()
+        if self.gate_prompts is not None:
+            if gate != "bench":
+                raise UserError(
+                    Problem(
+                        "llamanix switch",
+                        "--gate-prompts",
+                        f"are what the bench gate measures, not '{gate}'",
+                        "use --gate bench (or leave --gate-prompts out)",
+                    )
+                )
+            self.bench_prompts()
         return gate
 
     def inconclusive_action(self) -> Action:
@@ -180,6 +199,7 @@ class SwitchOptions:
             baseline,
             self.max_runs,
             self.inconclusive_action(),
+            self.bench_prompts(),
         )
 
 
@@ -268,18 +288,27 @@ def _check_serving(
 
 
 def _bench_baselines(
-    path: Path, old_text: str, host: str, names: list[str], state: HostState, echo: Echo
+    path: Path,
+    old_text: str,
+    host: str,
+    names: list[str],
+    state: HostState,
+    echo: Echo,
+    prompts: GatePrompts | None,
 ) -> dict[str, Baseline]:
     """Each changed instance's --max-regression baseline: measured now on the instance still
-    serving (same machine, moments before the candidate), else the last good bench's runs."""
+    serving (same machine, moments before the candidate), else the last good bench's runs
+    of the same prompts."""
     old_config = lenient_parse(path, old_text)
     found: dict[str, Baseline] = {}
     for name in names:
         old = old_config.instances.get(name) if old_config else None
         baseline = None
         if old_config and old and old.host == host:
-            baseline = measure_baseline(gate_target(old_config, name))
-        baseline = baseline or Baseline.stored(state.baseline(name))
+            baseline = measure_baseline(gate_target(old_config, name), prompts)
+        baseline = baseline or Baseline.stored(
+            state.baseline(name), prompts.spec if prompts else DEFAULT_GATE_PROMPTS
+        )
         if baseline is None:
             echo(f"  baseline {name}: none (not answering, and no stored runs)")
             continue
@@ -338,7 +367,9 @@ def switch_host(
         return _dry_run(sw)
     baselines: dict[str, Baseline] = {}
     if sw.gate == "bench" and opts.max_regression is not None:
-        baselines = _bench_baselines(path, old_text, sw.host, sw.changed, sw.state, echo)
+        baselines = _bench_baselines(
+            path, old_text, sw.host, sw.changed, sw.state, echo, opts.bench_prompts()
+        )
     gen = _stage(sw)
     results, activated = _activate_and_gate(sw, baselines)
     for r in results:

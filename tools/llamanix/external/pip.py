@@ -28,6 +28,14 @@ def sdist_download_argv(requirement: str, dest: Path) -> list[str]:
     ]  # fmt: skip
 
 
+def wheels_download_argv(requirements: Sequence[str], dest: Path) -> list[str]:
+    """These exact wheels alone (no dependencies, never an sdist) into ``dest``."""
+    return [
+        sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
+        "--dest", str(dest), *requirements,
+    ]  # fmt: skip
+
+
 def download_argv(python: str, requirements: Sequence[str], out: Path) -> list[str]:
     """Binary wheels of ``requirements`` (and what they need) for CPython ``python`` ("3.13")
     on this machine's architecture, whatever Python runs this."""
@@ -61,6 +69,10 @@ def wheel(project: Path, out: Path) -> Path:
     if not built:
         raise ExternalCommandError(f"pip wheel {project} wrote no wheel into {out}")
     return built[-1]
+
+
+def download_wheels(requirements: Sequence[str], dest: Path) -> None:
+    _run(wheels_download_argv(requirements, dest), "pip download")
 
 
 def download(python: str, requirements: Sequence[str], out: Path) -> None:

@@ -71,6 +71,9 @@ class RequestResult:
     reasoning_s: float | None = None
     decode_s: float | None = None
     reasoning_n: int | None = None  # streamed chunks of reasoning_content or <think> text
+    # What was generated (the answer's content; None in results written before it was kept):
+    # two servers' runs of one prompt can then be compared for losslessness.
+    text: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -99,6 +102,7 @@ class RequestResult:
             reasoning_s=data.opt_number("reasoning_s"),
             decode_s=data.opt_number("decode_s"),
             reasoning_n=data.opt_integer("reasoning_n"),
+            text=data.opt_string("text"),
         )
 
 

@@ -1,10 +1,11 @@
 """The one HTTP client for a llama-server: bench, the switch gate, smoke, doctor, readiness, the
 test bed's server process and the demo all talk to a server through it.
 
-It knows the endpoints (``/health``, ``/props``, ``/metrics``, ``/v1/chat/completions``, streamed
-or not, and ``/completion``) and the API key (a ``Bearer`` header built from a key file), each
-done one way. What a caller makes of an answer (a failed check, a refusal, a retry) stays with
-the caller, so the methods return responses or parsed data and raise ``httpx`` errors as they are.
+It knows the endpoints (``/health``, ``/props``, ``/metrics``, ``/v1/chat/completions`` and
+``/completion``, each streamed or not) and the API key (a ``Bearer`` header built from a key
+file), each done one way. What a caller makes of an answer (a failed check, a refusal, a
+retry) stays with the caller, so the methods return responses or parsed data and raise
+``httpx`` errors as they are.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ REQUEST_TIMEOUT_S = 600.0
 CONNECT_TIMEOUT_S = 10.0
 POLL_S = 0.25
 CHAT = "/v1/chat/completions"
+COMPLETION = "/completion"
 
 
 def check_url(url: str, command: str, argument: str) -> None:
@@ -125,10 +127,26 @@ class LlamaClient:
 
     def complete(self, prompt: str, n_predict: int) -> httpx.Response:
         """llama-server's own /completion endpoint (every variant has it)."""
-        return self._http.post(
-            self.url + "/completion",
-            json={"prompt": prompt, "n_predict": n_predict, "temperature": 0},
-        )
+        return self.complete_body({"prompt": prompt, "n_predict": n_predict, "temperature": 0})
+
+    def complete_body(self, body: dict[str, Any]) -> httpx.Response:
+        """One raw-text completion (/completion), not streamed: no chat template applies."""
+        return self._http.post(self.url + COMPLETION, json=body)
+
+    @contextmanager
+    def stream_complete(self, body: dict[str, Any]) -> Iterator[httpx.Response]:
+        """One streamed raw-text completion (/completion, server-sent events).
+
+        On its own connection: llama-server ends this stream by closing the socket (unlike the
+        chat stream), and a pooled connection reused after it fails the next request with
+        "Server disconnected without sending a response"."""
+        with self._http.stream(
+            "POST",
+            self.url + COMPLETION,
+            json={**body, "stream": True},
+            headers={"Connection": "close"},
+        ) as resp:
+            yield resp
 
     # --- what callers share -----------------------------------------------------------------
 

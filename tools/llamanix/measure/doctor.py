@@ -26,13 +26,16 @@ from llamanix.measure import client
 from llamanix.measure.bench_results import BenchResult
 from llamanix.measure.ceiling import find_gpu, gpu_memory_bytes, vram_breakdown
 from llamanix.measure.crossover import PromptCrossover, prompt_crossovers
+from llamanix.measure.gguf_header import has_chat_template
 from llamanix.measure.gguf_info import GgufInfo, read_gguf, read_vocab, vocab_mismatch
 from llamanix.measure.server_log import ServerLog
+from llamanix.measure.workloads import WorkloadFigures
 
 Severity = Literal["error", "warning", "info"]
 # What each check looks at; a report lists every check that ran under its name.
 CheckName = Literal[
     "vocab",
+    "chat-template",
     "vram",
     "hybrid",
     "flash-attn",
@@ -43,12 +46,14 @@ CheckName = Literal[
     "spec-probe",
     "spec-bench",
     "spec-crossover",
+    "spec-workloads",
 ]
 # A check passed, found something, or could not look (and says why).
 Outcome = Literal["ok", "finding", "skipped"]
 # What a finding is about: stable names for scripts reading --json.
 FindingCode = Literal[
     "vocab-mismatch",
+    "no-chat-template",
     "vram",
     "hybrid-no-checkpoint",
     "quantized-v-without-fa",
@@ -60,6 +65,9 @@ FindingCode = Literal[
     "spec-low-acceptance",
     "spec-slower",
     "spec-crossover",
+    "spec-workload-costs",
+    "spec-workload-pays",
+    "spec-workload-unclear",
 ]
 # Below this share of drafted tokens kept, drafting costs more than it saves (the seeds saw 12%
 # on ik and 50% with a draft spending 78% of the time).
@@ -192,21 +200,26 @@ class Probe:
         return self.draft_n_accepted / self.draft_n
 
 
-def probe_server(url: str, api_key: str | None = None, model: str | None = None) -> Probe:
-    """One short completion: did the server draft, and how much of it was kept?"""
+def probe_server(
+    url: str, api_key: str | None = None, model: str | None = None, raw: bool = False
+) -> Probe:
+    """One short completion: did the server draft, and how much of it was kept? ``raw``: the
+    prompt as text to /completion, for a model without a chat template."""
     body: dict[str, object] = {
-        "messages": [{"role": "user", "content": PROBE_PROMPT}],
-        "max_tokens": PROBE_TOKENS,
         "temperature": 0,
         "seed": 42,
         "ignore_eos": True,
         "cache_prompt": False,
     }
+    if raw:
+        body.update(prompt=PROBE_PROMPT, n_predict=PROBE_TOKENS)
+    else:
+        body.update(messages=[{"role": "user", "content": PROBE_PROMPT}], max_tokens=PROBE_TOKENS)
     if model:
         body["model"] = model
     try:
         with client.LlamaClient(url, api_key=api_key, timeout_s=PROBE_TIMEOUT_S) as server:
-            resp = server.chat(body)
+            resp = server.complete_body(body) if raw else server.chat(body)
     except httpx.TransportError as err:
         raise UserError(
             Problem(url, "--url", f"cannot connect ({err})", "start the server or fix --url")
@@ -242,6 +255,8 @@ class Inputs:
     # The output length the instance's requests average (--avg-output-tokens); without it the
     # crossover check compares with what the bench results generated.
     avg_output_tokens: float | None = None
+    # Each workload of --prompts measured on the live server (and on --baseline-url).
+    workloads: Sequence[WorkloadFigures] = ()
 
 
 def _read_model(path: str | None) -> GgufInfo | None:
@@ -270,6 +285,27 @@ def check_vocab(report: Report, inst: Instance) -> None:
         "the draft (or, in older builds, loads it and never drafts)",
         "use a draft from the target's model family (same tokenizer), "
         "e.g. a smaller model of the same release",
+    )
+
+
+def check_chat_template(report: Report, inst: Instance) -> None:
+    template = has_chat_template(Path(inst.model))
+    if template is None:
+        report.skipped("chat-template", "model file not readable here")
+        return
+    if template:
+        report.ran("chat-template")
+        return
+    report.ran("chat-template", "finding")
+    report.add(
+        "warning",
+        "no-chat-template",
+        inst.name,
+        f"{Path(inst.model).name} has no chat template of its own (a base model?): "
+        "llama-server falls back to chatml, and through /v1/chat/completions the model "
+        "continues chatml's markers instead of answering",
+        'send raw text to /completion (bench, lossless and doctor: --prompts with "text" '
+        "prompts, e.g. realtext), or serve an instruction-tuned model",
     )
 
 
@@ -507,8 +543,11 @@ def check_speculation(report: Report, inst: Instance, inputs: Inputs) -> None:
                 "speculative.p_min, or turn speculation off",
             )
     probe = inputs.probe
+    # An n-gram (or suffix) drafter drafts only where the text repeats something it has seen:
+    # a short probe that drafted nothing says nothing against it.
+    self_speculating = all(t.startswith(("ngram", "suffix")) for t in inst.speculative.types)
     if probe is not None:
-        if requested and not probe.draft_n:
+        if requested and not probe.draft_n and not self_speculating:
             report.ran("spec-probe", "finding")
             report.add(
                 "error",
@@ -538,6 +577,50 @@ def check_speculation(report: Report, inst: Instance, inputs: Inputs) -> None:
     if inputs.benches:
         check_bench_pays(report, inst, inputs.benches)
         check_crossover(report, inst, inputs.benches, inputs.avg_output_tokens)
+    if inputs.workloads:
+        check_workloads(report, inst, inputs.workloads)
+
+
+_WORKLOAD_FINDINGS: dict[str, tuple[Severity, FindingCode, str]] = {
+    "costs": (
+        "warning",
+        "spec-workload-costs",
+        "turn speculation off for these requests (a second instance without it), or make "
+        "drafting rarer (a higher p_min, a longer n-gram match)",
+    ),
+    "unclear": (
+        "info",
+        "spec-workload-unclear",
+        "measure more prompts of this workload before deciding",
+    ),
+    "pays": ("info", "spec-workload-pays", "nothing to change for this workload"),
+}
+
+
+def check_workloads(report: Report, inst: Instance, workloads: Sequence[WorkloadFigures]) -> None:
+    """Per workload: the acceptance the server's counters show, and against a baseline the
+    speed-up with its interval; a workload where speculation costs is a warning."""
+    label = inst.speculative.label if inst.speculative.enabled else "no speculation"
+    costs = False
+    for figures in workloads:
+        verdict = figures.verdict
+        if verdict is None:
+            report.findings.append(
+                Finding(
+                    "info",
+                    "spec-workload-unclear",
+                    inst.name,
+                    figures.sentence(label),
+                    "pass --baseline-url (the same model without speculation) to see "
+                    "whether it pays",
+                )
+            )
+            continue
+        severity, code, fix = _WORKLOAD_FINDINGS[verdict]
+        costs = costs or verdict == "costs"
+        # One finding per workload: Report.add would keep only the first of a code.
+        report.findings.append(Finding(severity, code, inst.name, figures.sentence(label), fix))
+    report.ran("spec-workloads", "finding" if costs else "ok")
 
 
 def _drafted(result: BenchResult) -> bool:
@@ -693,6 +776,7 @@ def diagnose(
         local = host.target is None
         gpu = instance_gpu(config, host, gpu_override, smi if local else None)
         check_vocab(report, inst)
+        check_chat_template(report, inst)
         check_vram(report, inst, gpu)
         check_hybrid(report, inst)
         check_flash_attn(report, inst, instance_argv(config, name), inputs.log)

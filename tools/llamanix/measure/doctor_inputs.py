@@ -17,6 +17,7 @@ from llamanix.core.errors import Problem, UserError
 from llamanix.external.journalctl import read_journal
 from llamanix.measure.bench_results import load_result
 from llamanix.measure.ceiling import find_gpu
+from llamanix.measure.client import check_url
 from llamanix.measure.doctor import (
     Inputs,
     Report,
@@ -24,7 +25,10 @@ from llamanix.measure.doctor import (
     probe_server,
     query_gpus,
 )
+from llamanix.measure.gguf_header import has_chat_template
+from llamanix.measure.prompts import load_prompts
 from llamanix.measure.server_log import ServerLog, parse_server_log
+from llamanix.measure.workloads import WorkloadFigures, measure_workloads
 from llamanix.render.manifest import unit_name
 
 SOURCE = "llamanix doctor"
@@ -42,6 +46,9 @@ class DoctorRequest:
     gpu: str | None = None
     bench_files: tuple[Path, ...] = ()
     avg_output_tokens: float | None = None
+    # --prompts: measure each workload on --url (and on --baseline-url, without speculation).
+    prompts: str | None = None
+    baseline_url: str | None = None
 
     @property
     def per_instance(self) -> bool:
@@ -55,6 +62,27 @@ class DoctorRequest:
 
 
 def _check_options(request: DoctorRequest) -> None:
+    if request.prompts is not None and request.url is None:
+        raise UserError(
+            Problem(
+                SOURCE,
+                "--prompts",
+                "measures a running server",
+                "pass --url of the instance (and --baseline-url of the same model without "
+                "speculation)",
+            )
+        )
+    if request.baseline_url is not None:
+        if request.prompts is None:
+            raise UserError(
+                Problem(
+                    SOURCE,
+                    "--baseline-url",
+                    "is compared per workload of --prompts",
+                    "pass --prompts too, e.g. --prompts realtext",
+                )
+            )
+        check_url(request.baseline_url, SOURCE, "--baseline-url")
     if request.avg_output_tokens is not None and not request.avg_output_tokens > 0:
         raise UserError(
             Problem(
@@ -140,18 +168,34 @@ def run_doctor(request: DoctorRequest) -> Report:
         find_gpu(request.gpu, SOURCE)
     log = _read_log(request, config, instance)
     probe = None
+    workloads: list[WorkloadFigures] = []
     if request.url is not None:
         assert instance is not None  # _instance picked one: --url is per-instance evidence
+        check_url(request.url, SOURCE, "--url")
+        prompt_list = load_prompts(request.prompts) if request.prompts is not None else None
         inst = config.instances[instance]
         router = config.hosts[inst.host].router
         routed = router is not None and instance in router.members
-        key_file = router.api_key_file if router is not None and routed else inst.api_key_file
+        key = key_if_readable(
+            router.api_key_file if router is not None and routed else inst.api_key_file
+        )
         # Behind a router the model name picks (and loads) the member.
         model = (inst.alias or inst.name) if routed else inst.alias
-        probe = probe_server(request.url, key_if_readable(key_file), model)
+        # A base model answers raw text, not chat: probe it through /completion.
+        raw = has_chat_template(Path(inst.model)) is False
+        probe = probe_server(request.url, key, model, raw=raw)
+        if prompt_list is not None:
+            workloads = measure_workloads(
+                request.url,
+                prompt_list,
+                api_key=key,
+                model=model,
+                baseline_url=request.baseline_url,
+            )
     inputs = Inputs(
         log=log,
         probe=probe,
+        workloads=workloads,
         benches=[load_result(f) for f in request.bench_files],
         avg_output_tokens=request.avg_output_tokens,
     )

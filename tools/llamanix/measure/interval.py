@@ -32,6 +32,7 @@ from typing import Any, Literal
 Decision = Literal["pass", "regression", "inconclusive"]
 DECISIONS: tuple[Decision, ...] = ("pass", "regression", "inconclusive")
 METHOD = "bootstrap percentile interval of median(candidate) / median(baseline)"
+PAIRED_METHOD = "bootstrap percentile interval of the geometric mean of paired ratios"
 CONFIDENCE = 0.95
 RESAMPLES = 2000
 SEED = 13
@@ -49,6 +50,7 @@ class RatioInterval:
     confidence: float = CONFIDENCE
     resamples: int = RESAMPLES
     seed: int = SEED
+    method: str = METHOD
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -58,8 +60,12 @@ class RatioInterval:
             "confidence": self.confidence,
             "resamples": self.resamples,
             "seed": self.seed,
-            "method": METHOD,
+            "method": self.method,
         }
+
+    def text(self) -> str:
+        """``1.93x [1.61, 2.30]``."""
+        return f"{self.ratio:.2f}x [{self.low:.2f}, {self.high:.2f}]"
 
 
 def _clean(samples: Sequence[float], side: str) -> list[float]:
@@ -121,3 +127,36 @@ def decide(interval: RatioInterval, threshold: float) -> Decision:
     if interval.low >= threshold:
         return "pass"
     return "inconclusive"
+
+
+def paired_ratio_interval(
+    baseline: Sequence[float],
+    candidate: Sequence[float],
+    *,
+    confidence: float = CONFIDENCE,
+    resamples: int = RESAMPLES,
+    seed: int = SEED,
+) -> RatioInterval:
+    """candidate[i]/baseline[i] are one prompt each, measured on both sides: the speed-up over
+    a set of prompts is the geometric mean of those ratios (prompts of different lengths weigh
+    alike), and its interval comes from resampling the prompts (the pairs), so the spread
+    between prompts does not widen it the way two unpaired medians would."""
+    if len(baseline) != len(candidate):
+        raise ValueError(f"{len(baseline)} baseline values for {len(candidate)} candidates")
+    base = _clean(baseline, "baseline")
+    cand = _clean(candidate, "candidate")
+    logs = [math.log(c / b) for b, c in zip(base, cand, strict=True)]
+    rng = random.Random(seed)
+    means = sorted(
+        math.exp(statistics.fmean(rng.choices(logs, k=len(logs)))) for _ in range(resamples)
+    )
+    tail = (1 - confidence) / 2
+    return RatioInterval(
+        low=means[max(0, math.floor(tail * resamples))],
+        ratio=math.exp(statistics.fmean(logs)),
+        high=means[min(resamples - 1, math.ceil((1 - tail) * resamples) - 1)],
+        confidence=confidence,
+        resamples=resamples,
+        seed=seed,
+        method=PAIRED_METHOD,
+    )

@@ -11,6 +11,11 @@ match in structure (function names, argument keys, JSON shape) when they differ 
 
 Each server is also compared with itself across runs: when a baseline does not repeat its own
 output, a difference against it says nothing about speculation.
+
+Raw-text prompts (a base model without a chat template) go to /completion. With
+``concurrency`` above 1 that many prompts are in flight at once, so a server with as many slots
+decodes them in one batch: the numerics of a batch of several sequences differ from one
+sequence's, and this is how to see whether they change the text.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import json
 import statistics
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -49,6 +55,7 @@ class LosslessSettings:
     runs: int = DEFAULT_RUNS
     seed: int = DEFAULT_SEED
     strict: bool = False  # every prompt must match, as if each said "must_match": true
+    concurrency: int = 1  # prompts in flight at once per server
 
 
 # --- tool calls: what must survive even when the prose drifts --------------------------------
@@ -198,16 +205,38 @@ def parse_answer(data: Any, url: str) -> Answer:
     )
 
 
+def parse_text_answer(data: Any, url: str) -> Answer:
+    """A non-streamed /completion response (raw text in, raw text out)."""
+    if not isinstance(data, dict) or not isinstance(data.get("content"), str):
+        raise ExternalCommandError(f"{url}: not a completion: {str(data)[:200]}")
+    found = data.get("timings")
+    timings: dict[str, Any] = found if isinstance(found, dict) else {}
+    return Answer(
+        text=data["content"],
+        tool_calls=(),
+        finish_reason=str(data.get("stop_type")) if data.get("stop_type") else None,
+        predicted_n=_int(timings.get("predicted_n")),
+        draft_n=_int(timings.get("draft_n")),
+        draft_n_accepted=_int(timings.get("draft_n_accepted")),
+    )
+
+
 def request_body(prompt: Prompt, settings: LosslessSettings) -> dict[str, Any]:
     body: dict[str, Any] = {
-        "messages": list(prompt.messages),
-        "max_tokens": prompt.max_tokens or settings.max_tokens,
         "temperature": 0,
         "seed": settings.seed,
         # A cached prefix changes the batches the prompt is processed in, and with them the
         # rounding: both servers start every request cold so only the server differs.
         "cache_prompt": False,
     }
+    if prompt.text is not None:
+        return {
+            **body,
+            "prompt": prompt.text,
+            "n_predict": prompt.max_tokens or settings.max_tokens,
+        }
+    body["messages"] = list(prompt.messages)
+    body["max_tokens"] = prompt.max_tokens or settings.max_tokens
     if prompt.tools:
         body["tools"] = list(prompt.tools)
     return body
@@ -215,8 +244,9 @@ def request_body(prompt: Prompt, settings: LosslessSettings) -> dict[str, Any]:
 
 def ask(client: LlamaClient, body: dict[str, Any]) -> Answer:
     url = client.url
+    raw = "prompt" in body
     try:
-        resp = client.chat(body)
+        resp = client.complete_body(body) if raw else client.chat(body)
     except httpx.TransportError as err:
         raise ExternalCommandError(f"{url}: request failed ({err.__class__.__name__})") from None
     if resp.status_code in (401, 403):
@@ -240,7 +270,7 @@ def ask(client: LlamaClient, body: dict[str, Any]) -> Answer:
         data = resp.json()
     except ValueError:
         raise ExternalCommandError(f"{url}: the answer is not JSON") from None
-    return parse_answer(data, url)
+    return parse_text_answer(data, url) if raw else parse_answer(data, url)
 
 
 def check_reachable(client: LlamaClient, argument: str) -> None:
@@ -314,12 +344,13 @@ def compare_answers(run: int, a: Answer, b: Answer) -> RunComparison:
 
 
 @dataclass
-class Workload:
+class PromptComparison:
     """One prompt over all runs."""
 
     name: str
     must_match: bool
     runs: list[RunComparison] = field(default_factory=list)
+    workload: str | None = None  # the prompt's workload (edit, prose...), if it names one
 
     @property
     def identical(self) -> bool:
@@ -372,6 +403,7 @@ class Workload:
         calls = self.tool_calls
         return {
             "name": self.name,
+            "workload": self.workload,
             "must_match": self.must_match,
             "identical": self.identical,
             "identical_runs": self.identical_runs,
@@ -405,15 +437,62 @@ def _run_json(r: RunComparison) -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True)
+class WorkloadSummary:
+    """How many of a workload's prompts came out identical, and how far the others drifted."""
+
+    workload: str
+    prompts: int
+    identical: int
+    edit_distances: tuple[float, ...]  # median per differing prompt
+    first_differences: tuple[int, ...]  # first differing character per differing prompt
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def sentence(self) -> str:
+        text = f"{self.workload}: {self.identical} of {self.prompts} identical"
+        if self.edit_distances:
+            dist = ", ".join(f"{d:g}" for d in self.edit_distances)
+            first = ", ".join(str(i) for i in self.first_differences)
+            text += f"; edit distance {dist}; first difference at character {first}"
+        return text
+
+
+def summarise_workloads(prompts: Sequence[PromptComparison]) -> list[WorkloadSummary]:
+    """Per workload (a prompt without one counts as "all"), in the order they first appear."""
+    names = list(dict.fromkeys(p.workload or "all" for p in prompts))
+    out = []
+    for name in names:
+        mine = [p for p in prompts if (p.workload or "all") == name]
+        differ = [p for p in mine if not p.identical]
+        out.append(
+            WorkloadSummary(
+                workload=name,
+                prompts=len(mine),
+                identical=len(mine) - len(differ),
+                edit_distances=tuple(p.edit_distance_median for p in differ),
+                first_differences=tuple(
+                    p.first_difference for p in differ if p.first_difference is not None
+                ),
+            )
+        )
+    return out
+
+
 @dataclass
 class LosslessResult:
     settings: LosslessSettings
-    workloads: list[Workload]
+    workloads: list[PromptComparison]
     date: str
 
     @property
     def failed(self) -> list[str]:
         return [w.name for w in self.workloads if w.failed]
+
+    @property
+    def by_workload(self) -> list[WorkloadSummary]:
+        return summarise_workloads(self.workloads)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -422,6 +501,7 @@ class LosslessResult:
             "date": self.date,
             "settings": asdict(self.settings),
             "failed": self.failed,
+            "by_workload": [w.to_json() for w in self.by_workload],
             "workloads": [w.to_json() for w in self.workloads],
         }
 
@@ -431,6 +511,45 @@ def planned_steps(settings: LosslessSettings, prompts: Sequence[Prompt]) -> int:
     return 2 * settings.runs * len(prompts)
 
 
+def collect_answers(
+    client: LlamaClient,
+    prompts: Sequence[Prompt],
+    settings: LosslessSettings,
+    progress: ProgressHook | None = None,
+    label: str = "",
+) -> list[Answer]:
+    """Every prompt's answer from one server, in prompt order, ``settings.concurrency`` at a
+    time (one at a time by default: a second request in flight shares the batch)."""
+
+    def one(prompt: Prompt) -> Answer:
+        answer = ask(client, request_body(prompt, settings))
+        if progress:
+            progress(f"{prompt.name} {label}".rstrip())
+        return answer
+
+    if settings.concurrency <= 1:
+        return [one(p) for p in prompts]
+    with ThreadPoolExecutor(max_workers=settings.concurrency) as pool:
+        return list(pool.map(one, prompts))
+
+
+def compare_runs(
+    prompts: Sequence[Prompt],
+    runs: Sequence[tuple[Sequence[Answer], Sequence[Answer]]],
+    strict: bool = False,
+) -> list[PromptComparison]:
+    """Per prompt, each run's answer from A against B's."""
+    out = []
+    for i, prompt in enumerate(prompts):
+        compared = PromptComparison(
+            prompt.name, must_match=prompt.must_match or strict, workload=prompt.workload
+        )
+        for run, (a, b) in enumerate(runs, 1):
+            compared.runs.append(compare_answers(run, a[i], b[i]))
+        out.append(compared)
+    return out
+
+
 def run_lossless(
     settings: LosslessSettings,
     prompts: Sequence[Prompt],
@@ -438,30 +557,22 @@ def run_lossless(
     api_key: str | None = None,
     progress: ProgressHook | None = None,
 ) -> LosslessResult:
-    """Ask both servers every prompt ``settings.runs`` times, one request at a time (a second
-    request in flight would share the batch and change the rounding)."""
+    """Ask both servers every prompt ``settings.runs`` times."""
     with (
         LlamaClient(settings.url_a, api_key=api_key) as client_a,
         LlamaClient(settings.url_b, api_key=api_key) as client_b,
     ):
         check_reachable(client_a, "URL_A")
         check_reachable(client_b, "URL_B")
-        workloads = []
-        for prompt in prompts:
-            workload = Workload(prompt.name, must_match=prompt.must_match or settings.strict)
-            body = request_body(prompt, settings)
-            for run in range(1, settings.runs + 1):
-                a = ask(client_a, body)
-                if progress:
-                    progress(f"{prompt.name} A {run}/{settings.runs}")
-                b = ask(client_b, body)
-                if progress:
-                    progress(f"{prompt.name} B {run}/{settings.runs}")
-                workload.runs.append(compare_answers(run, a, b))
-            workloads.append(workload)
+        runs = []
+        for run in range(1, settings.runs + 1):
+            label = f"{run}/{settings.runs}"
+            a = collect_answers(client_a, prompts, settings, progress, f"A {label}")
+            b = collect_answers(client_b, prompts, settings, progress, f"B {label}")
+            runs.append((a, b))
     return LosslessResult(
         settings=settings,
-        workloads=workloads,
+        workloads=compare_runs(prompts, runs, settings.strict),
         date=datetime.now(UTC).isoformat(timespec="seconds"),
     )
 
@@ -475,10 +586,13 @@ def _yes_no(ok: bool, good: str = "yes", bad: str = "no") -> str:
 
 def summary_table(result: LosslessResult) -> Table:
     s = result.settings
+    slots = f", {s.concurrency} in flight" if s.concurrency > 1 else ""
     table = Table(
         title=f"A {escape(s.url_a)}  vs  B {escape(s.url_b)}  (temperature 0, seed {s.seed}, "
-        f"{s.runs} run(s))",
+        f"{s.runs} run(s){slots})",
         title_justify="left",
+        caption=escape("; ".join(w.sentence() for w in result.by_workload)),
+        caption_justify="left",
     )
     columns: tuple[tuple[str, JustifyMethod], ...] = (
         ("workload", "left"),

@@ -1,8 +1,13 @@
-"""Benchmark prompts: the built-in set, prompt files, and agent-shaped prompts (``agent:N``).
+"""Benchmark prompts: the built-in set, the real-text set (``realtext``), prompt files, and
+agent-shaped prompts (``agent:N``).
 
 A prompt is chat messages, optional tools and an optional fixed output length, as the user
 wrote them; bench and lossless send them to llama-server unchanged (the messages and tools are
-the OpenAI chat format, so they stay JSON objects here).
+the OpenAI chat format, so they stay JSON objects here). A prompt may instead be raw ``text``,
+sent to llama-server's own ``/completion`` endpoint as it is: a base model has no chat template,
+and through the chat endpoint it would continue the fallback template's markers instead of the
+text. A prompt may name its ``workload`` (``edit``, ``prose``...): speculation pays on some
+workloads and costs on others, so results are also summarised per workload.
 
 Agent-shaped prompts measure what dominates an agent's wall clock: a long shared prefix (system
 prompt, tool definitions, history) that the server can reuse from its KV cache, and a last turn
@@ -40,6 +45,13 @@ class Prompt:
     # Agent-shaped: ``messages`` are the shared prefix; each request gets a session marker in
     # front and a new last turn behind (see agent_messages).
     agent: bool = False
+    # Raw text for /completion (``messages`` is then empty), and the workload it belongs to.
+    text: str | None = None
+    workload: str | None = None
+
+    @property
+    def raw(self) -> bool:
+        return self.text is not None
 
     def lengths(self, requested: Sequence[int]) -> list[int]:
         return [self.max_tokens] if self.max_tokens is not None else list(requested)
@@ -51,7 +63,8 @@ def _prompt_problem(source: str, where: str, message: str, fix: str) -> UserErro
 
 def parse_prompts(data: Any, source: str) -> list[Prompt]:
     """Prompts from JSON: a list (or ``{"prompts": [...]}``) of
-    ``{"name", "messages" | "prompt", "tools"?, "max_tokens"?, "must_match"?}``."""
+    ``{"name", "messages" | "prompt" | "text", "tools"?, "max_tokens"?, "must_match"?,
+    "workload"?}``."""
     items = data.get("prompts") if isinstance(data, dict) else data
     if not isinstance(items, list) or not items:
         raise _prompt_problem(
@@ -78,6 +91,17 @@ def parse_prompts(data: Any, source: str) -> list[Prompt]:
                 source, f"{where}.name", f"duplicate name {name!r}", "names must be unique"
             )
         seen.add(name)
+        workload = item.get("workload")
+        if workload is not None and (not isinstance(workload, str) or not workload):
+            raise _prompt_problem(
+                source,
+                f"{where}.workload",
+                "must be a non-empty string",
+                'write e.g. "workload": "edit"',
+            )
+        if "text" in item:
+            out.append(_text_prompt(item, name, workload, source, where))
+            continue
         agent = item.get("agent", False)
         if isinstance(agent, int) and not isinstance(agent, bool):
             if not AGENT_MIN_TOKENS <= agent <= AGENT_MAX_TOKENS:
@@ -120,35 +144,71 @@ def parse_prompts(data: Any, source: str) -> list[Prompt]:
                 "must be a list of tool objects",
                 "use the OpenAI tools format",
             )
-        max_tokens = item.get("max_tokens")
-        if max_tokens is not None and (
-            not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1
-        ):
-            raise _prompt_problem(
-                source,
-                f"{where}.max_tokens",
-                "must be a positive integer",
-                "remove it to use --max-tokens",
-            )
-        must_match = item.get("must_match", False)
-        if not isinstance(must_match, bool):
-            raise _prompt_problem(
-                source,
-                f"{where}.must_match",
-                f"must be true or false, not {must_match!r}",
-                'write "must_match": true',
-            )
         out.append(
             Prompt(
                 name=name,
                 messages=tuple(messages),
                 tools=tuple(tools) if tools is not None else None,
-                max_tokens=max_tokens,
-                must_match=must_match,
+                max_tokens=_max_tokens(item, source, where),
+                must_match=_must_match(item, source, where),
                 agent=agent,
+                workload=workload,
             )
         )
     return out
+
+
+def _max_tokens(item: dict[str, Any], source: str, where: str) -> int | None:
+    max_tokens = item.get("max_tokens")
+    if max_tokens is not None and (
+        not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1
+    ):
+        raise _prompt_problem(
+            source,
+            f"{where}.max_tokens",
+            "must be a positive integer",
+            "remove it to use --max-tokens",
+        )
+    return max_tokens
+
+
+def _must_match(item: dict[str, Any], source: str, where: str) -> bool:
+    must_match = item.get("must_match", False)
+    if not isinstance(must_match, bool):
+        raise _prompt_problem(
+            source,
+            f"{where}.must_match",
+            f"must be true or false, not {must_match!r}",
+            'write "must_match": true',
+        )
+    return must_match
+
+
+def _text_prompt(
+    item: dict[str, Any], name: str, workload: str | None, source: str, where: str
+) -> Prompt:
+    """``{"name", "text", "workload"?, "max_tokens"?, "must_match"?}``: raw text."""
+    text = item["text"]
+    if not isinstance(text, str) or not text:
+        raise _prompt_problem(
+            source, f"{where}.text", "must be a non-empty string", 'write "text": "..."'
+        )
+    for chat_only in ("messages", "prompt", "tools", "agent"):
+        if chat_only in item:
+            raise _prompt_problem(
+                source,
+                f"{where}.{chat_only}",
+                f"'{chat_only}' is for the chat endpoint, 'text' for /completion",
+                f"give either 'text' or '{chat_only}', not both",
+            )
+    return Prompt(
+        name=name,
+        messages=(),
+        max_tokens=_max_tokens(item, source, where),
+        must_match=_must_match(item, source, where),
+        text=text,
+        workload=workload,
+    )
 
 
 # --- agent-shaped prompts --------------------------------------------------------------------
@@ -275,6 +335,18 @@ def agent_prompt(prefix_tokens: int, name: str | None = None) -> Prompt:
     )
 
 
+# What a warm-up sends: never one of the measured prompts, since an n-gram drafter that keeps a
+# pool across requests (upstream's ngram-mod) would then know the measured answer in advance.
+WARMUP_TEXT = "Warm-up: the quick brown fox jumps over the lazy dog, and the dog sleeps on."
+
+
+def warmup_prompt(like: Prompt) -> Prompt:
+    """A warm-up request of the same kind as ``like`` (raw text or chat)."""
+    if like.raw:
+        return Prompt("warm-up", (), text=WARMUP_TEXT)
+    return Prompt("warm-up", ({"role": "user", "content": WARMUP_TEXT},))
+
+
 def new_session() -> str:
     """A marker no earlier request can have cached: random, not seeded, so that a second bench
     against the same server still starts cold."""
@@ -304,8 +376,35 @@ def builtin_prompts() -> list[Prompt]:
     return parse_prompts(json.loads(text), "llamanix/data/prompts.json")
 
 
+def realtext_prompts() -> list[Prompt]:
+    text = resources.files("llamanix").joinpath("data/real_text.json").read_text()
+    return parse_prompts(json.loads(text), "llamanix/data/real_text.json")
+
+
+def _named_set(spec: str, prompts: list[Prompt]) -> list[Prompt]:
+    """``SET`` or ``SET:WORD[,WORD]``, each word a prompt's name or a workload of the set."""
+    set_name, _, rest = spec.partition(":")
+    if not rest:
+        return prompts
+    wanted = [w for w in rest.split(",") if w]
+    workloads = list(dict.fromkeys(p.workload for p in prompts if p.workload))
+    names = [p.name for p in prompts]
+    unknown = [w for w in wanted if w not in names and w not in workloads]
+    if unknown or not wanted:
+        raise UserError(
+            Problem(
+                "--prompts",
+                set_name,
+                f"unknown {set_name} prompt(s) or workload(s) {unknown}",
+                f"choose from {', '.join([*workloads, *names])}",
+            )
+        )
+    return [p for p in prompts if p.name in wanted or p.workload in wanted]
+
+
 def load_prompts(spec: str) -> list[Prompt]:
-    """``builtin``, ``builtin:NAME[,NAME]``, ``agent:N`` or a JSON file."""
+    """``builtin``, ``builtin:NAME[,NAME]``, ``realtext``, ``realtext:WORKLOAD|NAME[,...]``,
+    ``agent:N`` or a JSON file."""
     if spec.startswith("agent:"):
         text = spec.split(":", 1)[1]
         n = int(text) if text.isdigit() else 0
@@ -321,22 +420,9 @@ def load_prompts(spec: str) -> list[Prompt]:
             )
         return [agent_prompt(n)]
     if spec == "builtin" or spec.startswith("builtin:"):
-        prompts = builtin_prompts()
-        if spec == "builtin":
-            return prompts
-        wanted = [w for w in spec.split(":", 1)[1].split(",") if w]
-        by_name = {p.name: p for p in prompts}
-        unknown = [w for w in wanted if w not in by_name]
-        if unknown or not wanted:
-            raise UserError(
-                Problem(
-                    "--prompts",
-                    "builtin",
-                    f"unknown built-in prompt(s) {unknown}",
-                    f"choose from {', '.join(by_name)}",
-                )
-            )
-        return [by_name[w] for w in wanted]
+        return _named_set(spec, builtin_prompts())
+    if spec == "realtext" or spec.startswith("realtext:"):
+        return _named_set(spec, realtext_prompts())
     data = read_user_json(
         spec, "--prompts", "give a JSON prompts file or 'builtin'", "fix the JSON syntax"
     )

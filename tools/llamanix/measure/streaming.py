@@ -1,4 +1,7 @@
-"""One streamed chat completion against llama-server, timed on both clocks.
+"""One streamed completion against llama-server, timed on both clocks.
+
+A chat prompt goes to ``/v1/chat/completions``; a raw-text prompt (a base model without a chat
+template) to llama-server's own ``/completion``, whose events carry the same ``timings``.
 
 Every request streams, so time to first token is read off the client's clock instead of being
 guessed. Each request keeps both views of decode speed: the server's own ``timings`` (what
@@ -31,7 +34,11 @@ def request_body(
     session: str | None = None,
     turn: int = 0,
 ) -> dict[str, Any]:
-    """The streamed chat request; agent prompts get ``session``'s prefix and a new last turn."""
+    """The streamed request; agent prompts get ``session``'s prefix and a new last turn. A
+    raw-text prompt's body is /completion's (``prompt``, ``n_predict``), which is how
+    ``stream_completion`` tells the two apart."""
+    if prompt.text is not None:
+        return _completion_body(prompt.text, max_tokens, settings)
     if prompt.agent:
         messages = agent_messages(prompt, session or new_session(), turn)
     else:
@@ -54,6 +61,27 @@ def request_body(
     if prompt.tools:
         body["tools"] = list(prompt.tools)
     return body
+
+
+def _completion_body(text: str, max_tokens: int, settings: BenchSettings) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "prompt": text,
+        "n_predict": max_tokens,
+        "stream": True,
+        "temperature": settings.temperature,
+        "seed": settings.seed,
+        "cache_prompt": settings.cache_prompt,
+    }
+    if settings.ignore_eos:
+        body["ignore_eos"] = True
+    if settings.model:
+        body["model"] = settings.model
+    return body
+
+
+def is_raw(body: Mapping[str, Any]) -> bool:
+    """A /completion body (raw text) rather than a chat one."""
+    return "prompt" in body and "messages" not in body
 
 
 def _sse_events(lines: Iterator[str]) -> Iterator[dict[str, Any]]:
@@ -94,30 +122,49 @@ def stream_completion(client: LlamaClient, body: dict[str, Any]) -> RequestResul
     finish: str | None = None
     chunks = 0
     thinking = ThinkingClock()
-    with client.stream_chat(body) as resp:
+    text: list[str] = []
+    raw = is_raw(body)
+    opened = client.stream_complete(body) if raw else client.stream_chat(body)
+    with opened as resp:
         if resp.status_code != 200:
             raise _http_error(url, resp.status_code, resp.read().decode(errors="replace"))
         for event in _sse_events(resp.iter_lines()):
             now = time.perf_counter()
             if "error" in event:
                 raise ExternalCommandError(f"{url}: stream error: {event['error']}")
-            choices = event.get("choices") or []
-            if choices:
-                chunks += 1
-                # llama-server sends the first chunk (the assistant role) with the first token.
-                if t_first is None:
-                    t_first = now
-                t_last = now
-                delta = choices[0].get("delta")
-                if isinstance(delta, dict):
-                    thinking.see(delta, now)
-                reason = choices[0].get("finish_reason")
+            if raw:
+                piece, reason, usage_now = _completion_event(event)
+                if usage_now:
+                    usage = usage_now
+                if piece is not None:
+                    chunks += 1
+                    if t_first is None:
+                        t_first = now
+                    t_last = now
+                    text.append(piece)
                 if reason:
-                    finish = str(reason)
+                    finish = reason
+            else:
+                choices = event.get("choices") or []
+                if choices:
+                    chunks += 1
+                    # llama-server sends the first chunk (the assistant role) with the first token.
+                    if t_first is None:
+                        t_first = now
+                    t_last = now
+                    delta = choices[0].get("delta")
+                    if isinstance(delta, dict):
+                        thinking.see(delta, now)
+                        content = delta.get("content")
+                        if isinstance(content, str):
+                            text.append(content)
+                    reason = choices[0].get("finish_reason")
+                    if reason:
+                        finish = str(reason)
+                if isinstance(event.get("usage"), dict):
+                    usage = event["usage"]
             if isinstance(event.get("timings"), dict):
                 timings = event["timings"]
-            if isinstance(event.get("usage"), dict):
-                usage = event["usage"]
     t_end = time.perf_counter()
 
     prompt_n = as_int(timings.get("prompt_n"))
@@ -162,7 +209,24 @@ def stream_completion(client: LlamaClient, body: dict[str, Any]) -> RequestResul
         reasoning_s=reasoning_s,
         decode_s=decode_s,
         reasoning_n=thinking.chunks,
+        text="".join(text),
     )
+
+
+def _completion_event(event: Mapping[str, Any]) -> tuple[str | None, str | None, dict[str, object]]:
+    """One /completion event: (the streamed piece, or None for the closing event; the stop
+    reason once stopped; token counts as usage). Every event before the last is a token."""
+    if event.get("stop") is True:
+        usage: dict[str, object] = {
+            "prompt_tokens": event.get("tokens_evaluated"),
+            "completion_tokens": event.get("tokens_predicted"),
+        }
+        reason = event.get("stop_type")
+        # /completion says "limit" where the chat endpoint says "length".
+        finish = {"limit": "length", "eos": "stop", "word": "stop"}.get(str(reason), str(reason))
+        return None, finish, usage
+    content = event.get("content")
+    return (content if isinstance(content, str) else ""), None, {}
 
 
 class ThinkingClock:

@@ -1,18 +1,28 @@
-"""``llamanix demo``: the whole path on this machine, no GPU and no download of a model.
+"""``llamanix demo``: the whole path on this machine, no GPU, and one small real model.
 
-It synthesizes a target and a draft that agree (llamanix.testbed.synth: the target is the
+Part one synthesizes a target and a draft that agree (llamanix.testbed.synth: the target is the
 draft's one block plus eleven passthrough blocks that cost compute and change nothing), writes
 a llamanix config with two instances of the target (one plain, one speculating with the
 draft), renders that config like a deployment would, starts the real llama-server from each
 rendered argv in turn, measures each with the benchmark's streaming client, and prints the
 two side by side: on a CPU the draft costs a fraction of the target and nearly every drafted
-token is accepted, so speculation decodes faster.
+token is accepted, so speculation decodes faster. It is the one place a draft model shows.
 
-Then the same change goes through the deploy loop: ``llamanix up`` runs the plain instance in
-a temporary directory, and ``llamanix switch --manager up --gate bench --max-regression 10``
-flips it to the good draft (kept: faster than the plain baseline) and then to an unrelated
-draft asked for 16 tokens at p_min 0 (rolled back: it drafts a lot, almost nothing is
-accepted, and decoding is several times slower).
+Part two is real text (llamanix.testbed.real_text): the real model of the test bed (Gemma 3
+270M, Q4_K_M, fetched once from PyPI) served plain and with each self-speculating type
+(ngram-mod, ngram-map-k4v and a chain of both where the build takes one), on two workloads:
+edits, where most of the answer is in the prompt, and prose, where little is. Per speculation
+and workload: the decode speed-up with its 95% interval, the acceptance, and whether the texts
+came out as plain's did.
+
+Then the deploy loop: ``llamanix up`` serves plain instances from one config (two of the real
+model, one of the synthetic target), and ``llamanix switch --manager up --gate bench
+--max-regression 10 --gate-prompts ...`` turns ngram-mod on for the real ones, gated on the
+edit prompts for one and the prose prompts for the other: the gate keeps speculation where it
+pays and rolls it back where it costs, whatever this machine makes of it. Last, the synthetic
+target is switched to an unrelated draft drafting 16 tokens at p_min 0, which is sure to cost
+(rolled back); ``--synthetic-gate`` puts the other synthetic flips through the gate before it:
+no effect (kept) and the good draft (kept).
 """
 
 from __future__ import annotations
@@ -38,7 +48,7 @@ from llamanix.measure.bench_results import BenchResult, BenchSettings
 from llamanix.measure.prompts import Prompt
 from llamanix.measure.server_process import LlamaServer, free_port
 from llamanix.render.units import render_host, write_render
-from llamanix.testbed import server_build, up_process
+from llamanix.testbed import real_model, real_text, server_build, up_process
 from llamanix.testbed.synth import SynthSpec, synth_model
 
 INSTANCES = ("plain", "speculative")
@@ -67,6 +77,16 @@ BAD_N_MAX, BAD_P_MIN = 16, 0.0
 # about 2.8x faster and 0.1x as fast, so 10% keeps both verdicts clear of the offset.
 MAX_REGRESSION_PCT = 10.0
 GateOutcome = Literal["kept", "rolled back"]
+# Real text: prompts per workload (the shortest) and tokens per request in the table (every
+# prompt runs once on each of four servers: with the gates this keeps the demo within three
+# minutes on 2 cores).
+REAL_PROMPTS_PER_WORKLOAD = 3
+REAL_TOKENS = 32
+# The real-text gates stop after this many candidate runs (one extra batch): their prompts
+# differ run to run, so an interval may straddle the threshold for long (the default is 15).
+REAL_GATE_MAX_RUNS = 8
+# What each real-text gate measures: its workload's prompts, one per run, in turn.
+REAL_GATES = (("edit", "realtext:edit"), ("prose", "realtext:prose"))
 
 
 @dataclass(frozen=True)
@@ -74,6 +94,7 @@ class DemoModels:
     target: Path
     draft: Path
     unrelated_draft: Path
+    real: Path | None = None  # the real model, when the demo runs it
 
 
 def write_models(work: Path) -> DemoModels:
@@ -108,19 +129,32 @@ class DemoRow:
 
 @dataclass(frozen=True)
 class GateStep:
-    """One ``llamanix switch`` of the demo's deploy loop and what the bench gate made of it."""
+    """One ``llamanix switch`` of the demo's deploy loop and what the bench gate made of it.
+    ``expected`` is None where no outcome is designed in: real text is what it is."""
 
     step: str
     change: str
-    expected: GateOutcome
+    expected: GateOutcome | None
     outcome: GateOutcome
     detail: str
+
+
+@dataclass(frozen=True)
+class PlannedSwitch:
+    """One switch the demo runs: its label, what it changes, and how it is gated."""
+
+    step: str
+    change: str
+    expected: GateOutcome | None
+    sets: list[str]
+    gate_prompts: str | None = None
 
 
 @dataclass(frozen=True)
 class DemoResult:
     rows: list[DemoRow]
     gate: list[GateStep]
+    real: list[real_text.WorkloadRow]
 
 
 def _common(binary: Path, model: Path) -> str:
@@ -159,16 +193,27 @@ def config_text(binary: Path, models: DemoModels, ports: dict[str, int]) -> str:
     )
 
 
-def deploy_config_text(binary: Path, models: DemoModels, port: int) -> str:
-    """The deploy loop's llamanix.toml: one plain instance, which the switches then change."""
-    return (
+def deploy_config_text(binary: Path, models: DemoModels, ports: dict[str, int]) -> str:
+    """The deploy loop's llamanix.toml: plain instances, which the switches then change: the
+    synthetic target (``chat``) and, where ``ports`` name them, two of the real model (``edit``
+    and ``prose``). One ``up`` serves them all; the idle ones cost nothing."""
+    text = (
         "# Written by llamanix demo: the deploy loop, run by `llamanix up`.\n"
         + _common(binary, models.target)
         + "\n"
         "[instances.chat]\n"
-        f"port = {port}\n"
+        f"port = {ports['chat']}\n"
         "context = 1024\n"
     )
+    for name in ("edit", "prose"):
+        if name in ports and models.real is not None:
+            text += (
+                f"\n[instances.{name}]\n"
+                f"model = {json.dumps(str(models.real))}\n"
+                f"port = {ports[name]}\n"
+                f"context = {real_text.CONTEXT_PER_SLOT}\n"
+            )
+    return text
 
 
 def measure(
@@ -216,9 +261,12 @@ def run_demo(
     tokens: int = DEFAULT_TOKENS,
     runs: int = DEFAULT_RUNS,
     gate: bool = True,
+    real: bool = True,
+    synthetic_gate: bool = False,
 ) -> DemoResult:
-    """Synthesize, configure, render, serve and measure; then, with ``gate``, the deploy loop."""
+    """The synthetic pair, then real text, then the switches through the bench gate."""
     binary = _check_binary(binary)
+    model = real_model.ensure_real_model() if real else None
     rows: list[DemoRow] = []
     with work_dir(keep, "llamanix-demo.") as work:
         with console.status("synthesizing the target and the drafts"):
@@ -248,8 +296,34 @@ def run_demo(
                 server.stop()
             atomic_write(work / f"{name}.bench.json", json.dumps(result.to_json(), indent=2))
             rows.append(row)
-        steps = deploy_loop(binary, models, work / "deploy", console) if gate else []
-    return DemoResult(rows, steps)
+        real_rows: list[real_text.WorkloadRow] = []
+        if model is not None:
+            with console.status("real text: the real model, plain and self-speculating"):
+                real_rows = real_text.measure_real_text(
+                    binary,
+                    model,
+                    real_text.demo_prompts(REAL_PROMPTS_PER_WORKLOAD),
+                    work / "real-text",
+                    tokens=REAL_TOKENS,
+                )
+        steps: list[GateStep] = []
+        if gate:
+            # Real text may well cost nothing anywhere on this machine: the unrelated draft is
+            # the switch that is sure to cost, so the gate is seen to roll one back.
+            plan = gate_plan(models)
+            if not (synthetic_gate or model is None):
+                plan = [p for p in plan if p.expected == "rolled back"]
+            names = ("chat", "edit", "prose") if model is not None else ("chat",)
+            ports = {name: free_port() for name in names}
+            real_plan = real_gate_plan() if model is not None else []
+            steps = deploy_loop(
+                deploy_config_text(binary, replace(models, real=model), ports),
+                names,
+                [*real_plan, *plan],
+                work / "deploy",
+                console,
+            )
+    return DemoResult(rows, steps, real_rows)
 
 
 # --- the deploy loop: llamanix up + llamanix switch --gate bench -----------------------------
@@ -259,8 +333,9 @@ def _llamanix(*args: str) -> list[str]:
     return [sys.executable, "-m", "llamanix", *args]
 
 
-def switch_argv(config: Path, sets: list[str]) -> list[str]:
-    """The switch the demo runs: the bench gate, against the last good bench of the instance."""
+def switch_argv(config: Path, sets: list[str], gate_prompts: str | None = None) -> list[str]:
+    """The switch the demo runs: the bench gate, against the instance as it serves now (on
+    ``gate_prompts``, in turn, with at most REAL_GATE_MAX_RUNS runs)."""
     argv = [
         "switch",
         str(config),
@@ -273,6 +348,8 @@ def switch_argv(config: Path, sets: list[str]) -> list[str]:
         "--max-regression",
         f"{MAX_REGRESSION_PCT:g}",
     ]
+    if gate_prompts is not None:
+        argv += ["--gate-prompts", gate_prompts, "--max-runs", str(REAL_GATE_MAX_RUNS)]
     for item in sets:
         argv += ["--set", item]
     return _llamanix(*argv)
@@ -288,27 +365,42 @@ def _speculation_sets(draft: Path, n_max: int, p_min: float) -> list[str]:
     ]
 
 
-def gate_plan(models: DemoModels) -> list[tuple[str, str, GateOutcome, list[str]]]:
-    """(step, change, expected outcome, --set items) for each switch, in order."""
+def gate_plan(models: DemoModels) -> list[PlannedSwitch]:
+    """The synthetic switches, in order: each with its designed outcome."""
     return [
-        (
+        PlannedSwitch(
             "baseline",
             "plain, context 1024 -> 2048: no effect on decode speed",
             "kept",
             ["instances.chat.context=2048"],
         ),
-        (
+        PlannedSwitch(
             "good draft",
             f"speculate with the 1-block draft, n_max {GOOD_N_MAX}, p_min {GOOD_P_MIN:g}",
             "kept",
             _speculation_sets(models.draft, GOOD_N_MAX, GOOD_P_MIN),
         ),
-        (
+        PlannedSwitch(
             "bad draft",
             f"an unrelated draft, n_max {BAD_N_MAX}, p_min {BAD_P_MIN:g}",
             "rolled back",
             _speculation_sets(models.unrelated_draft, BAD_N_MAX, BAD_P_MIN),
         ),
+    ]
+
+
+def real_gate_plan() -> list[PlannedSwitch]:
+    """ngram-mod for each instance, gated on its own workload's prompt."""
+    return [
+        PlannedSwitch(
+            f"ngram-mod, {workload}",
+            f"instance {workload}: speculate with ngram-mod (real model), gated on the "
+            f"{workload} prompts",
+            None,
+            [f"instances.{workload}.speculative.type=ngram-mod"],
+            prompt,
+        )
+        for workload, prompt in REAL_GATES
     ]
 
 
@@ -318,11 +410,12 @@ def _gate_detail(output: str) -> str:
     return "; ".join(ln.split(": ", 2)[-1] for ln in lines) or output.strip()[-300:]
 
 
-def run_switch(config: Path, sets: list[str], log: Path) -> tuple[GateOutcome, str]:
+def run_switch(config: Path, switch: PlannedSwitch, log: Path) -> tuple[GateOutcome, str]:
     """One real ``llamanix switch``: exit 0 is kept, exit 1 is a failed gate rolled back."""
-    proc = run_captured(switch_argv(config, sets), cwd=config.parent)
+    argv = switch_argv(config, switch.sets, switch.gate_prompts)
+    proc = run_captured(argv, cwd=config.parent)
     with log.open("a", encoding="utf-8") as fh:
-        fh.write(f"$ {' '.join(switch_argv(config, sets))}\n{proc.stdout}{proc.stderr}\n")
+        fh.write(f"$ {' '.join(argv)}\n{proc.stdout}{proc.stderr}\n")
     if proc.returncode not in (0, 1):
         raise ExternalCommandError(
             f"llamanix switch exited {proc.returncode} (log: {log}):\n"
@@ -333,14 +426,15 @@ def run_switch(config: Path, sets: list[str], log: Path) -> tuple[GateOutcome, s
 
 
 @contextlib.contextmanager
-def running_up(config: Path, log: Path) -> Iterator[Path]:
-    """``llamanix up`` on the deploy config until the block ends; yields its units directory."""
+def running_up(config: Path, instances: tuple[str, ...], log: Path) -> Iterator[Path]:
+    """``llamanix up`` on a deploy config until the block ends; yields its units directory."""
     with (
         log.open("ab") as out,
         up_process.running_up(
             config,
             "local",
-            "chat",
+            instances[0],
+            more=instances[1:],
             stdout=out,
             explain=lambda: f"(log: {log})\n" + log.read_text(errors="replace").strip()[-1000:],
         ),
@@ -348,21 +442,28 @@ def running_up(config: Path, log: Path) -> Iterator[Path]:
         yield up_process.up_units(config, "local")
 
 
-def deploy_loop(binary: Path, models: DemoModels, work: Path, console: Console) -> list[GateStep]:
-    """Run ``up`` on a plain instance and put each planned switch through the bench gate."""
+def deploy_loop(
+    config_text: str,
+    instances: tuple[str, ...],
+    plan: list[PlannedSwitch],
+    work: Path,
+    console: Console,
+) -> list[GateStep]:
+    """Run ``up`` on a config of plain instances and put each planned switch through the
+    bench gate."""
     work.mkdir(parents=True, exist_ok=True)
     config = work / "llamanix.toml"
-    atomic_write(config, deploy_config_text(binary, models, free_port()))
+    atomic_write(config, config_text)
     steps: list[GateStep] = []
     with (
         console.status("deploy loop: starting llamanix up") as status,
-        running_up(config, work / "up.log"),
+        running_up(config, instances, work / "up.log"),
     ):
-        for step, change, expected, sets in gate_plan(models):
-            status.update(f"llamanix switch ({step}): bench gate")
-            outcome, detail = run_switch(config, sets, work / "switch.log")
-            console.print(f"llamanix switch ({step}): {outcome}")
-            steps.append(GateStep(step, change, expected, outcome, detail))
+        for switch in plan:
+            status.update(f"llamanix switch ({switch.step}): bench gate")
+            outcome, detail = run_switch(config, switch, work / "switch.log")
+            console.print(f"llamanix switch ({switch.step}): {outcome}")
+            steps.append(GateStep(switch.step, switch.change, switch.expected, outcome, detail))
     return steps
 
 
@@ -404,6 +505,14 @@ def demo_json(result: DemoResult, tokens: int, runs: int) -> dict[str, object]:
         ],
         "acceptance": spec.acceptance if spec is not None else None,
         "speedup": speedup(result.rows),
+        "real_text": {
+            "model": real_model.MODEL_FILE,
+            "tokens": REAL_TOKENS,
+            "prompts_per_workload": REAL_PROMPTS_PER_WORKLOAD,
+            "rows": [r.to_json() for r in result.real],
+        }
+        if result.real
+        else None,
         "gate": [
             {
                 "step": g.step,
@@ -447,9 +556,39 @@ def demo_table(rows: list[DemoRow], tokens: int, runs: int) -> Table:
     return table
 
 
+def real_table(rows: list[real_text.WorkloadRow]) -> Table:
+    table = Table(
+        title=f"real text: {real_model.MODEL_FILE} (a base model), {REAL_PROMPTS_PER_WORKLOAD} "
+        f"prompts per workload, {REAL_TOKENS} tokens each, against the same model without "
+        "speculation",
+        caption="speed-up: llama-server's decode rate over plain's, the geometric mean over the "
+        "prompts with its 95% interval; acceptance: drafted tokens kept; same text: prompts "
+        "whose text at temperature 0 is plain's (the others' edit distances).",
+    )
+    table.add_column("speculation", no_wrap=True)
+    table.add_column("workload", no_wrap=True)
+    for column in ("decode speed-up [95%]", "acceptance", "same text"):
+        table.add_column(column, justify="right")
+    for r in rows:
+        acceptance = (
+            f"{r.acceptance:.0%} ({r.accepted}/{r.drafted})" if r.acceptance is not None else "-"
+        )
+        same = f"{r.identical}/{r.prompts}"
+        if r.edit_distances:
+            same += f" ({', '.join(map(str, r.edit_distances))})"
+        table.add_row(
+            r.speculation,
+            r.workload,
+            r.speedup.text() if r.speedup else "-",
+            acceptance,
+            same,
+        )
+    return table
+
+
 def gate_table(steps: list[GateStep]) -> Table:
     table = Table(
-        title=f"the same flips through llamanix switch --manager up --gate bench "
+        title=f"switches through llamanix switch --manager up --gate bench "
         f"--max-regression {MAX_REGRESSION_PCT:g}",
     )
     table.add_column("switch", no_wrap=True)
@@ -459,6 +598,10 @@ def gate_table(steps: list[GateStep]) -> Table:
     for g in steps:
         # The health and chat checks pass in every row; the decode figure is the news.
         # A verdict other than the planned one (a very noisy machine) is shown, not hidden.
-        outcome = g.outcome if g.outcome == g.expected else f"{g.outcome} (expected {g.expected})"
+        outcome = (
+            g.outcome
+            if g.expected is None or g.outcome == g.expected
+            else f"{g.outcome} (expected {g.expected})"
+        )
         table.add_row(g.step, g.change, outcome, g.detail.removeprefix("health ok, chat ok; "))
     return table

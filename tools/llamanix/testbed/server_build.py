@@ -2,7 +2,7 @@
 
 The source is upstream llama.cpp as vendored in the llama-cpp-python sdist on PyPI: PyPI is
 reachable where GitHub may not be, and the sdist's sha256 pins the exact tree. The build is
-CPU-only, Release, server and quantize tools only, no curl/openssl, no web UI.
+CPU-only, Release, the server, quantize and bench tools only, no curl/openssl, no web UI.
 
 Cache layout (outside the repository)::
 
@@ -14,7 +14,8 @@ Cache layout (outside the repository)::
         ok.json     written last, only after a build succeeded
         .lock       flock'ed while the source is unpacked or the build runs
 
-``LLAMANIX_LLAMA_SERVER=/path/to/llama-server`` skips all of this.
+``LLAMANIX_LLAMA_SERVER=/path/to/llama-server`` skips all of this (llama-quantize and llama-bench
+are then taken from beside it, or from ``LLAMANIX_LLAMA_QUANTIZE`` and ``LLAMANIX_LLAMA_BENCH``).
 
 The first build takes minutes. The terminal shows a progress bar per step (cmake's ``[ 14%]``
 lines give the percentage) and nothing of the compiler's output, which goes to build.log; a
@@ -78,10 +79,11 @@ CMAKE_OPTIONS = (
     "-DLLAMA_BUILD_SERVER=ON",
     f"-DLLAMA_BUILD_COMMIT={LLAMA_CPP_COMMIT}",
 )
-BUILD_TARGETS = ("llama-server", "llama-quantize")
+BUILD_TARGETS = ("llama-server", "llama-quantize", "llama-bench")
 
 SERVER_ENV = "LLAMANIX_LLAMA_SERVER"
 QUANTIZE_ENV = "LLAMANIX_LLAMA_QUANTIZE"
+BENCH_ENV = "LLAMANIX_LLAMA_BENCH"
 CACHE_ENV = "LLAMANIX_CACHE"
 JOBS_ENV = "LLAMANIX_BUILD_JOBS"
 
@@ -111,6 +113,10 @@ class BuildLayout:
     @property
     def quantize(self) -> Path:
         return self.bin_dir / "llama-quantize"
+
+    @property
+    def bench(self) -> Path:
+        return self.bin_dir / "llama-bench"
 
     @property
     def models(self) -> Path:
@@ -475,7 +481,7 @@ def read_marker(layout: BuildLayout) -> dict[str, Any] | None:
         return None
     if data.get("sha256") != LLAMA_CPP_PYTHON_SDIST_SHA256:
         return None
-    if not all(os.access(b, os.X_OK) for b in (layout.server, layout.quantize)):
+    if not all(os.access(b, os.X_OK) for b in (layout.server, layout.quantize, layout.bench)):
         return None
     return data
 
@@ -488,6 +494,7 @@ def write_marker(layout: BuildLayout, version_line: str) -> dict[str, Any]:
         "version_line": version_line,
         "server": str(layout.server),
         "quantize": str(layout.quantize),
+        "bench": str(layout.bench),
     }
     atomic_write(layout.marker, json.dumps(data, indent=2) + "\n")
     return data
@@ -569,14 +576,24 @@ def ensure_llama_server(progress: bool = False) -> Path:
     return ensure_build(progress).server
 
 
-def ensure_llama_quantize(progress: bool = False) -> Path:
-    override = _override(QUANTIZE_ENV)
+def _beside_server(env: str, name: str) -> Path | None:
+    """$ENV, else ``name`` beside $LLAMANIX_LLAMA_SERVER when it is there."""
+    override = _override(env)
     if override is not None:
         return override
     server = _override(SERVER_ENV)
-    if server is not None and os.access(server.parent / "llama-quantize", os.X_OK):
-        return server.parent / "llama-quantize"
-    return ensure_build(progress).quantize
+    if server is not None and os.access(server.parent / name, os.X_OK):
+        return server.parent / name
+    return None
+
+
+def ensure_llama_quantize(progress: bool = False) -> Path:
+    return _beside_server(QUANTIZE_ENV, "llama-quantize") or ensure_build(progress).quantize
+
+
+def ensure_llama_bench(progress: bool = False) -> Path:
+    """llama.cpp's own benchmark from the same build: the reference bench is checked against."""
+    return _beside_server(BENCH_ENV, "llama-bench") or ensure_build(progress).bench
 
 
 def vocab_dir(progress: bool = False) -> Path:

@@ -92,14 +92,17 @@ def running_up(
     stdout: IO[Any] | int = PIPE,
     explain: Callable[[], str] | None = None,
     deadline_s: float = UP_START_S,
+    more: tuple[str, ...] = (),
 ) -> Iterator[TextChild]:
-    """`llamanix up` with INSTANCE running until the block ends; stopped on the way out, by a
-    stop signal too, even one that arrives while up is being started."""
+    """`llamanix up` with INSTANCE (and ``more`` instances) running until the block ends;
+    stopped on the way out, by a stop signal too, even one that arrives while up is being
+    started."""
     proc: TextChild | None = None
     try:
         with interrupt.deferred():
             proc = start_up(config, host, stdout)
-        wait_running(proc, up_units(config, host), instance, explain, deadline_s)
+        for name in (instance, *more):
+            wait_running(proc, up_units(config, host), name, explain, deadline_s)
         yield proc
     finally:
         if proc is not None:

@@ -1,0 +1,91 @@
+"""A GGUF's metadata keys, read straight from its header: fast enough for ``plan``.
+
+``gguf_info`` parses a whole model with the gguf library (every tensor, every token as a numpy
+view), which takes seconds on a large vocabulary. Whether a model carries a chat template of
+its own needs only the metadata keys: this walks the key/value section with ``struct`` over a
+memory map, skipping fixed-size arrays in one step (a 262k-token vocabulary takes ~50 ms).
+
+A model without ``tokenizer.chat_template`` is usually a base model: llama-server then falls
+back to chatml, and a base model asked through the chat endpoint continues the template's
+markers instead of answering. Such a model is served raw text through ``/completion``.
+"""
+
+from __future__ import annotations
+
+import mmap
+import struct
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+CHAT_TEMPLATE_KEY = "tokenizer.chat_template"
+_MAGIC = b"GGUF"
+_STRING, _ARRAY = 8, 9
+# Bytes per value of GGUF's fixed-size types (uint8 .. float64, bool).
+_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+
+
+@dataclass(frozen=True)
+class GgufHeader:
+    """The metadata keys of one GGUF, and the values of its string keys."""
+
+    keys: frozenset[str]
+    strings: dict[str, str]
+
+    @property
+    def chat_template(self) -> str | None:
+        return self.strings.get(CHAT_TEMPLATE_KEY)
+
+
+def read_header(path: Path) -> GgufHeader | None:
+    """The header of ``path``; None when it is not a readable GGUF (missing, truncated, not
+    GGUF): the callers only add a remark, and other checks name an unreadable model."""
+    try:
+        stat = path.stat()
+        return _read_cached(path.resolve(), stat.st_mtime_ns, stat.st_size)
+    except (OSError, ValueError, struct.error, KeyError):
+        return None
+
+
+def has_chat_template(path: Path) -> bool | None:
+    """Whether the model carries a chat template; None when the file is not readable here."""
+    header = read_header(path)
+    return None if header is None else header.chat_template is not None
+
+
+@lru_cache(maxsize=32)
+def _read_cached(path: Path, mtime_ns: int, size: int) -> GgufHeader:
+    with path.open("rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        if m[:4] != _MAGIC:
+            raise ValueError("not GGUF")
+        (n_kv,) = struct.unpack_from("<Q", m, 16)
+        offset = 24
+        keys: set[str] = set()
+        strings: dict[str, str] = {}
+        for _ in range(n_kv):
+            key, offset = _string(m, offset)
+            (kind,) = struct.unpack_from("<I", m, offset)
+            offset += 4
+            keys.add(key)
+            if kind == _STRING:
+                strings[key], offset = _string(m, offset)
+            elif kind == _ARRAY:
+                element, count = struct.unpack_from("<IQ", m, offset)
+                offset += 12
+                if element == _STRING:
+                    for _ in range(count):
+                        (length,) = struct.unpack_from("<Q", m, offset)
+                        offset += 8 + length
+                else:
+                    offset += _SIZES[element] * count
+            else:
+                offset += _SIZES[kind]
+            if offset > size:
+                raise ValueError("truncated")
+    return GgufHeader(frozenset(keys), strings)
+
+
+def _string(m: mmap.mmap, offset: int) -> tuple[str, int]:
+    (length,) = struct.unpack_from("<Q", m, offset)
+    start = offset + 8
+    return m[start : start + length].decode("utf-8", errors="replace"), start + length
