@@ -228,7 +228,8 @@ def host(
             " cannot open shared object file' >&2\nexit 127\n",
             mode=0o755,
         )
-        for model in (host_models.tiny, *vars(host_models.demo).values()):
+        demo = host_models.demo
+        for model in (host_models.tiny, demo.target, demo.draft, demo.unrelated_draft):
             booted.write(f"{hosts.MODELS}/{Path(model).name}", Path(model).read_bytes())
         hosts.add_user(booted)
         HOST_FIGURES.append(
