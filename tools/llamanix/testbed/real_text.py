@@ -261,8 +261,8 @@ def demo_prompts(per_workload: int) -> list[Prompt]:
     out: list[Prompt] = []
     for workload in dict.fromkeys(p.workload for p in prompts):
         mine = [p for p in prompts if p.workload == workload]
-        shortest = set(sorted(mine, key=lambda p: len(p.text or ""))[:per_workload])
-        out += [p for p in mine if p in shortest]
+        shortest = {p.name for p in sorted(mine, key=lambda p: len(p.text or ""))[:per_workload]}
+        out += [p for p in mine if p.name in shortest]
     return out
 
 
