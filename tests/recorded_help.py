@@ -4,12 +4,18 @@ not a recording) that stands for a BeeLlama newer than the recorded v0.3."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 from llamanix.core.probe import Capabilities, parse_capabilities
 
 HELP = Path(__file__).parent / "data" / "help"
+# scripts/nix-real-lib names a recording of tests/data/help here when no llama-server is built:
+# the render tests then check against that recorded probe instead of starting a build.
+RECORDED_PROBE = os.environ.get("LLAMANIX_RECORDED_PROBE", "")
 
 
 def recorded(name: str) -> Capabilities:
@@ -56,4 +62,17 @@ def bee_after_v03() -> Capabilities:
 def write_probe(caps: Capabilities, path: Path) -> Path:
     """The probe as `llamanix probe BINARY --json` writes it, for the CLI's --capabilities."""
     path.write_text(json.dumps(caps.to_json(), indent=1) + "\n")
+    return path
+
+
+def probe_of(binary: Path, path: Path) -> Path:
+    """What `llamanix probe BINARY --json` writes, run for real, as a file at ``path``."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "llamanix", "probe", str(binary), "--json"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    path.write_text(proc.stdout)
     return path

@@ -14,12 +14,11 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from recorded_help import recorded, write_probe
+from recorded_help import RECORDED_PROBE, probe_of, recorded, write_probe
 
 from llamanix.core.config import parse_config, suggest
 from llamanix.core.errors import UserError
@@ -396,10 +395,6 @@ def test_flake_lock_pins_every_input_completely() -> None:
 
 # --- the module's render command --------------------------------------------------------------
 
-# scripts/nix-real-lib names a recording of tests/data/help here when no llama-server is built:
-# the render tests then check against that recorded probe instead of starting a build.
-RECORDED_PROBE = os.environ.get("LLAMANIX_RECORDED_PROBE", "")
-
 if RECORDED_PROBE:
 
     @pytest.fixture(scope="module")
@@ -424,16 +419,7 @@ else:
     def capabilities(llama_server: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
         """The probe the module's build makes of a package's llama-server (`llamanix probe
         --json`)."""
-        path = tmp_path_factory.mktemp("probe") / "capabilities.json"
-        proc = subprocess.run(
-            [sys.executable, "-m", "llamanix", "probe", str(llama_server), "--json"],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        assert proc.returncode == 0, proc.stderr
-        path.write_text(proc.stdout)
-        return path
+        return probe_of(llama_server, tmp_path_factory.mktemp("probe") / "capabilities.json")
 
 
 def module_json(tmp_path: Path, spec: dict[str, Any]) -> Path:

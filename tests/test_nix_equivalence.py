@@ -22,12 +22,11 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from recorded_help import recorded, write_probe
+from recorded_help import RECORDED_PROBE, probe_of, recorded, write_probe
 
 from llamanix.core.config import load_config
 from llamanix.core.probe import parse_capabilities
@@ -91,10 +90,8 @@ def beellama_capabilities(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-# scripts/nix-real-lib names a recording of tests/data/help here when no llama-server is built:
-# both front ends then render against that recorded probe instead of starting a build.
-RECORDED_PROBE = os.environ.get("LLAMANIX_RECORDED_PROBE", "")
-
+# With a recorded probe (scripts/nix-real-lib, no llama-server built) both front ends render
+# against it.
 if RECORDED_PROBE:
 
     @pytest.fixture(scope="module")
@@ -106,17 +103,7 @@ else:
 
     @pytest.fixture(scope="module")
     def capabilities(tmp_path_factory: pytest.TempPathFactory, llama_server_bin: Path) -> Path:
-        binary = llama_server_bin
-        path = tmp_path_factory.mktemp("probe") / "capabilities.json"
-        proc = subprocess.run(
-            [sys.executable, "-m", "llamanix", "probe", str(binary), "--json"],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        assert proc.returncode == 0, proc.stderr
-        path.write_text(proc.stdout)
-        return path
+        return probe_of(llama_server_bin, tmp_path_factory.mktemp("probe") / "capabilities.json")
 
 
 def llamanix_path() -> str:

@@ -26,7 +26,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from recorded_help import UPSTREAM, recorded, write_probe
+from recorded_help import UPSTREAM, probe_of, recorded, write_probe
 
 from llamanix.core.config import load_config
 from llamanix.core.probe import Capabilities
@@ -489,14 +489,7 @@ def test_script_http_checks_pass_on_the_vm_instance(
     tmp_path: Path, vm_instance: Any, llama_server_bin: Path
 ) -> None:
     script = load_script()
-    probe = subprocess.run(
-        [sys.executable, "-m", "llamanix", "probe", str(llama_server_bin), "--json"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    capabilities = tmp_path / "capabilities.json"
-    capabilities.write_text(probe)
+    capabilities = probe_of(llama_server_bin, tmp_path / "capabilities.json")
     server = serve(tmp_path, vm_instance, llama_server_bin, capabilities, "vm")
     try:
         node = LocalShell()
@@ -504,7 +497,7 @@ def test_script_http_checks_pass_on_the_vm_instance(
         timings = script.check_serving(node, server.port, alias)
         assert timings["draft_n"] > 0 and timings["draft_n_accepted"] > 0
         tell = script.build_tell(node, server.port, "llamanix-tiny.service")
-        wanted = script.expected_tells(json.loads(probe))
+        wanted = script.expected_tells(json.loads(capabilities.read_text()))
         assert tell in wanted, (tell, wanted)
     finally:
         server.stop()
@@ -516,14 +509,7 @@ def test_script_drafting_check_fails_without_a_draft(
     tmp_path: Path, vm_instance: Any, llama_server_bin: Path
 ) -> None:
     script = load_script()
-    probe = subprocess.run(
-        [sys.executable, "-m", "llamanix", "probe", str(llama_server_bin), "--json"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    capabilities = tmp_path / "capabilities.json"
-    capabilities.write_text(probe)
+    capabilities = probe_of(llama_server_bin, tmp_path / "capabilities.json")
     instance = vm_instance["services"]["llamanix"]["instances"][vm_instance["expected"]["instance"]]
     instance["speculative"] = {"type": "none"}
     server = serve(tmp_path, vm_instance, llama_server_bin, capabilities, "plain")
@@ -559,15 +545,7 @@ def test_script_router_checks_pass_on_the_vm_router(
     tmp_path: Path, vm_instance: Any, llama_server_bin: Path
 ) -> None:
     script = load_script()
-    capabilities = tmp_path / "capabilities.json"
-    capabilities.write_text(
-        subprocess.run(
-            [sys.executable, "-m", "llamanix", "probe", str(llama_server_bin), "--json"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-    )
+    capabilities = probe_of(llama_server_bin, tmp_path / "capabilities.json")
     server, served = start_vm_router(tmp_path, vm_instance, llama_server_bin, capabilities)
     try:
         assert served == vm_instance["expected"]["router"]["members"]
@@ -587,15 +565,7 @@ def test_script_router_swap_check_fails_when_both_stay_loaded(
     tmp_path: Path, vm_instance: Any, llama_server_bin: Path
 ) -> None:
     script = load_script()
-    capabilities = tmp_path / "capabilities.json"
-    capabilities.write_text(
-        subprocess.run(
-            [sys.executable, "-m", "llamanix", "probe", str(llama_server_bin), "--json"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-    )
+    capabilities = probe_of(llama_server_bin, tmp_path / "capabilities.json")
     vm_instance["services"]["llamanix"]["router"]["max_loaded"] = 2
     server, served = start_vm_router(tmp_path, vm_instance, llama_server_bin, capabilities)
     try:
