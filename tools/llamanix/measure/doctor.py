@@ -20,6 +20,7 @@ from llamanix.core.argv import instance_argv
 from llamanix.core.config import Config, Host, Instance
 from llamanix.core.errors import Problem, UserError
 from llamanix.core.gpus import Gpu
+from llamanix.core.schema import SPEC_DRAFTERS
 from llamanix.core.variants import VARIANTS
 from llamanix.external.nvidia import nvidia_smi_gpus
 from llamanix.measure import client
@@ -543,9 +544,9 @@ def check_speculation(report: Report, inst: Instance, inputs: Inputs) -> None:
                 "speculative.p_min, or turn speculation off",
             )
     probe = inputs.probe
-    # An n-gram (or suffix) drafter drafts only where the text repeats something it has seen:
-    # a short probe that drafted nothing says nothing against it.
-    self_speculating = all(t.startswith(("ngram", "suffix")) for t in inst.speculative.types)
+    # A self-speculating type (n-gram, suffix: no drafter) drafts only where the text repeats
+    # something it has seen: a short probe that drafted nothing says nothing against it.
+    self_speculating = not any(t in SPEC_DRAFTERS for t in inst.speculative.types)
     if probe is not None:
         if requested and not probe.draft_n and not self_speculating:
             report.ran("spec-probe", "finding")

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import random
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -81,6 +81,25 @@ def _median(values: Sequence[float]) -> float:
     return float(statistics.median(values))
 
 
+def _bootstrap(
+    statistic: Callable[[random.Random], float], confidence: float, resamples: int, seed: int
+) -> tuple[float, float]:
+    """The percentile interval of ``statistic`` over ``resamples`` draws of a seeded
+    generator (each call resamples with it)."""
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be between 0 and 1, got {confidence}")
+    if resamples < 1:
+        raise ValueError(f"resamples must be at least 1, got {resamples}")
+    rng = random.Random(seed)
+    values = sorted(statistic(rng) for _ in range(resamples))
+    tail = (1 - confidence) / 2
+    # Nearest-rank percentiles, clamped to the array: low rounds down, high rounds up, so the
+    # interval is never narrower than the percentiles it names.
+    low = values[max(0, math.floor(tail * resamples))]
+    high = values[min(resamples - 1, math.ceil((1 - tail) * resamples) - 1)]
+    return low, high
+
+
 def ratio_interval(
     baseline: Sequence[float],
     candidate: Sequence[float],
@@ -90,22 +109,16 @@ def ratio_interval(
     seed: int = SEED,
 ) -> RatioInterval:
     """The bootstrap interval of median(candidate)/median(baseline); deterministic per seed."""
-    if not 0 < confidence < 1:
-        raise ValueError(f"confidence must be between 0 and 1, got {confidence}")
-    if resamples < 1:
-        raise ValueError(f"resamples must be at least 1, got {resamples}")
     base = _clean(baseline, "baseline")
     cand = _clean(candidate, "candidate")
-    rng = random.Random(seed)
-    ratios = sorted(
-        _median(rng.choices(cand, k=len(cand))) / _median(rng.choices(base, k=len(base)))
-        for _ in range(resamples)
+    low, high = _bootstrap(
+        lambda rng: (
+            _median(rng.choices(cand, k=len(cand))) / _median(rng.choices(base, k=len(base)))
+        ),
+        confidence,
+        resamples,
+        seed,
     )
-    tail = (1 - confidence) / 2
-    # Nearest-rank percentiles, clamped to the array: low rounds down, high rounds up, so the
-    # interval is never narrower than the percentiles it names.
-    low = ratios[max(0, math.floor(tail * resamples))]
-    high = ratios[min(resamples - 1, math.ceil((1 - tail) * resamples) - 1)]
     return RatioInterval(
         low=low,
         ratio=_median(cand) / _median(base),
@@ -146,17 +159,29 @@ def paired_ratio_interval(
     base = _clean(baseline, "baseline")
     cand = _clean(candidate, "candidate")
     logs = [math.log(c / b) for b, c in zip(base, cand, strict=True)]
-    rng = random.Random(seed)
-    means = sorted(
-        math.exp(statistics.fmean(rng.choices(logs, k=len(logs)))) for _ in range(resamples)
+    low, high = _bootstrap(
+        lambda rng: math.exp(statistics.fmean(rng.choices(logs, k=len(logs)))),
+        confidence,
+        resamples,
+        seed,
     )
-    tail = (1 - confidence) / 2
     return RatioInterval(
-        low=means[max(0, math.floor(tail * resamples))],
+        low=low,
         ratio=math.exp(statistics.fmean(logs)),
-        high=means[min(resamples - 1, math.ceil((1 - tail) * resamples) - 1)],
+        high=high,
         confidence=confidence,
         resamples=resamples,
         seed=seed,
         method=PAIRED_METHOD,
     )
+
+
+def paired_speedup(
+    baseline: Sequence[float | None], candidate: Sequence[float | None]
+) -> RatioInterval | None:
+    """``paired_ratio_interval`` over the pairs where both sides measured a rate; None with
+    fewer than MIN_SAMPLES such pairs."""
+    pairs = [(b, c) for b, c in zip(baseline, candidate, strict=True) if b and c]
+    if len(pairs) < MIN_SAMPLES:
+        return None
+    return paired_ratio_interval([b for b, _ in pairs], [c for _, c in pairs])

@@ -40,6 +40,7 @@ from llamanix.measure.bench import ProgressHook
 from llamanix.measure.bench_results import DEFAULT_SEED
 from llamanix.measure.client import LlamaClient, error_message
 from llamanix.measure.prompts import Prompt
+from llamanix.measure.streaming import is_raw
 
 RESULT_FORMAT = "llamanix-lossless/1"
 DEFAULT_RUNS = 3
@@ -194,27 +195,27 @@ def parse_answer(data: Any, url: str) -> Answer:
                 arguments=arguments if isinstance(arguments, str) else json.dumps(arguments),
             )
         )
-    timings = data.get("timings") if isinstance(data.get("timings"), dict) else {}
-    return Answer(
-        text=text,
-        tool_calls=tuple(calls),
-        finish_reason=choice.get("finish_reason"),
-        predicted_n=_int(timings.get("predicted_n")),
-        draft_n=_int(timings.get("draft_n")),
-        draft_n_accepted=_int(timings.get("draft_n_accepted")),
-    )
+    return _answer(data, text, tuple(calls), choice.get("finish_reason"))
 
 
 def parse_text_answer(data: Any, url: str) -> Answer:
     """A non-streamed /completion response (raw text in, raw text out)."""
     if not isinstance(data, dict) or not isinstance(data.get("content"), str):
         raise ExternalCommandError(f"{url}: not a completion: {str(data)[:200]}")
+    stop = data.get("stop_type")
+    return _answer(data, data["content"], (), str(stop) if stop else None)
+
+
+def _answer(
+    data: dict[str, Any], text: str, calls: tuple[ToolCall, ...], finish: str | None
+) -> Answer:
+    """The answer with the token and draft counts of the response's ``timings``."""
     found = data.get("timings")
     timings: dict[str, Any] = found if isinstance(found, dict) else {}
     return Answer(
-        text=data["content"],
-        tool_calls=(),
-        finish_reason=str(data.get("stop_type")) if data.get("stop_type") else None,
+        text=text,
+        tool_calls=calls,
+        finish_reason=finish,
         predicted_n=_int(timings.get("predicted_n")),
         draft_n=_int(timings.get("draft_n")),
         draft_n_accepted=_int(timings.get("draft_n_accepted")),
@@ -244,7 +245,7 @@ def request_body(prompt: Prompt, settings: LosslessSettings) -> dict[str, Any]:
 
 def ask(client: LlamaClient, body: dict[str, Any]) -> Answer:
     url = client.url
-    raw = "prompt" in body
+    raw = is_raw(body)
     try:
         resp = client.complete_body(body) if raw else client.chat(body)
     except httpx.TransportError as err:

@@ -20,7 +20,7 @@ from typing import Literal
 
 from llamanix.measure.bench import run_bench
 from llamanix.measure.bench_results import BenchSettings, RunResult
-from llamanix.measure.interval import MIN_SAMPLES, RatioInterval, paired_ratio_interval
+from llamanix.measure.interval import RatioInterval, paired_speedup
 from llamanix.measure.prompts import Prompt, warmup_prompt
 
 DEFAULT_TOKENS = 64
@@ -52,12 +52,7 @@ class WorkloadFigures:
         """Speculation over the baseline, None without a baseline or with too few prompts."""
         if self.baseline_tok_s is None:
             return None
-        pairs = [
-            (b, c) for b, c in zip(self.baseline_tok_s, self.decode_tok_s, strict=True) if b and c
-        ]
-        if len(pairs) < MIN_SAMPLES:
-            return None
-        return paired_ratio_interval([b for b, _ in pairs], [c for _, c in pairs])
+        return paired_speedup(self.baseline_tok_s, self.decode_tok_s)
 
     @property
     def verdict(self) -> Verdict | None:
@@ -105,27 +100,29 @@ def workload_of(prompt: Prompt) -> str:
     return prompt.workload or "all"
 
 
-def _measure(
+def run_interleaved(
     urls: Sequence[str],
     prompts: Sequence[Prompt],
-    api_key: str | None,
-    model: str | None,
     tokens: int,
+    *,
+    api_key: str | None = None,
+    model: str | None = None,
 ) -> list[list[RunResult]]:
-    """Every prompt once on every server, prompt by prompt (the server that goes first takes
-    turns), so that drift over the minutes of a run falls on both sides alike. One warm-up each
-    first, on another text: an n-gram drafter that keeps a pool across requests (ngram-mod)
-    would know a measured prompt's answer."""
+    """Every prompt once on every server (``out[j][i]``: prompt ``i`` on server ``j``), prompt
+    by prompt, the server that goes first taking turns, so that drift over the minutes of a
+    run (other load, clock speed) falls on all of them alike. One warm-up each first, on
+    another text: an n-gram drafter that keeps a pool across requests (ngram-mod) would know a
+    measured prompt's answer. Streamed, temperature 0, cold cache, one request at a time."""
     settings = [
-        BenchSettings(url=u, model=model, max_tokens=(tokens,), runs=1, warmup=0, label="doctor")
+        BenchSettings(url=u, model=model, max_tokens=(tokens,), runs=1, warmup=0, label=u)
         for u in urls
     ]
     for one in settings:
         run_bench(one, [warmup_prompt(prompts[0])], api_key=api_key)
     out: list[list[RunResult]] = [[] for _ in urls]
     for i, prompt in enumerate(prompts):
-        order = [(i + k) % len(urls) for k in range(len(urls))]
-        for j in order:
+        for k in range(len(urls)):
+            j = (i + k) % len(urls)
             out[j].append(run_bench(settings[j], [prompt], api_key=api_key).runs[0])
     return out
 
@@ -164,7 +161,7 @@ def measure_workloads(
 ) -> list[WorkloadFigures]:
     """Each workload of ``prompts`` on ``url`` (and on ``baseline_url``), in prompt order."""
     urls = [url] if baseline_url is None else [url, baseline_url]
-    measured = _measure(urls, prompts, api_key, model, tokens)
+    measured = run_interleaved(urls, prompts, tokens, api_key=api_key, model=model)
     spec, base = measured[0], (measured[1] if baseline_url is not None else None)
     out = []
     for workload in dict.fromkeys(workload_of(p) for p in prompts):

@@ -157,28 +157,11 @@ class DemoResult:
     real: list[real_text.WorkloadRow]
 
 
-def _common(binary: Path, model: Path) -> str:
-    q = json.dumps  # a JSON string is a valid TOML basic string
-    return (
-        "[hosts.local]\n"
-        'kind = "systemd-user"\n'
-        "\n"
-        "[defaults]\n"
-        'host = "local"\n'
-        f"binary = {q(str(binary))}\n"
-        f"model = {q(str(model))}\n"
-        "context = 2048\n"
-        "parallel = 1\n"
-        "threads = 2\n"
-        "metrics = true\n"
-    )
-
-
 def config_text(binary: Path, models: DemoModels, ports: dict[str, int]) -> str:
     """The demo's llamanix.toml: the target twice, the second drafting with the draft."""
     q = json.dumps
     return (
-        "# Written by llamanix demo.\n" + _common(binary, models.target) + "\n"
+        "# Written by llamanix demo.\n" + real_text.local_host(binary, models.target, 2048) + "\n"
         "[instances.plain]\n"
         f"port = {ports['plain']}\n"
         "\n"
@@ -199,7 +182,7 @@ def deploy_config_text(binary: Path, models: DemoModels, ports: dict[str, int]) 
     and ``prose``). One ``up`` serves them all; the idle ones cost nothing."""
     text = (
         "# Written by llamanix demo: the deploy loop, run by `llamanix up`.\n"
-        + _common(binary, models.target)
+        + real_text.local_host(binary, models.target, 2048)
         + "\n"
         "[instances.chat]\n"
         f"port = {ports['chat']}\n"

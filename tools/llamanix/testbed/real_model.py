@@ -42,7 +42,7 @@ from pathlib import Path
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
 from llamanix.external import pip
 from llamanix.external.files import atomic_write, locked
-from llamanix.testbed.server_build import cache_root
+from llamanix.testbed.server_build import cache_root, sha256_of
 
 SOURCE = "llamanix fetch-model"
 MODEL_ENV = "LLAMANIX_REAL_MODEL"
@@ -120,14 +120,6 @@ class ModelLayout:
 
 def default_layout(cache: Path | None = None) -> ModelLayout:
     return ModelLayout((cache or cache_root()) / "models" / MODEL_NAME)
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def cached(layout: ModelLayout) -> bool:

@@ -31,11 +31,11 @@ from rapidfuzz.distance import Levenshtein
 
 from llamanix.core.config import Config, parse_config
 from llamanix.core.errors import UserError
-from llamanix.measure.bench import run_bench
-from llamanix.measure.bench_results import BenchSettings, RunResult
-from llamanix.measure.interval import MIN_SAMPLES, RatioInterval, paired_ratio_interval
-from llamanix.measure.prompts import Prompt, load_prompts, warmup_prompt
+from llamanix.measure.bench_results import RunResult
+from llamanix.measure.interval import RatioInterval, paired_speedup
+from llamanix.measure.prompts import Prompt, load_prompts
 from llamanix.measure.server_process import LlamaServer, free_port
+from llamanix.measure.workloads import run_interleaved as interleaved
 from llamanix.render.units import render_host
 
 HOST = "local"
@@ -69,24 +69,33 @@ def instance_name(spec: Speculation) -> str:
     return spec.name.replace("+", "-then-")
 
 
+def local_host(binary: Path, model: Path, context: int, parallel: int = 1) -> str:
+    """The start of a test-bed llamanix.toml: host ``local`` (user units) and the defaults
+    every instance of it shares (the binary, a model, the threads of this 2-core machine,
+    /metrics on)."""
+    q = json.dumps  # a JSON string is a valid TOML basic string
+    return (
+        f"[hosts.{HOST}]\n"
+        'kind = "systemd-user"\n'
+        "\n"
+        "[defaults]\n"
+        f'host = "{HOST}"\n'
+        f"binary = {q(str(binary))}\n"
+        f"model = {q(str(model))}\n"
+        f"context = {context}\n"
+        f"parallel = {parallel}\n"
+        f"threads = {THREADS}\n"
+        "metrics = true\n"
+    )
+
+
 def config_text(
     binary: Path, model: Path, ports: Mapping[Speculation, int], parallel: int = 1
 ) -> str:
     """A llamanix.toml serving ``model`` once per speculation, each on its own port."""
     q = json.dumps  # a JSON string is a valid TOML basic string
-    text = (
-        "# Written by llamanix: the real model, plain and self-speculating.\n"
-        "[hosts.local]\n"
-        'kind = "systemd-user"\n'
-        "\n"
-        "[defaults]\n"
-        'host = "local"\n'
-        f"binary = {q(str(binary))}\n"
-        f"model = {q(str(model))}\n"
-        f"context = {CONTEXT_PER_SLOT * parallel}\n"
-        f"parallel = {parallel}\n"
-        f"threads = {THREADS}\n"
-        "metrics = true\n"
+    text = "# Written by llamanix: the real model, plain and self-speculating.\n" + local_host(
+        binary, model, CONTEXT_PER_SLOT * parallel, parallel
     )
     for spec, port in ports.items():
         text += f"\n[instances.{instance_name(spec)}]\nport = {port}\n"
@@ -158,25 +167,14 @@ def _prompt_run(prompt: Prompt, run: RunResult) -> PromptRun:
 def run_interleaved(
     urls: Mapping[Speculation, str], prompts: Sequence[Prompt], tokens: int
 ) -> dict[Speculation, list[PromptRun]]:
-    """Every prompt once on every server, prompt by prompt: one server after the other on the
-    same prompt (starting with another server each time), so what the machine does over the
-    minutes of a run (other load, clock speed: this VM drifts by 15% within a minute) falls
-    on all of them alike. One warm-up request each first, on another text: ngram-mod would
-    remember a measured prompt's answer. Streamed, temperature 0, cold cache, one request at
-    a time (the servers are idle but for the one answering)."""
-    servers = list(urls)
-    settings = {
-        s: BenchSettings(url=u, max_tokens=(tokens,), runs=1, warmup=0, label=s.name)
-        for s, u in urls.items()
+    """Every prompt once on every server, interleaved (``workloads.run_interleaved``: this VM
+    drifts by 15% within a minute, and interleaving makes the drift fall on all alike)."""
+    specs = list(urls)
+    runs = interleaved(list(urls.values()), prompts, tokens)
+    return {
+        spec: [_prompt_run(p, run) for p, run in zip(prompts, mine, strict=True)]
+        for spec, mine in zip(specs, runs, strict=True)
     }
-    for spec in servers:
-        run_bench(settings[spec], [warmup_prompt(prompts[0])])
-    out: dict[Speculation, list[PromptRun]] = {s: [] for s in servers}
-    for i, prompt in enumerate(prompts):
-        for spec in servers[i % len(servers) :] + servers[: i % len(servers)]:
-            result = run_bench(settings[spec], [prompt])
-            out[spec].append(_prompt_run(prompt, result.runs[0]))
-    return out
 
 
 @contextlib.contextmanager
@@ -231,12 +229,8 @@ def compare(
     for workload in dict.fromkeys(r.workload for r in runs):
         mine = [r for r in runs if r.workload == workload]
         pairs = [(base[r.prompt], r) for r in mine if r.prompt in base]
-        rates = [(b.decode_tok_s, c.decode_tok_s) for b, c in pairs]
-        rated = [(b, c) for b, c in rates if b and c]
-        speedup = (
-            paired_ratio_interval([b for b, _ in rated], [c for _, c in rated])
-            if len(rated) >= MIN_SAMPLES
-            else None
+        speedup = paired_speedup(
+            [b.decode_tok_s for b, _ in pairs], [c.decode_tok_s for _, c in pairs]
         )
         differ = [Levenshtein.distance(b.text, c.text) for b, c in pairs if b.text != c.text]
         rows.append(
