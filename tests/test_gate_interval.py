@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from test_deploy_e2e import DEADLINE_S, llamanix, serving, settled_files
 
-from llamanix.deploy.gate import BASELINE_RUNS, BENCH_RUNS, Baseline, BaselineRecord, resolve
+from llamanix.deploy.gate import BASELINE_RUNS, BENCH_RUNS, resolve
+from llamanix.deploy.gate_records import Baseline, BaselineRecord
 from llamanix.measure.interval import (
     MIN_SAMPLES,
     RatioInterval,

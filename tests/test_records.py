@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from llamanix.cli import main
-from llamanix.deploy.gate import Baseline, BaselineRecord, BenchVerdict, GateResult
+from llamanix.deploy.gate_records import Baseline, BaselineRecord, BenchVerdict, GateResult
 from llamanix.deploy.generations import (
     GateRecord,
     GenerationRecord,

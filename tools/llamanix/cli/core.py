@@ -21,9 +21,10 @@ from llamanix.core.config import Config, load_config
 from llamanix.core.errors import Problem, UserError
 from llamanix.core.probe import Capabilities, load_capabilities
 from llamanix.core.probe_diff import probe_diff
+from llamanix.deploy.host_render import render_host
 from llamanix.deploy.plan import plan_config, unseen
 from llamanix.external.llama_server import probe_binary
-from llamanix.render.units import CapabilityMap, pick_host, render_host, write_render
+from llamanix.render.units import CapabilityMap, write_render
 
 FC = TypeVar("FC", bound=Callable[..., Any])
 CONFIG = click.argument("config", type=click.Path(path_type=Path, dir_okay=False))
@@ -234,15 +235,7 @@ def render(
 ) -> None:
     """Write llamanix-NAME.service, NAME.argv.json and manifest.json for a host."""
     cfg = load_config(config)
-    from llamanix.deploy.plan import member_vram
-
-    result = render_host(
-        cfg,
-        host,
-        _load_caps(capabilities),
-        user=True if user else None,
-        vram=member_vram(cfg, pick_host(cfg, host)),
-    )
+    result = render_host(cfg, host, _load_caps(capabilities), user=True if user else None)
     for inst in result.instances:
         for warning in inst.warnings:
             click.echo(f"warning: {inst.name}: {warning}", err=True)

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -20,14 +23,17 @@ from llamanix.cli.options import (
     timeout_option,
 )
 from llamanix.core.config import load_config
+from llamanix.core.errors import UserError
+from llamanix.core.host_choice import HostChoiceError, pick_host
 from llamanix.deploy import managers
 from llamanix.deploy import pin as pin_module
 from llamanix.deploy import switch as deploy
-from llamanix.deploy.gate import ACTIONS, DEFAULT_MAX_RUNS, GATES, GateKind
+from llamanix.deploy.gate import DEFAULT_MAX_RUNS
+from llamanix.deploy.gate_records import ACTIONS, GATES, GateKind
 from llamanix.deploy.generations import MANAGERS, GenerationRecord, HostState, ManagerKind
+from llamanix.deploy.host_render import render_host
 from llamanix.deploy.supervisor import DEFAULT_START_TIMEOUT_S, Supervisor
 from llamanix.external.process import Runner
-from llamanix.render.units import pick_host, render_host
 
 CONFIG_PATH = click.Path(path_type=Path, dir_okay=False)
 
@@ -39,6 +45,17 @@ def _echo(line: str) -> None:
 def _echo_err(line: str) -> None:
     """Progress lines while stdout carries JSON."""
     click.echo(line, err=True)
+
+
+@contextmanager
+def _host_flag(host: str | None) -> Iterator[None]:
+    """The config's "which host?" error, with the flag that answers it when none was named."""
+    try:
+        yield
+    except HostChoiceError as err:
+        if host is not None:
+            raise
+        raise UserError([replace(p, fix=f"{p.fix} with --host") for p in err.problems]) from None
 
 
 # switch and rollback: how long each instance may take to become healthy.
@@ -103,7 +120,8 @@ def up(
     command line changed are restarted. Ctrl-C (or SIGTERM) stops them all.
     """
     cfg = load_config(config)
-    name = pick_host(cfg, host)
+    with _host_flag(host):
+        name = pick_host(cfg, host)
     managers.refuse_router_under_up(cfg, name)
     directory = units_dir or HostState.beside(config, name).root / "up"
     timeout_s = deprecated(timeout_s, start_timeout, "--start-timeout", "--timeout")
@@ -194,8 +212,6 @@ def switch(
     generation, and each gated instance's result (the bench gate's runs, baseline, interval,
     threshold and decision included).
     """
-    if host is None:
-        host = pick_host(load_config(config), None)
     opts = deploy.SwitchOptions(
         sets=sets,
         gate=gate,
@@ -210,10 +226,11 @@ def switch(
         gate_prompts=gate_prompts,
     )
     echo = _echo_err if as_json else _echo
-    outcomes = deploy.switch(config, host, opts, Runner(dry_run=dry_run, echo=echo), echo)
+    with _host_flag(host):
+        outcomes = deploy.switch(config, host, opts, Runner(dry_run=dry_run, echo=echo), echo)
     if as_json:
         click.echo(json.dumps([o.to_json() for o in outcomes], indent=2))
-    elif len(outcomes) > 1 or host == "all":
+    elif len(outcomes) > 1 or host == deploy.ALL_HOSTS:
         table = Table(title="switch summary")
         for column in ("host", "result", "generation", "changed", "detail"):
             table.add_column(column)
@@ -256,17 +273,18 @@ def rollback(
     units_dir: Path | None,
 ) -> None:
     """Serve an earlier generation again (and put its config back)."""
-    gen = deploy.rollback(
-        config,
-        host,
-        to,
-        Runner(dry_run=dry_run, echo=_echo),
-        _echo,
-        manager,
-        units_dir,
-        timeout_s,
-        wait_s,
-    )
+    with _host_flag(host):
+        gen = deploy.rollback(
+            config,
+            host,
+            to,
+            Runner(dry_run=dry_run, echo=_echo),
+            _echo,
+            manager,
+            units_dir,
+            timeout_s,
+            wait_s,
+        )
     if not dry_run:
         click.echo(f"now serving generation {gen.number}")
 
@@ -280,7 +298,8 @@ def rollback(
 def generations(config: Path, host: str | None, as_json: bool) -> None:
     """List a host's generations: date, variant and source revision per instance, gate."""
     cfg = load_config(config)
-    state = HostState.beside(config, pick_host(cfg, host))
+    with _host_flag(host):
+        state = HostState.beside(config, pick_host(cfg, host))
     current = state.current()
     now = managers.not_serving_now(cfg, state.host, state)
     rows: list[tuple[int, bool, GenerationRecord, dict[str, str]]] = []

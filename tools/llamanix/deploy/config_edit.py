@@ -1,10 +1,13 @@
-"""Edits of llamanix.toml: ``--set KEY=VALUE`` applied with tomlkit (comments and layout kept),
-and the parse of an edited text before anything is written."""
+"""Edits of llamanix.toml: the one read of the file a switch or rollback makes, ``--set
+KEY=VALUE`` applied with tomlkit (comments and layout kept), and the parse of an edited text
+before anything is written."""
 
 from __future__ import annotations
 
 import json
+import os
 import tomllib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -83,14 +86,50 @@ def parse_text(path: Path, text: str) -> Config:
     return parse_config(data, str(path))
 
 
-def read_config_text(path: Path) -> str:
+# What identifies one state of a file without reading it: device, inode, size, and the
+# modification and change times in nanoseconds.
+FileStamp = tuple[int, int, int, int, int]
+
+
+def _stamp(path: Path) -> FileStamp:
+    st = os.stat(path)
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+@dataclass(frozen=True)
+class ConfigText:
+    """The config file's text as one read found it, and the file's stamp at that read."""
+
+    path: Path
+    text: str
+    stamp: FileStamp
+
+    def unchanged(self) -> bool:
+        """Whether the file still holds ``text``. llamanix writes a config only by an atomic
+        rename (a new inode), so a switch or rollback that wrote it since always shows; an
+        editor's write in place changes the size or the times."""
+        try:
+            return _stamp(self.path) == self.stamp
+        except OSError:
+            return False
+
+
+def read_config(path: Path) -> ConfigText:
+    """The one read of the config file that a switch or rollback makes."""
     try:
-        return path.read_text()
+        # The stamp first: a write between the two then reads as a change (a second read),
+        # never as a text that is not the file's.
+        stamp = _stamp(path)
+        text = path.read_text()
     except FileNotFoundError:
         raise UserError(Problem(str(path), "", "no such file", "check the path")) from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as err:
+        raise UserError(Problem(str(path), "", f"cannot read: {err}")) from None
+    return ConfigText(path, text, stamp)
 
 
 def lenient_parse(path: Path, text: str) -> Config | None:
+    """``text`` parsed as the config at ``path``; None where it is not valid."""
     try:
         return parse_text(path, text)
     except UserError:

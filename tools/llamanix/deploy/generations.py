@@ -35,7 +35,7 @@ from typing import Literal, get_args
 from llamanix.core import json_fields as jf
 from llamanix.core.errors import Problem, UserError
 from llamanix.deploy.crash_point import crash_point
-from llamanix.deploy.gate import GATES, BaselineRecord, GateKind, GateResult
+from llamanix.deploy.gate_records import GATES, BaselineRecord, GateKind, GateResult
 from llamanix.external.clock import now
 from llamanix.external.files import atomic_write
 from llamanix.render.manifest import ManifestInstance

@@ -10,22 +10,18 @@ from llamanix.core.address import is_loopback
 from llamanix.core.config import Config, Host, Instance
 from llamanix.core.drift import WHOLE, FieldDrift, drift_report
 from llamanix.core.errors import Problem, UserError
+from llamanix.core.host_choice import pick_host
 from llamanix.core.probe_diff import flip_warning, probe_diff
 from llamanix.core.residency import plan_residency
 from llamanix.core.variants import VARIANTS
+from llamanix.deploy.host_render import instance_budget, member_vram, render_host
 from llamanix.external import systemd_analyze
 from llamanix.external.files import atomic_write
 from llamanix.external.nix import locked_revisions
 from llamanix.measure.gguf_header import has_chat_template
 from llamanix.render.manifest import Render
 from llamanix.render.paths import unseen_paths
-from llamanix.render.units import (
-    CapabilityMap,
-    capabilities_for,
-    member_entries,
-    pick_host,
-    render_host,
-)
+from llamanix.render.units import CapabilityMap, capabilities_for, member_entries
 
 
 def speculative_summary(inst: Instance) -> str:
@@ -82,23 +78,13 @@ def fit_and_ceiling(inst: Instance, host: Host) -> dict[str, Any] | None:
     if host.gpu is None:
         return None
     from llamanix.core.gpus import load_gpus
-    from llamanix.measure.ceiling import decode_ceiling_tok_s, gpu_memory_bytes, vram_breakdown
-    from llamanix.measure.gguf_info import read_gguf
+    from llamanix.measure.ceiling import decode_ceiling_tok_s, gpu_memory_bytes
 
     gpu = load_gpus()[host.gpu]
     try:
-        model = read_gguf(Path(inst.model))
-        draft = (
-            read_gguf(Path(inst.speculative.draft_model))
-            if inst.speculative.draft_model and inst.speculative.enabled
-            else None
-        )
+        model, budget = instance_budget(inst)
     except UserError as err:
         return {"gpu": gpu.name, "error": str(err.problems[0])}
-    context = inst.context or model.context_length or 4096
-    budget = vram_breakdown(
-        model, draft, context, inst.parallel or 1, inst.cache_type_k, inst.cache_type_v
-    )
     memory = gpu_memory_bytes(gpu)
     return {
         "gpu": gpu.name,
@@ -164,19 +150,6 @@ def _drift(
     if before is None or after is None:
         return None
     return list(drift_report(config, before, after, (name,)).instances[0].fields)
-
-
-def member_vram(config: Config, host: str) -> dict[str, int | None] | None:
-    """Each router member's VRAM need where its model is readable here (None otherwise), for
-    the router's residency; None when the host has no router or no GPU table entry."""
-    router = config.hosts[host].router
-    if router is None or config.hosts[host].gpu is None:
-        return None
-    out: dict[str, int | None] = {}
-    for name in router.members:
-        fit = fit_and_ceiling(config.instances[name], config.hosts[host])
-        out[name] = None if fit is None or "error" in fit else int(fit["vram_bytes"])
-    return out
 
 
 def _router_plan(config: Config, host: str) -> dict[str, Any] | None:
@@ -261,7 +234,7 @@ def plan_config(
     out: dict[str, Any] = {"config": config.source, "hosts": {}}
     with tempfile.TemporaryDirectory(prefix="llamanix-plan-") as tmp:
         for name in hosts:
-            render = render_host(config, name, caps, vram=member_vram(config, name))
+            render = render_host(config, name, caps)
             exposures = _exposures(render, Path(tmp)) if measure else {}
             rows = []
             for r in (*render.instances, *member_entries(config, render, caps)):

@@ -10,37 +10,47 @@ before the switch reports failure (exit 1).
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Protocol, TypeVar
 
 from llamanix.core.address import connect_url, is_loopback, is_wildcard, url_host
 from llamanix.core.api_key import key_if_readable
 from llamanix.core.config import Config, Router, suggest
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
+from llamanix.core.host_choice import pick_host
 from llamanix.core.probe import commit_of
 from llamanix.core.variants import VARIANTS
-from llamanix.deploy.config_edit import apply_sets, lenient_parse, parse_text, read_config_text
+from llamanix.deploy.config_edit import (
+    ConfigText,
+    apply_sets,
+    lenient_parse,
+    parse_text,
+    read_config,
+)
 from llamanix.deploy.crash_point import crash_point
 from llamanix.deploy.gate import (
-    ACTIONS,
     BENCH_RUNS,
-    DEFAULT_GATE_PROMPTS,
     DEFAULT_MAX_RUNS,
+    GatePrompts,
+    GateTarget,
+    Thresholds,
+    measure_baseline,
+    run_gate,
+)
+from llamanix.deploy.gate_records import (
+    ACTIONS,
+    DEFAULT_GATE_PROMPTS,
     GATES,
     Action,
     Baseline,
     BaselineRecord,
     GateKind,
-    GatePrompts,
     GateResult,
-    GateTarget,
-    Thresholds,
-    measure_baseline,
-    run_gate,
 )
 from llamanix.deploy.generations import (
     GateRecord,
@@ -51,6 +61,7 @@ from llamanix.deploy.generations import (
     RollbackRecord,
 )
 from llamanix.deploy.host_lock import host_lock
+from llamanix.deploy.host_render import render_host
 from llamanix.deploy.managers import (
     Manager,
     diff_files,
@@ -66,10 +77,12 @@ from llamanix.external.files import atomic_write
 from llamanix.external.llama_server import binary_version_line
 from llamanix.external.process import Runner
 from llamanix.render.manifest import Render, RenderedInstance
-from llamanix.render.units import ROUTER, pick_host, render_host
+from llamanix.render.units import ROUTER
 
 # What a switch did on one host.
 Outcome = Literal["passed", "failed", "unchanged", "dry-run"]
+# switch's host that means every host of the config, in config order.
+ALL_HOSTS = "all"
 Echo = Callable[[str], None]
 
 
@@ -287,9 +300,50 @@ def _check_serving(
     return all(r.passed for r in results), results
 
 
+@dataclass(frozen=True)
+class SwitchRequest:
+    """One switch as read: the config file, the text with --set applied and its parse, the
+    hosts it switches (in config order) and the options. Made once, with the hosts' locks held
+    (see ``_read_locked``); every stage takes what it needs from here, so nothing reads or parses
+    the config again."""
+
+    source: ConfigText  # the file as read: the text a failed gate puts back
+    new_text: str
+    config: Config  # new_text, parsed
+    hosts: tuple[str, ...]
+    opts: SwitchOptions
+    gate: GateKind
+
+    @staticmethod
+    def read(path: Path, host: str | None, opts: SwitchOptions) -> SwitchRequest:
+        """Read the file, apply --set and parse (every value checked before anything is
+        written); ``host``: a name, ``all``, or None for the config's only host."""
+        source = read_config(path)
+        new_text = apply_sets(path, source.text, opts.sets)
+        config = parse_text(path, new_text)
+        hosts = tuple(config.hosts) if host == ALL_HOSTS else (pick_host(config, host),)
+        return SwitchRequest(source, new_text, config, hosts, opts, opts.gate_kind(str(path)))
+
+    @property
+    def path(self) -> Path:
+        return self.source.path
+
+    @property
+    def old_text(self) -> str:
+        return self.source.text
+
+    @functools.cached_property
+    def old_config(self) -> Config | None:
+        """The config before --set, for the instances it ran (a baseline measured on them, and
+        whether they serve again after a failed gate): the one parse when --set changed
+        nothing, else that text parsed on first use; None when it is not valid."""
+        if self.old_text == self.new_text:
+            return self.config
+        return lenient_parse(self.path, self.old_text)
+
+
 def _bench_baselines(
-    path: Path,
-    old_text: str,
+    request: SwitchRequest,
     host: str,
     names: list[str],
     state: HostState,
@@ -299,7 +353,7 @@ def _bench_baselines(
     """Each changed instance's --max-regression baseline: measured now on the instance still
     serving (same machine, moments before the candidate), else the last good bench's runs
     of the same prompts."""
-    old_config = lenient_parse(path, old_text)
+    old_config = request.old_config
     found: dict[str, Baseline] = {}
     for name in names:
         old = old_config.instances.get(name) if old_config else None
@@ -324,11 +378,8 @@ def _bench_baselines(
 class _HostSwitch:
     """One host's switch, rendered and compared with what runs: what each stage works on."""
 
-    path: Path
+    request: SwitchRequest
     host: str
-    config: Config
-    gate: GateKind
-    opts: SwitchOptions
     runner: Runner
     echo: Echo
     state: HostState
@@ -342,33 +393,54 @@ class _HostSwitch:
     changed: list[str]
     removed: list[str]
     file_text: str  # the config file as it is now
-    old_text: str
-    new_text: str
+
+    @property
+    def path(self) -> Path:
+        return self.request.path
+
+    @property
+    def config(self) -> Config:
+        return self.request.config
+
+    @property
+    def gate(self) -> GateKind:
+        return self.request.gate
+
+    @property
+    def opts(self) -> SwitchOptions:
+        return self.request.opts
+
+    @property
+    def old_text(self) -> str:
+        return self.request.old_text
+
+    @property
+    def new_text(self) -> str:
+        return self.request.new_text
 
 
 def switch_host(
-    path: Path,
+    request: SwitchRequest,
     host: str,
-    old_text: str,
-    new_text: str,
-    opts: SwitchOptions,
+    file_text: str,
     runner: Runner,
     echo: Echo,
     restore_config: bool = True,
 ) -> HostOutcome:
     """Switch one host: render and compare, record the generation and write the config,
-    activate and gate, then keep the generation or restore the previous one."""
-    sw = _prepare(path, host, old_text, new_text, opts, runner, echo)
-    if not sw.changed and not sw.removed and sw.file_text == new_text:
+    activate and gate, then keep the generation or restore the previous one. ``file_text``:
+    what the config file holds now (the new text once an earlier host's switch wrote it)."""
+    sw = _prepare(request, host, file_text, runner, echo)
+    if not sw.changed and not sw.removed and sw.file_text == sw.new_text:
         echo(f"{sw.host}: nothing changed")
         return HostOutcome(sw.host, "unchanged", sw.current.number if sw.current else None)
     echo(f"{sw.host}: switching {', '.join(sw.changed) or '(removals only)'} via {sw.manager.name}")
     if runner.dry_run:
         return _dry_run(sw)
     baselines: dict[str, Baseline] = {}
-    if sw.gate == "bench" and opts.max_regression is not None:
+    if sw.gate == "bench" and sw.opts.max_regression is not None:
         baselines = _bench_baselines(
-            path, old_text, sw.host, sw.changed, sw.state, echo, opts.bench_prompts()
+            request, sw.host, sw.changed, sw.state, echo, sw.opts.bench_prompts()
         )
     gen = _stage(sw)
     results, activated = _activate_and_gate(sw, baselines)
@@ -380,30 +452,16 @@ def switch_host(
 
 
 def _prepare(
-    path: Path,
-    host: str,
-    old_text: str,
-    new_text: str,
-    opts: SwitchOptions,
-    runner: Runner,
-    echo: Echo,
+    request: SwitchRequest, host: str, file_text: str, runner: Runner, echo: Echo
 ) -> _HostSwitch:
     """Render the new config and compare it with what the host runs; writes nothing."""
-    config = parse_text(path, new_text)
-    host = pick_host(config, host)
-    gate = opts.gate_kind(str(path))
-    state = HostState.beside(path, host)
+    config, opts = request.config, request.opts
+    state = HostState.beside(request.path, host)
     manager = make_manager(config, host, state, opts.manager, opts.units_dir)
     if manager.name == "up":
         refuse_router_under_up(config, host)
     manager.preflight(runner)
-    from llamanix.deploy.plan import member_vram
-
-    render = with_source_revisions(
-        render_host(config, host, vram=member_vram(config, host)),
-        config,
-        manager.runs_flake_packages,
-    )
+    render = with_source_revisions(render_host(config, host), config, manager.runs_flake_packages)
     new_files = render.files()
     current = state.current()
     old_files = current.files() if current else manager.installed()
@@ -413,11 +471,8 @@ def _prepare(
     )
     changed = sorted(set(changed) | (set(drifted) & set(render.names())))
     return _HostSwitch(
-        path=path,
+        request=request,
         host=host,
-        config=config,
-        gate=gate,
-        opts=opts,
         runner=runner,
         echo=echo,
         state=state,
@@ -428,9 +483,7 @@ def _prepare(
         activate_from=activate_from,
         changed=changed,
         removed=removed,
-        file_text=read_config_text(path),
-        old_text=old_text,
-        new_text=new_text,
+        file_text=file_text,
     )
 
 
@@ -522,7 +575,7 @@ def _restore(
         f"{sw.host}: gate failed; restoring generation "
         f"{restored.number if restored else 'none (nothing was installed)'}"
     )
-    if restore_config and read_config_text(sw.path) != sw.old_text:
+    if restore_config and sw.new_text != sw.old_text:  # _stage left the new text there
         atomic_write(sw.path, sw.old_text)
     if sw.manager.failed_activation_changes_nothing and not activated:
         detail = (
@@ -534,14 +587,12 @@ def _restore(
     # Only what was installed before can serve again: an instance the failed generation
     # added (every instance, on a first switch) has nothing to wait for.
     was_installed = served_names(sw.old_files)
+    to_serve = sorted(n for n in set(sw.changed) | set(sw.removed) if n in was_installed)
     try:
         sw.manager.restore(sw.runner, sw.old_files, sw.new_files, sw.opts.timeout_s)
-        serving, _ = _check_serving(
-            lenient_parse(sw.path, sw.old_text),
-            sorted(n for n in set(sw.changed) | set(sw.removed) if n in was_installed),
-            sw.opts.timeout_s,
-            sw.echo,
-        )
+        # The config before --set is parsed only when something is to serve again.
+        old_config = sw.request.old_config if to_serve else None
+        serving, _ = _check_serving(old_config, to_serve, sw.opts.timeout_s, sw.echo)
     except ExternalCommandError as err:
         sw.echo(f"  restore failed: {err}")
         serving = False
@@ -560,46 +611,81 @@ def _recover(state: HostState, echo: Echo) -> None:
         echo(f"{state.host}: {note}")
 
 
-def switch(
-    path: Path, host: str, opts: SwitchOptions, runner: Runner, echo: Echo
-) -> list[HostOutcome]:
-    """Switch one host, or every host in order (``all``), stopping at the first failure.
+class _Request(Protocol):
+    """What ``_read_locked`` needs of a request: the file as read, and the hosts to lock."""
 
-    Each host's lock is held for the whole switch, config read included (--wait: how long to
-    wait for another switch, rollback or pin to finish); a dry run changes nothing and locks
-    nothing."""
+    @property
+    def source(self) -> ConfigText: ...
+
+    @property
+    def hosts(self) -> tuple[str, ...]: ...
+
+
+_R = TypeVar("_R", bound=_Request)
+
+
+def _read_locked(
+    read: Callable[[], _R], locks: ExitStack, wait_s: float, command: str, echo: Echo
+) -> _R:
+    """The request, read once, with its hosts' locks held (in ``locks``) and what a killed
+    command left tidied.
+
+    Which locks to take follows from the config (``all``, or its only host when none is
+    named), so the request is read before them: with the locks held, the file's stamp says
+    whether it still holds the text read, and only when another command wrote it meanwhile
+    (the switch a --wait waited for) is it read again, its hosts' locks taken anew. So an
+    uncontended switch or rollback reads and parses the config once, and none works from a
+    text the file no longer holds once the locks are held.
+    """
+    request = read()
+    locked: tuple[str, ...] = ()
+    while True:
+        if request.hosts != locked:
+            locks.close()
+            path = request.source.path
+            for name in request.hosts:  # always in config order, so two callers cannot deadlock
+                state = HostState.beside(path, name)
+                locks.enter_context(
+                    host_lock(state.root, f"host {name}", str(path), wait_s, command=command)
+                )
+                _recover(state, echo)
+            locked = request.hosts
+        if request.source.unchanged():
+            return request
+        request = read()
+
+
+def switch(
+    path: Path, host: str | None, opts: SwitchOptions, runner: Runner, echo: Echo
+) -> list[HostOutcome]:
+    """Switch one host (None: the config's only one), or every host in order (``all``),
+    stopping at the first failure.
+
+    Each host's lock is held for the whole switch (--wait: how long to wait for another
+    switch, rollback or pin to finish), the config read under it (see ``_read_locked``); a dry
+    run changes nothing and locks nothing."""
     opts.gate_kind(str(path))  # bad options: one line before anything is read or locked
     if runner.dry_run:
-        return _switch_locked(path, host, opts, runner, echo)
-    first = parse_text(path, apply_sets(path, read_config_text(path), opts.sets))
-    names = list(first.hosts) if host == "all" else [pick_host(first, host)]
+        return _switch_hosts(SwitchRequest.read(path, host, opts), runner, echo)
     with ExitStack() as locks:
-        for name in names:  # always in config order, so two callers cannot deadlock
-            state = HostState.beside(path, name)
-            locks.enter_context(host_lock(state.root, f"host {name}", str(path), opts.wait_s))
-            _recover(state, echo)
-        return _switch_locked(path, host, opts, runner, echo)
-
-
-def _switch_locked(
-    path: Path, host: str, opts: SwitchOptions, runner: Runner, echo: Echo
-) -> list[HostOutcome]:
-    old_text = read_config_text(path)
-    new_text = apply_sets(path, old_text, opts.sets)
-    config = parse_text(path, new_text)  # every --set value checked before anything is written
-    opts.gate_kind(str(path))
-    hosts = list(config.hosts) if host == "all" else [pick_host(config, host)]
-    outcomes: list[HostOutcome] = []
-    for name in hosts:
-        first = not any(o.result == "passed" for o in outcomes)
-        outcome = switch_host(
-            path, name, old_text, new_text, opts, runner, echo, restore_config=first
+        request = _read_locked(
+            lambda: SwitchRequest.read(path, host, opts), locks, opts.wait_s, "switch", echo
         )
+        return _switch_hosts(request, runner, echo)
+
+
+def _switch_hosts(request: SwitchRequest, runner: Runner, echo: Echo) -> list[HostOutcome]:
+    outcomes: list[HostOutcome] = []
+    for name in request.hosts:
+        first = not any(o.result == "passed" for o in outcomes)
+        # The file holds the text read until a host's switch passes with the new one.
+        file_text = request.old_text if first else request.new_text
+        outcome = switch_host(request, name, file_text, runner, echo, restore_config=first)
         outcomes.append(outcome)
         if not outcome.ok:
             if not first:
                 echo(
-                    f"note: {path} keeps the change: hosts "
+                    f"note: {request.path} keeps the change: hosts "
                     f"{', '.join(o.host for o in outcomes if o.result == 'passed')} run it; "
                     f"fix it and switch {name} again"
                 )
@@ -608,6 +694,48 @@ def _switch_locked(
 
 
 # --- rollback --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RollbackRequest:
+    """One rollback as read: the config file, its parse, the host and the options. Made once,
+    with the host's lock held (see ``_read_locked``)."""
+
+    source: ConfigText
+    config: Config
+    host: str
+    to: int | None
+    manager: ManagerKind | None
+    units_dir: Path | None
+    timeout_s: float
+
+    @staticmethod
+    def read(
+        path: Path,
+        host: str | None,
+        to: int | None,
+        manager: ManagerKind | None,
+        units_dir: Path | None,
+        timeout_s: float,
+    ) -> RollbackRequest:
+        source = read_config(path)
+        config = parse_text(path, source.text)
+        return RollbackRequest(
+            source, config, pick_host(config, host), to, manager, units_dir, timeout_s
+        )
+
+    @property
+    def hosts(self) -> tuple[str, ...]:
+        return (self.host,)
+
+    @property
+    def path(self) -> Path:
+        return self.source.path
+
+    def config_of(self, text: str) -> Config | None:
+        """A generation's config: the parse already made when it is the file's text, else
+        ``text`` parsed (None when it is not valid)."""
+        return self.config if text == self.source.text else lenient_parse(self.path, text)
 
 
 def rollback(
@@ -621,36 +749,22 @@ def rollback(
     timeout_s: float = 120.0,
     wait_s: float = 0.0,
 ) -> Generation:
-    config = parse_text(path, read_config_text(path))
-    name = pick_host(config, host)
-    state = HostState.beside(path, name)
+    def read() -> RollbackRequest:
+        return RollbackRequest.read(path, host, to, manager_name, units_dir, timeout_s)
+
     if runner.dry_run:
-        return _rollback_locked(
-            path, name, state, to, runner, echo, manager_name, units_dir, timeout_s
-        )
-    with host_lock(state.root, f"host {name}", str(path), wait_s, command="rollback"):
-        _recover(state, echo)
-        return _rollback_locked(
-            path, name, state, to, runner, echo, manager_name, units_dir, timeout_s
-        )
+        return _rollback(read(), runner, echo)
+    with ExitStack() as locks:
+        return _rollback(_read_locked(read, locks, wait_s, "rollback", echo), runner, echo)
 
 
-def _rollback_locked(
-    path: Path,
-    name: str,
-    state: HostState,
-    to: int | None,
-    runner: Runner,
-    echo: Echo,
-    manager_name: ManagerKind | None,
-    units_dir: Path | None,
-    timeout_s: float,
-) -> Generation:
-    config = parse_text(path, read_config_text(path))
+def _rollback(request: RollbackRequest, runner: Runner, echo: Echo) -> Generation:
+    path, name, timeout_s = request.path, request.host, request.timeout_s
+    state = HostState.beside(path, name)
     current = state.current()
     found = (
-        state.get(to)
-        if to is not None
+        state.get(request.to)
+        if request.to is not None
         else state.previous_good(current.number if current else 1 << 30)
     )
     if found is None:
@@ -663,20 +777,21 @@ def _rollback_locked(
             )
         )
     target = found
-    manager = make_manager(config, name, state, manager_name, units_dir)
+    manager = make_manager(request.config, name, state, request.manager, request.units_dir)
     manager.preflight(runner)
     new_files = target.files()
     old_files = current.files() if current else manager.installed()
     old_files, _ = _as_installed(manager, old_files, new_files)
     snapshot = target.config_snapshot()
+    snapshot_text = snapshot.read_text() if snapshot is not None else None
     echo(f"{name}: rolling back to generation {target.number} via {manager.name}")
     if runner.dry_run:
-        if snapshot is not None:
+        if snapshot_text is not None:
             runner.note(f"write {path}")
-    elif snapshot is not None:
-        atomic_write(path, snapshot.read_text())
+    elif snapshot_text is not None:
+        atomic_write(path, snapshot_text)
         crash_point("rollback:config-written")
-    if manager.restores_the_previous_generation and to is None:
+    if manager.restores_the_previous_generation and request.to is None:
         manager.restore(runner, new_files, old_files, timeout_s)
     else:
         failed = manager.activate(runner, new_files, old_files, timeout_s)
@@ -686,7 +801,8 @@ def _rollback_locked(
     if runner.dry_run:
         return target
     changed, _ = diff_files(new_files, old_files)
-    target_config = lenient_parse(path, snapshot.read_text()) if snapshot else None
+    # The generation's config is parsed only when an instance changed (to reach it).
+    target_config = request.config_of(snapshot_text) if snapshot_text and changed else None
     serving, _ = _check_serving(target_config, changed, timeout_s, echo)
     state.set_current(target)
     target.save(replace(target.record, activated_again=now()))

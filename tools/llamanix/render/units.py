@@ -26,6 +26,7 @@ from llamanix.core.address import connect_url, is_loopback
 from llamanix.core.argv import dialect_warning, flatten, instance_arg_pieces, resolve_variant
 from llamanix.core.config import Config, Host, Instance, suggest
 from llamanix.core.errors import Problem, UserError
+from llamanix.core.host_choice import pick_host
 from llamanix.core.probe import Capabilities
 from llamanix.core.readiness import start_timeout_s
 from llamanix.core.visibility import protect_home
@@ -228,30 +229,6 @@ def _template() -> jinja2.Template:
     return env.get_template("llamanix.service.j2")
 
 
-def pick_host(config: Config, host: str | None) -> str:
-    if host is not None:
-        if host not in config.hosts:
-            raise UserError(
-                Problem(
-                    config.source,
-                    "--host",
-                    f"no host '{host}' in the config",
-                    suggest(host, tuple(config.hosts)),
-                )
-            )
-        return host
-    if len(config.hosts) == 1:
-        return next(iter(config.hosts))
-    raise UserError(
-        Problem(
-            config.source,
-            "--host",
-            "the config has several hosts",
-            "name one with --host: " + ", ".join(config.hosts),
-        )
-    )
-
-
 CapabilityMap = Mapping[str, Capabilities]
 
 
@@ -330,7 +307,11 @@ def render_host(
     user: bool | None = None,
     vram: Mapping[str, int | None] | None = None,
 ) -> Render:
-    """Render in memory; raises UserError (nothing written) when anything is wrong."""
+    """Render in memory; raises UserError (nothing written) when anything is wrong.
+
+    ``vram``: each router member's VRAM need, for the router's residency (None: unknown, as
+    for a host without a GPU). Commands call ``deploy.host_render.render_host``, which reads
+    the needs from the model files (a render stays a pure function of what it is given)."""
     name = pick_host(config, host)
     kind = config.hosts[name].kind
     as_user = (kind == "systemd-user") if user is None else user

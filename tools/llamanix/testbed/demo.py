@@ -41,13 +41,14 @@ from rich.table import Table
 
 from llamanix.core.config import load_config
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
+from llamanix.deploy.host_render import render_host
 from llamanix.external.files import atomic_write, work_dir
 from llamanix.external.process import run_captured
 from llamanix.measure.bench import run_bench
 from llamanix.measure.bench_results import BenchResult, BenchSettings
 from llamanix.measure.prompts import Prompt
 from llamanix.measure.server_process import LlamaServer, free_port
-from llamanix.render.units import render_host, write_render
+from llamanix.render.units import write_render
 from llamanix.testbed import real_model, real_text, server_build, up_process
 from llamanix.testbed.synth import SynthSpec, synth_model
 

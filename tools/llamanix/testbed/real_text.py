@@ -31,12 +31,12 @@ from rapidfuzz.distance import Levenshtein
 
 from llamanix.core.config import Config, parse_config
 from llamanix.core.errors import UserError
+from llamanix.deploy.host_render import render_host
 from llamanix.measure.bench_results import RunResult
 from llamanix.measure.interval import RatioInterval, paired_speedup
 from llamanix.measure.prompts import Prompt, load_prompts
 from llamanix.measure.server_process import LlamaServer, free_port
 from llamanix.measure.workloads import run_interleaved as interleaved
-from llamanix.render.units import render_host
 
 HOST = "local"
 THREADS = 2
