@@ -38,7 +38,6 @@ from llamanix.deploy.gate_records import (
     GateResult,
 )
 from llamanix.external.clock import now
-from llamanix.measure.bench_results import BenchSettings
 from llamanix.measure.interval import MIN_SAMPLES, Decision, decide, ratio_interval, threshold_of
 from llamanix.measure.metrics import parse_metrics
 from llamanix.measure.prompts import Prompt, load_prompts, warmup_prompt
@@ -148,6 +147,11 @@ def bench_samples(
     import httpx
 
     from llamanix.measure.bench import run_bench  # httpx
+
+    # With the bench run, not above: its settings' module brings the GGUF reader and the
+    # ceiling tables, some 40 ms (2-core machine) that a deploy command without a bench gate
+    # would pay for nothing.
+    from llamanix.measure.bench_results import BenchSettings
 
     settings = BenchSettings(
         url=target.url,
