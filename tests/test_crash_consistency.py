@@ -24,8 +24,9 @@ import httpx
 import pytest
 
 from llamanix.deploy.crash_point import CRASH_ENV, CRASH_POINTS, CrashPoint
+from llamanix.deploy.up_status import UpInstance
 from llamanix.measure.server_process import free_port
-from llamanix.testbed.up_process import start_up, stop_up, up_status
+from llamanix.testbed.up_process import instance_status, start_up, stop_up
 
 DEADLINE_S = 120.0
 
@@ -58,9 +59,8 @@ def switch(cwd: Path, *extra: str, crash_at: CrashPoint | None = None) -> Any:
     )
 
 
-def chat_status(units: Path) -> dict[str, Any]:
-    data: dict[str, Any] = up_status(units).get("instances", {}).get("chat", {})
-    return data
+def chat_status(units: Path) -> UpInstance | None:
+    return instance_status(units, "chat")
 
 
 def config_context(config: Path) -> int:
@@ -127,14 +127,14 @@ class Host:
     def verdicts(self) -> list[str]:
         return [g["gate"]["result"] for g in self.generations()]
 
-    def wait_settled(self) -> dict[str, Any]:
+    def wait_settled(self) -> UpInstance:
         """up has applied its manifest and the instance is running."""
         deadline = time.monotonic() + DEADLINE_S
-        while chat_status(self.units).get("state") != "running":
+        while (now := chat_status(self.units)) is None or now.state != "running":
             assert self.up.poll() is None, self.up.communicate()[0]
-            assert time.monotonic() < deadline, chat_status(self.units)
+            assert time.monotonic() < deadline, now
             time.sleep(0.1)
-        return chat_status(self.units)
+        return now
 
 
 @pytest.fixture
@@ -295,7 +295,7 @@ def test_a_command_killed_at_a_crash_point_leaves_a_usable_host(host: Host, case
 
     # It serves what the config now says, and the record is settled.
     running = host.wait_settled()
-    assert served_context(str(running["url"])) == config_context(host.config)
+    assert served_context(str(running.url)) == config_context(host.config)
     gens = host.generations()
     assert tuple(g["gate"]["result"] for g in gens) == case.verdicts
     assert [g["number"] for g in gens] == list(range(1, len(gens) + 1))
@@ -308,9 +308,9 @@ def test_a_command_killed_at_a_crash_point_leaves_a_usable_host(host: Host, case
         json.loads(p.read_text())
 
     # No server of the killed command's making is left over: exactly the one `up` runs.
-    assert servers_on(host.port) == [running["pid"]]
+    assert servers_on(host.port) == [running.pid]
 
     # And the host keeps working: a switch after the recovery passes too.
     again = switch(host.dir, "--set", "instances.chat.context=1536")
     assert again.returncode == 0, again.stdout + again.stderr
-    assert served_context(str(host.wait_settled()["url"])) == 1536
+    assert served_context(str(host.wait_settled().url)) == 1536

@@ -18,8 +18,9 @@ from typing import Any
 import httpx
 import pytest
 
+from llamanix.deploy.up_status import UpInstance
 from llamanix.measure.server_process import free_port
-from llamanix.testbed.up_process import running_up, up_status
+from llamanix.testbed.up_process import instance_status, running_up
 
 DEADLINE_S = 120.0
 
@@ -50,6 +51,13 @@ def serving(url: str) -> bool:
         json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
     )
     return health.status_code == 200 and chat.status_code == 200 and bool(chat.json()["choices"])
+
+
+def chat(units: Path) -> UpInstance:
+    """up's entry for the instance, which it has while the ``up`` fixture runs."""
+    entry = instance_status(units, "chat")
+    assert entry is not None
+    return entry
 
 
 def settled_files(d: Path) -> None:
@@ -83,9 +91,9 @@ def up(deploy_dir: Path) -> Iterator[subprocess.Popen[str]]:
 def test_switch_gate_and_rollback_with_up(deploy_dir: Path, up: subprocess.Popen[str]) -> None:
     config = deploy_dir / "llamanix.toml"
     units = deploy_dir / ".llamanix-state" / "dev" / "up"
-    url = up_status(units)["instances"]["chat"]["url"]
-    assert n_ctx(url) == 512
-    first_pid = up_status(units)["instances"]["chat"]["pid"]
+    url = chat(units).url
+    assert url is not None and n_ctx(url) == 512
+    first_pid = chat(units).pid
 
     # 1. A switch that passes the smoke gate (health, chat, /metrics): the new generation serves.
     ok = llamanix(
@@ -103,7 +111,7 @@ def test_switch_gate_and_rollback_with_up(deploy_dir: Path, up: subprocess.Popen
     )
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert n_ctx(url) == 1024 and serving(url)
-    assert up_status(units)["instances"]["chat"]["pid"] != first_pid
+    assert chat(units).pid != first_pid
     good_config = config.read_text()
     good_units = {p.name: p.read_text() for p in units.glob("llamanix-*.service")}
 
@@ -168,7 +176,8 @@ def test_switch_gate_and_rollback_with_up(deploy_dir: Path, up: subprocess.Popen
     assert "context = 512" in config.read_text()
 
     # Ctrl-C stops everything `up` started.
-    pid = up_status(units)["instances"]["chat"]["pid"]
+    pid = chat(units).pid
+    assert pid is not None
     up.send_signal(signal.SIGINT)
     assert up.wait(timeout=30) == 0
     with pytest.raises(ProcessLookupError):
@@ -180,18 +189,18 @@ def test_up_restarts_a_crashed_instance(deploy_dir: Path, up: subprocess.Popen[s
     units = deploy_dir / ".llamanix-state" / "dev" / "up"
     # The rendered unit says Restart=on-failure, RestartSec=10s: a SIGKILL is a failure.
     unit = units / "llamanix-chat.service"
-    before = up_status(units)["instances"]["chat"]
-    assert before["starts"] == 1
-    os.kill(int(before["pid"]), signal.SIGKILL)
+    before = chat(units)
+    assert before.starts == 1 and before.pid is not None
+    os.kill(before.pid, signal.SIGKILL)
     deadline = time.monotonic() + DEADLINE_S
     while True:
-        now = up_status(units)["instances"]["chat"]
-        if now["state"] == "running" and now["starts"] == 2:
+        now = chat(units)
+        if now.state == "running" and now.starts == 2:
             break
         assert time.monotonic() < deadline, now
         time.sleep(0.2)
     assert "Restart=on-failure" in unit.read_text()
-    assert serving(now["url"])
+    assert now.url is not None and serving(now.url)
 
 
 # --- one switch at a time per host --------------------------------------------------------

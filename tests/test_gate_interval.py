@@ -29,7 +29,7 @@ from llamanix.measure.interval import (
     threshold_of,
 )
 from llamanix.measure.server_process import free_port
-from llamanix.testbed.up_process import running_up, up_status
+from llamanix.testbed.up_process import instance_status, running_up
 
 if TYPE_CHECKING:
     from conftest import SynthModels
@@ -193,7 +193,9 @@ def test_bench_gate_keeps_runs_and_judges_by_interval(
 ) -> None:
     config = gate_dir / "llamanix.toml"
     state = gate_dir / ".llamanix-state" / "dev"
-    url = up_status(state / "up")["instances"]["chat"]["url"]
+    chat = instance_status(state / "up", "chat")
+    assert chat is not None and chat.url is not None
+    url = chat.url
 
     # (a) The first bench: nothing to compare with, its runs are kept as the baseline.
     code, first, err = switch_json(

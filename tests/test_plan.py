@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,11 +14,15 @@ from click.testing import CliRunner
 from llamanix.cli import main
 from llamanix.core.gpus import load_gpus
 from llamanix.external import systemd_analyze
-from llamanix.measure.ceiling import decode_ceiling_tok_s
+from llamanix.measure.ceiling import decode_ceiling_tok_s, vram_breakdown
 from llamanix.measure.gguf_info import read_gguf
 from llamanix.testbed.synth import SynthSpec, synth_model
 
-EXAMPLES = sorted((Path(__file__).resolve().parent.parent / "examples").glob("*.toml"))
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = sorted((ROOT / "examples").glob("*.toml"))
+# Recorded `plan --json` output, pins from a made-up flake.lock beside it.
+RECORDED = ROOT / "tests" / "data" / "plan"
+UPDATE = os.environ.get("LLAMANIX_UPDATE_GOLDEN") == "1"
 
 
 def test_the_examples_are_the_ones_the_docs_name() -> None:
@@ -74,6 +81,10 @@ def test_plan_reports_vram_fit_and_ceiling(tmp_path: Path) -> None:
     )
     # The draft's weights and KV cache count too.
     assert row["vram"]["vram_bytes"] > 2 * info.tensor_bytes
+    assert row["vram"]["vram_bytes"] == vram_breakdown(info, info, 2048).total
+    assert list(row["vram"]) == ["gpu", "vram_bytes", "gpu_memory_bytes", "fits", "ceiling_tok_s"]
+    used = row["vram"]["vram_bytes"] / 2**30
+    assert row["fit"] == f"fits {used:.1f}/24 GiB, <= {row['vram']['ceiling_tok_s']:.0f} tok/s"
 
 
 def test_plan_warns_about_a_draft_that_is_never_loaded(tmp_path: Path) -> None:
@@ -111,3 +122,35 @@ def test_plan_shows_the_pinned_revision_from_flake_lock(tmp_path: Path) -> None:
     assert row["pinned_revision"] == "8337e4cd3861406fc04e0854b1409cd1b027fbc9"
     text = CliRunner().invoke(main, ["plan", "--no-security", str(cfg)])
     assert "@8337e4c" in text.stdout
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        "examples/rtx3090-router-llama-server.toml",
+        "examples/rtx5090-qwen27b-draft.toml",
+        "tests/data/configs/two-hosts-defaults.toml",
+    ],
+    ids=lambda c: Path(c).stem,
+)
+def test_plan_json_is_what_it_was(config: str) -> None:
+    """`plan --json` is read by scripts: its keys, their order and their values stay as recorded
+    (a router with its members' rows, their models not readable here; a speculative instance
+    with its pin; two hosts, one without a GPU; a readable model's fit is
+    test_plan_reports_vram_fit_and_ceiling). A change on purpose rewrites the recording
+    (``LLAMANIX_UPDATE_GOLDEN=1``) and its diff is reviewed with the change."""
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "llamanix", "plan", "--json", "--no-security"),
+            *("--flake", str(RECORDED.relative_to(ROOT)), config),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    recorded = RECORDED / f"{Path(config).stem}.json"
+    if UPDATE:
+        recorded.write_text(done.stdout)
+    assert done.stdout == recorded.read_text()

@@ -15,7 +15,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,10 +24,10 @@ import httpx
 import pytest
 from conftest import SESSION_TAG_ENV
 
-from llamanix.deploy.up_status import STATUS, read_status
+from llamanix.deploy.up_status import STATUS, UpInstance
 from llamanix.measure.client import LlamaClient
 from llamanix.measure.server_process import free_port, processes_with_env
-from llamanix.testbed.up_process import start_up, stop_up
+from llamanix.testbed.up_process import instance_status, start_up, stop_up
 
 pytestmark = pytest.mark.server
 
@@ -68,14 +68,17 @@ class Host:
     def units(self) -> Path:
         return self.dir / ".llamanix-state" / "dev" / "up"
 
-    def chat(self) -> dict[str, Any]:
-        status = read_status(self.units) or {}
-        data: dict[str, Any] = status.get("instances", {}).get("chat", {})
-        return data
+    def chat(self) -> UpInstance:
+        """up's entry for the instance, which it has while the test runs."""
+        now = instance_status(self.units, "chat")
+        assert now is not None, "\n".join(self.output)
+        return now
 
-    def wait_for(self, what: str, deadline_s: float, check: Any) -> dict[str, Any]:
+    def wait_for(
+        self, what: str, deadline_s: float, check: Callable[[UpInstance], bool]
+    ) -> UpInstance:
         deadline = time.monotonic() + deadline_s
-        while not check(now := self.chat()):
+        while (now := instance_status(self.units, "chat")) is None or not check(now):
             assert self.up.poll() is None, "\n".join(self.output)
             assert time.monotonic() < deadline, f"{what} within {deadline_s:g}s: {now}"
             time.sleep(0.05)
@@ -119,14 +122,15 @@ def stop_host(host: Host) -> None:
 def host(tmp_path: Path, llama_server_bin: Path, synth_models: Any) -> Iterator[Host]:
     found = start_host(tmp_path, synth_models.target, llama_server_bin)
     try:
-        found.wait_for("the first start", 120, lambda s: s.get("state") == "running")
+        found.wait_for("the first start", 120, lambda s: s.state == "running")
         yield found
     finally:
         stop_host(found)
 
 
 def test_up_restarts_the_server_killed_under_load(host: Host) -> None:
-    url = str(host.chat()["url"])
+    url = host.chat().url
+    assert url is not None
     unit = (host.units / "llamanix-chat.service").read_text()
     assert "Restart=on-failure" in unit and f"RestartSec={RESTART_SEC:g}s" in unit
 
@@ -167,15 +171,17 @@ def test_up_restarts_the_server_killed_under_load(host: Host) -> None:
             while len(done) < threshold:
                 time.sleep(0.01)
             before = host.chat()
+            assert before.pid is not None
+
+            def restarted(s: UpInstance, n: int = before.starts) -> bool:
+                return s.state == "running" and s.starts == n + 1
+
             serving.clear()
             at = time.monotonic()
-            os.kill(int(before["pid"]), signal.SIGKILL)  # the server, not `up`
-            after = host.wait_for(
-                "the restart",
-                RESTART_BOUND_S,
-                lambda s, n=before["starts"]: s.get("state") == "running" and s["starts"] == n + 1,
-            )
-            kills.append(Kill(at, int(before["pid"]), time.monotonic(), int(after["pid"])))
+            os.kill(before.pid, signal.SIGKILL)  # the server, not `up`
+            after = host.wait_for("the restart", RESTART_BOUND_S, restarted)
+            assert after.pid is not None
+            kills.append(Kill(at, before.pid, time.monotonic(), after.pid))
             serving.set()
 
     threads = [threading.Thread(target=client) for _ in range(CLIENTS)]
@@ -197,7 +203,7 @@ def test_up_restarts_the_server_killed_under_load(host: Host) -> None:
 
     assert len(done) == REQUESTS
     assert len(kills) == 2
-    assert host.chat()["starts"] == 1 + len(kills)  # exactly the two restarts, no others
+    assert host.chat().starts == 1 + len(kills)  # exactly the two restarts, no others
     assert all(k.new_pid != k.pid for k in kills)
     assert sum(f"[chat] restarting in {RESTART_SEC:g}s" in line for line in host.output) == 2
     # A request failed only if it was in flight when the server was killed: every other one,
@@ -209,7 +215,7 @@ def test_up_restarts_the_server_killed_under_load(host: Host) -> None:
         assert any(r.ok and r.started >= k.serving_again for r in done), k
     assert len(failed) <= CLIENTS * len(kills)
     # The killed servers are gone; exactly the one `up` reports serves.
-    assert host.servers() == [host.chat()["pid"]]
+    assert host.servers() == [host.chat().pid]
 
 
 def test_up_gives_up_after_start_limit_burst(
@@ -225,17 +231,17 @@ def test_up_gives_up_after_start_limit_burst(
         final = host.wait_for(
             "giving up",
             RESTART_SEC * START_LIMIT_BURST + 120,
-            lambda s: s.get("state") == "failed",
+            lambda s: s.state == "failed",
         )
         assert f"StartLimitBurst={START_LIMIT_BURST}" in unit.read_text()
-        assert final["starts"] == START_LIMIT_BURST
+        assert final.starts == START_LIMIT_BURST
         limit = [line.rstrip("\n") for line in host.output if "start limit hit" in line]
         assert limit == [
             f"[chat] start limit hit ({START_LIMIT_BURST} starts within 600s, "
             f"StartLimitBurst={START_LIMIT_BURST}); not restarting. Last error: "
-            f"{final['last_error']}"
+            f"{final.last_error}"
         ]
-        assert final["last_error"]
+        assert final.last_error
         # `up` itself stays up: other instances of the host would keep running.
         assert host.up.poll() is None
         assert host.servers() == []

@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 import json
-import shlex
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import click
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
 
 from llamanix.cli.completion import complete_hosts, complete_instances
 from llamanix.cli.options import exit_with, json_flag
@@ -21,6 +17,7 @@ from llamanix.core.config import Config, load_config
 from llamanix.core.errors import Problem, UserError
 from llamanix.core.probe import Capabilities, load_capabilities
 from llamanix.core.probe_diff import probe_diff
+from llamanix.deploy.host_plan import print_plan
 from llamanix.deploy.host_render import render_host
 from llamanix.deploy.plan import plan_config, unseen
 from llamanix.external.llama_server import probe_binary
@@ -150,68 +147,9 @@ def plan(
         previous=_load_caps(previous),
     )
     if as_json:
-        _echo_json(result)
+        _echo_json(result.to_json())
         return
-    console = Console(soft_wrap=True)
-    if not console.is_terminal:
-        console.width = 160  # a pipe or a log has no width; don't squeeze it to 80 columns
-    for host_name, host_plan in result["hosts"].items():
-        table = Table(title=f"host {host_name} ({host_plan['kind']})")
-        for column in (
-            "instance",
-            "variant",
-            "address",
-            "speculative",
-            "fit / ceiling",
-            "exposure",
-        ):
-            table.add_column(column, no_wrap=column in ("instance", "address", "exposure"))
-        for row in host_plan["instances"]:
-            exposure = row["security_exposure"]
-            table.add_row(
-                row["name"],
-                row["variant"] + (f" @{pin[:7]}" if (pin := row["pinned_revision"]) else ""),
-                row["address"],
-                row["speculative"],
-                row.get("fit") or "-",
-                "-" if exposure is None else f"{exposure:.1f}",
-            )
-        console.print(table)
-        if (router := host_plan["router"]) is not None:
-            served = router["members"]
-            console.print(
-                f"router {router['kind']} on {router['address']}: "
-                + ", ".join(f"{m} as '{served[m]}'" for m in served),
-                highlight=False,
-            )
-            if router["resident"]:
-                console.print(
-                    f"  loaded together: {', '.join(router['resident'])}", highlight=False
-                )
-            if router["take_turns"]:
-                console.print(
-                    f"  take turns, one at a time: {', '.join(router['take_turns'])}",
-                    highlight=False,
-                )
-            console.print(
-                f"  why: {router['reason']} (at most {router['max_loaded']} loaded)",
-                highlight=False,
-            )
-        # What validate refuses: a plan still shows what would run, with these on top.
-        for line in host_plan["unseen_paths"]:
-            console.print(f"[yellow]warning[/]: {escape(line)}", highlight=False)
-        for row in host_plan["instances"]:
-            console.print(f"[bold]{row['name']}[/]: {shlex.join(row['argv'])}", highlight=False)
-            for warning in row["warnings"]:
-                console.print(f"  [yellow]warning[/]: {warning}", highlight=False)
-            if row["drift"] is not None:
-                console.print(
-                    "  drift from --previous: "
-                    + ("none" if not row["drift"] else f"{len(row['drift'])} field(s)"),
-                    highlight=False,
-                )
-            for d in row["drift"] or []:
-                console.print(f"    {escape(d['line'])}", highlight=False)
+    print_plan(result)
 
 
 @click.command()

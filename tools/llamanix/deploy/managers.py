@@ -340,7 +340,7 @@ class UpManager(_InstallsFiles):
 
     def wait_applied(self, new: dict[str, str], timeout_s: float) -> dict[str, str]:
         """Wait until ``up`` runs exactly ``new``; returns {instance: error} for failed starts."""
-        from llamanix.deploy.supervisor import SETTLED, load_specs
+        from llamanix.deploy.supervisor import load_specs
 
         digest = hashlib.sha256(new[MANIFEST].encode()).hexdigest()
         keys = {n: s.key for n, s in load_specs(self.units_dir).items()}
@@ -349,22 +349,21 @@ class UpManager(_InstallsFiles):
             status = read_status(self.units_dir)
             if status is None:
                 raise ExternalCommandError(f"llamanix up for {self.units_dir} is gone")
-            states = status.get("instances", {})
-            if status.get("manifest") == digest and all(
-                states.get(n, {}).get("key") == k and states[n].get("state") in SETTLED
-                for n, k in keys.items()
+            entries = {n: status.instances.get(n) for n in keys}
+            if status.manifest == digest and all(
+                e is not None and e.key == keys[n] and e.settled for n, e in entries.items()
             ):
                 return {
-                    n: str(states[n].get("last_error") or states[n]["state"])
-                    for n in keys
-                    if states[n]["state"] != "running"
+                    n: e.last_error or e.state
+                    for n, e in entries.items()
+                    if e is not None and e.state != "running"
                 }
             if time.monotonic() > deadline:
                 return {
                     n: f"not serving within {timeout_s:g}s "
-                    f"(state {states.get(n, {}).get('state', 'unknown')})"
-                    for n in keys
-                    if states.get(n, {}).get("state") != "running"
+                    f"(state {'unknown' if e is None else e.state})"
+                    for n, e in entries.items()
+                    if e is None or e.state != "running"
                 }
             time.sleep(0.1)
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import Any
 
 from llamanix.core.address import is_loopback
 from llamanix.core.config import Config, Host, Instance
@@ -14,6 +13,15 @@ from llamanix.core.host_choice import pick_host
 from llamanix.core.probe_diff import flip_warning, probe_diff
 from llamanix.core.residency import plan_residency
 from llamanix.core.variants import VARIANTS
+from llamanix.deploy.host_plan import (
+    Fit,
+    HostPlan,
+    InstanceRow,
+    Plan,
+    RouterPlan,
+    UnreadableModel,
+    VramFit,
+)
 from llamanix.deploy.host_render import instance_budget, member_vram, render_host
 from llamanix.external import systemd_analyze
 from llamanix.external.files import atomic_write
@@ -73,7 +81,7 @@ def chat_template_warnings(inst: Instance) -> list[str]:
     return [NO_CHAT_TEMPLATE] if has_chat_template(Path(inst.model)) is False else []
 
 
-def fit_and_ceiling(inst: Instance, host: Host) -> dict[str, Any] | None:
+def fit_and_ceiling(inst: Instance, host: Host) -> Fit | None:
     """VRAM fit and decode ceiling, when the host names a GPU and the model file is readable."""
     if host.gpu is None:
         return None
@@ -84,25 +92,13 @@ def fit_and_ceiling(inst: Instance, host: Host) -> dict[str, Any] | None:
     try:
         model, budget = instance_budget(inst)
     except UserError as err:
-        return {"gpu": gpu.name, "error": str(err.problems[0])}
-    memory = gpu_memory_bytes(gpu)
-    return {
-        "gpu": gpu.name,
-        "vram_bytes": budget.total,
-        "gpu_memory_bytes": memory,
-        "fits": budget.total <= memory,
-        "ceiling_tok_s": decode_ceiling_tok_s(gpu.bandwidth_gb_s, model.weight_bytes_per_token()),
-    }
-
-
-def fit_summary(fit: dict[str, Any] | None) -> str | None:
-    if fit is None:
-        return None
-    if "error" in fit:
-        return "model not readable"
-    used, total = fit["vram_bytes"] / 2**30, fit["gpu_memory_bytes"] / 2**30
-    verdict = "fits" if fit["fits"] else "DOES NOT FIT"
-    return f"{verdict} {used:.1f}/{total:.0f} GiB, <= {fit['ceiling_tok_s']:.0f} tok/s"
+        return UnreadableModel(gpu.name, str(err.problems[0]))
+    return VramFit(
+        gpu=gpu.name,
+        vram_bytes=budget.total,
+        gpu_memory_bytes=gpu_memory_bytes(gpu),
+        ceiling_tok_s=decode_ceiling_tok_s(gpu.bandwidth_gb_s, model.weight_bytes_per_token()),
+    )
 
 
 def unseen(config: Config, render: Render) -> list[Problem]:
@@ -143,16 +139,16 @@ def _flip_warnings(inst: Instance, previous: CapabilityMap, caps: CapabilityMap)
 
 def _drift(
     config: Config, name: str, previous: CapabilityMap, caps: CapabilityMap
-) -> list[FieldDrift] | None:
+) -> tuple[FieldDrift, ...] | None:
     """Field by field, how the instance's flags move from the build it runs now (its
     --previous probe) to the build of --capabilities; None without both probes."""
     before, after = capabilities_for(previous, name), capabilities_for(caps, name)
     if before is None or after is None:
         return None
-    return list(drift_report(config, before, after, (name,)).instances[0].fields)
+    return drift_report(config, before, after, (name,)).instances[0].fields
 
 
-def _router_plan(config: Config, host: str) -> dict[str, Any] | None:
+def _router_plan(config: Config, host: str) -> RouterPlan | None:
     """The host's router: its endpoint, and which members stay loaded together and which take
     turns (from each member's VRAM fit), and why."""
     router = config.hosts[host].router
@@ -167,16 +163,16 @@ def _router_plan(config: Config, host: str) -> dict[str, Any] | None:
         memory = gpu_memory_bytes(load_gpus()[gpu])
     vram = member_vram(config, host) or {}
     plan = plan_residency(router.members, vram, memory, router.max_loaded)
-    return {
-        "kind": router.kind,
-        "address": f"{router.listen}:{router.port}",
-        "members": {m: served_name(config.instances[m]) for m in router.members},
-        "resident": list(plan.resident),
-        "take_turns": list(plan.swapping),
-        "max_loaded": plan.max_loaded,
-        "reason": plan.reason,
-        "too_big": list(plan.too_big),
-    }
+    return RouterPlan(
+        kind=router.kind,
+        address=f"{router.listen}:{router.port}",
+        members={m: served_name(config.instances[m]) for m in router.members},
+        resident=plan.resident,
+        take_turns=plan.swapping,
+        max_loaded=plan.max_loaded,
+        reason=plan.reason,
+        too_big=plan.too_big,
+    )
 
 
 def _address(config: Config, host: str, name: str, own: str) -> str:
@@ -198,7 +194,7 @@ def _refuse_drift(
     instance has now, so the refusal reads as drift rather than as a bad config."""
     problems: list[Problem] = []
     for name in names:
-        for d in _drift(config, name, previous, caps) or []:
+        for d in _drift(config, name, previous, caps) or ():
             if d.change == "refused":
                 now = " ".join(d.old) or "nothing rendered"
                 problems.append(
@@ -220,7 +216,7 @@ def plan_config(
     security: bool = True,
     flake_dir: Path | None = None,
     previous: CapabilityMap | None = None,
-) -> dict[str, Any]:
+) -> Plan:
     """``flake_dir`` holds the flake.lock whose pins are shown (default: beside the config)."""
     hosts = (
         [pick_host(config, host)] if host else [h for h in config.hosts if config.instances_on(h)]
@@ -231,7 +227,7 @@ def plan_config(
         )
     measure = security and systemd_analyze.available()
     pins = locked_revisions(flake_dir or Path(config.source).resolve().parent)
-    out: dict[str, Any] = {"config": config.source, "hosts": {}}
+    plans: list[HostPlan] = []
     with tempfile.TemporaryDirectory(prefix="llamanix-plan-") as tmp:
         for name in hosts:
             render = render_host(config, name, caps)
@@ -241,41 +237,33 @@ def plan_config(
                 inst = config.instances[r.name]
                 fit = fit_and_ceiling(inst, config.hosts[name])
                 rows.append(
-                    {
-                        "name": r.name,
-                        "variant": r.variant,
-                        "pinned_revision": pins.get(VARIANTS[r.variant].flake_input or "nixpkgs"),
-                        "address": _address(config, name, r.name, f"{r.listen}:{r.port}"),
-                        "speculative": speculative_summary(inst),
-                        "argv": r.argv,
-                        "unit": r.unit,
-                        "gpu": r.gpu,
-                        "security_exposure": exposures.get(r.unit),
-                        "warnings": [
+                    InstanceRow(
+                        name=r.name,
+                        variant=r.variant,
+                        pinned_revision=pins.get(VARIANTS[r.variant].flake_input or "nixpkgs"),
+                        address=_address(config, name, r.name, f"{r.listen}:{r.port}"),
+                        speculative=speculative_summary(inst),
+                        argv=r.argv,
+                        unit=r.unit,
+                        gpu=r.gpu,
+                        security_exposure=exposures.get(r.unit),
+                        warnings=(
                             *warnings_for(inst),
                             *chat_template_warnings(inst),
                             *r.warnings,
                             *_flip_warnings(inst, previous or {}, caps),
-                        ],
-                        "drift": (
-                            None
-                            if (drift := _drift(config, r.name, previous or {}, caps)) is None
-                            else [d.to_json() for d in drift]
                         ),
-                        "vram": fit,
-                        "fit": fit_summary(fit),
-                    }
+                        drift=_drift(config, r.name, previous or {}, caps),
+                        fit=fit,
+                    )
                 )
-            out["hosts"][name] = {
-                "kind": render.kind,
-                "instances": rows,
-                "unseen_paths": [str(p) for p in unseen(config, render)],
-                "router": _router_plan(config, name),
-            }
-            if render.kind == "systemd-user":
-                # systemd-analyze --offline scores any unit as a system service running as
-                # root; user units run unprivileged, so their score reads worse than it is.
-                out["hosts"][name]["security_note"] = (
-                    "user units are scored as if they ran as root (systemd-analyze --offline)"
+            plans.append(
+                HostPlan(
+                    name=name,
+                    kind=render.kind,
+                    instances=tuple(rows),
+                    unseen_paths=tuple(str(p) for p in unseen(config, render)),
+                    router=_router_plan(config, name),
                 )
-    return out
+            )
+    return Plan(config.source, tuple(plans))

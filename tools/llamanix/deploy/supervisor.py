@@ -34,8 +34,14 @@ from types import FrameType
 from typing import Any
 
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
-from llamanix.deploy.up_status import STATUS, read_status
-from llamanix.external.files import atomic_write
+from llamanix.deploy.up_status import (
+    STATUS,
+    UpInstance,
+    UpState,
+    UpStatus,
+    read_status,
+    write_status,
+)
 from llamanix.external.llama_server import ServerStartError
 from llamanix.external.process import CommandTimedOut, run_captured
 from llamanix.measure.server_process import LlamaServer, tail
@@ -44,8 +50,6 @@ from llamanix.render.manifest import MANIFEST, Manifest
 POLL_S = 0.25
 # llama-server has no readiness notification; a model load of this long is treated as failed.
 DEFAULT_START_TIMEOUT_S = 300.0
-# States in which an instance has finished its start attempt (switch waits for one of these).
-SETTLED = ("running", "restarting", "failed", "exited")
 _TIME = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|sec|min|m|h)?")
 _UNITS_S = {None: 1.0, "ms": 0.001, "s": 1.0, "sec": 1.0, "min": 60.0, "m": 60.0, "h": 3600.0}
 
@@ -232,21 +236,16 @@ def load_specs(units_dir: Path) -> dict[str, ServiceSpec]:
 @dataclass
 class InstanceState:
     spec: ServiceSpec
-    state: str = "starting"
+    state: UpState = "starting"
     pid: int | None = None
     url: str | None = None
     starts: int = 0
     last_error: str | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "key": self.spec.key,
-            "state": self.state,
-            "pid": self.pid,
-            "url": self.url,
-            "starts": self.starts,
-            "last_error": self.last_error,
-        }
+    def entry(self) -> UpInstance:
+        return UpInstance(
+            self.spec.key, self.state, self.pid, self.url, self.starts, self.last_error
+        )
 
 
 @dataclass
@@ -398,24 +397,20 @@ class Supervisor:
 
     def claim(self) -> None:
         other = read_status(self.units_dir)
-        if other is not None and int(other["pid"]) != os.getpid():
+        if other is not None and other.pid != os.getpid():
             raise UserError(
                 Problem(
                     str(self.units_dir),
                     "",
-                    f"llamanix up (pid {other['pid']}) already manages this directory",
+                    f"llamanix up (pid {other.pid}) already manages this directory",
                     "stop that one first",
                 )
             )
 
     def write_status(self) -> None:
         with self._lock:
-            data = {
-                "pid": os.getpid(),
-                "manifest": self.digest,
-                "instances": {n: r.status.to_json() for n, r in self.runners.items()},
-            }
-            atomic_write(self.units_dir / STATUS, json.dumps(data, indent=2) + "\n")
+            instances = {n: r.status.entry() for n, r in self.runners.items()}
+            write_status(self.units_dir, UpStatus(os.getpid(), self.digest, instances))
 
     def apply(self, specs: dict[str, ServiceSpec]) -> None:
         """Stop what went away or changed, start what is new or changed."""

@@ -1,24 +1,129 @@
-"""``llamanix up``'s status file: its name and its reader. The supervisor writes it; the
-managers and ``plan`` read it without importing the supervisor (and the server process and HTTP
-client behind it)."""
+"""``llamanix up``'s status file: its record, its reader and its writer. The supervisor writes
+it; the managers and ``plan`` read it without importing the supervisor (and the server process
+and HTTP client behind it)."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Literal, get_args
 
+from llamanix.core.errors import Problem, UserError
+from llamanix.core.json_fields import JsonFields, choice, integer, table
+from llamanix.core.json_value import JsonObject
+from llamanix.external.files import atomic_write
 from llamanix.external.process import alive
 
 STATUS = "up-status.json"
 
+UpState = Literal["starting", "running", "restarting", "failed", "exited", "stopped"]
+UP_STATES: tuple[UpState, ...] = get_args(UpState)
+# States in which an instance has finished its start attempt (switch waits for one of these).
+SETTLED: tuple[UpState, ...] = ("running", "restarting", "failed", "exited")
 
-def read_status(units_dir: Path) -> dict[str, Any] | None:
-    """``up``'s status file, or None when no live ``up`` owns this directory."""
+
+@dataclass(frozen=True)
+class UpInstance:
+    """One instance as ``up`` runs it: what it runs (``key``), its state and the last error."""
+
+    key: str  # the spec's key: changes when its command line, environment or policy does
+    state: UpState
+    pid: int | None
+    url: str | None
+    starts: int
+    last_error: str | None
+
+    @property
+    def settled(self) -> bool:
+        return self.state in SETTLED
+
+    def to_json(self) -> JsonObject:
+        return {
+            "key": self.key,
+            "state": self.state,
+            "pid": self.pid,
+            "url": self.url,
+            "starts": self.starts,
+            "last_error": self.last_error,
+        }
+
+    @staticmethod
+    def from_json(value: object, where: str) -> UpInstance:
+        data = JsonFields.of(value, where)
+        state = choice(data.raw("state"), UP_STATES)
+        if state is None:
+            raise ValueError(f"{where}.state: expected one of {', '.join(UP_STATES)}")
+        return UpInstance(
+            key=data.string("key"),
+            state=state,
+            pid=data.opt_integer("pid"),
+            url=data.opt_string("url"),
+            starts=data.integer("starts"),
+            last_error=data.opt_string("last_error"),
+        )
+
+
+@dataclass(frozen=True)
+class UpStatus:
+    """The whole file: the ``up`` process, the manifest it runs (its sha256; None before it
+    has read one) and each instance it runs."""
+
+    pid: int
+    manifest: str | None
+    instances: Mapping[str, UpInstance]
+
+    def to_json(self) -> JsonObject:
+        return {
+            "pid": self.pid,
+            "manifest": self.manifest,
+            "instances": {name: entry.to_json() for name, entry in self.instances.items()},
+        }
+
+    @staticmethod
+    def from_json(value: object, where: str) -> UpStatus:
+        data = JsonFields.of(value, where)
+        instances = data.obj("instances")
+        return UpStatus(
+            pid=data.integer("pid"),
+            manifest=data.opt_string("manifest"),
+            instances={
+                name: UpInstance.from_json(instances.raw(name), f"{where}.instances.{name}")
+                for name in instances.names()
+            },
+        )
+
+
+def read_status(units_dir: Path) -> UpStatus | None:
+    """``up``'s status file, or None when no live ``up`` owns this directory.
+
+    A file whose ``up`` is gone is stale, whatever it holds. One that a live ``up`` wrote but
+    that does not read as a status (an ``up`` of another llamanix version) is an error: waiting
+    on it or starting a second ``up`` beside it would both be wrong.
+    """
+    path = units_dir / STATUS
     try:
-        data = json.loads((units_dir / STATUS).read_text())
+        data = json.loads(path.read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         return None
-    if not isinstance(data, dict) or not alive(int(data.get("pid", 0))):
+    pid = integer(table(data).get("pid"))
+    if pid is None or not alive(pid):
         return None
-    return data
+    try:
+        return UpStatus.from_json(data, "up")
+    except ValueError as err:
+        field, _, expected = str(err).partition(": ")
+        raise UserError(
+            Problem(
+                str(path),
+                field.removeprefix("up."),
+                f"{expected}: not a status this llamanix reads",
+                f"stop that llamanix up (pid {pid}) and start it with this version",
+            )
+        ) from None
+
+
+def write_status(units_dir: Path, status: UpStatus) -> None:
+    """Replace the file at once (readers poll it while ``up`` writes)."""
+    atomic_write(units_dir / STATUS, json.dumps(status.to_json(), indent=2) + "\n")

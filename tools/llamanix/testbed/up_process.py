@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from llamanix.core.errors import ExternalCommandError
-from llamanix.deploy.up_status import read_status
+from llamanix.deploy.up_status import UpInstance, UpState, read_status
 from llamanix.external import interrupt
 from llamanix.external.process import PIPE, TextChild, spawn_text, wait_exit
 
@@ -28,14 +28,16 @@ def up_units(config: Path, host: str) -> Path:
     return config.parent / ".llamanix-state" / host / "up"
 
 
-def up_status(units: Path) -> dict[str, Any]:
-    """up's status file, or {} while there is none (before the start, after the stop)."""
-    return read_status(units) or {}
+def instance_status(units: Path, instance: str) -> UpInstance | None:
+    """What up's status file says of INSTANCE; None while there is no file (before the start,
+    after the stop) or no entry for it."""
+    status = read_status(units)
+    return None if status is None else status.instances.get(instance)
 
 
-def instance_state(units: Path, instance: str) -> str | None:
-    state = up_status(units).get("instances", {}).get(instance, {}).get("state")
-    return str(state) if state is not None else None
+def instance_state(units: Path, instance: str) -> UpState | None:
+    entry = instance_status(units, instance)
+    return None if entry is None else entry.state
 
 
 def start_up(config: Path, host: str, stdout: IO[Any] | int = PIPE) -> TextChild:

@@ -1,0 +1,228 @@
+"""What ``llamanix plan`` shows, as records: per host, a row for each instance (with its VRAM fit
+and decode ceiling), the router's plan, and the table that prints them. ``deploy/plan.py``
+computes them; ``to_json`` is ``plan --json``, key for key."""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from llamanix.core.drift import FieldDrift
+from llamanix.core.json_value import JsonObject
+from llamanix.core.schema import HostKind, RouterKind
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+GIB = 2**30
+# systemd-analyze --offline scores any unit as a system service running as root; user units
+# run unprivileged, so their score reads worse than it is.
+USER_UNITS_NOTE = "user units are scored as if they ran as root (systemd-analyze --offline)"
+
+
+@dataclass(frozen=True)
+class VramFit:
+    """What the instance needs of the host's GPU, and the decode speed the GPU's memory
+    bandwidth allows at most."""
+
+    gpu: str
+    vram_bytes: int
+    gpu_memory_bytes: int
+    ceiling_tok_s: float
+
+    @property
+    def fits(self) -> bool:
+        return self.vram_bytes <= self.gpu_memory_bytes
+
+    def summary(self) -> str:
+        used, total = self.vram_bytes / GIB, self.gpu_memory_bytes / GIB
+        verdict = "fits" if self.fits else "DOES NOT FIT"
+        return f"{verdict} {used:.1f}/{total:.0f} GiB, <= {self.ceiling_tok_s:.0f} tok/s"
+
+    def to_json(self) -> JsonObject:
+        return {
+            "gpu": self.gpu,
+            "vram_bytes": self.vram_bytes,
+            "gpu_memory_bytes": self.gpu_memory_bytes,
+            "fits": self.fits,
+            "ceiling_tok_s": self.ceiling_tok_s,
+        }
+
+
+@dataclass(frozen=True)
+class UnreadableModel:
+    """The host names a GPU, but a model file of the instance cannot be read here."""
+
+    gpu: str
+    error: str  # the reader's problem, one line
+
+    def summary(self) -> str:
+        return "model not readable"
+
+    def to_json(self) -> JsonObject:
+        return {"gpu": self.gpu, "error": self.error}
+
+
+Fit = VramFit | UnreadableModel
+
+
+@dataclass(frozen=True)
+class InstanceRow:
+    """One instance as the host would run it."""
+
+    name: str
+    variant: str
+    pinned_revision: str | None  # the flake.lock pin of the variant's source, when there is one
+    address: str  # where clients reach it: its own address, or its router's and its name there
+    speculative: str  # one line, "none" when off
+    argv: tuple[str, ...]
+    unit: str
+    gpu: bool
+    security_exposure: float | None  # systemd-analyze's score; None when not measured
+    warnings: tuple[str, ...]
+    drift: tuple[FieldDrift, ...] | None  # from the --previous build; None without both probes
+    fit: Fit | None  # None when the host names no GPU
+
+    def to_json(self) -> JsonObject:
+        return {
+            "name": self.name,
+            "variant": self.variant,
+            "pinned_revision": self.pinned_revision,
+            "address": self.address,
+            "speculative": self.speculative,
+            "argv": list(self.argv),
+            "unit": self.unit,
+            "gpu": self.gpu,
+            "security_exposure": self.security_exposure,
+            "warnings": list(self.warnings),
+            "drift": None if self.drift is None else [d.to_json() for d in self.drift],
+            "vram": None if self.fit is None else self.fit.to_json(),
+            "fit": None if self.fit is None else self.fit.summary(),
+        }
+
+
+@dataclass(frozen=True)
+class RouterPlan:
+    """The host's router: its endpoint, which members stay loaded together and which take
+    turns, and why."""
+
+    kind: RouterKind
+    address: str
+    members: Mapping[str, str]  # member instance -> the model name clients ask for
+    resident: tuple[str, ...]
+    take_turns: tuple[str, ...]
+    max_loaded: int
+    reason: str
+    too_big: tuple[str, ...]
+
+    def to_json(self) -> JsonObject:
+        return {
+            "kind": self.kind,
+            "address": self.address,
+            "members": dict(self.members),
+            "resident": list(self.resident),
+            "take_turns": list(self.take_turns),
+            "max_loaded": self.max_loaded,
+            "reason": self.reason,
+            "too_big": list(self.too_big),
+        }
+
+
+@dataclass(frozen=True)
+class HostPlan:
+    name: str
+    kind: HostKind
+    instances: tuple[InstanceRow, ...]
+    unseen_paths: tuple[str, ...]  # what validate refuses; a plan shows them as warnings
+    router: RouterPlan | None
+
+    @property
+    def security_note(self) -> str | None:
+        return USER_UNITS_NOTE if self.kind == "systemd-user" else None
+
+    def to_json(self) -> JsonObject:
+        out: JsonObject = {
+            "kind": self.kind,
+            "instances": [row.to_json() for row in self.instances],
+            "unseen_paths": list(self.unseen_paths),
+            "router": None if self.router is None else self.router.to_json(),
+        }
+        if self.security_note is not None:
+            out["security_note"] = self.security_note
+        return out
+
+
+@dataclass(frozen=True)
+class Plan:
+    config: str  # the config file, as given
+    hosts: tuple[HostPlan, ...]
+
+    def to_json(self) -> JsonObject:
+        return {"config": self.config, "hosts": {h.name: h.to_json() for h in self.hosts}}
+
+
+def print_plan(plan: Plan) -> None:
+    """The plan as ``llamanix plan`` prints it, host after host."""
+    from rich.console import Console  # only here: `plan --json` and the other commands skip it
+
+    console = Console(soft_wrap=True)
+    if not console.is_terminal:
+        console.width = 160  # a pipe or a log has no width; don't squeeze it to 80 columns
+    for host in plan.hosts:
+        print_host(console, host)
+
+
+def print_host(console: Console, host: HostPlan) -> None:
+    """One host: the table of its instances, its router, what it will not see, then each
+    instance's command line with its warnings and drift."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table(title=f"host {host.name} ({host.kind})")
+    for column in ("instance", "variant", "address", "speculative", "fit / ceiling", "exposure"):
+        table.add_column(column, no_wrap=column in ("instance", "address", "exposure"))
+    for row in host.instances:
+        pin = row.pinned_revision
+        table.add_row(
+            row.name,
+            row.variant + (f" @{pin[:7]}" if pin else ""),
+            row.address,
+            row.speculative,
+            "-" if row.fit is None else row.fit.summary(),
+            "-" if row.security_exposure is None else f"{row.security_exposure:.1f}",
+        )
+    console.print(table)
+    if (router := host.router) is not None:
+        _print_router(console, router)
+    # What validate refuses: a plan still shows what would run, with these on top.
+    for line in host.unseen_paths:
+        console.print(f"[yellow]warning[/]: {escape(line)}", highlight=False)
+    for row in host.instances:
+        console.print(f"[bold]{row.name}[/]: {shlex.join(row.argv)}", highlight=False)
+        for warning in row.warnings:
+            console.print(f"  [yellow]warning[/]: {warning}", highlight=False)
+        if row.drift is not None:
+            console.print(
+                "  drift from --previous: "
+                + ("none" if not row.drift else f"{len(row.drift)} field(s)"),
+                highlight=False,
+            )
+            for d in row.drift:
+                console.print(f"    {escape(d.line())}", highlight=False)
+
+
+def _print_router(console: Console, router: RouterPlan) -> None:
+    console.print(
+        f"router {router.kind} on {router.address}: "
+        + ", ".join(f"{m} as '{served}'" for m, served in router.members.items()),
+        highlight=False,
+    )
+    if router.resident:
+        console.print(f"  loaded together: {', '.join(router.resident)}", highlight=False)
+    if router.take_turns:
+        console.print(
+            f"  take turns, one at a time: {', '.join(router.take_turns)}", highlight=False
+        )
+    console.print(f"  why: {router.reason} (at most {router.max_loaded} loaded)", highlight=False)
