@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from llamanix.core.errors import Problem, UserError
+from llamanix.core.json_value import JsonObject
 
 # An option line: optional small indent, then "-x, --long-name VALUE_HINT    help".
 # ik indents a long-only option by nine spaces (aligned under "-x,   --long"); continuation
@@ -52,7 +53,7 @@ class Capabilities:
     spec_chain: str | None = None
     source: str = ""  # the probe file, for messages
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         out = asdict(self)
         out.pop("source")
         return out

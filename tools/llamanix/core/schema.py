@@ -11,6 +11,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
+from llamanix.core.json_value import JsonObject
+
 # Field kinds. Each maps to a TOML value check here and to a lib.types type in the module.
 STR = "str"
 INT = "int"
@@ -36,7 +38,7 @@ class Field:
     minimum: float | None = None
     maximum: float | None = None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         out: dict[str, Any] = {"type": self.kind, "doc": self.doc, "default": self.default}
         if self.values:
             out["values"] = list(self.values)

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import asdict, dataclass
-from typing import Any
 
 from llamanix.core.errors import Problem, UserError
 from llamanix.core.gpus import Gpu, load_gpus
 from llamanix.core.json_fields import JsonFields
+from llamanix.core.json_value import JsonObject
 from llamanix.measure.gguf_info import GgufInfo
 
 GB = 1_000_000_000
@@ -100,7 +100,7 @@ class Ceiling:
     model: str | None = None
     active_fraction: float | None = None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return asdict(self)
 
     @staticmethod
@@ -158,7 +158,7 @@ class VramBudget:
             + self.compute_margin
         )
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {**asdict(self), "total": self.total}
 
 

@@ -21,8 +21,9 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
+from llamanix.core.json_value import JsonObject
 from llamanix.external.nvidia import CUOBJDUMP, cuobjdump_list_elf
 from llamanix.measure.server_log import CudaDevice
 
@@ -54,7 +55,7 @@ class Check:
     status: Status
     detail: str
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return asdict(self)
 
 

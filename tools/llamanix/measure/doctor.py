@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import httpx
 
@@ -20,6 +20,7 @@ from llamanix.core.argv import instance_argv
 from llamanix.core.config import Config, Host, Instance
 from llamanix.core.errors import Problem, UserError
 from llamanix.core.gpus import Gpu
+from llamanix.core.json_value import JsonObject
 from llamanix.core.schema import SPEC_DRAFTERS
 from llamanix.core.variants import VARIANTS
 from llamanix.external.nvidia import nvidia_smi_gpus
@@ -89,7 +90,7 @@ class Finding:
     message: str
     fix: str
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return asdict(self)
 
 
@@ -144,7 +145,7 @@ class Report:
     def skipped(self, check: CheckName, why: str) -> None:
         self._record(check, CheckResult("skipped", why))
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {
             "ok": not self.has_errors,
             "errors": sum(f.severity == "error" for f in self.findings),
@@ -206,7 +207,7 @@ def probe_server(
 ) -> Probe:
     """One short completion: did the server draft, and how much of it was kept? ``raw``: the
     prompt as text to /completion, for a model without a chat template."""
-    body: dict[str, object] = {
+    body: JsonObject = {
         "temperature": 0,
         "seed": 42,
         "ignore_eos": True,
@@ -215,7 +216,8 @@ def probe_server(
     if raw:
         body.update(prompt=PROBE_PROMPT, n_predict=PROBE_TOKENS)
     else:
-        body.update(messages=[{"role": "user", "content": PROBE_PROMPT}], max_tokens=PROBE_TOKENS)
+        body["messages"] = [{"role": "user", "content": PROBE_PROMPT}]
+        body["max_tokens"] = PROBE_TOKENS
     if model:
         body["model"] = model
     try:

@@ -27,7 +27,9 @@ import random
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
+
+from llamanix.core.json_value import JsonObject
 
 Decision = Literal["pass", "regression", "inconclusive"]
 DECISIONS: tuple[Decision, ...] = ("pass", "regression", "inconclusive")
@@ -52,7 +54,7 @@ class RatioInterval:
     seed: int = SEED
     method: str = METHOD
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {
             "low": self.low,
             "ratio": self.ratio,

@@ -22,6 +22,7 @@ from typing import Any
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
 from llamanix.core.json_fields import integer as as_int
 from llamanix.core.json_fields import real as as_float
+from llamanix.core.json_value import JsonObject
 from llamanix.measure.bench_results import BenchSettings, RequestResult
 from llamanix.measure.client import LlamaClient, error_message
 from llamanix.measure.prompts import Prompt, agent_messages, new_session
@@ -33,7 +34,7 @@ def request_body(
     settings: BenchSettings,
     session: str | None = None,
     turn: int = 0,
-) -> dict[str, Any]:
+) -> JsonObject:
     """The streamed request; agent prompts get ``session``'s prefix and a new last turn. A
     raw-text prompt's body is /completion's (``prompt``, ``n_predict``), which is how
     ``stream_completion`` tells the two apart."""
@@ -43,8 +44,8 @@ def request_body(
         messages = agent_messages(prompt, session or new_session(), turn)
     else:
         messages = list(prompt.messages)
-    body: dict[str, Any] = {
-        "messages": messages,
+    body: JsonObject = {
+        "messages": [*messages],
         "max_tokens": max_tokens,
         "stream": True,
         "stream_options": {"include_usage": True},
@@ -59,12 +60,12 @@ def request_body(
     if settings.model:
         body["model"] = settings.model
     if prompt.tools:
-        body["tools"] = list(prompt.tools)
+        body["tools"] = [*prompt.tools]
     return body
 
 
-def _completion_body(text: str, max_tokens: int, settings: BenchSettings) -> dict[str, Any]:
-    body: dict[str, Any] = {
+def _completion_body(text: str, max_tokens: int, settings: BenchSettings) -> JsonObject:
+    body: JsonObject = {
         "prompt": text,
         "n_predict": max_tokens,
         "stream": True,
@@ -111,7 +112,7 @@ def _http_error(url: str, status: int, text: str) -> Exception:
     return ExternalCommandError(f"{url}: HTTP {status}: {message}")
 
 
-def stream_completion(client: LlamaClient, body: dict[str, Any]) -> RequestResult:
+def stream_completion(client: LlamaClient, body: JsonObject) -> RequestResult:
     """POST one streaming chat completion and time it."""
     url = client.url
     t0 = time.perf_counter()

@@ -38,6 +38,7 @@ from rich.table import Table
 from llamanix.core.argv import Arg, flatten, instance_arg_pieces
 from llamanix.core.config import Config
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
+from llamanix.core.json_value import JsonObject
 from llamanix.core.readiness import deadline_s, files_size
 from llamanix.external.llama_server import ServerStartError, probe_binary
 from llamanix.measure.bench import ProgressHook, run_bench
@@ -257,7 +258,7 @@ class DecodeFigures:
             samples=tuple(samples),
         )
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {
             "n": self.n,
             "mean": self.mean,
@@ -305,7 +306,7 @@ class SweepPoint:
     def label(self) -> str:
         return "baseline" if self.acceptance is None else f"p={self.acceptance:g}"
 
-    def to_json(self, with_runs: bool = False) -> dict[str, Any]:
+    def to_json(self, with_runs: bool = False) -> JsonObject:
         data: dict[str, Any] = {
             "acceptance": self.acceptance,
             "mean_length": self.mean_length,
@@ -334,7 +335,7 @@ class SweepResult:
     points: tuple[SweepPoint, ...]
     notes: tuple[str, ...]
 
-    def to_json(self, with_runs: bool = False) -> dict[str, Any]:
+    def to_json(self, with_runs: bool = False) -> JsonObject:
         return {
             "format": "llamanix-synthetic-acceptance/1",
             "benchmark_only": True,
