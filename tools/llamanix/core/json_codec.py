@@ -21,9 +21,9 @@ Two readers, as in ``json_fields``:
 
 A number is never read from ``true``/``false``, though Python counts a bool as an int; an int
 in a ``float`` field reads as a float. Types understood: str, int, float, bool, None,
-``Literal``, ``X | None``, ``tuple[X, ...]``, ``Mapping``/``dict`` with str or Literal keys,
-Enums and nested dataclasses. The field types are resolved once per class (``get_type_hints``
-on first use, then cached), so importing this module costs nothing.
+``Literal``, ``X | None``, ``tuple[X, ...]``, ``list[X]``, ``Mapping``/``dict`` with str or
+Literal keys, Enums and nested dataclasses. The field types are resolved once per class
+(``get_type_hints`` on first use, then cached), so importing this module costs nothing.
 """
 
 from __future__ import annotations
@@ -236,6 +236,8 @@ def _read(tp: Any, raw: object, strict: bool, name: str) -> object:
         raise _Wrong(f"unknown {name} {raw!r} (expected one of {choices})")
     if origin is tuple:
         return tuple(_items(typing.get_args(tp)[0], raw, strict, name))
+    if origin is list:
+        return _items(typing.get_args(tp)[0], raw, strict, name)
     if origin in (Mapping, dict):
         return _table(typing.get_args(tp), raw, strict)
     if isinstance(tp, type) and issubclass(tp, enum.Enum):

@@ -39,9 +39,9 @@ class Field:
     maximum: float | None = None
 
     def to_json(self) -> JsonObject:
-        out: dict[str, Any] = {"type": self.kind, "doc": self.doc, "default": self.default}
+        out: JsonObject = {"type": self.kind, "doc": self.doc, "default": self.default}
         if self.values:
-            out["values"] = list(self.values)
+            out["values"] = [*self.values]
         if self.required:
             out["required"] = True
         if self.example is not None:
@@ -314,7 +314,7 @@ INSTANCE_TABLES = ("speculative",)
 TOP_LEVEL = ("defaults", "hosts", "instances")
 
 
-def schema_json() -> dict[str, Any]:
+def schema_json() -> JsonObject:
     """The schema as data: what ``data/schema.json`` holds and the NixOS module reads."""
     return {
         "hosts": {f.name: f.to_json() for f in HOST_FIELDS},

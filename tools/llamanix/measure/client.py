@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from types import TracebackType
-from typing import Any
 from urllib.parse import urlparse
 
 import httpx
@@ -108,7 +107,7 @@ class LlamaClient:
     def metrics_response(self) -> httpx.Response:
         return self._http.get(self.url + "/metrics", params=self._model_query)
 
-    def models(self) -> list[dict[str, Any]]:
+    def models(self) -> list[Mapping[str, object]]:
         """GET /models: a router lists each model with its status; a plain server its one."""
         resp = self._http.get(self.url + "/models")
         resp.raise_for_status()

@@ -10,7 +10,7 @@ the fix; any error makes the command exit 1.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -20,6 +20,7 @@ from llamanix.core.argv import instance_argv
 from llamanix.core.config import Config, Host, Instance
 from llamanix.core.errors import Problem, UserError
 from llamanix.core.gpus import Gpu
+from llamanix.core.json_codec import JsonRecord
 from llamanix.core.json_value import JsonObject
 from llamanix.core.schema import SPEC_DRAFTERS
 from llamanix.core.variants import VARIANTS
@@ -83,15 +84,12 @@ _QUANTIZED_FREE = ("f32", "f16", "bf16")
 
 
 @dataclass(frozen=True)
-class Finding:
+class Finding(JsonRecord):
     severity: Severity
     code: FindingCode
     instance: str | None
     message: str
     fix: str
-
-    def to_json(self) -> JsonObject:
-        return asdict(self)
 
 
 @dataclass(frozen=True)

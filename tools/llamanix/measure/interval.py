@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from llamanix.core.json_value import JsonObject
+from llamanix.core.json_codec import JsonRecord
 
 Decision = Literal["pass", "regression", "inconclusive"]
 DECISIONS: tuple[Decision, ...] = ("pass", "regression", "inconclusive")
@@ -43,7 +43,7 @@ MIN_SAMPLES = 3
 
 
 @dataclass(frozen=True)
-class RatioInterval:
+class RatioInterval(JsonRecord):
     """``low <= ratio <= high``: candidate/baseline, above 1 means the candidate is faster."""
 
     low: float
@@ -53,17 +53,6 @@ class RatioInterval:
     resamples: int = RESAMPLES
     seed: int = SEED
     method: str = METHOD
-
-    def to_json(self) -> JsonObject:
-        return {
-            "low": self.low,
-            "ratio": self.ratio,
-            "high": self.high,
-            "confidence": self.confidence,
-            "resamples": self.resamples,
-            "seed": self.seed,
-            "method": self.method,
-        }
 
     def text(self) -> str:
         """``1.93x [1.61, 2.30]``."""

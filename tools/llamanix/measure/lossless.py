@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -36,6 +36,7 @@ from rich.table import Table
 
 from llamanix import __version__
 from llamanix.core import json_codec
+from llamanix.core import json_fields as jf
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
 from llamanix.core.json_codec import JsonRecord
 from llamanix.core.json_value import JsonObject
@@ -210,11 +211,10 @@ def parse_text_answer(data: Any, url: str) -> Answer:
 
 
 def _answer(
-    data: dict[str, Any], text: str, calls: tuple[ToolCall, ...], finish: str | None
+    data: Mapping[str, object], text: str, calls: tuple[ToolCall, ...], finish: str | None
 ) -> Answer:
     """The answer with the token and draft counts of the response's ``timings``."""
-    found = data.get("timings")
-    timings: dict[str, Any] = found if isinstance(found, dict) else {}
+    timings = jf.table(data.get("timings"))
     return Answer(
         text=text,
         tool_calls=calls,

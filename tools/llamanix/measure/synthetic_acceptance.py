@@ -31,7 +31,6 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from rich.table import Table
 
@@ -307,7 +306,7 @@ class SweepPoint:
         return "baseline" if self.acceptance is None else f"p={self.acceptance:g}"
 
     def to_json(self, with_runs: bool = False) -> JsonObject:
-        data: dict[str, Any] = {
+        data: JsonObject = {
             "acceptance": self.acceptance,
             "mean_length": self.mean_length,
             "decode_tok_s": self.decode.to_json() if self.decode else None,
@@ -318,7 +317,7 @@ class SweepPoint:
             "drafted_acceptance": self.drafted_acceptance,
             "server_n_max": self.server.n_max,
             "server_mean_length": self.server.mean_length,
-            "argv": list(self.argv),
+            "argv": [*self.argv],
         }
         if with_runs:
             data["bench"] = self.result.to_json()
