@@ -16,6 +16,7 @@ from typing import Literal
 from llamanix.core.argv import Arg, dialect_warning, instance_arg_pieces
 from llamanix.core.config import Config
 from llamanix.core.errors import Problem, UserError
+from llamanix.core.json_value import JsonObject
 from llamanix.core.probe import Capabilities
 
 Change = Literal["respelled", "refused", "no longer rendered", "now rendered", "now accepted"]
@@ -46,7 +47,7 @@ class FieldDrift:
             return f"{head} ({self.message})"
         return f"{head} ({self.fix})" if self.fix else head
 
-    def to_json(self) -> dict[str, str | list[str]]:
+    def to_json(self) -> JsonObject:
         return {
             "instance": self.instance,
             "field": self.field,
@@ -90,7 +91,7 @@ class DriftReport:
                 out.append(f"  {inst.instance}: renders the same")
         return out
 
-    def to_json(self) -> dict[str, object]:
+    def to_json(self) -> JsonObject:
         return {
             "old": self.old,
             "new": self.new,

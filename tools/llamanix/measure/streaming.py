@@ -17,8 +17,8 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator, Mapping
-from typing import Any
 
+from llamanix.core import json_fields as jf
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
 from llamanix.core.json_fields import integer as as_int
 from llamanix.core.json_fields import real as as_float
@@ -80,12 +80,12 @@ def _completion_body(text: str, max_tokens: int, settings: BenchSettings) -> Jso
     return body
 
 
-def is_raw(body: Mapping[str, Any]) -> bool:
+def is_raw(body: Mapping[str, object]) -> bool:
     """A /completion body (raw text) rather than a chat one."""
     return "prompt" in body and "messages" not in body
 
 
-def _sse_events(lines: Iterator[str]) -> Iterator[dict[str, Any]]:
+def _sse_events(lines: Iterator[str]) -> Iterator[Mapping[str, object]]:
     for line in lines:
         if not line.startswith("data:"):
             continue
@@ -146,26 +146,29 @@ def stream_completion(client: LlamaClient, body: JsonObject) -> RequestResult:
                 if reason:
                     finish = reason
             else:
-                choices = event.get("choices") or []
-                if choices:
+                choices = event.get("choices")
+                if isinstance(choices, list) and choices:
                     chunks += 1
                     # llama-server sends the first chunk (the assistant role) with the first token.
                     if t_first is None:
                         t_first = now
                     t_last = now
-                    delta = choices[0].get("delta")
+                    choice = jf.table(choices[0])
+                    delta = choice.get("delta")
                     if isinstance(delta, dict):
                         thinking.see(delta, now)
                         content = delta.get("content")
                         if isinstance(content, str):
                             text.append(content)
-                    reason = choices[0].get("finish_reason")
-                    if reason:
-                        finish = str(reason)
-                if isinstance(event.get("usage"), dict):
-                    usage = event["usage"]
-            if isinstance(event.get("timings"), dict):
-                timings = event["timings"]
+                    stopped = choice.get("finish_reason")
+                    if stopped:
+                        finish = str(stopped)
+                sent_usage = event.get("usage")
+                if isinstance(sent_usage, dict):
+                    usage = sent_usage
+            sent_timings = event.get("timings")
+            if isinstance(sent_timings, dict):
+                timings = sent_timings
     t_end = time.perf_counter()
 
     prompt_n = as_int(timings.get("prompt_n"))
@@ -214,7 +217,9 @@ def stream_completion(client: LlamaClient, body: JsonObject) -> RequestResult:
     )
 
 
-def _completion_event(event: Mapping[str, Any]) -> tuple[str | None, str | None, dict[str, object]]:
+def _completion_event(
+    event: Mapping[str, object],
+) -> tuple[str | None, str | None, dict[str, object]]:
     """One /completion event: (the streamed piece, or None for the closing event; the stop
     reason once stopped; token counts as usage). Every event before the last is a token."""
     if event.get("stop") is True:

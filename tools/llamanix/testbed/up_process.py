@@ -29,7 +29,8 @@ def up_units(config: Path, host: str) -> Path:
 
 
 def up_status(units: Path) -> dict[str, Any]:
-    """up's status file, or {} while there is none (before the start, after the stop)."""
+    """up's status file, or {} while there is none (before the start, after the stop): the
+    parsed JSON as ``read_status`` returns it, for tests that look up a field or two."""
     return read_status(units) or {}
 
 
