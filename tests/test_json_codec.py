@@ -106,6 +106,9 @@ def test_a_strict_read_names_the_field_that_is_wrong() -> None:
     assert error({**written, "closed": "yes"}) == "shape.closed: expected true or false"
     assert error({**written, "by_colour": {"blue": [1]}}).startswith("shape.by_colour: unknown")
     assert error([]) == "shape: expected an object"
+    assert error({k: v for k, v in written.items() if k != "size"}) == (
+        "shape.size: expected one of 's', 'l'"
+    )
     # A field added later, with a default, may be missing from a record written before it.
     older = {k: v for k, v in written.items() if k not in ("closed", "by_colour", "line-width")}
     assert Shape.from_json(older, "shape") == Shape(

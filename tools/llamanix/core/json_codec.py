@@ -287,6 +287,8 @@ def _expected(tp: object) -> str:
     """What a missing required field should have been, in an error's words."""
     if typing.get_origin(tp) is Literal:
         return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return "one of " + ", ".join(repr(m.value) for m in tp)
     try:
         _read(tp, _MISSING, True, "")
     except _Wrong as err:
