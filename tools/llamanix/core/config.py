@@ -13,6 +13,7 @@ import json
 import math
 import re
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -177,7 +178,7 @@ class _Checker:
         self.add(where, f"must be a table, got {_describe(value)}", f"write [{where}]")
         return {}
 
-    def unknown_keys(self, where: str, data: dict[str, Any], known: tuple[str, ...]) -> None:
+    def unknown_keys(self, where: str, data: Mapping[str, object], known: tuple[str, ...]) -> None:
         for key in data:
             if key not in known:
                 self.add(f"{where}.{key}", "unknown key", suggest(key, known))

@@ -91,7 +91,7 @@ class DriftReport:
                 out.append(f"  {inst.instance}: renders the same")
         return out
 
-    def to_json(self) -> dict[str, object]:
+    def to_json(self) -> JsonObject:
         return {
             "old": self.old,
             "new": self.new,

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
+from llamanix.core import json_codec
 from llamanix.core.errors import Problem, UserError
+from llamanix.core.json_value import JsonObject
 
 # An option line: optional small indent, then "-x, --long-name VALUE_HINT    help".
 # ik indents a long-only option by nine spaces (aligned under "-x,   --long"); continuation
@@ -52,15 +54,16 @@ class Capabilities:
     spec_chain: str | None = None
     source: str = ""  # the probe file, for messages
 
-    def to_json(self) -> dict[str, Any]:
-        out = asdict(self)
-        out.pop("source")
+    def to_json(self) -> JsonObject:
+        out = json_codec.to_json(self)
+        del out["source"]  # where this record was read from, not part of it
         return out
 
-    @classmethod
-    def from_json(cls, data: dict[str, Any], source: str = "") -> Capabilities:
-        known = {k: data[k] for k in cls.__dataclass_fields__ if k in data and k != "source"}
-        return cls(**known, source=source)
+    @staticmethod
+    def from_json(data: Mapping[str, object], source: str = "") -> Capabilities:
+        """A probe file (``llamanix probe --json``), read leniently: one an older version
+        wrote lacks the newer fields, which take their defaults."""
+        return replace(json_codec.from_json_lenient(Capabilities, data, source), source=source)
 
     def all_cache_types(self) -> list[str]:
         return [*dict.fromkeys([*self.cache_types, *self.cache_types_v])]

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from llamanix.core.config import SPEC_PARAMS
+from llamanix.core.json_codec import JsonRecord
 from llamanix.core.probe import Capabilities
 from llamanix.core.schema import INSTANCE
 from llamanix.core.variants import (
@@ -28,7 +29,7 @@ class Supported:
 
 
 @dataclass(frozen=True)
-class ProbeDiff:
+class ProbeDiff(JsonRecord):
     gained_keys: tuple[str, ...]
     lost_keys: tuple[str, ...]
     gained_spec_types: tuple[str, ...]
@@ -39,16 +40,6 @@ class ProbeDiff:
     @property
     def loses_anything(self) -> bool:
         return bool(self.lost_keys or self.lost_spec_types or self.lost_cache_types)
-
-    def to_json(self) -> dict[str, list[str]]:
-        return {
-            "gained_keys": list(self.gained_keys),
-            "lost_keys": list(self.lost_keys),
-            "gained_spec_types": list(self.gained_spec_types),
-            "lost_spec_types": list(self.lost_spec_types),
-            "gained_cache_types": list(self.gained_cache_types),
-            "lost_cache_types": list(self.lost_cache_types),
-        }
 
 
 def supported(caps: Capabilities) -> Supported:

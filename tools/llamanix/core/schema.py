@@ -11,6 +11,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
+from llamanix.core.json_value import JsonObject
+
 # Field kinds. Each maps to a TOML value check here and to a lib.types type in the module.
 STR = "str"
 INT = "int"
@@ -36,10 +38,10 @@ class Field:
     minimum: float | None = None
     maximum: float | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"type": self.kind, "doc": self.doc, "default": self.default}
+    def to_json(self) -> JsonObject:
+        out: JsonObject = {"type": self.kind, "doc": self.doc, "default": self.default}
         if self.values:
-            out["values"] = list(self.values)
+            out["values"] = [*self.values]
         if self.required:
             out["required"] = True
         if self.example is not None:
@@ -312,7 +314,7 @@ INSTANCE_TABLES = ("speculative",)
 TOP_LEVEL = ("defaults", "hosts", "instances")
 
 
-def schema_json() -> dict[str, Any]:
+def schema_json() -> JsonObject:
     """The schema as data: what ``data/schema.json`` holds and the NixOS module reads."""
     return {
         "hosts": {f.name: f.to_json() for f in HOST_FIELDS},

@@ -26,7 +26,6 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from datetime import UTC, datetime
-from typing import Any
 
 import httpx
 
@@ -34,6 +33,7 @@ from llamanix import __version__
 from llamanix.core.errors import Problem, UserError
 from llamanix.core.json_fields import integer as as_int
 from llamanix.core.json_fields import text as as_str
+from llamanix.core.json_value import JsonObject
 from llamanix.measure.bench_results import (
     PHASES,
     BenchMeta,
@@ -211,7 +211,11 @@ def cold_load(client: LlamaClient, model: str | None) -> float | None:
     status = entry.get("status") if entry else None
     if not isinstance(status, dict) or status.get("value") == "loaded":
         return None  # a plain server lists no status; a loaded member has nothing to load
-    body = {"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
+    body: JsonObject = {
+        "model": model,
+        "messages": [{"role": "user", "content": "Hi"}],
+        "max_tokens": 1,
+    }
     started = time.monotonic()
     resp = client.chat(body)
     took = time.monotonic() - started
@@ -281,11 +285,11 @@ def run_bench(
     summaries = tuple(
         summarise(runs, p.name, n) for p in prompts for n in p.lengths(settings.max_tokens)
     )
-    return BenchResult(label=label, meta=meta, runs=tuple(runs), summaries=summaries)
+    return BenchResult(label=label, meta=meta, ceiling=None, summaries=summaries, runs=tuple(runs))
 
 
 def _warm_up(
-    client: LlamaClient, pool: ThreadPoolExecutor, settings: BenchSettings, body: dict[str, Any]
+    client: LlamaClient, pool: ThreadPoolExecutor, settings: BenchSettings, body: JsonObject
 ) -> None:
     list(pool.map(lambda _i: stream_completion(client, body), range(settings.concurrency)))
 
@@ -297,7 +301,7 @@ def _one_run(
     prompt: str,
     length: int,
     run: int,
-    body: dict[str, Any],
+    body: JsonObject,
     has_metrics: bool,
 ) -> RunResult:
     before: MetricsSnapshot | None = client.metrics() if has_metrics else None

@@ -10,12 +10,14 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
+from llamanix.core import json_codec
 from llamanix.core.errors import Problem, UserError
-from llamanix.core.json_fields import JsonFields
+from llamanix.core.json_codec import OMIT_NONE, JsonRecord
+from llamanix.core.json_value import JsonObject
 from llamanix.measure.ceiling import Ceiling
 from llamanix.measure.prompts import read_user_json
 
@@ -45,7 +47,7 @@ class BenchSettings:
 
 
 @dataclass(frozen=True)
-class RequestResult:
+class RequestResult(JsonRecord):
     """One streamed completion, both the server's and the client's view of it."""
 
     wall_s: float
@@ -75,48 +77,9 @@ class RequestResult:
     # two servers' runs of one prompt can then be compared for losslessness.
     text: str | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @staticmethod
-    def from_json(value: object, where: str) -> RequestResult:
-        data = JsonFields.of(value, where)
-        return RequestResult(
-            wall_s=data.number("wall_s"),
-            ttft_s=data.opt_number("ttft_s"),
-            prompt_n=data.opt_integer("prompt_n"),
-            cache_n=data.opt_integer("cache_n"),
-            predicted_n=data.opt_integer("predicted_n"),
-            server_prefill_tok_s=data.opt_number("server_prefill_tok_s"),
-            server_decode_tok_s=data.opt_number("server_decode_tok_s"),
-            server_prompt_ms=data.opt_number("server_prompt_ms"),
-            server_predicted_ms=data.opt_number("server_predicted_ms"),
-            client_prefill_tok_s=data.opt_number("client_prefill_tok_s"),
-            client_decode_tok_s=data.opt_number("client_decode_tok_s"),
-            draft_n=data.opt_integer("draft_n"),
-            draft_n_accepted=data.opt_integer("draft_n_accepted"),
-            acceptance=data.opt_number("acceptance"),
-            finish_reason=data.opt_string("finish_reason"),
-            chunks=data.integer("chunks"),
-            prefill_s=data.opt_number("prefill_s"),
-            reasoning_s=data.opt_number("reasoning_s"),
-            decode_s=data.opt_number("decode_s"),
-            reasoning_n=data.opt_integer("reasoning_n"),
-            text=data.opt_string("text"),
-        )
-
-
-def _phase(value: str | None, where: str) -> Phase | None:
-    for phase in PHASES:
-        if value == phase:
-            return phase
-    if value is None:
-        return None
-    raise ValueError(f"{where}: unknown phase {value!r}")
-
 
 @dataclass(frozen=True)
-class RunResult:
+class RunResult(JsonRecord):
     prompt: str
     max_tokens: int
     run: int
@@ -126,39 +89,9 @@ class RunResult:
     metrics_delta: Mapping[str, float] | None = None
     phase: Phase | None = None  # agent prompts: cold (new session) or warm (prefix cached)
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "prompt": self.prompt,
-            "max_tokens": self.max_tokens,
-            "run": self.run,
-            "wall_s": self.wall_s,
-            "aggregate_decode_tok_s": self.aggregate_decode_tok_s,
-            "requests": [q.to_json() for q in self.requests],
-            "metrics_delta": dict(self.metrics_delta) if self.metrics_delta is not None else None,
-            "phase": self.phase,
-        }
-
-    @staticmethod
-    def from_json(value: object, where: str) -> RunResult:
-        data = JsonFields.of(value, where)
-        delta = data.opt_obj("metrics_delta")
-        return RunResult(
-            prompt=data.string("prompt"),
-            max_tokens=data.integer("max_tokens"),
-            run=data.integer("run"),
-            wall_s=data.number("wall_s"),
-            aggregate_decode_tok_s=data.opt_number("aggregate_decode_tok_s"),
-            requests=tuple(
-                RequestResult.from_json(q, f"{where}.requests[{i}]")
-                for i, q in enumerate(data.items("requests"))
-            ),
-            metrics_delta={k: delta.number(k) for k in delta.names()} if delta else None,
-            phase=_phase(data.opt_string("phase"), f"{where}.phase"),
-        )
-
 
 @dataclass(frozen=True)
-class Stats:
+class Stats(JsonRecord):
     min: float
     median: float
     max: float
@@ -181,47 +114,13 @@ class Stats:
     def overlaps(self, other: Stats) -> bool:
         return self.min <= other.max and other.min <= self.max
 
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @staticmethod
-    def from_json(value: object, where: str) -> Stats | None:
-        if value is None:
-            return None
-        data = JsonFields.of(value, where)
-        return Stats(
-            min=data.number("min"),
-            median=data.number("median"),
-            max=data.number("max"),
-            stdev=data.opt_number("stdev"),
-            n=data.integer("n"),
-        )
-
 
 # Summary statistics by the name of the RequestResult field they summarise.
 FieldStats = Mapping[str, Stats | None]
 
 
-def _field_stats_json(stats: FieldStats) -> dict[str, Any]:
-    return {k: st.to_json() if st is not None else None for k, st in stats.items()}
-
-
-def _field_stats_from_json(value: object, where: str) -> dict[str, Stats | None]:
-    data = JsonFields.of(value, where)
-    return {k: Stats.from_json(data.raw(k), f"{where}.{k}") for k in data.names()}
-
-
-def _phases_from_json(data: JsonFields) -> dict[Phase, FieldStats]:
-    out: dict[Phase, FieldStats] = {}
-    for key in data.names():
-        phase = _phase(key, data.where)
-        if phase is not None:
-            out[phase] = _field_stats_from_json(data.raw(key), f"{data.where}.{key}")
-    return out
-
-
 @dataclass(frozen=True)
-class Summary:
+class Summary(JsonRecord):
     prompt: str
     max_tokens: int
     stats: FieldStats
@@ -234,70 +133,22 @@ class Summary:
         st = self.stats.get(name)
         return st.median if st is not None else None
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "prompt": self.prompt,
-            "max_tokens": self.max_tokens,
-            "stats": _field_stats_json(self.stats),
-            "aggregate_decode_tok_s": (
-                self.aggregate_decode_tok_s.to_json()
-                if self.aggregate_decode_tok_s is not None
-                else None
-            ),
-            "ceiling_share": self.ceiling_share,
-            "phases": (
-                {phase: _field_stats_json(st) for phase, st in self.phases.items()}
-                if self.phases is not None
-                else None
-            ),
-        }
-
-    @staticmethod
-    def from_json(value: object, where: str) -> Summary:
-        data = JsonFields.of(value, where)
-        phases = data.opt_obj("phases")
-        return Summary(
-            prompt=data.string("prompt"),
-            max_tokens=data.integer("max_tokens"),
-            stats=_field_stats_from_json(data.raw("stats"), f"{where}.stats"),
-            aggregate_decode_tok_s=Stats.from_json(
-                data.raw("aggregate_decode_tok_s"), f"{where}.aggregate_decode_tok_s"
-            ),
-            ceiling_share=data.opt_number("ceiling_share"),
-            phases=_phases_from_json(phases) if phases is not None else None,
-        )
-
 
 @dataclass(frozen=True)
-class ServerProps:
+class ServerProps(JsonRecord):
     """What llama-server's /props said about itself; a field it did not send stays None and is
     left out of the file."""
 
-    build_info: str | None = None
-    model_path: str | None = None
-    model_alias: str | None = None
-    total_slots: int | None = None
-    model_ftype: str | None = None
-    n_ctx: int | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self).items() if v is not None}
-
-    @staticmethod
-    def from_json(value: object, where: str) -> ServerProps:
-        data = JsonFields.of(value, where)
-        return ServerProps(
-            build_info=data.opt_string("build_info"),
-            model_path=data.opt_string("model_path"),
-            model_alias=data.opt_string("model_alias"),
-            total_slots=data.opt_integer("total_slots"),
-            model_ftype=data.opt_string("model_ftype"),
-            n_ctx=data.opt_integer("n_ctx"),
-        )
+    build_info: str | None = field(default=None, metadata=OMIT_NONE)
+    model_path: str | None = field(default=None, metadata=OMIT_NONE)
+    model_alias: str | None = field(default=None, metadata=OMIT_NONE)
+    total_slots: int | None = field(default=None, metadata=OMIT_NONE)
+    model_ftype: str | None = field(default=None, metadata=OMIT_NONE)
+    n_ctx: int | None = field(default=None, metadata=OMIT_NONE)
 
 
 @dataclass(frozen=True)
-class MachineInfo:
+class MachineInfo(JsonRecord):
     """The machine the client ran on (the server's is in its build_info and the results)."""
 
     hostname: str
@@ -307,24 +158,9 @@ class MachineInfo:
     cpus: int | None
     python: str
 
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @staticmethod
-    def from_json(value: object, where: str) -> MachineInfo:
-        data = JsonFields.of(value, where)
-        return MachineInfo(
-            hostname=data.string("hostname"),
-            system=data.string("system"),
-            machine=data.string("machine"),
-            processor=data.opt_string("processor"),
-            cpus=data.opt_integer("cpus"),
-            python=data.string("python"),
-        )
-
 
 @dataclass(frozen=True)
-class RecordedSettings:
+class RecordedSettings(JsonRecord):
     """The settings a result was measured with (its prompts by name)."""
 
     prompts: tuple[str, ...]
@@ -351,30 +187,9 @@ class RecordedSettings:
             cache_prompt=settings.cache_prompt,
         )
 
-    def to_json(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["prompts"] = list(self.prompts)
-        out["max_tokens"] = list(self.max_tokens)
-        return out
-
-    @staticmethod
-    def from_json(value: object, where: str) -> RecordedSettings:
-        data = JsonFields.of(value, where)
-        return RecordedSettings(
-            prompts=tuple(data.strings("prompts")),
-            max_tokens=tuple(data.integers("max_tokens")),
-            runs=data.integer("runs"),
-            warmup=data.integer("warmup"),
-            concurrency=data.integer("concurrency"),
-            temperature=data.number("temperature"),
-            seed=data.integer("seed"),
-            ignore_eos=data.flag("ignore_eos"),
-            cache_prompt=data.flag("cache_prompt"),
-        )
-
 
 @dataclass(frozen=True)
-class BenchMeta:
+class BenchMeta(JsonRecord):
     """Where, when and how a result was measured."""
 
     url: str
@@ -389,54 +204,20 @@ class BenchMeta:
     # took, load included. Kept apart from every TTFT, which the warm-up then leaves warm.
     cold_load_s: float | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "url": self.url,
-            "model": self.model,
-            "server": self.server.to_json(),
-            "machine": self.machine.to_json(),
-            "date": self.date,
-            "llamanix": self.llamanix,
-            "metrics": self.metrics,
-            "settings": self.settings.to_json(),
-            "cold_load_s": self.cold_load_s,
-        }
-
-    @staticmethod
-    def from_json(value: object, where: str) -> BenchMeta:
-        data = JsonFields.of(value, where)
-        return BenchMeta(
-            url=data.string("url"),
-            model=data.opt_string("model"),
-            server=ServerProps.from_json(data.raw("server"), f"{where}.server"),
-            machine=MachineInfo.from_json(data.raw("machine"), f"{where}.machine"),
-            date=data.string("date"),
-            llamanix=data.string("llamanix"),
-            metrics=data.flag("metrics"),
-            settings=RecordedSettings.from_json(data.raw("settings"), f"{where}.settings"),
-            cold_load_s=data.opt_number("cold_load_s"),
-        )
-
 
 @dataclass(frozen=True)
 class BenchResult:
-    """Everything one ``llamanix bench`` produced: what --json writes and compare reads."""
+    """Everything one ``llamanix bench`` produced: what --json writes and compare reads. The
+    file's keys are in field order, after ``format``."""
 
     label: str
     meta: BenchMeta
-    runs: tuple[RunResult, ...]
+    ceiling: Ceiling | None
     summaries: tuple[Summary, ...]
-    ceiling: Ceiling | None = None
+    runs: tuple[RunResult, ...]
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "format": RESULT_FORMAT,
-            "label": self.label,
-            "meta": self.meta.to_json(),
-            "ceiling": self.ceiling.to_json() if self.ceiling is not None else None,
-            "summaries": [s.to_json() for s in self.summaries],
-            "runs": [r.to_json() for r in self.runs],
-        }
+    def to_json(self) -> JsonObject:
+        return {"format": RESULT_FORMAT, **json_codec.to_json(self)}
 
 
 def load_result(path: Path) -> BenchResult:
@@ -454,20 +235,7 @@ def load_result(path: Path) -> BenchResult:
             )
         )
     try:
-        top = JsonFields.of(data, "result")
-        ceiling = top.raw("ceiling")
-        return BenchResult(
-            label=top.string("label"),
-            meta=BenchMeta.from_json(top.raw("meta"), "meta"),
-            runs=tuple(
-                RunResult.from_json(r, f"runs[{i}]") for i, r in enumerate(top.items("runs"))
-            ),
-            summaries=tuple(
-                Summary.from_json(s, f"summaries[{i}]")
-                for i, s in enumerate(top.items("summaries"))
-            ),
-            ceiling=Ceiling.from_json(ceiling, "ceiling") if ceiling is not None else None,
-        )
+        return json_codec.from_json(BenchResult, data, "")
     except ValueError as err:
         raise UserError(
             Problem(
@@ -491,7 +259,7 @@ def csv_rows(result: BenchResult) -> list[dict[str, str | int | float | None]]:
                     "max_tokens": run.max_tokens,
                     "run": run.run,
                     "request": i,
-                    **q.to_json(),
+                    **asdict(q),
                 }
             )
     return rows

@@ -9,12 +9,13 @@ slots, and a margin for the CUDA context and compute buffers.
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
 
+from llamanix.core import json_codec
 from llamanix.core.errors import Problem, UserError
 from llamanix.core.gpus import Gpu, load_gpus
-from llamanix.core.json_fields import JsonFields
+from llamanix.core.json_codec import JsonRecord
+from llamanix.core.json_value import JsonObject
 from llamanix.measure.gguf_info import GgufInfo
 
 GB = 1_000_000_000
@@ -90,7 +91,7 @@ def find_gpu(name: str, source: str = "llamanix", field: str = "--gpu") -> Gpu:
 
 
 @dataclass(frozen=True)
-class Ceiling:
+class Ceiling(JsonRecord):
     """One roofline figure and what it was computed from."""
 
     bandwidth_gb_s: float
@@ -99,23 +100,6 @@ class Ceiling:
     gpu: str | None = None
     model: str | None = None
     active_fraction: float | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @staticmethod
-    def from_json(value: object, where: str) -> Ceiling:
-        """The record ``to_json`` wrote (a bench result keeps the ceiling it was measured under);
-        ValueError naming the field when it is not one."""
-        data = JsonFields.of(value, where)
-        return Ceiling(
-            bandwidth_gb_s=data.number("bandwidth_gb_s"),
-            bytes_per_token=data.number("bytes_per_token"),
-            tok_s=data.number("tok_s"),
-            gpu=data.opt_string("gpu"),
-            model=data.opt_string("model"),
-            active_fraction=data.opt_number("active_fraction"),
-        )
 
 
 def ceiling_for(
@@ -158,8 +142,8 @@ class VramBudget:
             + self.compute_margin
         )
 
-    def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "total": self.total}
+    def to_json(self) -> JsonObject:
+        return {**json_codec.to_json(self), "total": self.total}
 
 
 def vram_breakdown(

@@ -12,15 +12,15 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from types import TracebackType
-from typing import Any
 from urllib.parse import urlparse
 
 import httpx
 
 from llamanix.core.errors import Problem, UserError
+from llamanix.core.json_value import JsonObject
 from llamanix.measure.metrics import MetricsSnapshot, parse_metrics
 
 # Long generations at agent context on a slow card take minutes; the connect limit stays short.
@@ -107,7 +107,7 @@ class LlamaClient:
     def metrics_response(self) -> httpx.Response:
         return self._http.get(self.url + "/metrics", params=self._model_query)
 
-    def models(self) -> list[dict[str, Any]]:
+    def models(self) -> list[Mapping[str, object]]:
         """GET /models: a router lists each model with its status; a plain server its one."""
         resp = self._http.get(self.url + "/models")
         resp.raise_for_status()
@@ -115,12 +115,12 @@ class LlamaClient:
         entries = data.get("data") if isinstance(data, dict) else None
         return [e for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
 
-    def chat(self, body: dict[str, Any]) -> httpx.Response:
+    def chat(self, body: JsonObject) -> httpx.Response:
         """One chat completion, not streamed."""
         return self._http.post(self.url + CHAT, json=body)
 
     @contextmanager
-    def stream_chat(self, body: dict[str, Any]) -> Iterator[httpx.Response]:
+    def stream_chat(self, body: JsonObject) -> Iterator[httpx.Response]:
         """One streamed chat completion (server-sent events); read it inside the ``with``."""
         with self._http.stream("POST", self.url + CHAT, json={**body, "stream": True}) as resp:
             yield resp
@@ -129,12 +129,12 @@ class LlamaClient:
         """llama-server's own /completion endpoint (every variant has it)."""
         return self.complete_body({"prompt": prompt, "n_predict": n_predict, "temperature": 0})
 
-    def complete_body(self, body: dict[str, Any]) -> httpx.Response:
+    def complete_body(self, body: JsonObject) -> httpx.Response:
         """One raw-text completion (/completion), not streamed: no chat template applies."""
         return self._http.post(self.url + COMPLETION, json=body)
 
     @contextmanager
-    def stream_complete(self, body: dict[str, Any]) -> Iterator[httpx.Response]:
+    def stream_complete(self, body: JsonObject) -> Iterator[httpx.Response]:
         """One streamed raw-text completion (/completion, server-sent events).
 
         On its own connection: llama-server ends this stream by closing the socket (unlike the

@@ -17,8 +17,9 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
+from llamanix.core.json_value import JsonObject
 from llamanix.measure.bench_results import BenchResult
 
 # always: the candidate wins at every length; never: at none; above/below: from/up to ``tokens``;
@@ -41,7 +42,7 @@ class Line:
     def at(self, tokens: float) -> float:
         return self.intercept_s + self.slope_s_per_token * tokens
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {
             "intercept_s": self.intercept_s,
             "slope_s_per_token": self.slope_s_per_token,
@@ -93,7 +94,7 @@ class Crossover:
             )
         return f"{candidate} and {baseline} take the same time at every output length"
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {
             "outcome": self.outcome,
             "tokens": self.tokens,
@@ -160,7 +161,7 @@ class PromptCrossover:
     def sentence(self) -> str:
         return f"{self.prompt}: " + self.crossover.sentence(self.candidate, self.baseline)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {
             "prompt": self.prompt,
             "baseline_label": self.baseline,

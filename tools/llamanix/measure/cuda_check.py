@@ -19,10 +19,11 @@ recorded output; the one external command has its own thin wrapper.
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
+from llamanix.core.json_codec import JsonRecord
 from llamanix.external.nvidia import CUOBJDUMP, cuobjdump_list_elf
 from llamanix.measure.server_log import CudaDevice
 
@@ -47,15 +48,12 @@ JIT_MIN_EXTRA_S = 2.0
 
 
 @dataclass(frozen=True)
-class Check:
+class Check(JsonRecord):
     """One smoke check: its name, pass/fail/skip, and what was seen."""
 
     name: str
     status: Status
     detail: str
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 # --- compute capabilities and cubin architectures -------------------------------------------

@@ -10,9 +10,9 @@ the fix; any error makes the command exit 1.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import httpx
 
@@ -20,6 +20,8 @@ from llamanix.core.argv import instance_argv
 from llamanix.core.config import Config, Host, Instance
 from llamanix.core.errors import Problem, UserError
 from llamanix.core.gpus import Gpu
+from llamanix.core.json_codec import JsonRecord
+from llamanix.core.json_value import JsonObject
 from llamanix.core.schema import SPEC_DRAFTERS
 from llamanix.core.variants import VARIANTS
 from llamanix.external.nvidia import nvidia_smi_gpus
@@ -82,15 +84,12 @@ _QUANTIZED_FREE = ("f32", "f16", "bf16")
 
 
 @dataclass(frozen=True)
-class Finding:
+class Finding(JsonRecord):
     severity: Severity
     code: FindingCode
     instance: str | None
     message: str
     fix: str
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -144,7 +143,7 @@ class Report:
     def skipped(self, check: CheckName, why: str) -> None:
         self._record(check, CheckResult("skipped", why))
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {
             "ok": not self.has_errors,
             "errors": sum(f.severity == "error" for f in self.findings),
@@ -206,7 +205,7 @@ def probe_server(
 ) -> Probe:
     """One short completion: did the server draft, and how much of it was kept? ``raw``: the
     prompt as text to /completion, for a model without a chat template."""
-    body: dict[str, object] = {
+    body: JsonObject = {
         "temperature": 0,
         "seed": 42,
         "ignore_eos": True,
@@ -215,7 +214,8 @@ def probe_server(
     if raw:
         body.update(prompt=PROBE_PROMPT, n_predict=PROBE_TOKENS)
     else:
-        body.update(messages=[{"role": "user", "content": PROBE_PROMPT}], max_tokens=PROBE_TOKENS)
+        body["messages"] = [{"role": "user", "content": PROBE_PROMPT}]
+        body["max_tokens"] = PROBE_TOKENS
     if model:
         body["model"] = model
     try:

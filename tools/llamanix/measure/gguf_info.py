@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from llamanix.core.errors import Problem, UserError
+from llamanix.core.json_value import JsonObject
 
 if TYPE_CHECKING:
     # gguf brings numpy: imported where a file is read, so importing this module stays cheap.
@@ -160,7 +161,7 @@ class GgufInfo:
             return dense + self.expert_tensor_bytes * self.expert_used_count / self.expert_count
         return base
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         out = asdict(self)
         del out["kv_widths"]
         out["has_mtp"] = self.has_mtp

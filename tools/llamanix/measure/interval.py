@@ -27,7 +27,9 @@ import random
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
+
+from llamanix.core.json_codec import JsonRecord
 
 Decision = Literal["pass", "regression", "inconclusive"]
 DECISIONS: tuple[Decision, ...] = ("pass", "regression", "inconclusive")
@@ -41,7 +43,7 @@ MIN_SAMPLES = 3
 
 
 @dataclass(frozen=True)
-class RatioInterval:
+class RatioInterval(JsonRecord):
     """``low <= ratio <= high``: candidate/baseline, above 1 means the candidate is faster."""
 
     low: float
@@ -51,17 +53,6 @@ class RatioInterval:
     resamples: int = RESAMPLES
     seed: int = SEED
     method: str = METHOD
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "low": self.low,
-            "ratio": self.ratio,
-            "high": self.high,
-            "confidence": self.confidence,
-            "resamples": self.resamples,
-            "seed": self.seed,
-            "method": self.method,
-        }
 
     def text(self) -> str:
         """``1.93x [1.61, 2.30]``."""

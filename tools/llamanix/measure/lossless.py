@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import json
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -35,7 +35,11 @@ from rich.markup import escape
 from rich.table import Table
 
 from llamanix import __version__
+from llamanix.core import json_codec
+from llamanix.core import json_fields as jf
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
+from llamanix.core.json_codec import JsonRecord
+from llamanix.core.json_value import JsonObject
 from llamanix.measure.bench import ProgressHook
 from llamanix.measure.bench_results import DEFAULT_SEED
 from llamanix.measure.client import LlamaClient, error_message
@@ -207,11 +211,10 @@ def parse_text_answer(data: Any, url: str) -> Answer:
 
 
 def _answer(
-    data: dict[str, Any], text: str, calls: tuple[ToolCall, ...], finish: str | None
+    data: Mapping[str, object], text: str, calls: tuple[ToolCall, ...], finish: str | None
 ) -> Answer:
     """The answer with the token and draft counts of the response's ``timings``."""
-    found = data.get("timings")
-    timings: dict[str, Any] = found if isinstance(found, dict) else {}
+    timings = jf.table(data.get("timings"))
     return Answer(
         text=text,
         tool_calls=calls,
@@ -222,8 +225,8 @@ def _answer(
     )
 
 
-def request_body(prompt: Prompt, settings: LosslessSettings) -> dict[str, Any]:
-    body: dict[str, Any] = {
+def request_body(prompt: Prompt, settings: LosslessSettings) -> JsonObject:
+    body: JsonObject = {
         "temperature": 0,
         "seed": settings.seed,
         # A cached prefix changes the batches the prompt is processed in, and with them the
@@ -236,14 +239,14 @@ def request_body(prompt: Prompt, settings: LosslessSettings) -> dict[str, Any]:
             "prompt": prompt.text,
             "n_predict": prompt.max_tokens or settings.max_tokens,
         }
-    body["messages"] = list(prompt.messages)
+    body["messages"] = [*prompt.messages]
     body["max_tokens"] = prompt.max_tokens or settings.max_tokens
     if prompt.tools:
-        body["tools"] = list(prompt.tools)
+        body["tools"] = [*prompt.tools]
     return body
 
 
-def ask(client: LlamaClient, body: dict[str, Any]) -> Answer:
+def ask(client: LlamaClient, body: JsonObject) -> Answer:
     url = client.url
     raw = is_raw(body)
     try:
@@ -400,7 +403,7 @@ class PromptComparison:
         known = [v for v in values if v is not None]
         return sum(known) if known else None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         calls = self.tool_calls
         return {
             "name": self.name,
@@ -412,34 +415,16 @@ class PromptComparison:
             "edit_distance": {"median": self.edit_distance_median, "max": self.edit_distance_max},
             "first_difference": self.first_difference,
             "chars": {"a": self.chars("a"), "b": self.chars("b")},
-            "tool_calls": asdict(calls) if calls is not None else None,
+            "tool_calls": json_codec.to_json(calls) if calls is not None else None,
             "stable": {"a": self.stable("a"), "b": self.stable("b")},
             "draft_n": {"a": self.drafted("a"), "b": self.drafted("b")},
             "failed": self.failed,
-            "runs": [_run_json(r) for r in self.runs],
+            "runs": [json_codec.to_json(r) for r in self.runs],
         }
 
 
-def _answer_json(answer: Answer) -> dict[str, Any]:
-    out = asdict(answer)
-    out["tool_calls"] = [asdict(c) for c in answer.tool_calls]
-    return out
-
-
-def _run_json(r: RunComparison) -> dict[str, Any]:
-    return {
-        "run": r.run,
-        "identical": r.identical,
-        "edit_distance": r.edit_distance,
-        "first_difference": r.first_difference,
-        "tool_calls": asdict(r.tool_calls) if r.tool_calls is not None else None,
-        "a": _answer_json(r.a),
-        "b": _answer_json(r.b),
-    }
-
-
 @dataclass(frozen=True)
-class WorkloadSummary:
+class WorkloadSummary(JsonRecord):
     """How many of a workload's prompts came out identical, and how far the others drifted."""
 
     workload: str
@@ -447,9 +432,6 @@ class WorkloadSummary:
     identical: int
     edit_distances: tuple[float, ...]  # median per differing prompt
     first_differences: tuple[int, ...]  # first differing character per differing prompt
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
 
     def sentence(self) -> str:
         text = f"{self.workload}: {self.identical} of {self.prompts} identical"
@@ -495,13 +477,13 @@ class LosslessResult:
     def by_workload(self) -> list[WorkloadSummary]:
         return summarise_workloads(self.workloads)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {
             "format": RESULT_FORMAT,
             "llamanix": __version__,
             "date": self.date,
-            "settings": asdict(self.settings),
-            "failed": self.failed,
+            "settings": json_codec.to_json(self.settings),
+            "failed": [*self.failed],
             "by_workload": [w.to_json() for w in self.by_workload],
             "workloads": [w.to_json() for w in self.workloads],
         }

@@ -20,13 +20,14 @@ from __future__ import annotations
 import json
 import random
 import secrets
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from llamanix.core.errors import Problem, UserError
+from llamanix.core.json_value import JsonObject
 
 AGENT_MIN_TOKENS = 512  # the fixed part alone is about 420
 AGENT_MAX_TOKENS = 1_000_000
@@ -37,8 +38,8 @@ class Prompt:
     """One benchmark prompt: chat messages, optional tools, optional fixed length."""
 
     name: str
-    messages: tuple[dict[str, Any], ...]
-    tools: tuple[dict[str, Any], ...] | None = None
+    messages: tuple[JsonObject, ...]
+    tools: tuple[JsonObject, ...] | None = None
     max_tokens: int | None = None  # fixed output length (the one-token probe); None: --max-tokens
     # `llamanix lossless` exits 1 when two servers answer this prompt differently; bench ignores it.
     must_match: bool = False
@@ -158,7 +159,7 @@ def parse_prompts(data: Any, source: str) -> list[Prompt]:
     return out
 
 
-def _max_tokens(item: dict[str, Any], source: str, where: str) -> int | None:
+def _max_tokens(item: Mapping[str, object], source: str, where: str) -> int | None:
     max_tokens = item.get("max_tokens")
     if max_tokens is not None and (
         not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1
@@ -172,7 +173,7 @@ def _max_tokens(item: dict[str, Any], source: str, where: str) -> int | None:
     return max_tokens
 
 
-def _must_match(item: dict[str, Any], source: str, where: str) -> bool:
+def _must_match(item: Mapping[str, object], source: str, where: str) -> bool:
     must_match = item.get("must_match", False)
     if not isinstance(must_match, bool):
         raise _prompt_problem(
@@ -185,7 +186,7 @@ def _must_match(item: dict[str, Any], source: str, where: str) -> bool:
 
 
 def _text_prompt(
-    item: dict[str, Any], name: str, workload: str | None, source: str, where: str
+    item: Mapping[str, object], name: str, workload: str | None, source: str, where: str
 ) -> Prompt:
     """``{"name", "text", "workload"?, "max_tokens"?, "must_match"?}``: raw text."""
     text = item["text"]
@@ -322,7 +323,7 @@ def agent_prompt(prefix_tokens: int, name: str | None = None) -> Prompt:
     system_words = budget // 4
     # Each history pair: a user request (about 12 tokens with the template) and the output.
     output_words = (budget - system_words) // _HISTORY_PAIRS - 12
-    messages: list[dict[str, Any]] = [
+    messages: list[JsonObject] = [
         {"role": "system", "content": _AGENT_SYSTEM + tools + "\n" + _filler(rng, system_words)}
     ]
     for turn in range(_HISTORY_PAIRS):
@@ -353,13 +354,14 @@ def new_session() -> str:
     return secrets.token_hex(8)
 
 
-def agent_messages(prompt: Prompt, session: str, turn: int) -> list[dict[str, Any]]:
+def agent_messages(prompt: Prompt, session: str, turn: int) -> list[JsonObject]:
     """The shared prefix behind a session marker, then a last turn that differs per request."""
     messages = [dict(m) for m in prompt.messages]
     marker = f"[session {session}]\n"
     first = messages[0]
-    if first.get("role") == "system" and isinstance(first.get("content"), str):
-        first["content"] = marker + first["content"]
+    content = first.get("content")
+    if first.get("role") == "system" and isinstance(content, str):
+        first["content"] = marker + content
     else:
         messages.insert(0, {"role": "system", "content": marker.strip()})
     messages.append(

@@ -13,6 +13,7 @@ from typing import Any
 from rich.table import Table
 
 from llamanix.core.errors import Problem, UserError
+from llamanix.core.json_value import JsonObject
 from llamanix.external.files import atomic_write
 from llamanix.measure.bench_results import BenchResult, FieldStats, Stats, Summary, csv_rows
 from llamanix.measure.crossover import Line, PromptCrossover, crossover, fit_line, prompt_crossovers
@@ -266,10 +267,10 @@ def compare_json(
     results: Sequence[BenchResult],
     rows: Sequence[CompareRow],
     crossovers: Sequence[PromptCrossover] = (),
-) -> dict[str, Any]:
+) -> JsonObject:
     labels = unique_labels(results)
     return {
-        "labels": labels,
+        "labels": [*labels],
         "baseline": labels[0],
         "crossover": [c.to_json() for c in crossovers],
         "rows": [

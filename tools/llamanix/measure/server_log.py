@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import re
 from dataclasses import asdict, dataclass, field
-from typing import Any
+
+from llamanix.core.json_value import JsonObject
 
 _NUM = r"([0-9]+(?:\.[0-9]+)?)"
 _SLOT = re.compile(r"id\s+(\d+)\s*\|\s*task\s+(-?\d+)\s*\|")
@@ -124,7 +125,7 @@ class ServerLog:
             accepted = self.spec_accepted_tokens or 0
         return accepted / generated if generated else None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         out = asdict(self)
         out["draft_loaded"] = self.draft_loaded
         out["drafted"] = self.drafted

@@ -18,13 +18,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import httpx
 
 from llamanix.core.argv import instance_argv
 from llamanix.core.config import Config, parse_config
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
+from llamanix.core.json_value import JsonObject
 from llamanix.external.files import work_dir
 from llamanix.external.llama_server import ServerStartError, probe_binary, run_binary
 from llamanix.measure import cuda_check
@@ -104,7 +104,7 @@ class SmokeReport:
     argv: list[str] = field(default_factory=list)
     checks: list[Check] = field(default_factory=list)
     figures: dict[str, float | int | None] = field(default_factory=dict)
-    gpu: dict[str, Any] = field(default_factory=dict)
+    gpu: JsonObject = field(default_factory=dict)
     log_tail: list[str] = field(default_factory=list)
     log: str | None = None  # the server's log, when --keep kept it
 
@@ -119,7 +119,7 @@ class SmokeReport:
     def check(self, name: str) -> Check | None:
         return next((c for c in self.checks if c.name == name), None)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {
             "format": FORMAT,
             "ok": self.ok,
@@ -129,12 +129,12 @@ class SmokeReport:
             "model": self.model,
             "synthetic_model": self.synthetic_model,
             "cuda": self.cuda,
-            "argv": self.argv,
+            "argv": [*self.argv],
             "checks": [c.to_json() for c in self.checks],
-            "figures": self.figures,
+            "figures": {**self.figures},
             "gpu": self.gpu,
             "log": self.log,
-            "log_tail": self.log_tail,
+            "log_tail": [*self.log_tail],
         }
 
 
@@ -199,13 +199,14 @@ def smoke_config(
     settings: SmokeSettings, model: Path, port: int, extra_args: tuple[str, ...]
 ) -> Config:
     """The one-instance config a unit for this binary and model would be rendered from."""
-    speculative: dict[str, Any] = {"type": settings.spec}
+    # A config table as parse_config reads it from TOML.
+    speculative: dict[str, object] = {"type": settings.spec}
     if settings.spec == "draft":
         draft = settings.draft_model or model
         speculative.update(
             draft_model=str(draft.absolute()), draft_gpu_layers="all", **DRAFT_SETTINGS
         )
-    instance: dict[str, Any] = {
+    instance: dict[str, object] = {
         "variant": settings.variant,
         "binary": str(settings.binary.absolute()),
         "model": str(model.absolute()),
@@ -499,7 +500,7 @@ def _drafting_check(served: _Served, spec: str) -> Check:
 class GpuVerdict:
     cuda: bool
     checks: list[Check]
-    gpu: dict[str, Any]
+    gpu: JsonObject
 
 
 def gpu_checks(
@@ -533,13 +534,13 @@ def gpu_checks(
     except ExternalCommandError as err:
         sass = Check("sass", "fail", str(err))
     checks = [cuda_check.check_device(text, devices), cuda_check.check_offload(counts), sass, jit]
-    gpu = {
+    gpu: JsonObject = {
         "devices": [
             {"index": d.index, "name": d.name, "compute_capability": d.compute_capability}
             for d in devices
         ],
-        "compute_capabilities": capabilities,
-        "layers_offloaded": [list(c) for c in counts],
+        "compute_capabilities": [*capabilities],
+        "layers_offloaded": [[*c] for c in counts],
         "cuda_library": str(library),
     }
     return GpuVerdict(True, checks, gpu)

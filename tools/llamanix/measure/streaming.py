@@ -17,11 +17,12 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator, Mapping
-from typing import Any
 
+from llamanix.core import json_fields as jf
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
 from llamanix.core.json_fields import integer as as_int
 from llamanix.core.json_fields import real as as_float
+from llamanix.core.json_value import JsonObject
 from llamanix.measure.bench_results import BenchSettings, RequestResult
 from llamanix.measure.client import LlamaClient, error_message
 from llamanix.measure.prompts import Prompt, agent_messages, new_session
@@ -33,7 +34,7 @@ def request_body(
     settings: BenchSettings,
     session: str | None = None,
     turn: int = 0,
-) -> dict[str, Any]:
+) -> JsonObject:
     """The streamed request; agent prompts get ``session``'s prefix and a new last turn. A
     raw-text prompt's body is /completion's (``prompt``, ``n_predict``), which is how
     ``stream_completion`` tells the two apart."""
@@ -43,8 +44,8 @@ def request_body(
         messages = agent_messages(prompt, session or new_session(), turn)
     else:
         messages = list(prompt.messages)
-    body: dict[str, Any] = {
-        "messages": messages,
+    body: JsonObject = {
+        "messages": [*messages],
         "max_tokens": max_tokens,
         "stream": True,
         "stream_options": {"include_usage": True},
@@ -59,12 +60,12 @@ def request_body(
     if settings.model:
         body["model"] = settings.model
     if prompt.tools:
-        body["tools"] = list(prompt.tools)
+        body["tools"] = [*prompt.tools]
     return body
 
 
-def _completion_body(text: str, max_tokens: int, settings: BenchSettings) -> dict[str, Any]:
-    body: dict[str, Any] = {
+def _completion_body(text: str, max_tokens: int, settings: BenchSettings) -> JsonObject:
+    body: JsonObject = {
         "prompt": text,
         "n_predict": max_tokens,
         "stream": True,
@@ -79,12 +80,12 @@ def _completion_body(text: str, max_tokens: int, settings: BenchSettings) -> dic
     return body
 
 
-def is_raw(body: Mapping[str, Any]) -> bool:
+def is_raw(body: Mapping[str, object]) -> bool:
     """A /completion body (raw text) rather than a chat one."""
     return "prompt" in body and "messages" not in body
 
 
-def _sse_events(lines: Iterator[str]) -> Iterator[dict[str, Any]]:
+def _sse_events(lines: Iterator[str]) -> Iterator[Mapping[str, object]]:
     for line in lines:
         if not line.startswith("data:"):
             continue
@@ -111,7 +112,7 @@ def _http_error(url: str, status: int, text: str) -> Exception:
     return ExternalCommandError(f"{url}: HTTP {status}: {message}")
 
 
-def stream_completion(client: LlamaClient, body: dict[str, Any]) -> RequestResult:
+def stream_completion(client: LlamaClient, body: JsonObject) -> RequestResult:
     """POST one streaming chat completion and time it."""
     url = client.url
     t0 = time.perf_counter()
@@ -145,26 +146,29 @@ def stream_completion(client: LlamaClient, body: dict[str, Any]) -> RequestResul
                 if reason:
                     finish = reason
             else:
-                choices = event.get("choices") or []
-                if choices:
+                choices = event.get("choices")
+                if isinstance(choices, list) and choices:
                     chunks += 1
                     # llama-server sends the first chunk (the assistant role) with the first token.
                     if t_first is None:
                         t_first = now
                     t_last = now
-                    delta = choices[0].get("delta")
+                    choice = jf.table(choices[0])
+                    delta = choice.get("delta")
                     if isinstance(delta, dict):
                         thinking.see(delta, now)
                         content = delta.get("content")
                         if isinstance(content, str):
                             text.append(content)
-                    reason = choices[0].get("finish_reason")
-                    if reason:
-                        finish = str(reason)
-                if isinstance(event.get("usage"), dict):
-                    usage = event["usage"]
-            if isinstance(event.get("timings"), dict):
-                timings = event["timings"]
+                    stopped = choice.get("finish_reason")
+                    if stopped:
+                        finish = str(stopped)
+                sent_usage = event.get("usage")
+                if isinstance(sent_usage, dict):
+                    usage = sent_usage
+            sent_timings = event.get("timings")
+            if isinstance(sent_timings, dict):
+                timings = sent_timings
     t_end = time.perf_counter()
 
     prompt_n = as_int(timings.get("prompt_n"))
@@ -213,7 +217,9 @@ def stream_completion(client: LlamaClient, body: dict[str, Any]) -> RequestResul
     )
 
 
-def _completion_event(event: Mapping[str, Any]) -> tuple[str | None, str | None, dict[str, object]]:
+def _completion_event(
+    event: Mapping[str, object],
+) -> tuple[str | None, str | None, dict[str, object]]:
     """One /completion event: (the streamed piece, or None for the closing event; the stop
     reason once stopped; token counts as usage). Every event before the last is a token."""
     if event.get("stop") is True:

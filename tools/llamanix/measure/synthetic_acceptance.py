@@ -31,13 +31,13 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from rich.table import Table
 
 from llamanix.core.argv import Arg, flatten, instance_arg_pieces
 from llamanix.core.config import Config
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
+from llamanix.core.json_value import JsonObject
 from llamanix.core.readiness import deadline_s, files_size
 from llamanix.external.llama_server import ServerStartError, probe_binary
 from llamanix.measure.bench import ProgressHook, run_bench
@@ -257,7 +257,7 @@ class DecodeFigures:
             samples=tuple(samples),
         )
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {
             "n": self.n,
             "mean": self.mean,
@@ -305,8 +305,8 @@ class SweepPoint:
     def label(self) -> str:
         return "baseline" if self.acceptance is None else f"p={self.acceptance:g}"
 
-    def to_json(self, with_runs: bool = False) -> dict[str, Any]:
-        data: dict[str, Any] = {
+    def to_json(self, with_runs: bool = False) -> JsonObject:
+        data: JsonObject = {
             "acceptance": self.acceptance,
             "mean_length": self.mean_length,
             "decode_tok_s": self.decode.to_json() if self.decode else None,
@@ -317,7 +317,7 @@ class SweepPoint:
             "drafted_acceptance": self.drafted_acceptance,
             "server_n_max": self.server.n_max,
             "server_mean_length": self.server.mean_length,
-            "argv": list(self.argv),
+            "argv": [*self.argv],
         }
         if with_runs:
             data["bench"] = self.result.to_json()
@@ -334,7 +334,7 @@ class SweepResult:
     points: tuple[SweepPoint, ...]
     notes: tuple[str, ...]
 
-    def to_json(self, with_runs: bool = False) -> dict[str, Any]:
+    def to_json(self, with_runs: bool = False) -> JsonObject:
         return {
             "format": "llamanix-synthetic-acceptance/1",
             "benchmark_only": True,

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from llamanix.core.json_value import JsonObject
 from llamanix.measure.bench import run_bench
 from llamanix.measure.bench_results import BenchSettings, RunResult
 from llamanix.measure.interval import RatioInterval, paired_speedup
@@ -81,7 +82,7 @@ class WorkloadFigures:
             head + f", {1 - rate:.0%} of drafts rejected ({self.accepted} of {self.drafted} kept)"
         )
 
-    def to_json(self) -> dict[str, object]:
+    def to_json(self) -> JsonObject:
         interval = self.speedup
         return {
             "workload": self.workload,

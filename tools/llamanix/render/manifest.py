@@ -9,8 +9,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from llamanix.core import json_codec
 from llamanix.core import json_fields as jf
 from llamanix.core.errors import Problem, UserError
+from llamanix.core.json_codec import OMIT_NONE, from_json_lenient
+from llamanix.core.json_value import JsonObject
 from llamanix.core.schema import HOST_KINDS, HostKind
 
 MANIFEST = "manifest.json"
@@ -97,37 +100,14 @@ class ManifestInstance:
             gpu=r.gpu,
         )
 
-    def to_json(self) -> dict[str, object]:
-        return {
-            "unit": self.unit,
-            "variant": self.variant,
-            "source_revision": self.source_revision,
-            "version": self.version,
-            "argv": list(self.argv),
-            "environment": dict(self.environment),
-            "listen": self.listen,
-            "port": self.port,
-            "alias": self.alias,
-            "gpu": self.gpu,
-        }
-
     @staticmethod
-    def from_json(name: str, data: object) -> ManifestInstance:
+    def from_json_entry(name: str, data: object) -> ManifestInstance:
+        """The entry for instance ``name``, read leniently (a field missing or of the wrong type
+        takes its default; the unit, the instance's own)."""
         if not isinstance(data, dict):
             raise ValueError(f"instance {name!r} is not a table")
-        environment = jf.table(data.get("environment"))
-        return ManifestInstance(
-            unit=jf.text(data.get("unit")) or unit_name(name),
-            variant=jf.text(data.get("variant")),
-            source_revision=jf.text(data.get("source_revision")),
-            version=jf.text(data.get("version")),
-            argv=jf.texts(data.get("argv")),
-            environment={k: v for k, v in environment.items() if isinstance(v, str)},
-            listen=jf.text(data.get("listen")),
-            port=jf.integer(data.get("port")),
-            alias=jf.text(data.get("alias")),
-            gpu=jf.flag(data.get("gpu")) or False,
-        )
+        unit = jf.text(data.get("unit")) or unit_name(name)
+        return from_json_lenient(ManifestInstance, {**data, "unit": unit}, f"instances.{name}")
 
 
 @dataclass(frozen=True)
@@ -156,20 +136,9 @@ class ManifestRouter:
             dict(r.member_variants),
         )
 
-    def to_json(self) -> dict[str, object]:
-        return {
-            "unit": self.unit,
-            "kind": self.kind,
-            "argv": list(self.argv),
-            "listen": self.listen,
-            "port": self.port,
-            "served": dict(self.served),
-            "config_name": self.config_name,
-            "variants": dict(self.variants),
-        }
-
     @staticmethod
-    def from_json(data: object) -> ManifestRouter:
+    def from_json_entry(data: object) -> ManifestRouter:
+        """The router's entry, read leniently, with the defaults of a router's unit."""
         if not isinstance(data, dict):
             raise ValueError("router is not a table")
         served = jf.table(data.get("served"))
@@ -191,24 +160,17 @@ class ManifestRouter:
 
 @dataclass(frozen=True)
 class Manifest:
-    """``manifest.json``: which instances a render holds, and what each runs."""
+    """``manifest.json``: which instances a render holds, and what each runs (a host without a
+    router has no ``router`` key)."""
 
     config_hash: str
     host: str
     kind: HostKind
     instances: Mapping[str, ManifestInstance]
-    router: ManifestRouter | None = None
+    router: ManifestRouter | None = field(default=None, metadata=OMIT_NONE)
 
-    def to_json(self) -> dict[str, object]:
-        out: dict[str, object] = {
-            "config_hash": self.config_hash,
-            "host": self.host,
-            "kind": self.kind,
-            "instances": {name: i.to_json() for name, i in self.instances.items()},
-        }
-        if self.router is not None:
-            out["router"] = self.router.to_json()
-        return out
+    def to_json(self) -> JsonObject:
+        return json_codec.to_json(self)
 
     def text(self) -> str:
         return json.dumps(self.to_json(), indent=2) + "\n"
@@ -230,10 +192,12 @@ class Manifest:
             host=jf.text(data.get("host")) or "",
             kind=kind,
             instances={
-                str(name): ManifestInstance.from_json(str(name), entry)
+                str(name): ManifestInstance.from_json_entry(str(name), entry)
                 for name, entry in instances.items()
             },
-            router=None if data.get("router") is None else ManifestRouter.from_json(data["router"]),
+            router=None
+            if data.get("router") is None
+            else ManifestRouter.from_json_entry(data["router"]),
         )
 
     @staticmethod

@@ -31,6 +31,7 @@ from rapidfuzz.distance import Levenshtein
 
 from llamanix.core.config import Config, parse_config
 from llamanix.core.errors import UserError
+from llamanix.core.json_value import JsonObject
 from llamanix.deploy.host_render import render_host
 from llamanix.measure.bench_results import RunResult
 from llamanix.measure.interval import RatioInterval, paired_speedup
@@ -206,7 +207,7 @@ class WorkloadRow:
     def acceptance(self) -> float | None:
         return self.accepted / self.drafted if self.drafted else None
 
-    def to_json(self) -> dict[str, object]:
+    def to_json(self) -> JsonObject:
         return {
             "speculation": self.speculation,
             "workload": self.workload,

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from llamanix.core.config import Config
+from llamanix.core.json_value import JsonObject
 from llamanix.external.llama_bench import LlamaBenchTest, llama_bench_argv, run_llama_bench
 from llamanix.measure.bench import run_bench
 from llamanix.measure.bench_results import BenchSettings
@@ -58,7 +59,7 @@ class LosslessRow:
     compared: str  # "ngram-mod" or "plain (control)"
     summary: WorkloadSummary
 
-    def to_json(self) -> dict[str, object]:
+    def to_json(self) -> JsonObject:
         return {"slots": self.slots, "compared": self.compared, **self.summary.to_json()}
 
 

@@ -35,10 +35,10 @@ import shutil
 import sys
 import tarfile
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, TextIO
+from typing import Protocol, TextIO
 
 from rich.console import Console
 from rich.progress import (
@@ -51,6 +51,7 @@ from rich.progress import (
 )
 
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
+from llamanix.core.json_value import JsonObject
 from llamanix.core.probe import commit_of
 from llamanix.external import cmake, pip
 from llamanix.external.files import atomic_write, extract_trusted, locked
@@ -469,7 +470,7 @@ def build_lock(layout: BuildLayout) -> Iterator[None]:
         yield
 
 
-def read_marker(layout: BuildLayout) -> dict[str, Any] | None:
+def read_marker(layout: BuildLayout) -> Mapping[str, object] | None:
     """The marker of a finished build of the pinned source, or None."""
     try:
         data = json.loads(layout.marker.read_text())
@@ -486,8 +487,8 @@ def read_marker(layout: BuildLayout) -> dict[str, Any] | None:
     return data
 
 
-def write_marker(layout: BuildLayout, version_line: str) -> dict[str, Any]:
-    data: dict[str, Any] = {
+def write_marker(layout: BuildLayout, version_line: str) -> JsonObject:
+    data: JsonObject = {
         "version": LLAMA_CPP_PYTHON_VERSION,
         "sha256": LLAMA_CPP_PYTHON_SDIST_SHA256,
         "commit": commit_of(version_line) or LLAMA_CPP_COMMIT,

@@ -1,0 +1,179 @@
+"""core/json_codec: a frozen dataclass to JSON and back, strict and lenient."""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+import pytest
+from recorded_help import UPSTREAM, recorded
+
+from llamanix.core import json_codec
+from llamanix.core.json_codec import OMIT_NONE, JsonRecord, json_key
+from llamanix.core.probe import Capabilities
+from llamanix.render.manifest import Manifest, ManifestInstance, unit_name
+
+Colour = Literal["red", "green"]
+
+
+class Size(enum.Enum):
+    SMALL = "s"
+    LARGE = "l"
+
+
+@dataclass(frozen=True)
+class Point(JsonRecord):
+    x: int
+    y: float
+    label: str | None = None
+
+
+@dataclass(frozen=True)
+class Shape(JsonRecord):
+    name: str
+    colour: Colour
+    points: tuple[Point, ...]
+    tags: Mapping[str, str]
+    size: Size
+    closed: bool = False
+    centre: Point | None = None
+    note: str | None = field(default=None, metadata=OMIT_NONE)
+    by_colour: Mapping[Colour, tuple[int, ...]] = field(default_factory=dict)
+    line_width: float = field(default=1.0, metadata=json_key("line-width"))
+
+
+SHAPE = Shape(
+    name="tri",
+    colour="green",
+    points=(Point(0, 0.5), Point(3, 4.0, "top")),
+    tags={"by": "hand"},
+    size=Size.LARGE,
+    centre=Point(1, 1.5),
+    by_colour={"red": (1, 2)},
+    line_width=2.5,
+)
+
+
+def test_a_nested_record_goes_round_and_comes_back_equal() -> None:
+    written = SHAPE.to_json()
+    # Field order is key order; None is null unless the field says to leave it out; a renamed
+    # field is written under its key.
+    assert list(written) == [
+        "name",
+        "colour",
+        "points",
+        "tags",
+        "size",
+        "closed",
+        "centre",
+        "by_colour",
+        "line-width",
+    ]
+    assert written["points"] == [
+        {"x": 0, "y": 0.5, "label": None},
+        {"x": 3, "y": 4.0, "label": "top"},
+    ]
+    assert written["size"] == "l" and written["by_colour"] == {"red": [1, 2]}
+    text = json.dumps(written)
+    back = Shape.from_json(json.loads(text), "shape")
+    assert back == SHAPE and json.dumps(back.to_json()) == text
+    noted = Shape.from_json({**written, "note": "n"}, "shape")
+    assert noted.note == "n" and noted.to_json()["note"] == "n"
+
+
+def test_a_strict_read_names_the_field_that_is_wrong() -> None:
+    written = json.loads(json.dumps(SHAPE.to_json()))
+
+    def error(data: object) -> str:
+        with pytest.raises(ValueError) as err:
+            Shape.from_json(data, "shape")
+        return str(err.value)
+
+    assert error({**written, "points": [{"x": 0, "y": 1}, {"x": "3", "y": 1}]}) == (
+        "shape.points[1].x: expected an integer"
+    )
+    assert error({k: v for k, v in written.items() if k != "name"}) == (
+        "shape.name: expected a string"
+    )
+    assert error({**written, "centre": {"x": 1, "y": True}}) == "shape.centre.y: expected a number"
+    assert error({**written, "colour": "blue"}) == (
+        "shape.colour: unknown colour 'blue' (expected one of 'red', 'green')"
+    )
+    assert error({**written, "tags": {"by": 1}}) == "shape.tags.by: expected a string"
+    assert error({**written, "closed": "yes"}) == "shape.closed: expected true or false"
+    assert error({**written, "by_colour": {"blue": [1]}}).startswith("shape.by_colour: unknown")
+    assert error([]) == "shape: expected an object"
+    assert error({k: v for k, v in written.items() if k != "size"}) == (
+        "shape.size: expected one of 's', 'l'"
+    )
+    # A field added later, with a default, may be missing from a record written before it.
+    older = {k: v for k, v in written.items() if k not in ("closed", "by_colour", "line-width")}
+    assert Shape.from_json(older, "shape") == Shape(
+        "tri", "green", SHAPE.points, SHAPE.tags, Size.LARGE, centre=SHAPE.centre
+    )
+
+
+def test_a_lenient_read_takes_defaults_for_what_is_missing_or_wrong() -> None:
+    found = json_codec.from_json_lenient(
+        Shape,
+        {
+            "name": "sq",
+            "colour": "red",
+            "points": [{"x": 1, "y": 2}, "not a point", {"x": "bad", "y": 0}],
+            "tags": {"ok": "yes", "bad": 3},
+            "size": "s",
+            "closed": "maybe",
+            "centre": "nowhere",
+            "by_colour": {"purple": [1], "green": [1, "two", 3]},
+        },
+        "shape",
+    )
+    assert found == Shape(
+        "sq",
+        "red",
+        (Point(1, 2.0),),
+        {"ok": "yes"},
+        Size.SMALL,
+        closed=False,
+        centre=None,
+        by_colour={"green": (1, 3)},
+    )
+    with pytest.raises(ValueError, match=r"^shape\.name: expected a string$"):
+        json_codec.from_json_lenient(Shape, {"name": 3}, "shape")
+
+
+def test_an_older_probe_file_reads_with_the_newer_fields_at_their_defaults() -> None:
+    """A probe file written before the dialect, the V cache types and the chain spelling were
+    recorded, read back: the newer fields take their defaults, the rest is as written."""
+    probed = recorded(UPSTREAM)
+    written = probed.to_json()
+    assert "source" not in written
+    older = {
+        k: v
+        for k, v in written.items()
+        if k not in ("dialect", "dialect_guess", "cache_types_v", "spec_chain")
+    }
+    found = Capabilities.from_json(json.loads(json.dumps(older)), "old.json")
+    assert found.source == "old.json" and found.flags == probed.flags
+    assert found.dialect is None and found.cache_types_v == [] and found.spec_chain is None
+    assert Capabilities.from_json(json.loads(json.dumps(written))).to_json() == written
+
+
+def test_a_manifest_entry_reads_leniently_and_writes_back_as_it_was() -> None:
+    entry = ManifestInstance.from_json_entry(
+        "chat", {"argv": ["llama-server", 7], "port": "8080", "gpu": True, "environment": []}
+    )
+    assert entry == ManifestInstance(unit=unit_name("chat"), argv=("llama-server",), gpu=True)
+    text = json.dumps(
+        {
+            "config_hash": "abc",
+            "host": "h",
+            "kind": "systemd",
+            "instances": {"chat": json_codec.to_json(entry)},
+        },
+        indent=2,
+    )
+    assert Manifest.from_json(text).text() == text + "\n"
