@@ -186,6 +186,11 @@ def test_help_and_completion_import_no_heavy_library() -> None:
             "--alias",
             ["bench", "--url", "http://127.0.0.1:9", "--model", "m", "--runs", "0"],
         ),
+        (
+            "--synthetic-acceptance",
+            "llamanix bench synthetic RATES --config CONFIG --instance NAME",
+            ["bench", "--synthetic-acceptance", "0.5", "--runs", "0"],
+        ),
     ],
 )
 def test_deprecated_spellings_still_work_and_say_so(old: str, new: str, argv: list[str]) -> None:
@@ -199,7 +204,8 @@ def test_deprecated_spellings_still_work_and_say_so(old: str, new: str, argv: li
     assert f"llamanix: {old} is deprecated, use {new}" in done.stderr.splitlines()
     assert "Traceback" not in done.stderr
     # Taken as the option it stands for: readiness gave up at once (exit 1, the deadline
-    # was 0 s); bench reached its own check of --runs (exit 2, one line).
+    # was 0 s); bench reached its own check of --runs, the sweep its check of --config (exit 2,
+    # one line).
     assert done.returncode in (1, 2)
 
 

@@ -4,7 +4,8 @@ Layers, bottom to top: core (the domain, pure), external (the programs llamanix 
 files), render, measure, deploy, testbed, cli. A module may import its own layer or any layer
 below; the package root (``llamanix``, which holds only the version) is below them all. Imports
 inside functions and under ``TYPE_CHECKING`` count too: a cycle that only type hints close is
-still two modules that cannot be understood apart.
+still two modules that cannot be understood apart. Only ``external/`` runs programs and sends
+signals.
 """
 
 from __future__ import annotations
@@ -194,3 +195,99 @@ def test_the_subprocess_check_sees_each_import_form(tmp_path: Path) -> None:
         assert imports_subprocess(source), text
     (tmp_path / "m.py").write_text("import shlex\n")
     assert not imports_subprocess(tmp_path / "m.py")
+
+
+# A signal sent: the functions that send one, by module; and a child's own method for it.
+SIGNAL_SENDERS = {"os": {"kill", "killpg"}, "signal": {"pthread_kill"}}
+SIGNAL_METHODS = {"send_signal"}
+
+
+def signals_sent(path: Path) -> list[str]:
+    """Each place ``path`` sends a signal, or takes hold of a function that does: ``os.kill``,
+    ``os.killpg``, ``signal.pthread_kill``, under any alias (``import os as o``, ``from os
+    import kill as k``), and ``.send_signal`` of a child. Installing a handler is not sending."""
+    tree = ast.parse(path.read_text(), str(path))
+    aliases: dict[str, str] = {}  # local name -> the module it is
+    found: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name in SIGNAL_SENDERS:
+                    aliases[alias.asname or alias.name] = alias.name
+        elif isinstance(node, ast.ImportFrom) and node.module in SIGNAL_SENDERS:
+            found += [
+                f"{path.name}:{node.lineno}: from {node.module} import {alias.name}"
+                for alias in node.names
+                if alias.name in SIGNAL_SENDERS[node.module] or alias.name == "*"
+            ]
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute):
+            continue
+        owner = node.value.id if isinstance(node.value, ast.Name) else None
+        module = aliases.get(owner or "")
+        if module is not None and node.attr in SIGNAL_SENDERS[module]:
+            found.append(f"{path.name}:{node.lineno}: {owner}.{node.attr}")
+        elif node.attr in SIGNAL_METHODS:
+            found.append(f"{path.name}:{node.lineno}: .{node.attr}")
+    return found
+
+
+def signal_offenders(mods: dict[str, Path]) -> list[str]:
+    return [
+        f"{name}: {where}"
+        for name, path in mods.items()
+        if name.split(".")[1:2] != ["external"]
+        for where in signals_sent(path)
+    ]
+
+
+def test_only_external_sends_signals() -> None:
+    """Every signal llamanix sends to a process goes through a function of ``external/``
+    (external/signals.py), as every program it runs does."""
+    offenders = signal_offenders(modules())
+    assert not offenders, "signals sent outside llamanix.external:\n" + "\n".join(offenders)
+
+
+def test_the_signal_check_flags_a_layer_and_spares_external(tmp_path: Path) -> None:
+    """crash_point's old line, in deploy and in external: only deploy's is an offence."""
+    text = "import os\nimport signal\nos.kill(os.getpid(), signal.SIGKILL)\n"
+    (tmp_path / "crash_point.py").write_text(text)
+    (tmp_path / "signals.py").write_text(text)
+    mods = {
+        "llamanix.deploy.crash_point": tmp_path / "crash_point.py",
+        "llamanix.external.signals": tmp_path / "signals.py",
+    }
+    assert signal_offenders(mods) == ["llamanix.deploy.crash_point: crash_point.py:3: os.kill"]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "import os\nos.kill(1, 9)\n",
+        "import os\ndef f(pgid):\n    os.killpg(pgid, 15)\n",
+        "import os as system\nsystem.kill(1, 9)\n",
+        "from os import kill\nkill(1, 9)\n",
+        "from os import killpg as stop\n",
+        "from os import *\n",
+        "import signal\nsignal.pthread_kill(1, 2)\n",
+        "from signal import pthread_kill as pk\n",
+        "import os\nsend = os.kill\n",
+        "def stop(proc):\n    proc.send_signal(2)\n",
+    ],
+)
+def test_the_signal_check_sees_each_form(text: str, tmp_path: Path) -> None:
+    source = tmp_path / "m.py"
+    source.write_text(text)
+    assert signals_sent(source), text
+
+
+def test_the_signal_check_lets_handlers_and_other_kills_be(tmp_path: Path) -> None:
+    source = tmp_path / "m.py"
+    source.write_text(
+        "import os\nimport signal\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_DFL)\n"  # a handler: not a signal sent
+        "os.getpid()\n"
+        "def f(host):\n    host.kill()\n"  # a method of llamanix's own (a test host)
+        "kill = 3\n"
+    )
+    assert signals_sent(source) == []

@@ -28,7 +28,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from llamanix.external import interrupt
+from llamanix.external import interrupt, signals
 from llamanix.measure.server_process import free_port, processes_with_env
 from llamanix.testbed.demo import DEMO_MODEL
 from llamanix.testbed.synth import synth_model
@@ -255,3 +255,41 @@ def test_an_ignored_signal_stays_ignored() -> None:
             signal.raise_signal(signal.SIGHUP)  # nohup's promise: nothing happens
     finally:
         signal.signal(signal.SIGHUP, before)
+
+
+# --- external/signals: the one way a signal is sent ---------------------------------------------
+
+
+def test_signals_reach_a_process_and_its_group_and_a_gone_one_is_no_error() -> None:
+    """Real children: a process stopped by pid, a process group (a shell and its sleep) by its
+    id, a child by its own handle; signalling each again, once gone, raises nothing."""
+    one = subprocess.Popen(["sleep", "60"])
+    group = subprocess.Popen(["sh", "-c", "sleep 60 & wait"], start_new_session=True)
+    child = subprocess.Popen(["sleep", "60"])
+    signals.signal_process(one.pid, signal.SIGTERM)
+    signals.signal_group(group.pid, signal.SIGKILL)
+    signals.signal_child(child, signal.SIGINT)
+    assert one.wait(10) == -signal.SIGTERM
+    assert group.wait(10) == -signal.SIGKILL
+    assert child.wait(10) == -signal.SIGINT
+    # Pids are handed out in turn: the waited-for ones are not another process's this soon.
+    signals.signal_process(one.pid, signal.SIGTERM)
+    signals.signal_group(group.pid, signal.SIGKILL)
+    signals.signal_child(child, signal.SIGINT)  # waited for: its pid is no longer its own
+
+
+def test_this_process_ends_on_the_spot() -> None:
+    """kill_this_process: no finally block runs, and the exit is SIGKILL's."""
+    code = (
+        "from llamanix.external.signals import kill_this_process\n"
+        "try:\n    kill_this_process()\nfinally:\n    print('finally ran')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(TOOLS)},
+        check=False,
+    )
+    assert done.returncode == -signal.SIGKILL
+    assert done.stdout == ""

@@ -184,7 +184,7 @@ def test_drafter_settings_need_a_drafter() -> None:
 def test_synthetic_acceptance_never_serves() -> None:
     [line] = problems("upstream", {"type": "none"}, extra_args=["--spec-synth-len", "2.5"])
     assert "instances.a.extra_args: --spec-synth-len makes the server accept drafts" in line
-    assert "llamanix bench --synthetic-acceptance" in line
+    assert "llamanix bench synthetic" in line
 
 
 # --- BeeLlama: v0.3 as recorded, anything after it from its own lists -----------------------

@@ -1,4 +1,5 @@
-"""llamanix bench --synthetic-acceptance: the mean length, the argv, a real sweep, refusals.
+"""llamanix bench synthetic: the mean length, the argv, a real sweep, refusals, and the old
+spelling (bench --synthetic-acceptance), which does the same after one line naming the new one.
 
 The sweep runs the real CPU llama-server with a synthetic model as its own draft. Benchmarks
 never assert timings: only the shape of what comes back and what the server logged.
@@ -7,9 +8,10 @@ never assert timings: only the shape of what comes back and what the server logg
 from __future__ import annotations
 
 import json
+import re
 import stat
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from click.testing import CliRunner, Result
@@ -27,8 +29,19 @@ if TYPE_CHECKING:
 HELP_DATA = Path(__file__).parent / "data" / "help"
 
 
+DEPRECATION = (
+    "llamanix: --synthetic-acceptance is deprecated, use "
+    "llamanix bench synthetic RATES --config CONFIG --instance NAME"
+)
+
+
 def bench(*args: str) -> Result:
     return CliRunner().invoke(main, ["bench", *args])
+
+
+def sweep(config: Path, instance: str, rates: str, *args: str) -> Result:
+    """`bench synthetic RATES --config CONFIG --instance NAME ARGS`."""
+    return bench("synthetic", rates, "--config", str(config), "--instance", instance, *args)
 
 
 def write_config(
@@ -88,7 +101,7 @@ def test_parse_rates() -> None:
     assert synth.parse_rates("0.3,0.6, 0.9") == (0.3, 0.6, 0.9)
     assert synth.parse_rates("0,1") == (0.0, 1.0)
     for bad in ("1.5", "-0.1", "abc", "0.3,,0.6", "nan", "inf"):
-        with pytest.raises(UserError, match="--synthetic-acceptance"):
+        with pytest.raises(UserError, match="llamanix bench synthetic: RATES: "):
             synth.parse_rates(bad)
 
 
@@ -193,25 +206,11 @@ def test_cli_sweep_prints_the_table_and_writes_json(
 ) -> None:
     config = write_config(tmp_path / "c.toml", llama_server_bin, synth_models.target)
     out = tmp_path / "sweep.json"
-    result = CliRunner().invoke(
-        main,
-        [
-            "bench",
-            "run",
-            "--config",
-            str(config),
-            "--instance",
-            "tiny",
-            "--synthetic-acceptance",
-            "0.3,0.9",
-            "--prompts",
-            "builtin:fibonacci",
-            *SWEEP_OPTIONS,
-            "-o",
-            str(out),
-        ],
+    result = sweep(
+        config, "tiny", "0.3,0.9", "--prompts", "builtin:fibonacci", *SWEEP_OPTIONS, "-o", str(out)
     )
     assert result.exit_code == 0, result.output
+    assert "deprecated" not in result.stderr
     for text in ("acceptance p", "mean length L", "decode tok/s", "speedup", "baseline", "1.417"):
         assert text in result.stdout, text
     data = json.loads(out.read_text())
@@ -226,6 +225,46 @@ def test_cli_sweep_prints_the_table_and_writes_json(
     assert all(p["speedup"] > 0 for p in data["points"])
 
 
+def measured_away(data: dict[str, Any]) -> dict[str, Any]:
+    """A sweep's JSON without what differs between two runs: timings, speed-ups, free ports."""
+    points = []
+    for point in [data["baseline"], *data["points"]]:
+        argv = list(point["argv"])
+        argv[argv.index("--port") + 1] = "PORT"
+        points.append(
+            {
+                "acceptance": point["acceptance"],
+                "mean_length": point["mean_length"],
+                "server": (point["server_n_max"], point["server_mean_length"]),
+                "decode_tok_s": sorted(point["decode_tok_s"]),
+                "argv": argv,
+            }
+        )
+    kept = ("format", "benchmark_only", "instance", "spec_type", "n_max", "n_max_source", "notes")
+    return {**{key: data[key] for key in kept}, "points": points}
+
+
+@pytest.mark.server
+def test_both_spellings_run_the_same_sweep(
+    llama_server_bin: Path, synth_models: SynthModels, tmp_path: Path
+) -> None:
+    config = write_config(tmp_path / "c.toml", llama_server_bin, synth_models.target)
+    options = ("--prompts", "builtin:fibonacci", *SWEEP_OPTIONS, "--json")
+    new = sweep(config, "tiny", "0.9", *options)
+    old = bench(
+        "--config", str(config), "--instance", "tiny", "--synthetic-acceptance", "0.9", *options
+    )
+    assert new.exit_code == old.exit_code == 0, (new.output, old.output)
+    assert old.stderr.splitlines()[0] == DEPRECATION
+    # What it said of the servers it started, but for their free ports.
+    said = [re.sub(r":\d+", ":PORT", r.stderr) for r in (old, new)]
+    assert said[0].splitlines()[1:] == said[1].splitlines()
+    assert "deprecated" not in new.stderr
+    new_data, old_data = json.loads(new.stdout), json.loads(old.stdout)
+    assert measured_away(old_data) == measured_away(new_data)
+    assert [p["acceptance"] for p in new_data["points"]] == [0.9]
+
+
 # --- refusals -------------------------------------------------------------------------------
 
 
@@ -238,24 +277,49 @@ def one_line(result: Result) -> str:
     return lines[0]
 
 
+@pytest.mark.parametrize(
+    ("args", "option"),
+    [
+        ([], "RATES"),
+        (["0.5"], "--config"),
+        (["0.5", "--config", "{config}"], "--instance"),
+        (["0.5", "--instance", "tiny"], "--config"),
+        (["{sweep}", "0.3,1.5"], "RATES"),
+        (["{sweep}", "--", "-0.1"], "RATES"),
+        (["{sweep}", "fast"], "RATES"),
+        (["{sweep}", "0.5", "--runs", "0"], "--runs"),
+        (["{sweep}", "0.5", "--concurrency", "0"], "--concurrency"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(args: list[str], option: str, tmp_path: Path) -> None:
+    config = write_config(tmp_path / "c.toml", "/nonexistent/llama-server", tmp_path / "m.gguf")
+    argv: list[str] = []
+    for a in args:
+        if a == "{sweep}":
+            argv += ["--config", str(config), "--instance", "tiny"]
+        else:
+            argv.append(a.replace("{config}", str(config)))
+    out = tmp_path / "r.json"
+    line = one_line(bench("synthetic", "-o", str(out), *argv))
+    assert line.startswith(f"llamanix bench synthetic: {option}: "), line
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("command", [["bench"], ["bench", "run"]])
 @pytest.mark.parametrize(
     ("args", "option"),
     [
-        (["--synthetic-acceptance", "0.5"], "--synthetic-acceptance"),
-        (["--synthetic-acceptance", "0.5", "--config", "{config}"], "--synthetic-acceptance"),
-        (["--config", "{config}", "--instance", "tiny"], "--config"),
-        (["--instance", "tiny"], "--instance"),
+        (["--synthetic-acceptance", "0.5"], "--config"),
+        (["--synthetic-acceptance", "0.5", "--config", "{config}"], "--instance"),
         (["{sweep}", "0.5", "--url", "http://127.0.0.1:9"], "--url"),
         (["{sweep}", "0.5", "--gpu", "rtx3090"], "--gpu"),
         (["{sweep}", "0.5", "--csv", "{tmp}/r.csv"], "--csv"),
-        (["{sweep}", "0.3,1.5"], "--synthetic-acceptance"),
-        (["{sweep}", "-0.1"], "--synthetic-acceptance"),
-        (["{sweep}", "fast"], "--synthetic-acceptance"),
+        (["{sweep}", "0.3,1.5"], "RATES"),
+        (["{sweep}", "fast"], "RATES"),
         (["{sweep}", "0.5", "--runs", "0"], "--runs"),
     ],
 )
-def test_bad_options_are_one_line_exit_2(
+def test_the_old_spelling_says_so_then_refuses_alike(
     command: list[str], args: list[str], option: str, tmp_path: Path
 ) -> None:
     config = write_config(tmp_path / "c.toml", "/nonexistent/llama-server", tmp_path / "m.gguf")
@@ -267,27 +331,49 @@ def test_bad_options_are_one_line_exit_2(
         else:
             argv.append(a.replace("{config}", str(config)).replace("{tmp}", str(tmp_path)))
     out = tmp_path / "r.json"
-    line = one_line(CliRunner().invoke(main, [*command, *argv, "-o", str(out)]))
+    result = CliRunner().invoke(main, [*command, *argv, "-o", str(out)])
+    assert result.exit_code == 2, result.output
+    assert result.stdout == "" and "Traceback" not in result.output
+    note, line = result.stderr.strip().splitlines()
+    assert note == DEPRECATION
     assert f": {option}: " in line, line
     assert not out.exists() and not (tmp_path / "r.csv").exists()
+
+
+@pytest.mark.parametrize("command", [["bench"], ["bench", "run"]])
+@pytest.mark.parametrize("option", ["--config", "--instance"])
+def test_config_or_instance_without_a_sweep_is_refused(
+    command: list[str], option: str, tmp_path: Path
+) -> None:
+    config = write_config(tmp_path / "c.toml", "/nonexistent/llama-server", tmp_path / "m.gguf")
+    given = {"--config": str(config), "--instance": "tiny"}
+    line = one_line(CliRunner().invoke(main, [*command, option, given[option]]))
+    assert line.startswith(f"llamanix bench: {option}: only taken with --synthetic-acceptance")
+    assert "llamanix bench synthetic RATES" in line
+
+
+def test_both_spellings_refuse_alike(tmp_path: Path) -> None:
+    """The old spelling is the new command after one line: the same refusal, word for word."""
+    config = write_config(tmp_path / "c.toml", "/nonexistent/llama-server", tmp_path / "m.gguf")
+    new = sweep(config, "tiyn", "0.5")
+    old = bench("--config", str(config), "--instance", "tiyn", "--synthetic-acceptance", "0.5")
+    assert new.exit_code == old.exit_code == 2
+    assert old.stderr.splitlines() == [DEPRECATION, *new.stderr.splitlines()]
+    assert old.stdout == new.stdout == ""
 
 
 def test_instance_without_speculation_is_refused(tmp_path: Path) -> None:
     config = write_config(
         tmp_path / "c.toml", "/nonexistent/llama-server", tmp_path / "m.gguf", spec=False
     )
-    line = one_line(
-        bench("--config", str(config), "--instance", "tiny", "--synthetic-acceptance", "0.5")
-    )
+    line = one_line(sweep(config, "tiny", "0.5"))
     assert line.startswith(f"{config}: instances.tiny.speculative.type: instance has no ")
-    assert "--synthetic-acceptance" in line
+    assert "llamanix bench synthetic" in line
 
 
 def test_unknown_instance_is_refused(tmp_path: Path) -> None:
     config = write_config(tmp_path / "c.toml", "/nonexistent/llama-server", tmp_path / "m.gguf")
-    line = one_line(
-        bench("--config", str(config), "--instance", "tiyn", "--synthetic-acceptance", "0.5")
-    )
+    line = one_line(sweep(config, "tiyn", "0.5"))
     assert "instances.tiyn: no such instance" in line
 
 
@@ -301,17 +387,13 @@ def test_a_build_without_synthetic_acceptance_is_refused(tmp_path: Path) -> None
     )
     binary.chmod(binary.stat().st_mode | stat.S_IXUSR)
     config = write_config(tmp_path / "c.toml", binary, tmp_path / "m.gguf")
-    line = one_line(
-        bench("--config", str(config), "--instance", "tiny", "--synthetic-acceptance", "0.5")
-    )
-    assert line.startswith(f"{binary}: --synthetic-acceptance: this build has no synthetic ")
+    line = one_line(sweep(config, "tiny", "0.5"))
+    assert line.startswith(f"{binary}: --spec-synth-len: this build has no synthetic ")
     assert "--spec-synth-len" in line and "it needs upstream llama.cpp" in line
 
 
 @pytest.mark.server
 def test_model_missing_here_is_refused(llama_server_bin: Path, tmp_path: Path) -> None:
     config = write_config(tmp_path / "c.toml", llama_server_bin, tmp_path / "absent.gguf")
-    line = one_line(
-        bench("--config", str(config), "--instance", "tiny", "--synthetic-acceptance", "0.5")
-    )
+    line = one_line(sweep(config, "tiny", "0.5"))
     assert line.startswith(f"{config}: instances.tiny.model: {tmp_path / 'absent.gguf'} is not")

@@ -1,9 +1,10 @@
 """The ``llamanix`` command line (click).
 
-Commands live in one module per concern (core, testbed, measure, checks, deploy, readiness);
-each exposes ``register(group)``. A module is imported only when one of its commands runs: the
-listing (``--help``) and completing a command name come from ``COMMANDS`` below, so they load
-no command module and none of the libraries those import (gguf, numpy, httpx, rich, jinja2).
+Commands live in one module per concern (core, testbed, bench, diagnose, model, checks, deploy,
+readiness); each exposes ``register(group)``. A module is imported only when one of its commands
+runs: the listing (``--help``) and completing a command name come from ``COMMANDS`` below, so
+they load no command module and none of the libraries those import (gguf, numpy, httpx, rich,
+jinja2).
 User mistakes become one line on stderr and exit code 2, never a traceback; SIGINT, SIGTERM and
 SIGHUP stop what the command started, then exit 128 + the signal's number.
 """
@@ -90,20 +91,20 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "Boot a test host (systemd as PID 1) and open a root shell in it, as the tests see it.",
     ),
     "bench": (
-        "measure",
+        "bench",
         "Benchmark a running llama-server: TTFT, prefill and decode, server and client clocks.",
     ),
     "lossless": (
-        "measure",
+        "diagnose",
         "Do two servers answer alike at temperature 0? Speculation (B) against a baseline (A).",
     ),
     "inspect": (
-        "measure",
+        "model",
         "What a GGUF holds: architecture, sizes, layers, KV cost per token, MTP, hybrid.",
     ),
-    "ceiling": ("measure", "The decode roofline: memory bandwidth / bytes read per token."),
+    "ceiling": ("model", "The decode roofline: memory bandwidth / bytes read per token."),
     "doctor": (
-        "measure",
+        "diagnose",
         "Find what silently costs speed or memory; exit 1 on any error finding.",
     ),
     "up": (

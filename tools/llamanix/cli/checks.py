@@ -10,7 +10,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from llamanix.cli.options import OneOf, exit_with, json_flag, output_option
+from llamanix.cli.options import DIRECTORY, FILE, OneOf, exit_with, json_flag, output_option
 from llamanix.core.variants import variant_names
 from llamanix.external.files import atomic_write
 from llamanix.measure import smoke as smoke_module
@@ -46,12 +46,12 @@ def summary_line(report: SmokeReport) -> str:
 @click.option(
     "--binary",
     required=True,
-    type=click.Path(path_type=Path, dir_okay=False),
+    type=FILE,
     help="The llama-server to check.",
 )
 @click.option(
     "--model",
-    type=click.Path(path_type=Path, dir_okay=False),
+    type=FILE,
     help="GGUF to serve (default: a small synthetic model, written to a temp dir).",
 )
 @click.option(
@@ -64,7 +64,7 @@ def summary_line(report: SmokeReport) -> str:
 )
 @click.option(
     "--draft-model",
-    type=click.Path(path_type=Path, dir_okay=False),
+    type=FILE,
     help="Draft GGUF for --spec draft (default: the model itself).",
 )
 @click.option(
@@ -83,7 +83,7 @@ def summary_line(report: SmokeReport) -> str:
 )
 @click.option(
     "--keep",
-    type=click.Path(path_type=Path, file_okay=False),
+    type=DIRECTORY,
     help="Keep the synthetic model and the server log in this directory.",
 )
 @json_flag

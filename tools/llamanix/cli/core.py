@@ -9,8 +9,15 @@ from typing import Any, TypeVar
 
 import click
 
-from llamanix.cli.completion import complete_hosts, complete_instances
-from llamanix.cli.options import exit_with, json_flag
+from llamanix.cli.options import (
+    DIRECTORY,
+    FILE,
+    config_argument,
+    exit_with,
+    host_option,
+    instance_argument,
+    json_flag,
+)
 from llamanix.core import schema
 from llamanix.core.argv import dialect_warning, instance_argv
 from llamanix.core.config import Config, load_config
@@ -24,7 +31,6 @@ from llamanix.external.llama_server import probe_binary
 from llamanix.render.units import CapabilityMap, write_render
 
 FC = TypeVar("FC", bound=Callable[..., Any])
-CONFIG = click.argument("config", type=click.Path(path_type=Path, dir_okay=False))
 
 
 def _capability_option(multiple: bool) -> Callable[[FC], FC]:
@@ -61,7 +67,7 @@ def _echo_json(data: Any) -> None:
 
 
 @click.command()
-@CONFIG
+@config_argument()
 @_capability_option(multiple=True)
 @json_flag
 def validate(config: Path, capabilities: tuple[str, ...], as_json: bool) -> None:
@@ -91,8 +97,8 @@ def validate(config: Path, capabilities: tuple[str, ...], as_json: bool) -> None
 
 
 @click.command("argv")
-@CONFIG
-@click.argument("instance", shell_complete=complete_instances)
+@config_argument()
+@instance_argument()
 @click.option("--variant", help="Render for this variant instead (preview a flip).")
 @_capability_option(multiple=False)
 def argv_cmd(config: Path, instance: str, variant: str | None, capabilities: str | None) -> None:
@@ -107,14 +113,14 @@ def argv_cmd(config: Path, instance: str, variant: str | None, capabilities: str
 
 
 @click.command()
-@CONFIG
-@click.option("--host", shell_complete=complete_hosts, help="Only this host.")
+@config_argument()
+@host_option("Only this host.")
 @_capability_option(multiple=True)
 @click.option("--no-security", is_flag=True, help="Skip the systemd-analyze exposure score.")
 @click.option(
     "--flake",
     "flake_dir",
-    type=click.Path(path_type=Path, file_okay=False),
+    type=DIRECTORY,
     help="Directory of the flake.lock whose pins to show (default: the config's).",
 )
 @click.option(
@@ -153,19 +159,15 @@ def plan(
 
 
 @click.command()
-@CONFIG
+@config_argument()
 @click.option(
     "--out",
     "out",
     required=True,
-    type=click.Path(path_type=Path, file_okay=False),
+    type=DIRECTORY,
     help="Directory for the units, argv files and manifest.json.",
 )
-@click.option(
-    "--host",
-    shell_complete=complete_hosts,
-    help="Host to render (may be left out when the config has one).",
-)
+@host_option("Host to render (may be left out when the config has one).")
 @click.option("--user", is_flag=True, help="Render systemd --user units.")
 @_capability_option(multiple=True)
 def render(
@@ -182,12 +184,12 @@ def render(
 
 
 @click.command()
-@click.argument("binary", type=click.Path(path_type=Path, dir_okay=False), required=False)
+@click.argument("binary", type=FILE, required=False)
 @click.option(
     "--diff",
     "diff",
     nargs=2,
-    type=click.Path(path_type=Path, dir_okay=False),
+    type=FILE,
     metavar="A.json B.json",
     help="Compare two saved probes: what a flip from build A to build B gains or loses.",
 )

@@ -12,13 +12,17 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from llamanix.cli.completion import complete_hosts
 from llamanix.cli.options import (
+    DIRECTORY,
+    FILE,
     OneOf,
+    config_argument,
+    config_option,
     deprecated,
     exit_with,
     fail,
     hidden_alias,
+    host_option,
     json_flag,
     timeout_option,
 )
@@ -34,8 +38,6 @@ from llamanix.deploy.generations import MANAGERS, GenerationRecord, HostState, M
 from llamanix.deploy.host_render import render_host
 from llamanix.deploy.supervisor import DEFAULT_START_TIMEOUT_S, Supervisor
 from llamanix.external.process import Runner
-
-CONFIG_PATH = click.Path(path_type=Path, dir_okay=False)
 
 
 def _echo(line: str) -> None:
@@ -77,7 +79,7 @@ _WAIT = click.option(
 def _manager_options(f: click.decorators.FC) -> click.decorators.FC:
     f = click.option(
         "--units-dir",
-        type=click.Path(path_type=Path, file_okay=False),
+        type=DIRECTORY,
         help="Where units are installed (default: /etc/systemd/system, "
         "~/.config/systemd/user, or .llamanix-state/HOST/up for --manager up).",
     )(f)
@@ -90,15 +92,11 @@ def _manager_options(f: click.decorators.FC) -> click.decorators.FC:
 
 
 @click.command()
-@click.argument("config", type=CONFIG_PATH)
-@click.option(
-    "--host",
-    shell_complete=complete_hosts,
-    help="Host to run (may be left out when the config has one).",
-)
+@config_argument()
+@host_option("Host to run (may be left out when the config has one).")
 @click.option(
     "--units-dir",
-    type=click.Path(path_type=Path, file_okay=False),
+    type=DIRECTORY,
     help="Render directory to run and watch (default: .llamanix-state/HOST/up beside CONFIG).",
 )
 @timeout_option(
@@ -137,12 +135,8 @@ def up(
 
 
 @click.command()
-@click.argument("config", type=CONFIG_PATH)
-@click.option(
-    "--host",
-    shell_complete=complete_hosts,
-    help="Host to switch, or 'all' (in config order); may be left out when the config has one.",
-)
+@config_argument()
+@host_option("Host to switch, or 'all' (in config order); may be left out when the config has one.")
 @click.option(
     "--set",
     "sets",
@@ -245,12 +239,8 @@ def switch(
 
 
 @click.command()
-@click.argument("config", type=CONFIG_PATH, default="llamanix.toml")
-@click.option(
-    "--host",
-    shell_complete=complete_hosts,
-    help="Host to roll back (may be left out when the config has one).",
-)
+@config_argument(default="llamanix.toml")
+@host_option("Host to roll back (may be left out when the config has one).")
 @click.option(
     "--to",
     "to",
@@ -290,10 +280,8 @@ def rollback(
 
 
 @click.command()
-@click.argument("config", type=CONFIG_PATH, default="llamanix.toml")
-@click.option(
-    "--host", shell_complete=complete_hosts, help="Host (may be left out when the config has one)."
-)
+@config_argument(default="llamanix.toml")
+@host_option()
 @json_flag
 def generations(config: Path, host: str | None, as_json: bool) -> None:
     """List a host's generations: date, variant and source revision per instance, gate."""
@@ -378,28 +366,23 @@ def _verdict_cell(record: GenerationRecord, not_serving: dict[str, str]) -> str:
 @click.option(
     "--flake",
     "flake_dir",
-    type=click.Path(path_type=Path, file_okay=False),
+    type=DIRECTORY,
     default=".",
     show_default=True,
     help="The llamanix flake (with flake.lock).",
 )
 @_WAIT
 @click.option("--dry-run", is_flag=True, help="Print the command instead of running it.")
-@click.option(
-    "--config",
-    "config",
-    type=click.Path(path_type=Path, dir_okay=False),
-    help="Config whose instances of VARIANT the drift report covers.",
-)
+@config_option("Config whose instances of VARIANT the drift report covers.")
 @click.option(
     "--previous",
-    type=click.Path(path_type=Path, dir_okay=False),
+    type=FILE,
     metavar="FILE",
     help="Probe of the build VARIANT runs now (llamanix probe BINARY --json).",
 )
 @click.option(
     "--capabilities",
-    type=click.Path(path_type=Path, dir_okay=False),
+    type=FILE,
     metavar="FILE",
     help="Probe of the build the pin would bring: with --config and --previous, list each "
     "field whose flag is respelled, refused (with the fix) or no longer rendered.",

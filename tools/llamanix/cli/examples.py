@@ -76,6 +76,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "--max-tokens 64,256,1024 -o base.json",
         "llamanix bench --url http://127.0.0.1:8080 --prompts realtext:edit --max-tokens 128",
         "llamanix bench compare base.json spec.json",
+        "llamanix bench synthetic 0.3,0.6,0.9 --config llamanix.toml --instance qwen",
     ),
     "bench run": (
         "llamanix bench run --url http://127.0.0.1:8080 -o base.json",
@@ -85,6 +86,11 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "llamanix bench compare base.json spec.json",
         "llamanix bench compare base.json spec.json --json",
         "llamanix bench compare base.json spec.json --plot crossover.png",
+    ),
+    "bench synthetic": (
+        "llamanix bench synthetic 0.3,0.6,0.9 --config llamanix.toml --instance qwen",
+        "llamanix bench synthetic 0.5,0.9 --config c.toml --instance agent "
+        "--prompts builtin:fibonacci --max-tokens 128 --runs 5 -o sweep.json",
     ),
     "lossless": (
         "llamanix lossless http://127.0.0.1:8080 http://127.0.0.1:8081",

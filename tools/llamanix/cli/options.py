@@ -12,13 +12,64 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
+
+if TYPE_CHECKING:
+    from click.shell_completion import CompletionItem
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 FILE = click.Path(path_type=Path, dir_okay=False)
+DIRECTORY = click.Path(path_type=Path, file_okay=False)
+
+HOST_HELP = "Host (may be left out when the config has one)."
+
+
+def _complete_hosts(
+    ctx: click.Context, param: click.Parameter, incomplete: str
+) -> list[CompletionItem]:
+    # Completion reads the config (tomllib): imported on a TAB after an option, not on --help.
+    from llamanix.cli.completion import complete_hosts
+
+    return complete_hosts(ctx, param, incomplete)
+
+
+def _complete_instances(
+    ctx: click.Context, param: click.Parameter, incomplete: str
+) -> list[CompletionItem]:
+    from llamanix.cli.completion import complete_instances
+
+    return complete_instances(ctx, param, incomplete)
+
+
+def config_argument(default: str | None = None) -> Callable[[F], F]:
+    """``CONFIG``: the llamanix.toml a command reads (``default``: the file taken when left
+    out). Its parameter is ``config``, where completion looks for it."""
+    if default is None:
+        return click.argument("config", type=FILE)
+    return click.argument("config", type=FILE, default=default)
+
+
+def config_option(help: str, *, hidden: bool = False) -> Callable[[F], F]:
+    """``--config FILE``: a config for a command whose arguments are something else."""
+    return click.option("--config", "config", type=FILE, hidden=hidden, help=help)
+
+
+def host_option(help: str = HOST_HELP) -> Callable[[F], F]:
+    """``--host NAME``, completed from the config's hosts."""
+    return click.option("--host", shell_complete=_complete_hosts, help=help)
+
+
+def instance_argument(*, required: bool = True) -> Callable[[F], F]:
+    """``INSTANCE``, completed from the config's instances."""
+    return click.argument("instance", required=required, shell_complete=_complete_instances)
+
+
+def instance_option(help: str, *, hidden: bool = False) -> Callable[[F], F]:
+    """``--instance NAME``, completed from the config's instances."""
+    return click.option("--instance", shell_complete=_complete_instances, hidden=hidden, help=help)
 
 
 def json_flag(f: F) -> F:
@@ -80,7 +131,7 @@ def deprecated(new_value: Any, old_value: Any, old: str, new: str) -> Any:
     default."""
     if old_value is None:
         return new_value
-    click.echo(f"llamanix: {old} is deprecated, use {new}", err=True)
+    deprecation_note(old, new)
     ctx = click.get_current_context(silent=True)
     if ctx is not None and new_value is not None:
         given_on_command_line = click.core.ParameterSource.COMMANDLINE
@@ -92,6 +143,11 @@ def deprecated(new_value: Any, old_value: Any, old: str, new: str) -> Any:
             ):
                 return new_value
     return old_value
+
+
+def deprecation_note(old: str, new: str) -> None:
+    """The one line an old spelling prints on stderr, naming the new one."""
+    click.echo(f"llamanix: {old} is deprecated, use {new}", err=True)
 
 
 def exit_with(code: int) -> NoReturn:

@@ -8,7 +8,15 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from llamanix.cli.options import OneOf, exit_with, json_flag, output_option, runs_option
+from llamanix.cli.options import (
+    DIRECTORY,
+    FILE,
+    OneOf,
+    exit_with,
+    json_flag,
+    output_option,
+    runs_option,
+)
 from llamanix.external.files import atomic_write
 from llamanix.external.llama_server import binary_version_line
 from llamanix.testbed import demo as demo_module
@@ -56,7 +64,7 @@ def fetch_model(print_path: bool) -> None:
 
 
 @click.command("synth-model")
-@click.argument("out", type=click.Path(path_type=Path, dir_okay=False))
+@click.argument("out", type=FILE)
 @click.option(
     "--layers", type=int, default=SynthSpec.layers, show_default=True, help="Real blocks."
 )
@@ -84,7 +92,7 @@ def fetch_model(print_path: bool) -> None:
 )
 @click.option(
     "--vocab",
-    type=click.Path(path_type=Path, dir_okay=False),
+    type=FILE,
     help="GGUF to copy the tokenizer from (e.g. a ggml-vocab-*.gguf); default: a small "
     "built-in vocabulary. A bare name like llama-spm means the vocab file of that name "
     "from the pinned llama.cpp source.",
@@ -157,13 +165,13 @@ def synth_model_command(
 @click.command()
 @click.option(
     "--binary",
-    type=click.Path(path_type=Path, dir_okay=False),
+    type=FILE,
     help="llama-server to run (default: $LLAMANIX_LLAMA_SERVER, else the cached build, "
     "built now if missing).",
 )
 @click.option(
     "--keep",
-    type=click.Path(path_type=Path, file_okay=False),
+    type=DIRECTORY,
     help="Keep the models, configs, rendered units, logs and bench JSON in this directory.",
 )
 @click.option(
@@ -259,7 +267,7 @@ def _checkout() -> Path | None:
 @click.option("--bare", is_flag=True, help="Install nothing: the distribution as booted.")
 @click.option(
     "--workdir",
-    type=click.Path(path_type=Path, file_okay=False),
+    type=DIRECTORY,
     help="Where the host's root file system is unpacked (default: a temporary directory).",
 )
 def host_shell(name: str, project: Path | None, bare: bool, workdir: Path | None) -> None:

@@ -623,7 +623,7 @@ def _parse_instance(
                 f"{where}.extra_args",
                 f"{arg.split('=')[0]} makes the server accept drafts without verifying them "
                 "(benchmarking only): it must never serve",
-                "remove it; sweep acceptance with llamanix bench --synthetic-acceptance",
+                "remove it; sweep acceptance with llamanix bench synthetic",
             )
 
     spec = Speculative(types=spec_values.pop("type", ("none",)), **spec_values)

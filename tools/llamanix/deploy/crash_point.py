@@ -11,8 +11,9 @@ Nothing but the tests sets the variable.
 from __future__ import annotations
 
 import os
-import signal
 from typing import Literal, get_args
+
+from llamanix.external.signals import kill_this_process
 
 CRASH_ENV = "LLAMANIX_TEST_CRASH_AT"
 
@@ -40,4 +41,4 @@ CRASH_POINTS: tuple[CrashPoint, ...] = get_args(CrashPoint)
 
 def crash_point(name: CrashPoint) -> None:
     if os.environ.get(CRASH_ENV) == name:
-        os.kill(os.getpid(), signal.SIGKILL)
+        kill_this_process()

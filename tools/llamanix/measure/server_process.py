@@ -9,7 +9,6 @@ or a stop that a signal interrupts still leaves no server behind.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import socket
@@ -22,6 +21,7 @@ from llamanix.core.address import connect_host, url_host
 from llamanix.external import interrupt
 from llamanix.external.llama_server import ServerStartError, start_server
 from llamanix.external.process import Child, wait_exit
+from llamanix.external.signals import signal_group
 
 DEFAULT_HOST = "127.0.0.1"
 POLL_INTERVAL_S = 0.1
@@ -157,8 +157,7 @@ class LlamaServer:
 
     @staticmethod
     def _signal_group(pgid: int, sig: signal.Signals) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, sig)
+        signal_group(pgid, sig)
 
     def __enter__(self) -> LlamaServer:
         return self.start()

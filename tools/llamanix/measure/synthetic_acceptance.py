@@ -1,4 +1,4 @@
-"""``llamanix bench --synthetic-acceptance RATES``: what acceptance would speculation need here?
+"""``llamanix bench synthetic RATES``: what acceptance would speculation need here?
 
 Upstream llama-server has a benchmark-only switch, ``--spec-synth-len L``: verification of the
 drafted tokens is replaced by synthetic accept decisions whose mean acceptance length (the
@@ -47,8 +47,8 @@ from llamanix.measure.prompts import Prompt
 from llamanix.measure.readiness import NotReady, ReadinessCheck, wait_ready
 from llamanix.measure.server_process import DEFAULT_HOST, LlamaServer, tail
 
-SOURCE = "llamanix bench"
-OPTION = "--synthetic-acceptance"
+SOURCE = "llamanix bench synthetic"
+OPTION = "RATES"
 SYNTH_LEN_FLAG = "--spec-synth-len"
 SYNTH_FLAG_PREFIX = "--spec-synth-"
 # What upstream logs (common/speculative.cpp) once synthetic acceptance acts.
@@ -168,7 +168,7 @@ def plan_sweep(config: Config, name: str) -> SweepPlan:
         raise _refuse(
             config,
             f"{where}.speculative.type",
-            f"instance has no speculation for {OPTION} to act on",
+            f"instance has no speculation for {SOURCE} to act on",
             "set speculative.type, e.g. draft with a speculative.draft_model, or name an "
             "instance that has speculation",
         )
@@ -177,7 +177,7 @@ def plan_sweep(config: Config, name: str) -> SweepPlan:
             raise _refuse(
                 config,
                 f"{where}.extra_args",
-                f"{token} is benchmark-only and set by {OPTION} itself",
+                f"{token} is benchmark-only and set by {SOURCE} itself",
                 f"remove {token} from extra_args",
             )
     program = pieces[0].tokens[0]
@@ -186,7 +186,7 @@ def plan_sweep(config: Config, name: str) -> SweepPlan:
         raise UserError(
             Problem(
                 program,
-                OPTION,
+                SYNTH_LEN_FLAG,
                 f"this build has no synthetic acceptance ({caps.describe()} lacks "
                 f"{SYNTH_LEN_FLAG})",
                 f"it needs upstream llama.cpp with {SYNTH_LEN_FLAG} in --help "
@@ -201,7 +201,7 @@ def plan_sweep(config: Config, name: str) -> SweepPlan:
                 config,
                 f"{where}.{field}",
                 f"{path} is not a file on this machine",
-                f"{OPTION} starts the server here: run it on the host that holds the model",
+                f"{SOURCE} starts the server here: run it on the host that holds the model",
             )
     pieces = _listen_here(pieces)
     if spec.n_max is not None:
@@ -496,7 +496,7 @@ def sweep_table(result: SweepResult) -> Table:
     """One row per acceptance, the baseline first."""
     table = Table(
         title=(
-            f"llamanix bench --synthetic-acceptance: {result.instance} "
+            f"{SOURCE}: {result.instance} "
             f"({result.spec_type}, n_max {result.n_max}; benchmark only, output not valid)"
         ),
         title_justify="left",

@@ -35,6 +35,7 @@ from llamanix.core.errors import ExternalCommandError, Problem, UserError
 from llamanix.external import container, pip
 from llamanix.external.files import extract_trusted, locked
 from llamanix.external.process import Child, Finished, wait_exit
+from llamanix.external.signals import signal_process
 from llamanix.testbed.server_build import cache_root
 
 HostName = Literal["debian12", "debian13"]
@@ -214,8 +215,7 @@ class Host:
             return
         for pid in (self.pid, self._nspawn.pid):
             if pid:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+                signal_process(pid, signal.SIGKILL)
             if self._wait_exit(10.0) is not None:
                 break
         self._closed()

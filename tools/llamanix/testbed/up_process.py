@@ -4,7 +4,6 @@ start it on a config, wait until an instance runs, and stop it the way an operat
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
 import time
@@ -17,6 +16,7 @@ from llamanix.core.errors import ExternalCommandError
 from llamanix.deploy.up_status import UpInstance, UpState, read_status
 from llamanix.external import interrupt
 from llamanix.external.process import PIPE, TextChild, spawn_text, wait_exit
+from llamanix.external.signals import signal_child, signal_group
 
 UP_START_S = 180.0
 STOP_S = 30.0
@@ -56,9 +56,9 @@ def stop_up(proc: TextChild) -> None:
     A stop signal to this process waits until up is gone (interrupt.deferred)."""
     with interrupt.deferred():
         if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
+            signal_child(proc, signal.SIGINT)
             if wait_exit(proc, STOP_S) is None:
-                os.killpg(proc.pid, signal.SIGKILL)
+                signal_group(proc.pid, signal.SIGKILL)
                 proc.wait()
 
 
