@@ -154,3 +154,32 @@ def test_plan_json_is_what_it_was(config: str) -> None:
     if UPDATE:
         recorded.write_text(done.stdout)
     assert done.stdout == recorded.read_text()
+
+
+SANDBOX_CONFIGS = [*EXAMPLES, *sorted((ROOT / "tests" / "data" / "configs").glob("*.toml"))]
+
+
+@pytest.mark.skipif(not systemd_analyze.available(), reason="systemd-analyze is not installed")
+@pytest.mark.parametrize("path", SANDBOX_CONFIGS, ids=[p.stem for p in SANDBOX_CONFIGS])
+def test_one_unit_per_sandbox_scores_every_unit(path: Path, tmp_path: Path) -> None:
+    """plan scores one unit of each sandbox (units alike but for their names and command
+    lines): each unit scored on its own must read what plan gave it."""
+    from llamanix.core.config import load_config
+    from llamanix.deploy.host_render import render_host
+    from llamanix.deploy.plan import _exposures
+
+    config = load_config(path)
+    for host in config.hosts:
+        if not config.instances_on(host):
+            continue
+        render = render_host(config, host)
+        units = [*render.instances, *([render.router] if render.router else [])]
+        alone = tmp_path / host / "alone"
+        alone.mkdir(parents=True)
+        for rendered in units:
+            (alone / rendered.unit).write_text(rendered.unit_text)
+        each = systemd_analyze.security_exposures([alone / r.unit for r in units])
+        assert len(each) == len(units)
+        grouped = tmp_path / host / "grouped"
+        grouped.mkdir()
+        assert _exposures(render, grouped) == each

@@ -36,11 +36,11 @@ from llamanix.core import json_fields as jf
 from llamanix.core.errors import Problem, UserError
 from llamanix.deploy.crash_point import crash_point
 from llamanix.deploy.gate_records import GATES, BaselineRecord, GateKind, GateResult
+from llamanix.deploy.state_dir import host_state_root
 from llamanix.external.clock import now
 from llamanix.external.files import atomic_write
 from llamanix.render.manifest import ManifestInstance
 
-STATE_DIR = ".llamanix-state"
 FILES = "files"
 RESULT = "result.json"
 
@@ -278,7 +278,7 @@ class HostState:
 
     @staticmethod
     def beside(config: Path, host: str) -> HostState:
-        return HostState(config.resolve().parent / STATE_DIR / host, host)
+        return HostState(host_state_root(config, host), host)
 
     @property
     def generations_dir(self) -> Path:

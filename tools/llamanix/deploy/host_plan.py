@@ -5,18 +5,18 @@ computes them; ``to_json`` is ``plan --json``, key for key."""
 from __future__ import annotations
 
 import shlex
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TextIO
 
 from llamanix.core.drift import FieldDrift
 from llamanix.core.json_value import JsonObject
 from llamanix.core.schema import HostKind, RouterKind
-
-if TYPE_CHECKING:
-    from rich.console import Console
+from llamanix.core.text_table import box_table, print_lines, style, styled
 
 GIB = 2**30
+COLUMNS = ("instance", "variant", "address", "speculative", "fit / ceiling", "exposure")
 # systemd-analyze --offline scores any unit as a system service running as root; user units
 # run unprivileged, so their score reads worse than it is.
 USER_UNITS_NOTE = "user units are scored as if they ran as root (systemd-analyze --offline)"
@@ -163,66 +163,50 @@ class Plan:
         return {"config": self.config, "hosts": {h.name: h.to_json() for h in self.hosts}}
 
 
-def print_plan(plan: Plan) -> None:
+def print_plan(plan: Plan, out: TextIO | None = None) -> None:
     """The plan as ``llamanix plan`` prints it, host after host."""
-    from rich.console import Console  # only here: `plan --json` and the other commands skip it
-
-    console = Console(soft_wrap=True)
-    if not console.is_terminal:
-        console.width = 160  # a pipe or a log has no width; don't squeeze it to 80 columns
+    out = out or sys.stdout
+    colour = styled(out)
     for host in plan.hosts:
-        print_host(console, host)
+        print_lines(host_lines(host, colour), out)
 
 
-def print_host(console: Console, host: HostPlan) -> None:
+def host_lines(host: HostPlan, colour: bool = False) -> list[str]:
     """One host: the table of its instances, its router, what it will not see, then each
     instance's command line with its warnings and drift."""
-    from rich.markup import escape
-    from rich.table import Table
-
-    table = Table(title=f"host {host.name} ({host.kind})")
-    for column in ("instance", "variant", "address", "speculative", "fit / ceiling", "exposure"):
-        table.add_column(column, no_wrap=column in ("instance", "address", "exposure"))
-    for row in host.instances:
-        pin = row.pinned_revision
-        table.add_row(
+    warning = style("warning", "33", colour)
+    rows = [
+        (
             row.name,
-            row.variant + (f" @{pin[:7]}" if pin else ""),
+            row.variant + (f" @{row.pinned_revision[:7]}" if row.pinned_revision else ""),
             row.address,
             row.speculative,
             "-" if row.fit is None else row.fit.summary(),
             "-" if row.security_exposure is None else f"{row.security_exposure:.1f}",
         )
-    console.print(table)
+        for row in host.instances
+    ]
+    out = box_table(f"host {host.name} ({host.kind})", COLUMNS, rows, colour)
     if (router := host.router) is not None:
-        _print_router(console, router)
+        out += _router_lines(router)
     # What validate refuses: a plan still shows what would run, with these on top.
-    for line in host.unseen_paths:
-        console.print(f"[yellow]warning[/]: {escape(line)}", highlight=False)
+    out += [f"{warning}: {line}" for line in host.unseen_paths]
     for row in host.instances:
-        console.print(f"[bold]{row.name}[/]: {shlex.join(row.argv)}", highlight=False)
-        for warning in row.warnings:
-            console.print(f"  [yellow]warning[/]: {warning}", highlight=False)
+        out.append(f"{style(row.name, '1', colour)}: {shlex.join(row.argv)}")
+        out += [f"  {warning}: {w}" for w in row.warnings]
         if row.drift is not None:
-            console.print(
-                "  drift from --previous: "
-                + ("none" if not row.drift else f"{len(row.drift)} field(s)"),
-                highlight=False,
-            )
-            for d in row.drift:
-                console.print(f"    {escape(d.line())}", highlight=False)
+            count = "none" if not row.drift else f"{len(row.drift)} field(s)"
+            out.append(f"  drift from --previous: {count}")
+            out += [f"    {d.line()}" for d in row.drift]
+    return out
 
 
-def _print_router(console: Console, router: RouterPlan) -> None:
-    console.print(
-        f"router {router.kind} on {router.address}: "
-        + ", ".join(f"{m} as '{served}'" for m, served in router.members.items()),
-        highlight=False,
-    )
+def _router_lines(router: RouterPlan) -> list[str]:
+    members = ", ".join(f"{m} as '{served}'" for m, served in router.members.items())
+    out = [f"router {router.kind} on {router.address}: {members}"]
     if router.resident:
-        console.print(f"  loaded together: {', '.join(router.resident)}", highlight=False)
+        out.append(f"  loaded together: {', '.join(router.resident)}")
     if router.take_turns:
-        console.print(
-            f"  take turns, one at a time: {', '.join(router.take_turns)}", highlight=False
-        )
-    console.print(f"  why: {router.reason} (at most {router.max_loaded} loaded)", highlight=False)
+        out.append(f"  take turns, one at a time: {', '.join(router.take_turns)}")
+    out.append(f"  why: {router.reason} (at most {router.max_loaded} loaded)")
+    return out

@@ -12,8 +12,8 @@ from llamanix.core.drift import DriftReport, drift_report
 from llamanix.core.errors import Problem, UserError
 from llamanix.core.probe import Capabilities
 from llamanix.core.variants import VARIANTS
-from llamanix.deploy.generations import STATE_DIR
 from llamanix.deploy.host_lock import host_lock
+from llamanix.deploy.state_dir import STATE_DIR
 from llamanix.external import nix
 from llamanix.external.process import Runner
 

@@ -23,8 +23,9 @@ from llamanix.deploy.host_plan import (
     VramFit,
 )
 from llamanix.deploy.host_render import instance_budget, member_vram, render_host
+from llamanix.deploy.state_dir import host_state_root
 from llamanix.external import systemd_analyze
-from llamanix.external.files import atomic_write
+from llamanix.external.files import write_scratch
 from llamanix.external.nix import locked_revisions
 from llamanix.measure.gguf_header import has_chat_template
 from llamanix.render.manifest import Render
@@ -110,23 +111,49 @@ def unseen(config: Config, render: Render) -> list[Problem]:
     """
     if render.kind == "nixos":
         return []
-    # The managers (and the gate records and supervisor they read) load only here: a plan of a
-    # NixOS host never needs them, and `plan` is meant to answer at once.
-    from llamanix.deploy.managers import runs_under_up
+    # The managers (and the deploy records they read) load only where there is deploy state to
+    # read: `plan` is meant to answer at once, and a host never switched has none.
+    if host_state_root(Path(config.source), render.host).exists():
+        from llamanix.deploy.managers import runs_under_up
 
-    if runs_under_up(config, render.host):
-        return []
+        if runs_under_up(config, render.host):
+            return []
     return unseen_paths(config, render, local=config.hosts[render.host].target is None)
 
 
+# Lines that name the instance (its description, command lines, environment and directory
+# names) and that systemd-analyze's exposure score does not read; units alike but for these
+# score the same (tests/test_plan.py scores each unit alone and compares), so one of them is
+# scored for all: a plan of 20 like instances pays for one unit, not 20.
+_NOT_SCORED = (
+    "Description=",
+    "ExecStart=",
+    "ExecStartPost=",
+    "Environment=",
+    "StateDirectory=",
+    "CacheDirectory=",
+    "WorkingDirectory=",
+    "#",
+)
+
+
+def sandbox_key(unit_text: str) -> str:
+    """The unit's text without the lines its exposure score does not read."""
+    return "\n".join(line for line in unit_text.splitlines() if not line.startswith(_NOT_SCORED))
+
+
 def _exposures(render: Render, tmp: Path) -> dict[str, float]:
-    """Every unit's offline exposure score, by unit file name, from one systemd-analyze run."""
-    units = []
+    """Every unit's offline exposure score, by unit file name, from one systemd-analyze run
+    over one unit of each sandbox."""
+    scored: dict[str, str] = {}  # sandbox key -> the unit scored for it
+    alike: dict[str, str] = {}  # unit -> the unit whose score it takes
     for rendered in (*render.instances, *([render.router] if render.router else [])):
-        unit = tmp / rendered.unit
-        atomic_write(unit, rendered.unit_text)
-        units.append(unit)
-    return systemd_analyze.security_exposures(units)
+        first = scored.setdefault(sandbox_key(rendered.unit_text), rendered.unit)
+        alike[rendered.unit] = first
+        if first == rendered.unit:
+            write_scratch(tmp / rendered.unit, rendered.unit_text)
+    found = systemd_analyze.security_exposures([tmp / unit for unit in scored.values()])
+    return {unit: found[first] for unit, first in alike.items() if first in found}
 
 
 def _flip_warnings(inst: Instance, previous: CapabilityMap, caps: CapabilityMap) -> list[str]:

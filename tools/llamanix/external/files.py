@@ -28,6 +28,12 @@ def atomic_write(path: Path, data: str | bytes, mode: int = 0o644) -> None:
         raise
 
 
+def write_scratch(path: Path, text: str) -> None:
+    """Write a file into a scratch directory this process made and will delete: no temporary
+    name and no fsync, since nobody else reads it and a crash loses nothing."""
+    path.write_text(text)
+
+
 def extract_trusted(
     tar: tarfile.TarFile,
     dest: Path,
