@@ -32,9 +32,10 @@ import dataclasses
 import enum
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Literal, Self, TypeVar, Union
 
+from llamanix.core import json_fields as jf
 from llamanix.core.json_value import JsonObject, JsonValue
 
 T = TypeVar("T")
@@ -201,6 +202,16 @@ def _record(cls: type[T], value: object, strict: bool) -> T:
     return cls(**values)
 
 
+# The scalar readers are json_fields', so the codec and the hand-written readers agree on what
+# a value is (a bool is never a number; an int in a float field reads as a float).
+_SCALARS: dict[object, tuple[Callable[[object], object], str]] = {
+    str: (jf.text, "expected a string"),
+    bool: (jf.flag, "expected true or false"),
+    int: (jf.integer, "expected an integer"),
+    float: (jf.real, "expected a number"),
+}
+
+
 def _read(tp: Any, raw: object, strict: bool, name: str) -> object:
     """``raw`` read as ``tp`` (``name``: the field, for a Literal's error); _Wrong if it is not
     one. ``raw`` is never None here unless ``tp`` admits it."""
@@ -212,28 +223,18 @@ def _read(tp: Any, raw: object, strict: bool, name: str) -> object:
         if len(options) != 1:
             raise TypeError(f"the codec reads X | None, not {tp}")
         return _read(options[0], raw, strict, name)
-    if tp is str:
-        if isinstance(raw, str):
-            return raw
-        raise _Wrong("expected a string")
-    if tp is bool:
-        if isinstance(raw, bool):
-            return raw
-        raise _Wrong("expected true or false")
-    if tp is int:
-        if isinstance(raw, int) and not isinstance(raw, bool):
-            return raw
-        raise _Wrong("expected an integer")
-    if tp is float:
-        if isinstance(raw, int | float) and not isinstance(raw, bool):
-            return float(raw)
-        raise _Wrong("expected a number")
+    if tp in _SCALARS:
+        reader, expected = _SCALARS[tp]
+        found = reader(raw)
+        if found is None:
+            raise _Wrong(expected)
+        return found
     if origin is Literal:
-        for allowed in typing.get_args(tp):
-            if raw == allowed:
-                return allowed
-        choices = ", ".join(repr(a) for a in typing.get_args(tp))
-        raise _Wrong(f"unknown {name} {raw!r} (expected one of {choices})")
+        found = jf.choice(raw, typing.get_args(tp))
+        if found is None:
+            choices = ", ".join(repr(a) for a in typing.get_args(tp))
+            raise _Wrong(f"unknown {name} {raw!r} (expected one of {choices})")
+        return found
     if origin is tuple:
         return tuple(_items(typing.get_args(tp)[0], raw, strict, name))
     if origin is list:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from llamanix.core.errors import ExternalCommandError
+from llamanix.deploy.state_dir import host_state_root
 from llamanix.deploy.up_status import UpInstance, UpState, read_status
 from llamanix.external import interrupt
 from llamanix.external.process import PIPE, TextChild, spawn_text, wait_exit
@@ -25,7 +26,7 @@ POLL_S = 0.1
 
 def up_units(config: Path, host: str) -> Path:
     """Where `llamanix up` keeps HOST's manifest and status for CONFIG."""
-    return config.parent / ".llamanix-state" / host / "up"
+    return host_state_root(config, host) / "up"
 
 
 def instance_status(units: Path, instance: str) -> UpInstance | None:
