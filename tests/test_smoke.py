@@ -434,6 +434,53 @@ def test_compute_capability_from_nvidia_smi_when_the_log_has_no_device_line(
     assert status == {"cuda-device": "fail", "gpu-offload": "fail", "sass": "pass", "jit": "pass"}
 
 
+def test_the_h200_run_names_its_card_from_the_model_load_line(
+    tmp_path: Path, tools_dir: Path
+) -> None:
+    """On the H200 (docs/gpu.md) the pinned upstream logged no "Device N: ..." line at -lv 4 and
+    the smoke failed cuda-device although all 5/5 layers were on the GPU (gpu-h200/smoke.json,
+    as recorded there). The card is named at model load; its compute capability comes from
+    nvidia-smi, and the SASS check reads it."""
+    recorded = json.loads((DATA / "gpu-h200" / "smoke.json").read_text())
+    before = {c["name"]: c["status"] for c in recorded["checks"]}
+    assert before["cuda-device"] == "fail" and before["gpu-offload"] == "pass"
+    binary, library = cuda_install(tmp_path / "llama-cpp")
+    smi_out = tmp_path / "smi.txt"
+    smi_out.write_text("NVIDIA H200, 9.0, 143771 MiB\n")
+    smi = stand_in(tools_dir, "nvidia-smi", smi_out)
+    cuobjdump = stand_in(tools_dir, "cuobjdump", DATA / "cuobjdump-list-elf-sm90.txt")
+    version = (
+        "version: 0.5.0-dev (build 0, commit unknown)\nbuilt with GNU 13.3.0 for Linux x86_64\n"
+    )
+    log = read("cuda-h200-model-load.log")
+    verdict = gpu_checks(binary, True, version, log, (0.049, 0.005))
+    assert [(c.name, c.status) for c in verdict.checks] == [
+        ("cuda-device", "pass"),
+        ("gpu-offload", "pass"),
+        ("sass", "pass"),
+        ("jit", "pass"),
+    ]
+    assert verdict.checks[0].detail == "device 0: NVIDIA H200, compute capability 9.0"
+    assert verdict.gpu["compute_capabilities"] == ["9.0"]
+    assert recorded_argv(smi) == [
+        "nvidia-smi",
+        "--query-gpu=name,compute_cap,memory.total",
+        "--format=csv,noheader",
+    ]
+    assert recorded_argv(cuobjdump) == ["cuobjdump", "--list-elf", str(library)]
+
+
+def test_a_device_line_keeps_its_capability_beside_the_model_load_line() -> None:
+    """Where both are logged (older builds, or -lv set before the devices are listed), the
+    "Device N:" line's capability stands and the card is listed once."""
+    log = read("cuda-upstream-spec.log") + (
+        "0.00.021.530 I llama_model_load_from_file_impl: using device CUDA0 "
+        "(NVIDIA GeForce RTX 5090) (0000:01:00.0) - 31000 MiB free\n"
+    )
+    devices = parse_server_log(log).cuda_devices
+    assert [(d.index, d.compute_capability) for d in devices] == [(0, "12.0")]
+
+
 def test_gpu_checks_on_a_cpu_run_are_skipped(tmp_path: Path) -> None:
     verdict = gpu_checks(
         tmp_path / "llama-server",

@@ -205,11 +205,13 @@ def check_device(text: str, devices: list[CudaDevice]) -> Check:
         return Check(
             "cuda-device",
             "fail",
-            "CUDA build, but no 'Device N: NAME, compute capability X.Y' line in the "
-            "log: the GPU was not initialised (or the log level hides it)",
+            "CUDA build, but no 'Device N: NAME, compute capability X.Y' or 'using device "
+            "CUDAN (NAME)' line in the log: the GPU was not initialised (or the log level "
+            "hides it)",
         )
     named = "; ".join(
-        f"device {d.index}: {d.name}, compute capability {d.compute_capability}" for d in devices
+        f"device {d.index}: {d.name}, compute capability {d.compute_capability or 'unknown'}"
+        for d in devices
     )
     return Check("cuda-device", "pass", named)
 

@@ -455,8 +455,11 @@ def check_cuda_arch(
     capabilities: list[tuple[str, str]] = []
     if smi:
         capabilities = [(g.name, g.compute_capability) for g in smi]
-    elif log is not None and log.cuda_devices:
-        capabilities = [(d.name, d.compute_capability) for d in log.cuda_devices]
+    elif log is not None and any(d.compute_capability for d in log.cuda_devices):
+        # The model-load line names a card without its capability ("").
+        capabilities = [
+            (d.name, d.compute_capability) for d in log.cuda_devices if d.compute_capability
+        ]
     elif gpu is not None:
         capabilities = [(gpu.label, gpu.compute_capability)]
     if not capabilities:

@@ -45,6 +45,12 @@ _V_QUANT_NEEDS_FA = re.compile(
     r"quantized V cache requires flash_attn|V cache quantization requires flash_attn"
 )
 _CUDA_DEVICE = re.compile(r"Device (\d+): (.+?), compute capability (\d+)\.(\d+)")
+# "llama_model_load_from_file_impl: using device CUDA0 (NVIDIA H200) (0000:00:06.0) - 143138
+# MiB free", at model load. The pinned upstream (0.5.0-dev) enumerates the devices while it
+# parses its arguments, before -lv takes effect, so on a real GPU (an H200, docs/gpu.md) its
+# log held no "Device N: ..." line at all: this one is then the only place the card is named,
+# without its compute capability.
+_USING_CUDA_DEVICE = re.compile(r"using device CUDA(\d+) \((.+?)\) \([^)]*\) - \d+ MiB free")
 # "llama_kv_cache:      CUDA0 KV buffer size =  8192.00 MiB", "load_tensors: CPU_Mapped model
 # buffer size = 8.44 MiB" (printed at -lv 4 and above in master)
 _KV_BUFFER = re.compile(r"\bKV buffer size =\s*([0-9.]+) MiB")
@@ -80,6 +86,9 @@ class Acceptance:
 
 @dataclass(frozen=True)
 class CudaDevice:
+    """A CUDA device the server named; ``compute_capability`` is "" where its line gives none
+    (the model-load line), to be read from nvidia-smi."""
+
     index: int
     name: str
     compute_capability: str
@@ -196,6 +205,10 @@ def parse_line(log: ServerLog, line: str) -> None:
                 compute_capability=f"{match.group(3)}.{match.group(4)}",
             )
         )
+    elif match := _USING_CUDA_DEVICE.search(line):
+        index = int(match.group(1))
+        if all(d.index != index for d in log.cuda_devices):
+            log.cuda_devices.append(CudaDevice(index, match.group(2).strip(), ""))
     elif match := _KV_BUFFER.search(line):
         log.kv_buffer_mib += float(match.group(1))
     elif match := _MODEL_BUFFER.search(line):

@@ -16,7 +16,7 @@ import os
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import httpx
@@ -35,7 +35,7 @@ from llamanix.measure.doctor import query_gpus
 from llamanix.measure.gguf_info import read_gguf
 from llamanix.measure.metrics import MetricsSnapshot, metrics_delta, parse_metrics
 from llamanix.measure.prompts import Prompt
-from llamanix.measure.server_log import parse_server_log
+from llamanix.measure.server_log import CudaDevice, parse_server_log
 from llamanix.measure.server_process import LlamaServer, free_port, tail
 from llamanix.measure.streaming import request_body, stream_completion
 
@@ -503,6 +503,20 @@ class GpuVerdict:
     gpu: JsonObject
 
 
+def _with_capabilities(devices: list[CudaDevice]) -> list[CudaDevice]:
+    """Devices named without a compute capability get nvidia-smi's, by index (its order is
+    CUDA's by default, PCI bus order)."""
+    if all(d.compute_capability for d in devices):
+        return devices
+    smi = query_gpus() or []
+    return [
+        d
+        if d.compute_capability or d.index >= len(smi)
+        else replace(d, compute_capability=smi[d.index].compute_capability)
+        for d in devices
+    ]
+
+
 def gpu_checks(
     binary: Path,
     probed_cuda: bool,
@@ -525,7 +539,8 @@ def gpu_checks(
     # The device lines can be in both --version's output and the log: each device once.
     devices = list({d.index: d for d in parse_server_log(text).cuda_devices}.values())
     counts = cuda_check.offload_counts(log_text)
-    capabilities = [d.compute_capability for d in devices]
+    devices = _with_capabilities(devices)
+    capabilities = [d.compute_capability for d in devices if d.compute_capability]
     if not capabilities:
         capabilities = [g.compute_capability for g in query_gpus() or []]
     library = cuda_check.find_cuda_library(binary, log_text)
