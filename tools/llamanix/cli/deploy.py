@@ -12,6 +12,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from llamanix.cli.fleet import one_of_host_flags, print_rollout
 from llamanix.cli.options import (
     DIRECTORY,
     FILE,
@@ -36,6 +37,7 @@ from llamanix.deploy.gate import DEFAULT_MAX_RUNS
 from llamanix.deploy.gate_records import ACTIONS, GATES, GateKind
 from llamanix.deploy.generations import MANAGERS, GenerationRecord, HostState, ManagerKind
 from llamanix.deploy.host_render import render_host
+from llamanix.deploy.rollout import ON_FAILURE, OnFailure, RolloutOptions
 from llamanix.deploy.supervisor import DEFAULT_START_TIMEOUT_S, Supervisor
 from llamanix.external.process import Runner
 
@@ -134,9 +136,36 @@ def up(
     supervisor.run()
 
 
+_HOSTS = click.option(
+    "--hosts",
+    metavar="A,B,...",
+    help="A rolling switch of these hosts, in this order: the first is the canary.",
+)
+_ALL_HOSTS = click.option(
+    "--all-hosts", is_flag=True, help="A rolling switch of every host, in config order."
+)
+
+
 @click.command()
 @config_argument()
 @host_option("Host to switch, or 'all' (in config order); may be left out when the config has one.")
+@_HOSTS
+@_ALL_HOSTS
+@click.option(
+    "--batch",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Rolling switch: hosts switched at once after the canary.",
+)
+@click.option(
+    "--on-failure",
+    type=OneOf(ON_FAILURE),
+    default="stop",
+    show_default=True,
+    help="Rolling switch: on the first failing host, stop (that host rolls itself back), or "
+    "also put the hosts already switched back (rollback-all).",
+)
 @click.option(
     "--set",
     "sets",
@@ -186,6 +215,10 @@ def up(
 def switch(
     config: Path,
     host: str | None,
+    hosts: str | None,
+    all_hosts: bool,
+    batch: int,
+    on_failure: OnFailure,
     sets: tuple[str, ...],
     gate: GateKind | None,
     min_tok_s: float | None,
@@ -201,6 +234,12 @@ def switch(
     units_dir: Path | None,
 ) -> None:
     """Change what a host runs, gate it, and roll back when the gate fails (exit 1).
+
+    With --hosts or --all-hosts, a rolling switch: the first host is the canary, then
+    --batch hosts at a time, each gated; the first failure stops the rollout (that host rolls
+    itself back, the hosts not reached stay untouched) and exits 1. Remote plain-systemd hosts
+    (a `target`) run their own llamanix over ssh. It ends with one table: host, generation
+    before -> after, verdict, time out of service. Ctrl-C between hosts stops cleanly.
 
     With --json, progress goes to stderr and stdout gets one object per host: outcome,
     generation, and each gated instance's result (the bench gate's runs, baseline, interval,
@@ -220,6 +259,23 @@ def switch(
         gate_prompts=gate_prompts,
     )
     echo = _echo_err if as_json else _echo
+    if hosts is not None or all_hosts:
+        # Only a rolling switch loads ssh and the rollout's thread pool.
+        from llamanix.deploy import fleet
+
+        one_of_host_flags(host, hosts, all_hosts)
+        rollout = fleet.rolling_switch(
+            config,
+            hosts,
+            opts,
+            RolloutOptions(batch, on_failure),
+            Runner(dry_run=dry_run, echo=echo),
+            echo,
+        )
+        print_rollout(rollout, as_json)
+        if not rollout.ok:
+            exit_with(1)
+        return
     with _host_flag(host):
         outcomes = deploy.switch(config, host, opts, Runner(dry_run=dry_run, echo=echo), echo)
     if as_json:
@@ -241,6 +297,7 @@ def switch(
 @click.command()
 @config_argument(default="llamanix.toml")
 @host_option("Host to roll back (may be left out when the config has one).")
+@_HOSTS
 @click.option(
     "--to",
     "to",
@@ -255,6 +312,7 @@ def switch(
 def rollback(
     config: Path,
     host: str | None,
+    hosts: str | None,
     to: int | None,
     timeout_s: float,
     wait_s: float,
@@ -262,7 +320,27 @@ def rollback(
     manager: ManagerKind | None,
     units_dir: Path | None,
 ) -> None:
-    """Serve an earlier generation again (and put its config back)."""
+    """Serve an earlier generation again (and put its config back).
+
+    With --hosts A,B each of those hosts, in that order, stopping at the first that fails
+    (exit 1); remote plain-systemd hosts roll back with their own llamanix over ssh.
+    """
+    if hosts is not None:
+        from llamanix.deploy import fleet
+
+        one_of_host_flags(host, hosts, False)
+        opts = deploy.SwitchOptions(
+            timeout_s=timeout_s, wait_s=wait_s, manager=manager, units_dir=units_dir
+        )
+        outcomes = fleet.fleet_rollback(
+            config, hosts, to, opts, Runner(dry_run=dry_run, echo=_echo), _echo
+        )
+        for o in outcomes:
+            now = f"generation {o.generation}" if o.generation is not None else "unknown"
+            click.echo(f"{o.host}: {'now serving ' + now if o.ok else 'FAILED: ' + o.detail}")
+        if not all(o.ok for o in outcomes):
+            exit_with(1)
+        return
     with _host_flag(host):
         gen = deploy.rollback(
             config,

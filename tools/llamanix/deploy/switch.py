@@ -809,3 +809,9 @@ def _rollback(request: RollbackRequest, runner: Runner, echo: Echo) -> Generatio
     if not serving:
         raise ExternalCommandError(f"generation {target.number} is installed but not answering")
     return target
+
+
+# The rolling switch (deploy.fleet) reads and locks its hosts as switch and rollback do, and
+# rolls hosts back under the locks it holds.
+read_locked = _read_locked
+rollback_locked = _rollback

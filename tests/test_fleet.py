@@ -1,0 +1,275 @@
+"""Rolling switches across real hosts over real ssh (issue: a fleet).
+
+Three hosts of the fleet bed (llamanix.testbed.fleet: box1 and box3 Debian 12 with systemd 252,
+box2 Debian 13 with 257), each a plain-systemd host with `target = "admin@boxN"`, reached
+from the controller (this checkout's llamanix, in the bed's network namespace) over OpenSSH
+with the bed's keys; each runs its own installed llamanix through `sudo -n`. The scenarios run
+in order on one fleet, each starting from what the one before left, and print how long each
+took (FLEET_FIGURES, shown at the end of the run).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+from llamanix.external.signals import signal_group
+from llamanix.testbed import hosts
+from llamanix.testbed.fleet import Fleet, fleet
+from llamanix.testbed.synth import SynthSpec, synth_model
+
+pytestmark = [pytest.mark.hosts]
+
+NAMES: tuple[hosts.HostName, ...] = ("debian12", "debian13", "debian12")
+CONFIG = "/root/fleet/llamanix.toml"
+SERVER = "/usr/local/bin/llama-server"
+BROKEN = "/usr/local/bin/llama-server-broken"
+MODEL = f"{hosts.MODELS}/tiny.gguf"
+PORTS = {"box1": 18081, "box2": 18082, "box3": 18083}
+FLEET_FIGURES: list[str] = []
+
+
+def fleet_config(context: int, broken: str | None = None) -> str:
+    """Three plain-systemd hosts over ssh, one instance each; ``broken``: that host's
+    llama-server is one that cannot start."""
+    text = ""
+    for name, port in PORTS.items():
+        binary = BROKEN if name == broken else SERVER
+        text += (
+            f'[hosts.{name}]\nkind = "systemd"\ntarget = "admin@{name}"\n'
+            f'binaries = {{ upstream = "{binary}" }}\n\n'
+        )
+    for name, port in PORTS.items():
+        text += (
+            f'[instances.chat-{name}]\nhost = "{name}"\nvariant = "upstream"\n'
+            f'model = "{MODEL}"\nport = {port}\ncontext = {context}\nparallel = 1\n\n'
+        )
+    return text
+
+
+@pytest.fixture(scope="module")
+def bed(
+    host_bed: None,
+    tmp_path_factory: pytest.TempPathFactory,
+    project_wheel: Path,
+    llama_server_bin: Path,
+) -> Iterator[Fleet]:
+    work = tmp_path_factory.mktemp("fleet")
+    model = synth_model(SynthSpec(seed=1), work / "tiny.gguf")
+    requirements = hosts.requirements_of(REPO)
+    dependencies = {
+        hosts.SPECS[n].python: hosts.dependency_wheels(hosts.SPECS[n].python, requirements)
+        for n in NAMES
+    }
+    started = time.monotonic()
+    with fleet(
+        NAMES,
+        work,
+        project_wheel=project_wheel,
+        dependencies=dependencies,
+        binary=llama_server_bin,
+        models=[model],
+    ) as booted:
+        FLEET_FIGURES.append(f"fleet of 3 up and installed in {time.monotonic() - started:.0f}s")
+        # A llama-server that cannot start: the bad binary of the scenarios.
+        booted.host("box2").write(BROKEN, "#!/bin/sh\nexit 1\n", mode=0o755)
+        yield booted
+    print("\n" + "\n".join(FLEET_FIGURES))
+
+
+def write_config(bed: Fleet, text: str) -> None:
+    path = bed.home / "fleet" / "llamanix.toml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def llamanix(bed: Fleet, *args: str, timeout_s: float = 600) -> tuple[int, str, str]:
+    done = bed.controller([sys.executable, "-m", "llamanix", *args], timeout_s=timeout_s)
+    return done.returncode, done.stdout, done.stderr
+
+
+def rows(stdout: str) -> dict[str, dict[str, object]]:
+    return {r["host"]: r for r in json.loads(stdout)}
+
+
+def serving_context(bed: Fleet, name: str) -> int | None:
+    """The -c of the llama-server the host's unit runs now (None: not running)."""
+    unit = f"llamanix-chat-{name}.service"
+    done = bed.host(name).run(["systemctl", "show", "-p", "ExecStart", unit], check=False)
+    active = bed.host(name).run(["systemctl", "is-active", unit], check=False).stdout.strip()
+    if active != "active":
+        return None
+    argv = done.stdout.split("argv[]=", 1)[-1].split(" ;", 1)[0].split()
+    return int(argv[argv.index("-c") + 1]) if "-c" in argv else None
+
+
+def timed(label: str, started: float) -> None:
+    FLEET_FIGURES.append(f"{label}: {time.monotonic() - started:.1f}s")
+
+
+def test_a_rolling_switch_of_three_hosts(bed: Fleet) -> None:
+    started = time.monotonic()
+    write_config(bed, fleet_config(1024))
+    code, out, err = llamanix(bed, "switch", CONFIG, "--all-hosts", "--json")
+    assert code == 0, err
+    assert {h: r["verdict"] for h, r in rows(out).items()} == dict.fromkeys(PORTS, "passed")
+    # Every remote line came back prefixed with its host.
+    assert "box2: " in err and "box3: " in err
+    code, out, err = llamanix(
+        bed,
+        "switch",
+        CONFIG,
+        *[a for n in PORTS for a in ("--set", f"instances.chat-{n}.context=2048")],
+        "--hosts",
+        "box1,box2,box3",
+        "--json",
+    )
+    assert code == 0, err
+    found = rows(out)
+    assert [found[h]["generation_before"] for h in PORTS] == [1, 1, 1]
+    assert [found[h]["generation_after"] for h in PORTS] == [2, 2, 2]
+    assert all(isinstance(found[h]["out_of_service_s"], float) for h in PORTS)
+    assert [serving_context(bed, h) for h in PORTS] == [2048, 2048, 2048]
+    # The order: the canary first, then box2, then box3.
+    assert err.index("box1: ") < err.index("box2: ") < err.index("box3: ")
+    timed("rolling switch of 3 hosts (first install, then a change)", started)
+
+
+def test_a_bad_binary_on_the_second_host_stops_the_rollout(bed: Fleet) -> None:
+    started = time.monotonic()
+    write_config(bed, fleet_config(2048))
+    sets = [a for n in PORTS for a in ("--set", f"instances.chat-{n}.context=4096")]
+    sets += ["--set", f"hosts.box2.binaries.upstream={BROKEN}"]
+    code, out, err = llamanix(bed, "switch", CONFIG, *sets, "--hosts", "box1,box2,box3", "--json")
+    assert code == 1, err
+    found = rows(out)
+    assert found["box1"]["verdict"] == "passed"
+    assert found["box2"]["verdict"] == "rolled back"
+    assert found["box3"]["verdict"] == "untouched"
+    assert [serving_context(bed, h) for h in PORTS] == [4096, 2048, 2048]
+    timed("bad binary on box2: canary kept, box2 rolled back, box3 untouched", started)
+
+
+def test_rollback_all_restores_the_canary(bed: Fleet) -> None:
+    started = time.monotonic()
+    write_config(bed, fleet_config(4096))
+    sets = [a for n in PORTS for a in ("--set", f"instances.chat-{n}.context=8192")]
+    sets += ["--set", f"hosts.box2.binaries.upstream={BROKEN}"]
+    code, out, err = llamanix(
+        bed,
+        "switch",
+        CONFIG,
+        *sets,
+        "--hosts",
+        "box1,box2,box3",
+        "--on-failure",
+        "rollback-all",
+        "--json",
+    )
+    assert code == 1, err
+    found = rows(out)
+    assert found["box1"]["verdict"] == "restored"
+    assert found["box2"]["verdict"] == "rolled back"
+    assert found["box3"]["verdict"] == "untouched"
+    # box1 runs what it ran before the rollout.
+    assert serving_context(bed, "box1") == 4096
+    timed("rollback-all after box2 failed", started)
+
+
+def test_an_unreachable_host_stops_the_rollout_before_any_host(bed: Fleet) -> None:
+    started = time.monotonic()
+    before = serving_context(bed, "box1")
+    bed.stop("box3")
+    try:
+        sets = [a for n in PORTS for a in ("--set", f"instances.chat-{n}.context=3072")]
+        code, out, err = llamanix(bed, "switch", CONFIG, *sets, "--hosts", "box1,box2,box3")
+        lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+        assert code == 2, out + err
+        assert "box3" in lines[-1] and "no host was switched" in lines[-1]
+        assert serving_context(bed, "box1") == before
+    finally:
+        bed.start("box3")
+    timed("unreachable box3: refused before any host, in one line", started)
+
+
+def _sub_state(bed: Fleet, name: str) -> str:
+    done = bed.host(name).run(
+        ["systemctl", "show", "-p", "SubState", "--value", "llamanix-fleet.service"], check=False
+    )
+    return done.stdout.strip()
+
+
+def _wait_running(bed: Fleet, name: str, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while _sub_state(bed, name) != "running":
+        assert time.monotonic() < deadline, f"no fleet switch ran on {name}"
+        time.sleep(0.05)
+
+
+def test_ssh_killed_in_the_middle_the_remote_switch_completes(bed: Fleet, tmp_path: Path) -> None:
+    started = time.monotonic()
+    write_config(bed, fleet_config(4096))
+    sets = ["--set", "instances.chat-box1.context=6144"]
+    argv = [sys.executable, "-m", "llamanix", "switch", CONFIG, *sets, "--hosts", "box1"]
+    with (tmp_path / "out.txt").open("w") as out:
+        child = bed.controller_popen(argv, stdout=out)
+        _wait_running(bed, "box1")
+        # The controller and its ssh, all at once: the connection is gone mid-switch.
+        signal_group(child.pid, signal.SIGKILL)
+        child.wait(30)
+    deadline = time.monotonic() + 180
+    while _sub_state(bed, "box1") == "running":
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    assert serving_context(bed, "box1") == 6144
+    # The next command reports how the switch it lost ended.
+    code, out, err = llamanix(bed, "switch", CONFIG, *sets, "--hosts", "box1")
+    assert code == 0, err
+    assert "box1: the last fleet switch" in err and "passed" in err, err
+    timed("ssh killed mid-switch: the remote switch completed, reported next time", started)
+
+
+def test_a_host_rebooted_in_the_middle_of_a_rollout(bed: Fleet, tmp_path: Path) -> None:
+    started = time.monotonic()
+    write_config(bed, fleet_config(4096))
+    sets = [a for n in PORTS for a in ("--set", f"instances.chat-{n}.context=5120")]
+    argv = [sys.executable, "-m", "llamanix", "switch", CONFIG, *sets]
+    argv += ["--hosts", "box1,box2,box3", "--json"]
+    log = tmp_path / "out.txt"
+    with log.open("w") as out:
+        child = bed.controller_popen(argv, stdout=out)
+        _wait_running(bed, "box2")
+        bed.reboot("box2")
+        code = child.wait(300)
+    text = log.read_text()
+    assert code == 1, text
+    found = rows(text[text.index("[") :])
+    assert found["box1"]["verdict"] == "passed"
+    assert found["box2"]["verdict"] in ("unreachable", "failed")
+    assert found["box3"]["verdict"] == "untouched"
+    assert serving_context(bed, "box3") != 5120
+    # Once it is back, the same rollout converges, and box2 says how the lost run ended.
+    code, out, err = llamanix(bed, "switch", CONFIG, *sets, "--hosts", "box2,box3")
+    assert code == 0, err
+    assert "box2: the last fleet switch" in err, err
+    assert [serving_context(bed, h) for h in PORTS] == [5120, 5120, 5120]
+    timed("box2 rebooted mid-rollout: stopped there, converged after", started)
+
+
+def test_dry_run_shows_the_order_and_every_remote_command(bed: Fleet) -> None:
+    code, out, err = llamanix(
+        bed, "switch", CONFIG, "--set", "instances.chat-box1.context=1024", "--all-hosts",
+        "--dry-run",
+    )  # fmt: skip
+    assert code == 0, err
+    text = out + err
+    for name in PORTS:
+        assert f"admin@{name}" in text
+    assert "ssh " in text and "fleet-agent" in text
