@@ -28,19 +28,20 @@ UNIT = "llamanix-fleet.service"
 SLOW_BROKEN = "/usr/local/bin/llama-server-slow-broken"
 
 
-def fleet_config(binary: str = SERVER) -> str:
+def fleet_config(binary: str = SERVER, kind: str = "systemd", port: int = PORT) -> str:
     """The controller's config: the host has a target there (the agent drops it)."""
-    text = config_text(PORT, binary=binary)
+    text = config_text(port, binary=binary, kind=kind)
+    kind_line = f'kind = "{kind}"\n'
     return "# the fleet\n" + text.replace(
-        'kind = "systemd"\n', 'kind = "systemd"\ntarget = "admin@box"  # over ssh\n', 1
+        kind_line, f'{kind_line}target = "admin@box"  # over ssh\n', 1
     )
 
 
 def agent(
-    host: Host, op: str, *extra: str, config: str | None = None
+    host: Host, op: str, *extra: str, config: str | None = None, user: str | None = None
 ) -> tuple[subprocess.CompletedProcess[str], RunReport | None]:
     argv = [hosts.LLAMANIX, "fleet-agent", op, "--protocol", str(PROTOCOL), "--host", "box"]
-    done = host.run([*argv, *extra], input_text=config, check=False, timeout_s=300)
+    done = host.run([*argv, *extra], input_text=config, user=user, check=False, timeout_s=300)
     lines = done.stdout.splitlines()
     report = RunReport.parse(lines[-1]) if lines else None
     return done, report
@@ -139,3 +140,21 @@ def test_a_killed_agent_leaves_the_switch_to_finish_and_status_says_how(host: Ho
         f"{host.spec.name}: with its agent killed, the fleet unit restored the previous "
         f"generation {finished_s:.1f}s later"
     )
+
+
+def test_a_users_agent_switches_its_user_units(host: Host) -> None:
+    """systemd-user: no sudo; the agent's directory is the user's, the unit the user's
+    manager's."""
+    port = PORT + 1
+    config = fleet_config(kind="systemd-user", port=port)
+    done, report = agent(host, "switch", "--format", "toml", config=config, user=hosts.USER)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert report is not None and report.outcome is not None
+    assert (report.outcome.result, report.outcome.generation) == ("passed", 1)
+    home = f"/home/{hosts.USER}"
+    copy = host.path(f"{home}/.local/state/llamanix/fleet/llamanix.toml")
+    assert copy.read_text() == config.replace('target = "admin@box"  # over ssh\n', "")
+    assert copy.stat().st_uid == host.uid_of(hosts.USER)
+    state = show(host, UNIT, "ActiveState", "SubState", "Result", user=hosts.USER)
+    assert state == {"ActiveState": "active", "SubState": "exited", "Result": "success"}
+    assert chat(host, port) == "200"

@@ -264,9 +264,11 @@ def test_a_failed_remote_switch_leaves_the_config_file_alone(tmp_path: Path, ssh
 
 def test_switch_json_carries_the_remote_outcome(tmp_path: Path, ssh: Ssh) -> None:
     path = write_config(tmp_path)
-    ssh.reply(([HELLO, started_line("r1"), outcome_line()], "", 0))
+    warning = "Warning: Permanently added 'box2' (ED25519) to the list of known hosts."
+    ssh.reply(([HELLO, started_line("r1"), outcome_line()], warning + "\n", 0))
     done = cli("switch", str(path), "--host", "box2", "--json")
     assert done.exit_code == 0, done.output
+    assert f"box2: {warning}" in done.stderr.splitlines()
     [found] = json.loads(done.stdout)
     assert found["result"] == "passed"
     assert (found["generation"], found["previous"], found["out_of_service_s"]) == (3, 2, 1.5)

@@ -143,7 +143,8 @@ def switch(
     opts = _switch_options(**gate)
     text = click.get_text_stream("stdin").read()
     runner = Runner(echo=_echo)
-    record = agent.start_switch(d, host, text, fmt, gate_args(opts), runner, _echo)
+    args = gate_args(opts)
+    record = agent.start_switch(d, host, text, fmt, args, runner, _echo, opts.wait_s)
     click.echo(started_line(record.run))
     _finish(d, agent.follow(d, record, _echo))
 
@@ -153,12 +154,14 @@ def switch(
 @_agent_options
 @click.option("--to", type=int)
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=0), default=DEFAULT_TIMEOUT_S)
+@click.option("--wait", "wait_s", type=click.FloatRange(min=0), default=0.0)
 def rollback(
-    ctx: click.Context, protocol: int, host: str, to: int | None, timeout_s: float
+    ctx: click.Context, protocol: int, host: str, to: int | None, timeout_s: float, wait_s: float
 ) -> None:
     """Serve an earlier generation of this host again, in a unit of its own systemd."""
     d = _begin(ctx, protocol)
-    record = agent.start_rollback(d, host, to, timeout_s, Runner(echo=_echo), _echo)
+    runner = Runner(echo=_echo)
+    record = agent.start_rollback(d, host, to, timeout_s, runner, _echo, wait_s)
     click.echo(started_line(record.run))
     _finish(d, agent.follow(d, record, _echo))
 

@@ -239,11 +239,16 @@ def _report(d: FleetDir, record: RunRecord, state: systemctl.UnitState) -> RunRe
     )
 
 
-def _settle_previous(d: FleetDir, runner: Runner, echo: Echo) -> None:
-    """Make way for a new run: refuse while the last one runs; say how it ended if no agent
-    has yet; stop and forget its unit (a transient unit that ended stays loaded, with
-    RemainAfterExit= or as failed, and its name would be taken)."""
+def _settle_previous(d: FleetDir, runner: Runner, echo: Echo, wait_s: float) -> None:
+    """Make way for a new run: wait up to ``wait_s`` for the last one to end, then refuse
+    while it runs; say how it ended if no agent has yet; stop and forget its unit (a
+    transient unit that ended stays loaded, with RemainAfterExit= or as failed, and its name
+    would be taken)."""
     state = systemctl.show(d.user, SERVICE)
+    deadline = time.monotonic() + wait_s
+    while state.runs and time.monotonic() < deadline:
+        time.sleep(POLL_S)
+        state = systemctl.show(d.user, SERVICE)
     record = RunRecord.read(d)
     if state.runs:
         what = f"a fleet {record.op} started at {record.started}" if record else f"{SERVICE}"
@@ -293,12 +298,14 @@ def start_switch(
     unit_args: Sequence[str],
     runner: Runner,
     echo: Echo,
+    wait_s: float = 0.0,
 ) -> RunRecord:
     """Check the config received (one line per problem, before anything is written), keep
-    it, and start the switch's unit; ``unit_args``: the gate options."""
+    it, and start the switch's unit; ``unit_args``: the gate options; ``wait_s``: how long to
+    wait for a run that still goes on (switch's --wait)."""
     d.make()
     with locked(d.lock):
-        _settle_previous(d, runner, echo)
+        _settle_previous(d, runner, echo, wait_s)
         path = d.config(fmt)
         local = local_text(text, host, fmt, path)
         _check_host(parse_text(path, local), host, d, str(path))
@@ -308,11 +315,17 @@ def start_switch(
 
 
 def start_rollback(
-    d: FleetDir, host: str, to: int | None, timeout_s: float, runner: Runner, echo: Echo
+    d: FleetDir,
+    host: str,
+    to: int | None,
+    timeout_s: float,
+    runner: Runner,
+    echo: Echo,
+    wait_s: float = 0.0,
 ) -> RunRecord:
     d.make()
     with locked(d.lock):
-        _settle_previous(d, runner, echo)
+        _settle_previous(d, runner, echo, wait_s)
         path = d.existing_config()
         if path is None or not HostState.beside(path, host).generations():
             raise UserError(

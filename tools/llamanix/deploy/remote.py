@@ -185,6 +185,10 @@ def _call(
     if runner.dry_run:
         return reply
     _check(rh, reply, runner)
+    # An answer came: what else was said on stderr (ssh's warnings) is shown, not an error.
+    for line in reply.result.stderr:
+        if line.strip():
+            echo(_prefixed(rh.name, line))
     return reply
 
 

@@ -88,6 +88,10 @@ def run_ssh(
             errors="replace",
             bufsize=1,
         )
+    except FileNotFoundError:
+        raise ExternalCommandError(
+            "ssh not found: install OpenSSH's client (apt-get install openssh-client)"
+        ) from None
     except OSError as err:
         raise ExternalCommandError(f"cannot run ssh: {err.strerror}") from None
     assert proc.stdout is not None and proc.stderr is not None
