@@ -29,14 +29,13 @@ from llamanix.cli.options import (
 from llamanix.core.config import load_config
 from llamanix.core.errors import UserError
 from llamanix.core.host_choice import HostChoiceError, pick_host
-from llamanix.deploy import managers, remote
+from llamanix.deploy import listing, managers, remote
 from llamanix.deploy import pin as pin_module
 from llamanix.deploy import switch as deploy
 from llamanix.deploy.gate import DEFAULT_MAX_RUNS
 from llamanix.deploy.gate_records import ACTIONS, GATES, GateKind
 from llamanix.deploy.generations import MANAGERS, GenerationRecord, HostState, ManagerKind
 from llamanix.deploy.host_render import render_host
-from llamanix.deploy.listing import GenerationRow, generation_rows
 from llamanix.deploy.supervisor import DEFAULT_START_TIMEOUT_S, Supervisor
 from llamanix.external.process import Runner
 
@@ -295,10 +294,10 @@ def generations(config: Path, host: str | None, as_json: bool) -> None:
         name = pick_host(cfg, host)
     rh = remote.remote_host(cfg, name)
     if rh is not None:
-        listing = remote.remote_generations(rh, Runner(echo=_echo_err))
-        rows = [r for r in map(GenerationRow.from_json, listing) if r is not None]
+        found = remote.remote_generations(rh, Runner(echo=_echo_err))
+        rows = [r for r in map(listing.GenerationRow.from_json, found) if r is not None]
     else:
-        rows = generation_rows(cfg, HostState.beside(config, name))
+        rows = listing.generation_rows(cfg, HostState.beside(config, name))
     if as_json:
         click.echo(json.dumps([r.to_json() for r in rows], indent=2))
         return
