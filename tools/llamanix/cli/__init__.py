@@ -129,12 +129,21 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "checks",
         "Start a llama-server with all layers offloaded and check that it really serves.",
     ),
+    "fleet-agent": (
+        "fleet_agent",
+        "The remote side of a fleet switch over ssh: llamanix runs it, not a person.",
+    ),
 }
+# Commands llamanix itself runs (over ssh): left out of `--help` and of completion.
+HIDDEN = frozenset({"fleet-agent"})
 
 
 class LlamanixGroup(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*COMMANDS, *self.commands})
+
+    def _shown(self, ctx: click.Context) -> list[str]:
+        return [name for name in self.list_commands(ctx) if name not in HIDDEN]
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name not in self.commands and cmd_name in COMMANDS:
@@ -142,7 +151,7 @@ class LlamanixGroup(click.Group):
         return self.commands.get(cmd_name)
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        names = self.list_commands(ctx)
+        names = self._shown(ctx)
         width = formatter.width - 6 - max((len(name) for name in names), default=0)
         grouped = {name for names in COMMAND_GROUPS.values() for name in names}
         sections = [
@@ -159,7 +168,7 @@ class LlamanixGroup(click.Group):
 
     def shell_complete(self, ctx: click.Context, incomplete: str) -> list[CompletionItem]:
         # A command name completes from COMMANDS alone: one TAB imports no command module.
-        names = [name for name in self.list_commands(ctx) if name.startswith(incomplete)]
+        names = [name for name in self._shown(ctx) if name.startswith(incomplete)]
         results = [CompletionItem(name, help=_short_help(self, ctx, name, 45)) for name in names]
         results.extend(click.Command.shell_complete(self, ctx, incomplete))
         return results

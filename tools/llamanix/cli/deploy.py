@@ -30,7 +30,7 @@ from llamanix.cli.options import (
 from llamanix.core.config import load_config
 from llamanix.core.errors import UserError
 from llamanix.core.host_choice import HostChoiceError, pick_host
-from llamanix.deploy import managers
+from llamanix.deploy import listing, managers, remote
 from llamanix.deploy import pin as pin_module
 from llamanix.deploy import switch as deploy
 from llamanix.deploy.gate import DEFAULT_MAX_RUNS
@@ -342,7 +342,7 @@ def rollback(
             exit_with(1)
         return
     with _host_flag(host):
-        gen = deploy.rollback(
+        number = deploy.rollback(
             config,
             host,
             to,
@@ -353,8 +353,8 @@ def rollback(
             timeout_s,
             wait_s,
         )
-    if not dry_run:
-        click.echo(f"now serving generation {gen.number}")
+    if number is not None and not dry_run:
+        click.echo(f"now serving generation {number}")
 
 
 @click.command()
@@ -362,49 +362,34 @@ def rollback(
 @host_option()
 @json_flag
 def generations(config: Path, host: str | None, as_json: bool) -> None:
-    """List a host's generations: date, variant and source revision per instance, gate."""
+    """List a host's generations: date, variant and source revision per instance, gate.
+
+    A remote plain-systemd host (a `target`) keeps its generations itself: they are asked of
+    its llamanix over ssh.
+    """
     cfg = load_config(config)
     with _host_flag(host):
-        state = HostState.beside(config, pick_host(cfg, host))
-    current = state.current()
-    now = managers.not_serving_now(cfg, state.host, state)
-    rows: list[tuple[int, bool, GenerationRecord, dict[str, str]]] = []
-    for gen in state.generations():
-        is_current = current is not None and current.number == gen.number
-        # What systemd says now of the current generation's units that do not serve.
-        rows.append((gen.number, is_current, gen.record, now if is_current else {}))
+        name = pick_host(cfg, host)
+    rh = remote.remote_host(cfg, name)
+    if rh is not None:
+        found = remote.remote_generations(rh, Runner(echo=_echo_err))
+        rows = [r for r in map(listing.GenerationRow.from_json, found) if r is not None]
+    else:
+        rows = listing.generation_rows(cfg, HostState.beside(config, name))
     if as_json:
-        listing = [
-            {
-                "number": number,
-                "current": is_current,
-                "date": record.date,
-                "instances": _as_stored({n: e.to_json() for n, e in record.instances.items()}),
-                "gate": _as_stored(record.gate.to_json() if record.gate else {}),
-                "rollback": _as_stored(record.rollback.to_json() if record.rollback else None),
-                "not_serving_now": not_serving,
-            }
-            for number, is_current, record, not_serving in rows
-        ]
-        click.echo(json.dumps(listing, indent=2))
+        click.echo(json.dumps([r.to_json() for r in rows], indent=2))
         return
-    table = Table(title=f"generations of {state.host}")
+    table = Table(title=f"generations of {name}")
     for column in ("#", "date", "instances (variant @ revision)", "gate"):
         table.add_column(column)
-    for number, is_current, record, not_serving in rows:
+    for row in rows:
         table.add_row(
-            f"{number}{' *' if is_current else ''}",
-            str(record.date),
-            _instances_cell(record),
-            _verdict_cell(record, not_serving),
+            f"{row.number}{' *' if row.current else ''}",
+            str(row.record.date),
+            _instances_cell(row.record),
+            _verdict_cell(row.record, row.not_serving_now),
         )
     Console().print(table)
-
-
-def _as_stored(data: object) -> object:
-    """``data`` with its keys in the order of the record on disk (sorted), so the listing
-    reads like the state files."""
-    return json.loads(json.dumps(data, sort_keys=True))
 
 
 def _instances_cell(record: GenerationRecord) -> str:

@@ -12,15 +12,16 @@ from __future__ import annotations
 
 import functools
 import os
+import time
 from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Literal, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 from llamanix.core.address import connect_url, is_loopback, is_wildcard, url_host
 from llamanix.core.api_key import key_if_readable
-from llamanix.core.config import Config, Router, suggest
+from llamanix.core.config import Config, Router
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
 from llamanix.core.host_choice import pick_host
 from llamanix.core.probe import commit_of
@@ -34,19 +35,13 @@ from llamanix.deploy.config_edit import (
 )
 from llamanix.deploy.crash_point import crash_point
 from llamanix.deploy.gate import (
-    BENCH_RUNS,
-    DEFAULT_MAX_RUNS,
     GatePrompts,
     GateTarget,
-    Thresholds,
     measure_baseline,
     run_gate,
 )
 from llamanix.deploy.gate_records import (
-    ACTIONS,
     DEFAULT_GATE_PROMPTS,
-    GATES,
-    Action,
     Baseline,
     BaselineRecord,
     GateKind,
@@ -71,6 +66,11 @@ from llamanix.deploy.managers import (
     served_names,
     summary_of,
 )
+from llamanix.deploy.remote import remote_host, remote_rollback, remote_switch
+from llamanix.deploy.switch_records import Echo as Echo
+from llamanix.deploy.switch_records import HostOutcome as HostOutcome
+from llamanix.deploy.switch_records import Outcome as Outcome
+from llamanix.deploy.switch_records import SwitchOptions as SwitchOptions
 from llamanix.external import nix
 from llamanix.external.clock import now
 from llamanix.external.files import atomic_write
@@ -79,11 +79,8 @@ from llamanix.external.process import Runner
 from llamanix.render.manifest import Render, RenderedInstance
 from llamanix.render.units import ROUTER
 
-# What a switch did on one host.
-Outcome = Literal["passed", "failed", "unchanged", "dry-run"]
 # switch's host that means every host of the config, in config order.
 ALL_HOSTS = "all"
-Echo = Callable[[str], None]
 
 
 def _router_for(config: Config, name: str) -> Router | None:
@@ -117,127 +114,6 @@ def gate_target(config: Config, name: str) -> GateTarget:
         speculative=inst.speculative.enabled,
         metrics=inst.metrics,
     )
-
-
-@dataclass(frozen=True)
-class SwitchOptions:
-    sets: tuple[str, ...] = ()
-    gate: GateKind | None = None
-    min_tok_s: float | None = None
-    max_regression: float | None = None
-    # bench gate with --max-regression: most candidate runs, and what an inconclusive ends as.
-    max_runs: int = DEFAULT_MAX_RUNS
-    inconclusive: str = "keep"
-    timeout_s: float = 120.0
-    # Seconds to wait for another switch, rollback or pin of the same host to finish.
-    wait_s: float = 0.0
-    manager: ManagerKind | None = None
-    units_dir: Path | None = None
-    # bench gate: the prompts measured, in turn (bench's --prompts spelling).
-    gate_prompts: str | None = None
-
-    def bench_prompts(self) -> GatePrompts | None:
-        """The --gate-prompts' prompts; None for the default (checked in gate_kind)."""
-        return None if self.gate_prompts is None else GatePrompts.load(self.gate_prompts)
-
-    def gate_kind(self, source: str) -> GateKind:
-        wants_bench = self.min_tok_s is not None or self.max_regression is not None
-        if self.min_tok_s is not None and self.max_regression is not None:
-            raise UserError(
-                Problem(source, "--min-tok-s", "and --max-regression both given", "use one of them")
-            )
-        gate = self.gate or ("bench" if wants_bench else "health")
-        if gate not in GATES:
-            raise UserError(
-                Problem(source, "--gate", f"unknown gate '{gate}'", suggest(gate, GATES))
-            )
-        if wants_bench and gate != "bench":
-            raise UserError(
-                Problem(
-                    source,
-                    "--gate",
-                    f"--min-tok-s/--max-regression need a measurement, not '{gate}'",
-                    "use --gate bench",
-                )
-            )
-        if self.max_regression is not None and not 0 <= self.max_regression < 100:
-            raise UserError(
-                Problem(
-                    "llamanix switch",
-                    "--max-regression",
-                    f"must be a percentage from 0 to below 100, got {self.max_regression:g}",
-                    "pass e.g. --max-regression 5",
-                )
-            )
-        if self.max_runs < BENCH_RUNS:
-            raise UserError(
-                Problem(
-                    "llamanix switch",
-                    "--max-runs",
-                    f"must be at least {BENCH_RUNS} (the first batch of runs), got {self.max_runs}",
-                    f"pass --max-runs {BENCH_RUNS} or more",
-                )
-            )
-        self.inconclusive_action()
-        if self.gate_prompts is not None:
-            if gate != "bench":
-                raise UserError(
-                    Problem(
-                        "llamanix switch",
-                        "--gate-prompts",
-                        f"are what the bench gate measures, not '{gate}'",
-                        "use --gate bench (or leave --gate-prompts out)",
-                    )
-                )
-            self.bench_prompts()
-        return gate
-
-    def inconclusive_action(self) -> Action:
-        for action in ACTIONS:
-            if self.inconclusive == action:
-                return action
-        raise UserError(
-            Problem(
-                "llamanix switch",
-                "--inconclusive",
-                f"unknown outcome '{self.inconclusive}'",
-                suggest(self.inconclusive, ACTIONS),
-            )
-        )
-
-    def thresholds(self, baseline: Baseline | None) -> Thresholds:
-        return Thresholds(
-            self.min_tok_s,
-            self.max_regression,
-            baseline,
-            self.max_runs,
-            self.inconclusive_action(),
-            self.bench_prompts(),
-        )
-
-
-@dataclass
-class HostOutcome:
-    host: str
-    result: Outcome
-    generation: int | None = None
-    detail: str = ""
-    changed: list[str] = field(default_factory=list)
-    gates: list[GateResult] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return self.result != "failed"
-
-    def to_json(self) -> dict[str, object]:
-        return {
-            "host": self.host,
-            "result": self.result,
-            "generation": self.generation,
-            "changed": self.changed,
-            "detail": self.detail,
-            "gate": {r.name: r.to_json() for r in self.gates},
-        }
 
 
 def with_source_revisions(render: Render, config: Config, from_flake: bool) -> Render:
@@ -315,11 +191,16 @@ class SwitchRequest:
     gate: GateKind
 
     @staticmethod
-    def read(path: Path, host: str | None, opts: SwitchOptions) -> SwitchRequest:
+    def read(
+        path: Path, host: str | None, opts: SwitchOptions, new_text: str | None = None
+    ) -> SwitchRequest:
         """Read the file, apply --set and parse (every value checked before anything is
-        written); ``host``: a name, ``all``, or None for the config's only host."""
+        written); ``host``: a name, ``all``, or None for the config's only host. ``new_text``:
+        the text to switch to in place of the file's with --set applied (a remote host's agent
+        gets it from the switch that runs there over ssh)."""
         source = read_config(path)
-        new_text = apply_sets(path, source.text, opts.sets)
+        if new_text is None:
+            new_text = apply_sets(path, source.text, opts.sets)
         config = parse_text(path, new_text)
         hosts = tuple(config.hosts) if host == ALL_HOSTS else (pick_host(config, host),)
         return SwitchRequest(source, new_text, config, hosts, opts, opts.gate_kind(str(path)))
@@ -433,7 +314,8 @@ def switch_host(
     sw = _prepare(request, host, file_text, runner, echo)
     if not sw.changed and not sw.removed and sw.file_text == sw.new_text:
         echo(f"{sw.host}: nothing changed")
-        return HostOutcome(sw.host, "unchanged", sw.current.number if sw.current else None)
+        number = sw.current.number if sw.current else None
+        return HostOutcome(sw.host, "unchanged", number, previous=number)
     echo(f"{sw.host}: switching {', '.join(sw.changed) or '(removals only)'} via {sw.manager.name}")
     if runner.dry_run:
         return _dry_run(sw)
@@ -443,12 +325,19 @@ def switch_host(
             request, sw.host, sw.changed, sw.state, echo, sw.opts.bench_prompts()
         )
     gen = _stage(sw)
-    results, activated = _activate_and_gate(sw, baselines)
+    # After _stage: the units found installed before a first switch are a generation now.
+    before = sw.state.current()
+    previous = before.number if before else None
+    started = time.monotonic()
+    results, activated_s = _activate_and_gate(sw, baselines)
     for r in results:
         echo(f"  gate {r.gate} {r.name}: {'passed' if r.passed else 'FAILED'}: {r.detail}")
     if all(r.passed for r in results):
-        return _commit(sw, gen, results)
-    return _restore(sw, gen, results, activated, restore_config)
+        # The manager's activation returns once the units serve (each unit's readiness
+        # check, `llamanix up`'s wait, nixos-rebuild's switch with its build).
+        return replace(_commit(sw, gen, results), previous=previous, out_of_service_s=activated_s)
+    outcome = _restore(sw, gen, results, activated_s is not None, restore_config, started)
+    return replace(outcome, previous=previous)
 
 
 def _prepare(
@@ -523,14 +412,15 @@ def _stage(sw: _HostSwitch) -> Generation:
 
 def _activate_and_gate(
     sw: _HostSwitch, baselines: dict[str, Baseline]
-) -> tuple[list[GateResult], bool]:
-    """Install the new generation and gate each changed instance: the results, and whether
-    the manager finished activating."""
+) -> tuple[list[GateResult], float | None]:
+    """Install the new generation and gate each changed instance: the results, and how long
+    the manager took to activate it (None when it did not finish)."""
     results: list[GateResult] = []
-    activated = False
+    activated_s = None
     try:
+        started = time.monotonic()
         early = sw.manager.activate(sw.runner, sw.new_files, sw.activate_from, sw.opts.timeout_s)
-        activated = True
+        activated_s = time.monotonic() - started
         crash_point("switch:activated")
         for name in sw.changed:
             # A member's unit is its router's.
@@ -543,7 +433,7 @@ def _activate_and_gate(
             results.append(run_gate(sw.gate, target, sw.opts.timeout_s, limits))
     except ExternalCommandError as err:
         results.append(GateResult(sw.host, sw.gate, False, str(err)))
-    return results, activated
+    return results, activated_s
 
 
 def _commit(sw: _HostSwitch, gen: Generation, results: list[GateResult]) -> HostOutcome:
@@ -565,9 +455,11 @@ def _restore(
     results: list[GateResult],
     activated: bool,
     restore_config: bool,
+    started: float,
 ) -> HostOutcome:
     """A gate failed: put the config back, restore the previous generation and check that it
-    serves again."""
+    serves again. ``started``: when activation began (``time.monotonic``), for the time the
+    host was out of service: until the restored generation answered (None while it does not)."""
     failed = next(r for r in results if not r.passed)
     gen.save(replace(gen.record, gate=GateRecord("failed", sw.gate, {r.name: r for r in results})))
     restored = sw.state.current()
@@ -582,7 +474,8 @@ def _restore(
             f"{failed.name}: {failed.detail}; nixos-rebuild did not finish, so nothing "
             "was rolled back (check `nixos-rebuild list-generations`)"
         )
-        return HostOutcome(sw.host, "failed", gen.number, detail, sw.changed, results)
+        # The previous generation never stopped serving.
+        return HostOutcome(sw.host, "failed", gen.number, detail, sw.changed, results, None, 0.0)
     crash_point("switch:restoring")
     # Only what was installed before can serve again: an instance the failed generation
     # added (every instance, on a first switch) has nothing to wait for.
@@ -602,7 +495,8 @@ def _restore(
     else:
         again = "serving again" if serving else "NOT answering"
     detail = f"{failed.name}: {failed.detail}; previous generation {again}"
-    return HostOutcome(sw.host, "failed", gen.number, detail, sw.changed, results)
+    back_s = time.monotonic() - started if was_installed and serving else None
+    return HostOutcome(sw.host, "failed", gen.number, detail, sw.changed, results, None, back_s)
 
 
 def _recover(state: HostState, echo: Echo) -> None:
@@ -656,21 +550,29 @@ def _read_locked(
 
 
 def switch(
-    path: Path, host: str | None, opts: SwitchOptions, runner: Runner, echo: Echo
+    path: Path,
+    host: str | None,
+    opts: SwitchOptions,
+    runner: Runner,
+    echo: Echo,
+    new_text: str | None = None,
 ) -> list[HostOutcome]:
     """Switch one host (None: the config's only one), or every host in order (``all``),
-    stopping at the first failure.
+    stopping at the first failure. ``new_text``: switch to this text instead of the file's
+    with --set applied.
 
     Each host's lock is held for the whole switch (--wait: how long to wait for another
     switch, rollback or pin to finish), the config read under it (see ``_read_locked``); a dry
     run changes nothing and locks nothing."""
     opts.gate_kind(str(path))  # bad options: one line before anything is read or locked
+
+    def read() -> SwitchRequest:
+        return SwitchRequest.read(path, host, opts, new_text)
+
     if runner.dry_run:
-        return _switch_hosts(SwitchRequest.read(path, host, opts), runner, echo)
+        return _switch_hosts(read(), runner, echo)
     with ExitStack() as locks:
-        request = _read_locked(
-            lambda: SwitchRequest.read(path, host, opts), locks, opts.wait_s, "switch", echo
-        )
+        request = _read_locked(read, locks, opts.wait_s, "switch", echo)
         return _switch_hosts(request, runner, echo)
 
 
@@ -680,7 +582,7 @@ def _switch_hosts(request: SwitchRequest, runner: Runner, echo: Echo) -> list[Ho
         first = not any(o.result == "passed" for o in outcomes)
         # The file holds the text read until a host's switch passes with the new one.
         file_text = request.old_text if first else request.new_text
-        outcome = switch_host(request, name, file_text, runner, echo, restore_config=first)
+        outcome = switch_any_host(request, name, file_text, runner, echo, restore_config=first)
         outcomes.append(outcome)
         if not outcome.ok:
             if not first:
@@ -691,6 +593,31 @@ def _switch_hosts(request: SwitchRequest, runner: Runner, echo: Echo) -> list[Ho
                 )
             break
     return outcomes
+
+
+def switch_any_host(
+    request: SwitchRequest,
+    name: str,
+    file_text: str,
+    runner: Runner,
+    echo: Echo,
+    restore_config: bool = True,
+) -> HostOutcome:
+    """Switch one host, here (``switch_host``) or, for a remote plain-systemd host, by its own
+    llamanix over ssh (``remote_switch``: it keeps its generations and restores itself when
+    its gate fails). Once a remote host passes, the config file gets the new text, as a local
+    host's switch writes it; one that fails leaves the file alone, so ``restore_config`` has
+    nothing to put back. ``RemoteUnreachable`` when ssh cannot reach the host."""
+    rh = remote_host(request.config, name)
+    if rh is None:
+        return switch_host(request, name, file_text, runner, echo, restore_config)
+    outcome = remote_switch(rh, request.new_text, request.opts, runner, echo)
+    if file_text != request.new_text:
+        if runner.dry_run:
+            runner.note(f"write {request.path} once {name} passes")
+        elif outcome.result == "passed":
+            atomic_write(request.path, request.new_text)
+    return outcome
 
 
 # --- rollback --------------------------------------------------------------------------------
@@ -748,14 +675,44 @@ def rollback(
     units_dir: Path | None = None,
     timeout_s: float = 120.0,
     wait_s: float = 0.0,
-) -> Generation:
+) -> int | None:
+    """Serve an earlier generation again (``to``; None: the newest good one before the
+    current) and put its config back: the generation now serving (None after a dry run of a
+    remote host's)."""
+
     def read() -> RollbackRequest:
         return RollbackRequest.read(path, host, to, manager_name, units_dir, timeout_s)
 
     if runner.dry_run:
-        return _rollback(read(), runner, echo)
+        return _rollback_any(read(), runner, echo)
     with ExitStack() as locks:
-        return _rollback(_read_locked(read, locks, wait_s, "rollback", echo), runner, echo)
+        return _rollback_any(_read_locked(read, locks, wait_s, "rollback", echo), runner, echo)
+
+
+def _rollback_any(request: RollbackRequest, runner: Runner, echo: Echo) -> int | None:
+    """The generation now serving (None: a dry run of a remote host's rollback). A remote
+    plain-systemd host rolls back by its own llamanix over ssh, from its own generations; the
+    config file here is left as it is (it names every host, the generation's copy there
+    names that one as local)."""
+    rh = remote_host(request.config, request.host)
+    if rh is None:
+        return _rollback(request, runner, echo).number
+    if request.manager is not None or request.units_dir is not None:
+        raise UserError(
+            Problem(
+                str(request.path),
+                f"hosts.{rh.name}.target",
+                "--manager and --units-dir are for hosts switched from this machine; "
+                f"{rh.name} is rolled back by its own llamanix over ssh",
+                "leave them out",
+            )
+        )
+    outcome = remote_rollback(rh, request.to, request.timeout_s, runner, echo)
+    if runner.dry_run:
+        return None
+    if not outcome.ok:
+        raise ExternalCommandError(f"{rh.name}: {outcome.detail}")
+    return outcome.generation
 
 
 def _rollback(request: RollbackRequest, runner: Runner, echo: Echo) -> Generation:

@@ -42,6 +42,12 @@ def disable_now(runner: Runner, user: bool, units: Sequence[str]) -> None:
         runner.run([*_base(user), "disable", "--now", *units])
 
 
+def stop(runner: Runner, user: bool, units: Sequence[str]) -> None:
+    """Stop ``units``; one that is not loaded is no error (``check=False``)."""
+    if units:
+        runner.run([*_base(user), "stop", *units], check=False)
+
+
 @dataclass(frozen=True)
 class UnitState:
     """What systemd says of a unit (``systemctl show``), read back typed."""
@@ -52,10 +58,19 @@ class UnitState:
     result: str  # success, exit-code, signal, timeout, start-limit-hit ...
     restarts: int
     main_status: int | None  # the main process's last exit status
+    load_state: str = "unknown"  # loaded, not-found (never started, or collected) ...
 
     @property
     def serving(self) -> bool:
         return self.active_state == "active"
+
+    @property
+    def runs(self) -> bool:
+        """Whether its process still runs (or is being started or stopped): a service with
+        RemainAfterExit= whose process ended is "active (exited)", not running."""
+        if self.active_state in ("activating", "deactivating", "reloading", "refreshing"):
+            return True
+        return self.active_state == "active" and self.sub_state not in ("exited", "dead")
 
     def describe(self) -> str:
         status = f", exit status {self.main_status}" if self.main_status else ""
@@ -69,7 +84,14 @@ class UnitState:
         return f"{self.unit} {state} ({self.result}{status}{restarts})"
 
 
-SHOW_PROPERTIES = ("ActiveState", "SubState", "Result", "NRestarts", "ExecMainStatus")
+SHOW_PROPERTIES = (
+    "ActiveState",
+    "SubState",
+    "Result",
+    "NRestarts",
+    "ExecMainStatus",
+    "LoadState",
+)
 
 
 def show_argv(user: bool, unit: str) -> list[str]:
@@ -96,4 +118,5 @@ def show(user: bool, unit: str) -> UnitState:
         result=found.get("Result", "unknown"),
         restarts=int(found.get("NRestarts") or 0),
         main_status=int(status) if status.isdigit() else None,
+        load_state=found.get("LoadState", "unknown"),
     )

@@ -1,0 +1,218 @@
+"""llamanix CLI: ``fleet-agent``, hidden: the remote side of a fleet switch, which llamanix on
+another machine runs over ssh (deploy/remote.py); deploy/fleet_agent.py does the work.
+
+Each command prints the protocol it speaks first, before it checks ``--protocol``, so a
+controller of another protocol can name both; options it does not know are refused only after
+that check (a newer controller's would otherwise read as a usage error). ``unit-switch`` and
+``unit-rollback`` are what the transient unit runs.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from llamanix.cli.options import OneOf, exit_with
+from llamanix.core.errors import Problem, UserError
+from llamanix.deploy import fleet_agent as agent
+from llamanix.deploy.fleet_protocol import (
+    EXIT_FAILED,
+    EXIT_INCOMPATIBLE,
+    GENERATIONS,
+    PROTOCOL,
+    RunReport,
+    gate_args,
+    started_line,
+)
+from llamanix.deploy.gate import DEFAULT_MAX_RUNS
+from llamanix.deploy.gate_records import ACTIONS, GATES, GateKind
+from llamanix.deploy.switch_records import SwitchOptions
+from llamanix.external.process import Runner
+
+F = TypeVar("F", bound=Callable[..., Any])
+# Options of a newer controller reach the callback, which checks the protocol first.
+_LENIENT = {"ignore_unknown_options": True, "allow_extra_args": True}
+DEFAULT_TIMEOUT_S = 120.0
+
+
+def _echo(line: str) -> None:
+    click.echo(line)
+
+
+def _echo_err(line: str) -> None:
+    click.echo(line, err=True)
+
+
+@click.group("fleet-agent", hidden=True)
+def fleet_agent() -> None:
+    """The remote side of a fleet switch over ssh: llamanix runs it, not a person.
+
+    The config arrives on stdin; the switch runs as the transient unit llamanix-fleet.service,
+    and the last line of output is its outcome as JSON.
+    """
+
+
+def _agent_options(f: F) -> F:
+    f = click.option("--host", required=True, help="The host this machine is.")(f)
+    return click.option("--protocol", type=int, required=True, help="The controller's protocol.")(f)
+
+
+def _begin(ctx: click.Context, protocol: int) -> agent.FleetDir:
+    click.echo(agent.hello().line())
+    if protocol != PROTOCOL:
+        exit_with(EXIT_INCOMPATIBLE)
+    if ctx.args:
+        raise UserError(
+            Problem(
+                f"llamanix fleet-agent {ctx.info_name}",
+                ctx.args[0],
+                "not an option of this fleet agent",
+                "check that both sides run the same llamanix",
+            )
+        )
+    return agent.FleetDir.here()
+
+
+def _finish(d: agent.FleetDir, report: RunReport) -> None:
+    click.echo(report.line())
+    agent.mark_reported(d, report)
+    exit_with(EXIT_FAILED if report.op is not None and not report.ok else 0)
+
+
+def _gate_options(f: F) -> F:
+    """switch's gate options, spelled as switch spells them (fleet_protocol.gate_args)."""
+    for option in reversed(
+        (
+            click.option("--gate", type=OneOf(GATES)),
+            click.option("--min-tok-s", type=float),
+            click.option("--max-regression", type=float),
+            click.option("--max-runs", type=int, default=DEFAULT_MAX_RUNS),
+            click.option("--inconclusive", type=OneOf(ACTIONS), default="keep"),
+            click.option("--gate-prompts"),
+            click.option(
+                "--timeout", "timeout_s", type=click.FloatRange(min=0), default=DEFAULT_TIMEOUT_S
+            ),
+            click.option("--wait", "wait_s", type=click.FloatRange(min=0), default=0.0),
+        )
+    ):
+        f = option(f)
+    return f
+
+
+def _switch_options(
+    gate: GateKind | None,
+    min_tok_s: float | None,
+    max_regression: float | None,
+    max_runs: int,
+    inconclusive: str,
+    gate_prompts: str | None,
+    timeout_s: float,
+    wait_s: float,
+) -> SwitchOptions:
+    opts = SwitchOptions(
+        gate=gate,
+        min_tok_s=min_tok_s,
+        max_regression=max_regression,
+        max_runs=max_runs,
+        inconclusive=inconclusive,
+        timeout_s=timeout_s,
+        wait_s=wait_s,
+        gate_prompts=gate_prompts,
+    )
+    opts.gate_kind("llamanix fleet-agent switch")
+    return opts
+
+
+_FORMAT = click.option("--format", "fmt", type=OneOf(agent.FORMATS), default="toml")
+
+
+@fleet_agent.command("switch", context_settings=_LENIENT)
+@click.pass_context
+@_agent_options
+@_FORMAT
+@_gate_options
+def switch(
+    ctx: click.Context, /, protocol: int, host: str, fmt: agent.ConfigFormat, **gate: Any
+) -> None:
+    """Switch this host to the config on stdin, gated, in a unit of its own systemd."""
+    d = _begin(ctx, protocol)
+    opts = _switch_options(**gate)
+    text = click.get_text_stream("stdin").read()
+    runner = Runner(echo=_echo)
+    args = gate_args(opts)
+    record = agent.start_switch(d, host, text, fmt, args, runner, _echo, opts.wait_s)
+    click.echo(started_line(record.run))
+    _finish(d, agent.follow(d, record, _echo))
+
+
+@fleet_agent.command("rollback", context_settings=_LENIENT)
+@click.pass_context
+@_agent_options
+@click.option("--to", type=int)
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0), default=DEFAULT_TIMEOUT_S)
+@click.option("--wait", "wait_s", type=click.FloatRange(min=0), default=0.0)
+def rollback(
+    ctx: click.Context, protocol: int, host: str, to: int | None, timeout_s: float, wait_s: float
+) -> None:
+    """Serve an earlier generation of this host again, in a unit of its own systemd."""
+    d = _begin(ctx, protocol)
+    runner = Runner(echo=_echo)
+    record = agent.start_rollback(d, host, to, timeout_s, runner, _echo, wait_s)
+    click.echo(started_line(record.run))
+    _finish(d, agent.follow(d, record, _echo))
+
+
+@fleet_agent.command("status", context_settings=_LENIENT)
+@click.pass_context
+@_agent_options
+def status(ctx: click.Context, protocol: int, host: str) -> None:
+    """How the last fleet switch or rollback here ended (following one that still runs)."""
+    d = _begin(ctx, protocol)
+    _finish(d, agent.status(d, _echo))
+
+
+@fleet_agent.command("generations", context_settings=_LENIENT)
+@click.pass_context
+@_agent_options
+def generations(ctx: click.Context, protocol: int, host: str) -> None:
+    """This host's generations, as `llamanix generations --json` lists them."""
+    d = _begin(ctx, protocol)
+    click.echo(GENERATIONS + json.dumps(agent.generations(d, host)))
+
+
+_DIR = click.option(
+    "--dir", "root", required=True, type=click.Path(path_type=Path, file_okay=False)
+)
+
+
+@fleet_agent.command("unit-switch")
+@click.option("--host", required=True)
+@_DIR
+@_FORMAT
+@_gate_options
+def unit_switch(host: str, root: Path, fmt: agent.ConfigFormat, **gate: Any) -> None:
+    """The switch as its transient unit runs it (progress on stderr: the journal)."""
+    d = agent.FleetDir(root, agent.FleetDir.here().user)
+    outcome = agent.unit_switch(d, host, fmt, _switch_options(**gate), _echo_err)
+    exit_with(0 if outcome.ok else EXIT_FAILED)
+
+
+@fleet_agent.command("unit-rollback")
+@click.option("--host", required=True)
+@_DIR
+@click.option("--to", type=int)
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0), default=DEFAULT_TIMEOUT_S)
+def unit_rollback(host: str, root: Path, to: int | None, timeout_s: float) -> None:
+    """The rollback as its transient unit runs it (progress on stderr: the journal)."""
+    d = agent.FleetDir(root, agent.FleetDir.here().user)
+    outcome = agent.unit_rollback(d, host, to, timeout_s, _echo_err)
+    exit_with(0 if outcome.ok else EXIT_FAILED)
+
+
+def register(group: click.Group) -> None:
+    """Add this module's commands to the main group."""
+    group.add_command(fleet_agent)

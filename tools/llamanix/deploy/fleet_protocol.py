@@ -1,0 +1,170 @@
+"""What a fleet switch's two sides say to each other over ssh: the controller (deploy/remote.py)
+runs ``llamanix fleet-agent COMMAND --protocol N`` on the remote host (deploy/fleet_agent.py),
+hands it the config on stdin, and reads its stdout.
+
+The agent's stdout is progress lines for the user, plus machine lines, each one line of JSON
+after a fixed prefix: first ``HELLO`` (the protocol it speaks and its version; before it
+checks the protocol asked for, so a controller of another protocol can say which), then
+``STARTED`` once a switch or rollback runs there (its run's id), last ``OUTCOME`` (switch,
+rollback, status) or ``GENERATIONS``. Its exit code: 0 passed or unchanged, 1 failed, 2 a
+one-line user error on stderr, 3 another protocol.
+
+Bump ``PROTOCOL`` when either side's words change in a way the other cannot read.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+from llamanix.core import json_fields as jf
+from llamanix.deploy.gate import DEFAULT_MAX_RUNS
+from llamanix.deploy.switch_records import HostOutcome, SwitchOptions
+
+PROTOCOL = 1
+HELLO = "llamanix-fleet-agent: "
+# The switch or rollback started there: its run's id (a later status names the same run).
+STARTED = "llamanix-fleet-started: "
+OUTCOME = "llamanix-fleet-outcome: "
+GENERATIONS = "llamanix-fleet-generations: "
+EXIT_FAILED = 1
+EXIT_USER_ERROR = 2
+EXIT_INCOMPATIBLE = 3
+
+# What a fleet run does on the remote host.
+Op = Literal["switch", "rollback"]
+OPS: tuple[Op, ...] = get_args(Op)
+# The agent's commands (the controller's ``op`` for remote_argv).
+AgentCommand = Literal["switch", "rollback", "status", "generations"]
+
+
+@dataclass(frozen=True)
+class Hello:
+    """The agent's first line: the protocol it speaks and the llamanix version it is."""
+
+    protocol: int
+    version: str
+
+    def line(self) -> str:
+        return HELLO + json.dumps({"protocol": self.protocol, "version": self.version})
+
+    @staticmethod
+    def parse(line: str) -> Hello | None:
+        if not line.startswith(HELLO):
+            return None
+        try:
+            found = jf.table(json.loads(line[len(HELLO) :]))
+        except ValueError:
+            return None
+        protocol = jf.integer(found.get("protocol"))
+        return None if protocol is None else Hello(protocol, jf.text(found.get("version")) or "?")
+
+
+@dataclass(frozen=True)
+class RunReport:
+    """How the last fleet run on a host ended (or that there was none): the agent's last line.
+
+    ``unit``: systemd's word on the transient unit ("exited 0", "failed (signal)", "gone" after
+    a reboot); ``reported``: whether an agent had already printed this ending before (a switch
+    whose ssh connection dropped was not)."""
+
+    op: Op | None
+    run: str | None = None  # the run's id, as STARTED said it
+    host: str | None = None
+    started: str | None = None
+    unit: str = ""
+    reported: bool = False
+    outcome: HostOutcome | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome is not None and self.outcome.ok
+
+    def summary(self) -> str:
+        """One line: what ran, when, how it ended."""
+        if self.op is None:
+            return "no fleet switch or rollback has run there yet"
+        what = f"fleet {self.op} of {self.host} started {self.started}"
+        if self.outcome is None:
+            ended = f"ended without an outcome ({self.unit or 'unknown'})"
+        else:
+            o = self.outcome
+            ended = o.result
+            if o.generation is not None:
+                ended += f", generation {o.generation}"
+            if o.detail:
+                ended += f": {o.detail}"
+        return f"{what}: {ended}{'' if self.reported else ' (not reported before)'}"
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "op": self.op,
+            "run": self.run,
+            "host": self.host,
+            "started": self.started,
+            "unit": self.unit,
+            "reported": self.reported,
+            "outcome": self.outcome.to_json() if self.outcome else None,
+        }
+
+    def line(self) -> str:
+        return OUTCOME + json.dumps(self.to_json())
+
+    @staticmethod
+    def from_json(data: object) -> RunReport:
+        found = jf.table(data)
+        return RunReport(
+            jf.choice(found.get("op"), OPS),
+            jf.text(found.get("run")),
+            jf.text(found.get("host")),
+            jf.text(found.get("started")),
+            jf.text(found.get("unit")) or "",
+            jf.flag(found.get("reported")) is True,
+            HostOutcome.from_json(found.get("outcome")),
+        )
+
+    @staticmethod
+    def parse(line: str) -> RunReport | None:
+        if not line.startswith(OUTCOME):
+            return None
+        try:
+            return RunReport.from_json(json.loads(line[len(OUTCOME) :]))
+        except ValueError:
+            return None
+
+
+def started_line(run: str) -> str:
+    return STARTED + json.dumps({"run": run})
+
+
+def parse_started(line: str) -> str | None:
+    """The run's id of a ``STARTED`` line; None for any other line."""
+    if not line.startswith(STARTED):
+        return None
+    try:
+        return jf.text(jf.table(json.loads(line[len(STARTED) :])).get("run"))
+    except ValueError:
+        return None
+
+
+def gate_args(opts: SwitchOptions) -> list[str]:
+    """The switch's gate options as the agent's command line spells them (switch's own
+    spelling); --set is not among them: the agent gets the config with it applied."""
+    args: list[str] = []
+    if opts.gate is not None:
+        args += ["--gate", opts.gate]
+    if opts.min_tok_s is not None:
+        args += ["--min-tok-s", repr(opts.min_tok_s)]
+    if opts.max_regression is not None:
+        args += ["--max-regression", repr(opts.max_regression)]
+    if opts.max_runs != DEFAULT_MAX_RUNS:
+        args += ["--max-runs", str(opts.max_runs)]
+    if opts.inconclusive != "keep":
+        args += ["--inconclusive", opts.inconclusive]
+    if opts.gate_prompts is not None:
+        args += ["--gate-prompts", opts.gate_prompts]
+    args += ["--timeout", repr(opts.timeout_s)]
+    if opts.wait_s:
+        args += ["--wait", repr(opts.wait_s)]
+    return args

@@ -1,0 +1,380 @@
+"""A remote plain-systemd host (``kind = "systemd"`` or ``"systemd-user"`` with a ``target``):
+switched by its own installed llamanix, over the user's OpenSSH.
+
+This side runs ``ssh TARGET -- sudo -n llamanix fleet-agent OP --protocol 1 --host NAME ...``
+(no sudo for systemd-user, as nixos-rebuild's --sudo), hands the config on ssh's stdin (never
+on a command line), and prints what the agent prints, each line prefixed with the host's name.
+The agent (deploy/fleet_agent.py) keeps the host's generations there and runs the switch as a
+transient unit of the host's own systemd, so a dropped connection does not stop it half-way;
+its last line is the outcome (deploy/fleet_protocol.py).
+
+Every way this can fail before an outcome is one line: the host cannot be reached, it has no
+llamanix (or not on sudo's PATH), sudo wants a password, or its llamanix speaks another fleet
+protocol or none yet.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Literal
+
+from llamanix import __version__
+from llamanix.core.config import Config
+from llamanix.core.errors import ExternalCommandError, Problem, UserError
+from llamanix.core.json_value import JsonObject
+from llamanix.deploy.fleet_protocol import (
+    EXIT_USER_ERROR,
+    GENERATIONS,
+    PROTOCOL,
+    AgentCommand,
+    Hello,
+    RunReport,
+    gate_args,
+    parse_started,
+)
+from llamanix.deploy.switch_records import Echo, HostOutcome, SwitchOptions
+from llamanix.external.process import Runner
+from llamanix.external.ssh import SSH_FAILED, SshResult, run_ssh, ssh_argv
+
+RemoteKind = Literal["systemd", "systemd-user"]
+ConfigFormat = Literal["toml", "json"]
+
+# docs/debian.md's install, plus the link that puts llamanix on sudo's secure_path (and on the
+# PATH ssh gives a plain command: /usr/local/bin is on both).
+INSTALL = (
+    "sudo python3 -m venv /opt/llamanix && sudo /opt/llamanix/bin/pip install ./llamanix && "
+    "sudo ln -s /opt/llamanix/bin/llamanix /usr/local/bin/llamanix"
+)
+UPGRADE = "sudo /opt/llamanix/bin/pip install --upgrade ./llamanix"
+
+
+class RemoteUnreachable(ExternalCommandError):
+    """ssh could not reach the host (exit 255), or lost it and could not reach it again: a
+    rolling switch touches no other host after this."""
+
+
+@dataclass(frozen=True)
+class RemoteHost:
+    name: str
+    target: str
+    kind: RemoteKind
+    config_format: ConfigFormat = "toml"
+    source: str = ""  # the config that names it, for messages
+
+    @property
+    def sudo(self) -> bool:
+        return self.kind == "systemd"
+
+    def llamanix(self) -> list[str]:
+        """The remote llamanix as this side runs it: through ``sudo -n`` (never a password
+        prompt: it would wait for an answer no one can give) for system units."""
+        return ["sudo", "-n", "llamanix"] if self.sudo else ["llamanix"]
+
+
+def remote_host(config: Config, name: str) -> RemoteHost | None:
+    """The host as a remote plain-systemd host; None when it is not one (no target, or a
+    NixOS host, which nixos-rebuild --target-host switches)."""
+    host = config.hosts[name]
+    if not host.target or host.kind not in ("systemd", "systemd-user"):
+        return None
+    if host.target.startswith("-"):
+        raise UserError(
+            Problem(
+                config.source,
+                f"hosts.{name}.target",
+                f"'{host.target}' starts with '-', which ssh would take for an option",
+                "write USER@HOST, or a Host name of your ssh config",
+            )
+        )
+    kind: RemoteKind = "systemd" if host.kind == "systemd" else "systemd-user"
+    fmt: ConfigFormat = "json" if Path(config.source).suffix == ".json" else "toml"
+    return RemoteHost(name, host.target, kind, fmt, config.source)
+
+
+def agent_argv(rh: RemoteHost, op: AgentCommand | str, extra: Sequence[str]) -> list[str]:
+    """The command the remote side runs (ssh hands it to the login shell, quoted)."""
+    return [
+        *rh.llamanix(),
+        "fleet-agent",
+        op,
+        "--protocol",
+        str(PROTOCOL),
+        "--host",
+        rh.name,
+        *extra,
+    ]
+
+
+def remote_argv(rh: RemoteHost, op: str, extra: Sequence[str]) -> list[str]:
+    """The full ssh argv of one agent command (what --dry-run prints)."""
+    return ssh_argv(rh.target, agent_argv(rh, op, extra))
+
+
+def switch_argv_extra(rh: RemoteHost, opts: SwitchOptions) -> list[str]:
+    return ["--format", rh.config_format, *gate_args(opts)]
+
+
+# --- one agent command -------------------------------------------------------------------------
+
+
+@dataclass
+class _Reply:
+    """What the agent said: its hello, the run it started, its last line, and how ssh ended."""
+
+    hello: Hello | None = None
+    started: str | None = None
+    report: RunReport | None = None
+    generations: list[JsonObject] | None = None
+    result: SshResult = field(default_factory=lambda: SshResult(0, ()))
+
+
+class _Lost(Exception):
+    """ssh lost the connection after the agent answered (its work may go on there)."""
+
+    def __init__(self, reply: _Reply) -> None:
+        super().__init__(reply.result.last_error)
+        self.reply = reply
+
+
+def _prefixed(name: str, line: str) -> str:
+    # The agent's own switch already names the host at the start of some lines.
+    return line if line.startswith(f"{name}: ") else f"{name}: {line}"
+
+
+def _call(
+    rh: RemoteHost,
+    op: AgentCommand,
+    extra: Sequence[str],
+    runner: Runner,
+    echo: Echo,
+    stdin_text: str | None = None,
+    show: bool = True,
+) -> _Reply:
+    """Run one agent command over ssh, echo its progress, and read its machine lines; the
+    one-line errors of a command that did not get to answer are raised here."""
+    reply = _Reply()
+
+    def on_line(line: str) -> None:
+        hello = Hello.parse(line)
+        if hello is not None:
+            reply.hello = hello
+            return
+        started = parse_started(line)
+        if started is not None:
+            reply.started = started
+            return
+        report = RunReport.parse(line)
+        if report is not None:
+            reply.report = report
+            return
+        if line.startswith(GENERATIONS):
+            try:
+                found = json.loads(line[len(GENERATIONS) :])
+            except ValueError:
+                found = None
+            if isinstance(found, list):
+                reply.generations = [item for item in found if isinstance(item, dict)]
+            return
+        echo(_prefixed(rh.name, line))
+
+    argv = agent_argv(rh, op, extra)
+    reply.result = run_ssh(runner, rh.target, argv, on_line, stdin_text, show)
+    if runner.dry_run:
+        return reply
+    _check(rh, reply, runner)
+    # An answer came: what else was said on stderr (ssh's warnings) is shown, not an error.
+    for line in reply.result.stderr:
+        if line.strip():
+            echo(_prefixed(rh.name, line))
+    return reply
+
+
+def _check(rh: RemoteHost, reply: _Reply, runner: Runner) -> None:
+    result, hello = reply.result, reply.hello
+    said = result.last_error
+    if result.returncode == SSH_FAILED:
+        if hello is None:
+            raise RemoteUnreachable(
+                f"{rh.name}: cannot reach {rh.target} over ssh: {said or 'ssh exited 255'}"
+            )
+        raise _Lost(reply)
+    if hello is None:
+        text = "\n".join(result.stderr)
+        if result.returncode == 127 or "command not found" in text:
+            raise UserError(Problem(rh.name, "", _missing(rh)))
+        if "sudo:" in text and ("password" in text or "terminal is required" in text):
+            raise UserError(Problem(rh.name, "", _needs_password(rh)))
+        if "No such command" in text:
+            version = _remote_version(rh, runner)
+            raise UserError(
+                Problem(
+                    rh.name,
+                    "",
+                    f"llamanix {version} on {rh.target} speaks no fleet protocol, this one "
+                    f"{PROTOCOL}; upgrade it there: {UPGRADE}",
+                )
+            )
+        raise ExternalCommandError(
+            f"{rh.name}: llamanix fleet-agent on {rh.target} exited with {result.returncode}: "
+            f"{said or 'no error message'}"
+        )
+    if hello.protocol != PROTOCOL:
+        fix = (
+            f"upgrade it there: {UPGRADE}"
+            if hello.protocol < PROTOCOL
+            else f"upgrade llamanix here ({__version__})"
+        )
+        raise UserError(
+            Problem(
+                rh.name,
+                "",
+                f"llamanix {hello.version} on {rh.target} speaks fleet protocol "
+                f"{hello.protocol}, this one {PROTOCOL}; {fix}",
+            )
+        )
+    if reply.report is None and reply.generations is None:
+        if result.returncode == EXIT_USER_ERROR and said:
+            raise UserError(Problem(rh.name, "", f"{rh.target}: {said}"))
+        raise ExternalCommandError(
+            f"{rh.name}: the fleet agent on {rh.target} exited with {result.returncode} "
+            f"without an outcome: {said or 'no error message'}"
+        )
+
+
+def _missing(rh: RemoteHost) -> str:
+    where = "sudo's PATH" if rh.sudo else "the PATH of commands run over ssh"
+    return f"{rh.target} has no llamanix on {where}; install it there: {INSTALL}"
+
+
+def _needs_password(rh: RemoteHost) -> str:
+    user = rh.target.split("@", 1)[0] if "@" in rh.target else "the ssh user"
+    return (
+        f"sudo on {rh.target} asks {user} for a password, and a fleet switch cannot answer it; "
+        f"allow it there: echo '{user} ALL=(root) NOPASSWD: /usr/local/bin/llamanix' | "
+        "sudo tee /etc/sudoers.d/llamanix"
+    )
+
+
+def _remote_version(rh: RemoteHost, runner: Runner) -> str:
+    """The remote llamanix's version (``llamanix --version``), or "(version unknown)"."""
+    lines: list[str] = []
+    try:
+        run_ssh(runner, rh.target, [*rh.llamanix(), "--version"], lines.append, show=False)
+    except ExternalCommandError:
+        return "(version unknown)"
+    words = " ".join(lines).split()
+    return words[-1] if "version" in words else "(version unknown)"
+
+
+def _outcome(rh: RemoteHost, op: str, report: RunReport | None) -> HostOutcome:
+    if report is None or report.outcome is None:
+        unit = report.unit if report else "no report"
+        detail = f"the fleet {op} on {rh.target} ended without an outcome ({unit})"
+        return HostOutcome(rh.name, "failed", detail=detail)
+    return replace(report.outcome, host=rh.name)
+
+
+def _after_lost(rh: RemoteHost, op: str, lost: _Lost, runner: Runner, echo: Echo) -> HostOutcome:
+    """The connection dropped while the agent ran ``op``: the unit goes on there by itself.
+    Follow it again through ``status`` once; the outcome when the run is the one started."""
+    said = lost.reply.result.last_error or "ssh exited 255"
+    started = lost.reply.started
+    gone = RemoteUnreachable(
+        f"{rh.name}: lost {rh.target} over ssh during the {op} ({said}); "
+        + (
+            f"it goes on there by itself: `llamanix generations {rh.source} --host {rh.name}` "
+            "shows how it ended"
+            if started
+            else "it may not have started there"
+        )
+    )
+    if started is None:
+        raise gone
+    echo(f"{rh.name}: lost the ssh connection ({said}); following the {op} there again")
+    try:
+        reply = _call(rh, "status", (), runner, echo, show=False)
+    except (RemoteUnreachable, _Lost):
+        raise gone from None
+    if reply.report is None or reply.report.run != started:
+        raise gone
+    return _outcome(rh, op, reply.report)
+
+
+# --- what the rest of llamanix calls -----------------------------------------------------------
+
+
+def _refuse_local_options(rh: RemoteHost, opts: SwitchOptions) -> None:
+    if opts.manager is not None or opts.units_dir is not None:
+        raise UserError(
+            Problem(
+                rh.source,
+                f"hosts.{rh.name}.target",
+                "--manager and --units-dir are for hosts switched from this machine; "
+                f"{rh.name} is switched by its own llamanix over ssh",
+                f"leave them out, or switch {rh.name} on that machine",
+            )
+        )
+
+
+def remote_switch(
+    rh: RemoteHost, new_text: str, opts: SwitchOptions, runner: Runner, echo: Echo
+) -> HostOutcome:
+    """Switch the remote host to ``new_text`` (the whole config, its --set applied); it is
+    gated there and restores itself when the gate fails. With ``runner.dry_run`` the ssh argv
+    is printed and nothing runs."""
+    _refuse_local_options(rh, opts)
+    opts.gate_kind(rh.source)  # bad options: one line before anything connects
+    echo(f"{rh.name}: switching over ssh ({rh.target})")
+    try:
+        reply = _call(rh, "switch", switch_argv_extra(rh, opts), runner, echo, new_text)
+    except _Lost as lost:
+        return _after_lost(rh, "switch", lost, runner, echo)
+    if runner.dry_run:
+        runner.note(f"the config goes on ssh's stdin; {rh.target} switches its own copy")
+        return HostOutcome(rh.name, "dry-run")
+    return _outcome(rh, "switch", reply.report)
+
+
+def remote_rollback(
+    rh: RemoteHost, to: int | None, timeout_s: float, runner: Runner, echo: Echo
+) -> HostOutcome:
+    """Serve an earlier generation of the remote host again (``to``: its number; None: the
+    newest good one before the current), as ``llamanix rollback`` does there."""
+    extra = ["--timeout", repr(timeout_s), *(["--to", str(to)] if to is not None else [])]
+    echo(f"{rh.name}: rolling back over ssh ({rh.target})")
+    try:
+        reply = _call(rh, "rollback", extra, runner, echo)
+    except _Lost as lost:
+        return _after_lost(rh, "rollback", lost, runner, echo)
+    if runner.dry_run:
+        return HostOutcome(rh.name, "dry-run")
+    return _outcome(rh, "rollback", reply.report)
+
+
+def remote_status(rh: RemoteHost, runner: Runner, echo: Echo) -> str:
+    """How the last fleet switch or rollback on the host ended, in one line; one that still
+    runs is followed to its end first (its progress echoed)."""
+    try:
+        reply = _call(rh, "status", (), runner, echo, show=False)
+    except _Lost as lost:
+        raise RemoteUnreachable(
+            f"{rh.name}: lost {rh.target} over ssh: {lost.reply.result.last_error}"
+        ) from None
+    if runner.dry_run:
+        return "dry-run"
+    assert reply.report is not None  # _check saw to it
+    return reply.report.summary()
+
+
+def remote_generations(rh: RemoteHost, runner: Runner) -> list[JsonObject]:
+    """The remote host's generations, as ``llamanix generations --json`` lists them there."""
+    try:
+        reply = _call(rh, "generations", (), runner, runner.echo, show=False)
+    except _Lost as lost:
+        raise RemoteUnreachable(
+            f"{rh.name}: lost {rh.target} over ssh: {lost.reply.result.last_error}"
+        ) from None
+    return reply.generations or []

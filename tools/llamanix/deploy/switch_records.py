@@ -1,0 +1,174 @@
+"""What a switch takes and what it gives back: its options, and each host's outcome.
+
+Their own module so that the one-host paths (deploy.switch for this machine and NixOS,
+deploy.remote for a plain-systemd host over ssh) and the rolling switch share them without
+importing each other. deploy.switch re-exports both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, get_args
+
+from llamanix.core import json_fields as jf
+from llamanix.core.config import suggest
+from llamanix.core.errors import Problem, UserError
+from llamanix.deploy.gate import BENCH_RUNS, DEFAULT_MAX_RUNS, GatePrompts, Thresholds
+from llamanix.deploy.gate_records import ACTIONS, GATES, Action, Baseline, GateKind, GateResult
+from llamanix.deploy.generations import ManagerKind
+
+# What a switch did on one host.
+Outcome = Literal["passed", "failed", "unchanged", "dry-run"]
+OUTCOMES: tuple[Outcome, ...] = get_args(Outcome)
+Echo = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class SwitchOptions:
+    sets: tuple[str, ...] = ()
+    gate: GateKind | None = None
+    min_tok_s: float | None = None
+    max_regression: float | None = None
+    # bench gate with --max-regression: most candidate runs, and what an inconclusive ends as.
+    max_runs: int = DEFAULT_MAX_RUNS
+    inconclusive: str = "keep"
+    timeout_s: float = 120.0
+    # Seconds to wait for another switch, rollback or pin of the same host to finish.
+    wait_s: float = 0.0
+    manager: ManagerKind | None = None
+    units_dir: Path | None = None
+    # bench gate: the prompts measured, in turn (bench's --prompts spelling).
+    gate_prompts: str | None = None
+
+    def bench_prompts(self) -> GatePrompts | None:
+        """The --gate-prompts' prompts; None for the default (checked in gate_kind)."""
+        return None if self.gate_prompts is None else GatePrompts.load(self.gate_prompts)
+
+    def gate_kind(self, source: str) -> GateKind:
+        wants_bench = self.min_tok_s is not None or self.max_regression is not None
+        if self.min_tok_s is not None and self.max_regression is not None:
+            raise UserError(
+                Problem(source, "--min-tok-s", "and --max-regression both given", "use one of them")
+            )
+        gate = self.gate or ("bench" if wants_bench else "health")
+        if gate not in GATES:
+            raise UserError(
+                Problem(source, "--gate", f"unknown gate '{gate}'", suggest(gate, GATES))
+            )
+        if wants_bench and gate != "bench":
+            raise UserError(
+                Problem(
+                    source,
+                    "--gate",
+                    f"--min-tok-s/--max-regression need a measurement, not '{gate}'",
+                    "use --gate bench",
+                )
+            )
+        if self.max_regression is not None and not 0 <= self.max_regression < 100:
+            raise UserError(
+                Problem(
+                    "llamanix switch",
+                    "--max-regression",
+                    f"must be a percentage from 0 to below 100, got {self.max_regression:g}",
+                    "pass e.g. --max-regression 5",
+                )
+            )
+        if self.max_runs < BENCH_RUNS:
+            raise UserError(
+                Problem(
+                    "llamanix switch",
+                    "--max-runs",
+                    f"must be at least {BENCH_RUNS} (the first batch of runs), got {self.max_runs}",
+                    f"pass --max-runs {BENCH_RUNS} or more",
+                )
+            )
+        self.inconclusive_action()
+        if self.gate_prompts is not None:
+            if gate != "bench":
+                raise UserError(
+                    Problem(
+                        "llamanix switch",
+                        "--gate-prompts",
+                        f"are what the bench gate measures, not '{gate}'",
+                        "use --gate bench (or leave --gate-prompts out)",
+                    )
+                )
+            self.bench_prompts()
+        return gate
+
+    def inconclusive_action(self) -> Action:
+        for action in ACTIONS:
+            if self.inconclusive == action:
+                return action
+        raise UserError(
+            Problem(
+                "llamanix switch",
+                "--inconclusive",
+                f"unknown outcome '{self.inconclusive}'",
+                suggest(self.inconclusive, ACTIONS),
+            )
+        )
+
+    def thresholds(self, baseline: Baseline | None) -> Thresholds:
+        return Thresholds(
+            self.min_tok_s,
+            self.max_regression,
+            baseline,
+            self.max_runs,
+            self.inconclusive_action(),
+            self.bench_prompts(),
+        )
+
+
+@dataclass
+class HostOutcome:
+    host: str
+    result: Outcome
+    generation: int | None = None
+    detail: str = ""
+    changed: list[str] = field(default_factory=list)
+    gates: list[GateResult] = field(default_factory=list)
+    # The generation that was current before (what a failed gate restores).
+    previous: int | None = None
+    # Seconds from the start of activation until the new generation answered or, after a
+    # failed gate, until the restored one did; None where nothing was activated, or where
+    # the restored generation did not answer (it is out of service still).
+    out_of_service_s: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.result != "failed"
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "host": self.host,
+            "result": self.result,
+            "generation": self.generation,
+            "previous": self.previous,
+            "changed": self.changed,
+            "detail": self.detail,
+            "out_of_service_s": self.out_of_service_s,
+            "gate": {r.name: r.to_json() for r in self.gates},
+        }
+
+    @staticmethod
+    def from_json(data: object) -> HostOutcome | None:
+        """An outcome as ``to_json`` wrote it (a remote host's agent, over ssh); None when it
+        names no host or no result this version knows."""
+        found = jf.table(data)
+        host, result = jf.text(found.get("host")), jf.choice(found.get("result"), OUTCOMES)
+        if host is None or result is None:
+            return None
+        gates = [GateResult.from_json(str(n), r) for n, r in jf.table(found.get("gate")).items()]
+        return HostOutcome(
+            host,
+            result,
+            jf.integer(found.get("generation")),
+            jf.text(found.get("detail")) or "",
+            list(jf.texts(found.get("changed"))),
+            [g for g in gates if g is not None],
+            jf.integer(found.get("previous")),
+            jf.real(found.get("out_of_service_s")),
+        )
