@@ -123,7 +123,9 @@ def test_a_host_lost_during_the_rollout_stops_it() -> None:
 def test_a_stop_between_hosts_finishes_the_host_under_way_and_stops() -> None:
     ops = Recorded()
     asked = iter([False, True, True])
-    rollout = run_rollout(["a", "b", "c"], RolloutOptions(), ops, lambda _: None, lambda: next(asked))
+    rollout = run_rollout(
+        ["a", "b", "c"], RolloutOptions(), ops, lambda _: None, lambda: next(asked)
+    )
     assert [c for c in ops.calls if c.startswith("switch")] == ["switch a first"]
     assert [(r.host, r.verdict) for r in rollout.ordered()] == [
         ("a", "passed"),

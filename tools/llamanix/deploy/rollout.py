@@ -21,7 +21,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, get_args
 
-from llamanix.core.errors import ExternalCommandError, Problem, UserError, suggest
+from llamanix.core.config import suggest
+from llamanix.core.errors import ExternalCommandError, Problem, UserError
 from llamanix.core.json_value import JsonObject
 from llamanix.deploy.switch import HostOutcome
 
@@ -120,7 +121,12 @@ def parse_hosts(text: str, known: Sequence[str], source: str) -> tuple[str, ...]
     for name in names:
         if name not in known:
             raise UserError(
-                Problem(source, "--hosts", f"no host '{name}' in the config", suggest(name, known))
+                Problem(
+                    source,
+                    "--hosts",
+                    f"no host '{name}' in the config",
+                    suggest(name, tuple(known)),
+                )
             )
     seen = [n for i, n in enumerate(names) if n in names[:i]]
     if seen:
