@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from llamanix.core.errors import ExternalCommandError
-from llamanix.external import container, netns, ssh_keys
+from llamanix.external import cgroups, container, netns, ssh_keys
 from llamanix.external.process import Finished, TextChild, wait_exit
 from llamanix.external.signals import signal_group
 from llamanix.testbed import hosts
@@ -341,7 +341,9 @@ def fleet(
             root = hosts.unpack(spec, workdir / name)
             key = prepare_root(root, name, address, table)
             machine = f"{name}-{os.getpid()}"
-            host = Host(spec, root, machine, workdir / name / "console.log", bridge=bridge)
+            log = workdir / name / "console.log"
+            own = cgroups.make_own(f"llamanix-{machine}")
+            host = Host(spec, root, machine, log, bridge=bridge, cgroups=own)
             bed.members[name] = Member(name, address, host, key)
         write_controller_home(bed.home, list(bed.members.values()))
         client_key = (bed.home / ".ssh/id_ed25519.pub").read_text()
@@ -367,6 +369,8 @@ def fleet(
         if bed._holder is not None:
             _end(bed._holder)
             bed._holder = None
+        for member in bed.members.values():
+            cgroups.remove(member.host.cgroups)
         if made_network:
             netns.ip(["netns", "delete", bed.netns])
         for member in bed.members.values():

@@ -158,6 +158,8 @@ class Host:
     # On a fleet bed's bridge (llamanix.testbed.fleet) instead of loopback only; every boot,
     # a reboot's too, joins it again.
     bridge: container.Bridge | None = None
+    # A cgroup of its own (external/cgroups.py), where one process boots several hosts.
+    cgroups: tuple[Path, ...] = ()
     pid: int = 0
     _nspawn: Child | None = field(default=None, repr=False)
     _log: IO[str] | None = field(default=None, repr=False)
@@ -167,7 +169,9 @@ class Host:
     def boot(self, timeout_s: float = 120.0) -> None:
         """Start the container and wait until its systemd says the system is up."""
         self._log = self.log_path.open("a")
-        self._nspawn = container.nspawn_boot(self.root, self.machine, self._log, self.bridge)
+        self._nspawn = container.nspawn_boot(
+            self.root, self.machine, self._log, self.bridge, self.cgroups
+        )
         deadline = time.monotonic() + timeout_s
         while not self.pid:
             if self._nspawn.poll() is not None:
