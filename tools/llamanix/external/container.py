@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import subprocess
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
@@ -37,25 +38,56 @@ def mmdebstrap(suite: str, packages: Sequence[str], out: Path, log: IO[str]) -> 
         raise ExternalCommandError(f"mmdebstrap {suite} failed (exit {done.returncode})")
 
 
-def nspawn_boot_argv(root: Path, machine: str) -> list[str]:
+@dataclass(frozen=True)
+class Bridge:
+    """Where a container's network goes instead of loopback only: its ``host0`` is one end of a
+    veth pair whose other end joins ``bridge`` inside the named network namespace ``netns``."""
+
+    netns: str
+    bridge: str
+
+
+def nspawn_boot_argv(
+    root: Path, machine: str, bridge: Bridge | None = None, cgroups: Sequence[Path] = ()
+) -> list[str]:
     """Boot ``root`` with systemd as PID 1: no registration with a machined, no unit of its own
-    (it stays in the caller's cgroup), and a network namespace holding only loopback."""
-    return [
+    (it stays in the caller's cgroup), and a network namespace holding only loopback, or with
+    ``bridge`` a veth to that bridge. nspawn makes the veth pair in the network namespace it
+    runs in, so it runs inside ``bridge.netns``: entered with ``nsenter --net``, which execs it
+    (its pid is nspawn's own) and changes nothing else. ``ip netns exec`` would also mount a
+    fresh /sys, without the cgroup file system nspawn needs. With ``cgroups`` (directories from
+    ``cgroups.make_own``), a shell joins them first and execs the rest, so nspawn starts there
+    and puts the container under them."""
+    network = f"--network-bridge={bridge.bridge}" if bridge else "--private-network"
+    argv = [
         "systemd-nspawn",
         "--boot",
         "--register=no",
         "--keep-unit",
-        "--private-network",
+        network,
         f"--machine={machine}",
         f"--directory={root}",
     ]
+    if bridge:
+        argv = ["nsenter", f"--net=/run/netns/{bridge.netns}", "--", *argv]
+    if cgroups:
+        join = 'n=$1; shift; while [ "$n" -gt 0 ]; do echo $$ > "$1/cgroup.procs" || exit 1; '
+        join += 'shift; n=$((n - 1)); done; exec "$@"'
+        argv = ["sh", "-c", join, "sh", str(len(cgroups)), *map(str, cgroups), *argv]
+    return argv
 
 
-def nspawn_boot(root: Path, machine: str, log: IO[str]) -> subprocess.Popen[bytes]:
+def nspawn_boot(
+    root: Path,
+    machine: str,
+    log: IO[str],
+    bridge: Bridge | None = None,
+    cgroups: Sequence[Path] = (),
+) -> subprocess.Popen[bytes]:
     """Start the container; its console goes to ``log``. The caller owns the process."""
     try:
         return subprocess.Popen(
-            nspawn_boot_argv(root, machine),
+            nspawn_boot_argv(root, machine, bridge, cgroups),
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -42,7 +42,7 @@ HostName = Literal["debian12", "debian13"]
 HOST_NAMES: tuple[HostName, ...] = get_args(HostName)
 
 # Bump when the way a root file system is made changes, so cached ones are rebuilt.
-ROOTFS_FORMAT = 1
+ROOTFS_FORMAT = 2
 PACKAGES = (
     "systemd",
     "systemd-sysv",
@@ -59,6 +59,10 @@ PACKAGES = (
     "passwd",
     # sudo resets PATH: the tests run llamanix through it as a user would.
     "sudo",
+    # The fleet bed (llamanix.testbed.fleet): hosts a controller reaches over ssh, each with
+    # its own address on a bridge.
+    "openssh-server",
+    "iproute2",
 )
 VENV = "/opt/llamanix"
 LLAMANIX = f"{VENV}/bin/llamanix"
@@ -151,6 +155,11 @@ class Host:
     root: Path
     machine: str
     log_path: Path
+    # On a fleet bed's bridge (llamanix.testbed.fleet) instead of loopback only; every boot,
+    # a reboot's too, joins it again.
+    bridge: container.Bridge | None = None
+    # A cgroup of its own (external/cgroups.py), where one process boots several hosts.
+    cgroups: tuple[Path, ...] = ()
     pid: int = 0
     _nspawn: Child | None = field(default=None, repr=False)
     _log: IO[str] | None = field(default=None, repr=False)
@@ -160,7 +169,9 @@ class Host:
     def boot(self, timeout_s: float = 120.0) -> None:
         """Start the container and wait until its systemd says the system is up."""
         self._log = self.log_path.open("a")
-        self._nspawn = container.nspawn_boot(self.root, self.machine, self._log)
+        self._nspawn = container.nspawn_boot(
+            self.root, self.machine, self._log, self.bridge, self.cgroups
+        )
         deadline = time.monotonic() + timeout_s
         while not self.pid:
             if self._nspawn.poll() is not None:
