@@ -6,11 +6,18 @@ on real hosts in test_fleet.py; these tests pin down which host is asked what, i
 
 from __future__ import annotations
 
+import json
+import os
+import re
 import threading
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
+from click.testing import CliRunner, Result
+from standins import recorded, stand_in
 
+from llamanix.cli import main
 from llamanix.core.errors import Problem, UserError
 from llamanix.deploy.rollout import (
     RolloutOptions,
@@ -20,6 +27,7 @@ from llamanix.deploy.rollout import (
     run_rollout,
 )
 from llamanix.deploy.switch import HostOutcome
+from llamanix.measure.server_process import free_port
 
 
 @dataclass
@@ -150,3 +158,93 @@ def test_hosts_are_named_once_and_known() -> None:
         parse_hosts("a,a", ("a", "b"), "fleet.toml")
     with pytest.raises(UserError, match="--batch"):
         plan_batches(["a"], 0)
+
+
+# --- the CLI, on hosts whose deploy tools are stand-ins ---------------------------------------
+
+
+@pytest.fixture
+def recorder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """nixos-rebuild and ssh record their argv (in order) and do nothing."""
+    bin_dir = tmp_path / "standins"
+    record = tmp_path / "record.jsonl"
+    for name in ("nixos-rebuild", "ssh"):
+        stand_in(bin_dir, name, record=record)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    return record
+
+
+def mixed_config(d: Path) -> Path:
+    """Two NixOS hosts (nothing answers on their ports) and a remote plain-systemd one."""
+    (d / "flake.nix").write_text("{ }\n")
+    config = d / "llamanix.toml"
+    p1, p2, p3 = free_port(), free_port(), free_port()
+    config.write_text(
+        '[hosts.a]\nkind = "nixos"\n[hosts.b]\nkind = "nixos"\n'
+        '[hosts.box]\nkind = "systemd"\ntarget = "admin@box"\n'
+        'binaries = { upstream = "/usr/local/bin/llama-server" }\n'
+        f'[instances.x]\nhost = "a"\nmodel = "/m/x.gguf"\nport = {p1}\n'
+        f'[instances.y]\nhost = "b"\nmodel = "/m/y.gguf"\nport = {p2}\n'
+        f'[instances.z]\nhost = "box"\nmodel = "/m/z.gguf"\nport = {p3}\n'
+    )
+    return config
+
+
+def cli(*args: str) -> Result:
+    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+
+def test_a_failing_canary_rolls_itself_back_and_nothing_else_runs(
+    tmp_path: Path, recorder: Path
+) -> None:
+    config = mixed_config(tmp_path)
+    result = cli("switch", str(config), "--hosts", "b,a", "--timeout", "1")
+    assert result.exit_code == 1, result.output
+    # b first (the order given), its gate fails (nothing serves), it rolls back; a never runs.
+    assert [r["argv"] for r in recorded(recorder)] == [
+        ["nixos-rebuild", "switch", "--flake", ".#b"],
+        ["nixos-rebuild", "switch", "--rollback"],
+    ]
+    assert "rolling switch" in result.output
+    table = result.output[result.output.index("rolling switch") :]
+    assert re.search(r"│ b\s+│ - -> -\s+│ failed", table) or "rolled back" in table
+    assert re.search(r"│ a\s+│ -\s+│ untouched", table), table
+
+
+def test_dry_run_shows_the_order_and_every_remote_command(tmp_path: Path, recorder: Path) -> None:
+    config = mixed_config(tmp_path)
+    result = cli(
+        "switch", str(config), "--set", "instances.z.context=2048", "--hosts", "box,a",
+        "--dry-run",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert recorded(recorder) == []
+    out = result.output
+    canary = out.index("rollout: canary: box")
+    then = out.index("rollout: batch 1: a")
+    ssh_lines = [ln for ln in out.splitlines() if ln.startswith("ssh ")]
+    assert any("fleet-agent status" in ln for ln in ssh_lines)
+    assert any("fleet-agent switch" in ln for ln in ssh_lines)
+    assert all("admin@box" in ln and "BatchMode=yes" in ln for ln in ssh_lines)
+    assert canary < out.index("fleet-agent switch") < then < out.index("nixos-rebuild switch")
+
+
+def test_host_flags_are_one_at_a_time(tmp_path: Path, recorder: Path) -> None:
+    config = mixed_config(tmp_path)
+    result = cli("switch", str(config), "--host", "a", "--hosts", "a,b")
+    assert result.exit_code == 2
+    assert result.output.strip().count("\n") == 0
+    assert "--hosts" in result.output and "--host" in result.output
+    unknown = cli("switch", str(config), "--hosts", "a,c")
+    assert unknown.exit_code == 2 and "no host 'c'" in unknown.output
+    assert recorded(recorder) == []
+
+
+def test_generations_of_several_hosts(tmp_path: Path, recorder: Path) -> None:
+    config = mixed_config(tmp_path)
+    cli("switch", str(config), "--hosts", "a", "--timeout", "1")
+    listed = cli("generations", str(config), "--hosts", "a,b", "--json")
+    assert listed.exit_code == 0, listed.output
+    by_host = json.loads(listed.output)
+    assert list(by_host) == ["a", "b"]
+    assert [g["number"] for g in by_host["a"]] == [1] and by_host["b"] == []

@@ -360,36 +360,50 @@ def rollback(
 @click.command()
 @config_argument(default="llamanix.toml")
 @host_option()
+@_HOSTS
 @json_flag
-def generations(config: Path, host: str | None, as_json: bool) -> None:
+def generations(config: Path, host: str | None, hosts: str | None, as_json: bool) -> None:
     """List a host's generations: date, variant and source revision per instance, gate.
 
     A remote plain-systemd host (a `target`) keeps its generations itself: they are asked of
-    its llamanix over ssh.
+    its llamanix over ssh. With --hosts A,B, each of them in turn (--json: an object by host).
     """
     cfg = load_config(config)
-    with _host_flag(host):
-        name = pick_host(cfg, host)
-    rh = remote.remote_host(cfg, name)
-    if rh is not None:
-        found = remote.remote_generations(rh, Runner(echo=_echo_err))
-        rows = [r for r in map(listing.GenerationRow.from_json, found) if r is not None]
+    one_of_host_flags(host, hosts, False)
+    if hosts is not None:
+        from llamanix.deploy.rollout import parse_hosts
+
+        names = parse_hosts(hosts, tuple(cfg.hosts), str(config))
     else:
-        rows = listing.generation_rows(cfg, HostState.beside(config, name))
+        with _host_flag(host):
+            names = (pick_host(cfg, host),)
+    found: dict[str, list[listing.GenerationRow]] = {}
+    for name in names:
+        rh = remote.remote_host(cfg, name)
+        if rh is not None:
+            listed = remote.remote_generations(rh, Runner(echo=_echo_err))
+            found[name] = [r for r in map(listing.GenerationRow.from_json, listed) if r]
+        else:
+            found[name] = listing.generation_rows(cfg, HostState.beside(config, name))
     if as_json:
-        click.echo(json.dumps([r.to_json() for r in rows], indent=2))
+        if hosts is None:
+            click.echo(json.dumps([r.to_json() for r in found[names[0]]], indent=2))
+        else:
+            by_host = {n: [r.to_json() for r in rows] for n, rows in found.items()}
+            click.echo(json.dumps(by_host, indent=2))
         return
-    table = Table(title=f"generations of {name}")
-    for column in ("#", "date", "instances (variant @ revision)", "gate"):
-        table.add_column(column)
-    for row in rows:
-        table.add_row(
-            f"{row.number}{' *' if row.current else ''}",
-            str(row.record.date),
-            _instances_cell(row.record),
-            _verdict_cell(row.record, row.not_serving_now),
-        )
-    Console().print(table)
+    for name, rows in found.items():
+        table = Table(title=f"generations of {name}")
+        for column in ("#", "date", "instances (variant @ revision)", "gate"):
+            table.add_column(column)
+        for row in rows:
+            table.add_row(
+                f"{row.number}{' *' if row.current else ''}",
+                str(row.record.date),
+                _instances_cell(row.record),
+                _verdict_cell(row.record, row.not_serving_now),
+            )
+        Console().print(table)
 
 
 def _instances_cell(record: GenerationRecord) -> str:
