@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
-from llamanix.external.signals import signal_group
+from llamanix.external.signals import signal_process
 from llamanix.testbed import hosts
 from llamanix.testbed.fleet import Fleet, fleet
 from llamanix.testbed.synth import SynthSpec, synth_model
@@ -199,6 +199,21 @@ def test_an_unreachable_host_stops_the_rollout_before_any_host(bed: Fleet) -> No
     timed("unreachable box3: refused before any host, in one line", started)
 
 
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid``, from /proc's children lists."""
+    found: list[int] = []
+    pending = [pid]
+    while pending:
+        for task in Path(f"/proc/{pending.pop()}/task").glob("*"):
+            try:
+                children = [int(c) for c in (task / "children").read_text().split()]
+            except OSError:
+                continue
+            found += children
+            pending += children
+    return found
+
+
 def _sub_state(bed: Fleet, name: str) -> str:
     done = bed.host(name).run(
         ["systemctl", "show", "-p", "SubState", "--value", "llamanix-fleet.service"], check=False
@@ -221,8 +236,10 @@ def test_ssh_killed_in_the_middle_the_remote_switch_completes(bed: Fleet, tmp_pa
     with (tmp_path / "out.txt").open("w") as out:
         child = bed.controller_popen(argv, stdout=out)
         _wait_running(bed, "box1")
-        # The controller and its ssh, all at once: the connection is gone mid-switch.
-        signal_group(child.pid, signal.SIGKILL)
+        # The controller and its ssh (in a session of its own), all at once: the connection
+        # is gone mid-switch.
+        for pid in [*descendants(child.pid), child.pid]:
+            signal_process(pid, signal.SIGKILL)
         child.wait(30)
     deadline = time.monotonic() + 180
     while _sub_state(bed, "box1") == "running":

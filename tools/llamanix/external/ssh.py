@@ -87,6 +87,9 @@ def run_ssh(
             text=True,
             errors="replace",
             bufsize=1,
+            # A session of its own: Ctrl-C at the terminal reaches only llamanix, which lets a
+            # rolling switch finish the host under way (a second Ctrl-C ends ssh, below).
+            start_new_session=True,
         )
     except FileNotFoundError:
         raise ExternalCommandError(
