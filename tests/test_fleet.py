@@ -90,8 +90,13 @@ def write_config(bed: Fleet, text: str) -> None:
     path.write_text(text)
 
 
+# The controller runs this checkout's llamanix (its environment is otherwise the bed's own).
+CONTROLLER_ENV = {"PYTHONPATH": str(REPO / "tools")}
+
+
 def llamanix(bed: Fleet, *args: str, timeout_s: float = 600) -> tuple[int, str, str]:
-    done = bed.controller([sys.executable, "-m", "llamanix", *args], timeout_s=timeout_s)
+    argv = [sys.executable, "-m", "llamanix", *args]
+    done = bed.controller(argv, timeout_s=timeout_s, env=CONTROLLER_ENV)
     return done.returncode, done.stdout, done.stderr
 
 
@@ -234,7 +239,7 @@ def test_ssh_killed_in_the_middle_the_remote_switch_completes(bed: Fleet, tmp_pa
     sets = ["--set", "instances.chat-box1.context=6144"]
     argv = [sys.executable, "-m", "llamanix", "switch", CONFIG, *sets, "--hosts", "box1"]
     with (tmp_path / "out.txt").open("w") as out:
-        child = bed.controller_popen(argv, stdout=out)
+        child = bed.controller_popen(argv, stdout=out, env=CONTROLLER_ENV)
         _wait_running(bed, "box1")
         # The controller and its ssh (in a session of its own), all at once: the connection
         # is gone mid-switch.
@@ -263,7 +268,7 @@ def test_a_host_rebooted_in_the_middle_of_a_rollout(bed: Fleet, tmp_path: Path) 
     argv += ["--hosts", "box1,box2,box3", "--json"]
     log = tmp_path / "out.txt"
     with log.open("w") as out:
-        child = bed.controller_popen(argv, stdout=out)
+        child = bed.controller_popen(argv, stdout=out, env=CONTROLLER_ENV)
         _wait_running(bed, "box2")
         bed.reboot("box2")
         code = child.wait(300)
