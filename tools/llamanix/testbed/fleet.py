@@ -362,7 +362,8 @@ def fleet(
     finally:
         for child in bed._children:
             _end(child)
-        # Side by side: each shutdown is mostly waiting for the host's own systemd.
+        # Side by side: each shutdown is mostly waiting for the host's own systemd. A poweroff
+        # ends in a kill when it must, and the rest of the teardown runs whatever it met.
         with ThreadPoolExecutor(max_workers=max(1, len(bed.members))) as pool:
             for member in bed.members.values():
                 pool.submit(member.host.poweroff, 30.0)
