@@ -257,7 +257,7 @@ def test_ssh_killed_in_the_middle_the_remote_switch_completes(bed: Fleet, tmp_pa
     # The next command reports how the switch it lost ended.
     code, out, err = llamanix(bed, "switch", CONFIG, *sets, "--hosts", "box1")
     assert code == 0, err
-    report = next(ln for ln in err.splitlines() if "fleet switch of box1 started" in ln)
+    report = next(ln for ln in (out + err).splitlines() if "fleet switch of box1 started" in ln)
     assert report.startswith("box1: ") and "passed" in report, err
     assert "not reported before" in report, err
     timed("ssh killed mid-switch: the remote switch completed, reported next time", started)
@@ -285,7 +285,7 @@ def test_a_host_rebooted_in_the_middle_of_a_rollout(bed: Fleet, tmp_path: Path) 
     # Once it is back, the same rollout converges, and box2 says how the lost run ended.
     code, out, err = llamanix(bed, "switch", CONFIG, *sets, "--hosts", "box2,box3")
     assert code == 0, err
-    report = next(ln for ln in err.splitlines() if "fleet switch of box2 started" in ln)
+    report = next(ln for ln in (out + err).splitlines() if "fleet switch of box2 started" in ln)
     assert report.startswith("box2: "), err
     assert [serving_context(bed, h) for h in PORTS] == [5120, 5120, 5120]
     timed("box2 rebooted mid-rollout: stopped there, converged after", started)

@@ -58,7 +58,8 @@ class _FleetOps(HostOps):
             self.runner.echo(shlex.join(remote.remote_argv(rh, "status", ())))
             return
         try:
-            remote.remote_status(rh, self.runner, self.echo)
+            # How its last run ended: the report of a switch whose ssh was lost comes here.
+            self.echo(f"{host}: {remote.remote_status(rh, self.runner, self.echo)}")
         except remote.RemoteUnreachable as err:
             raise UserError(
                 Problem(
