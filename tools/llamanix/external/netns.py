@@ -73,21 +73,11 @@ def run_in(
 ) -> Finished:
     """Run a full argv (from ``exec_argv`` or ``enter_argv``) to its end, output captured;
     any exit code is returned. ``CommandTimedOut`` past ``timeout_s``."""
-    args = list(argv)
     try:
-        return subprocess.run(
-            args,
-            input=input_text,
-            capture_output=True,
-            text=True,
-            errors="replace",
-            timeout=timeout_s,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        raise CommandTimedOut(f"{' '.join(args)}: no answer in {timeout_s:g}s") from None
-    except OSError as err:
-        raise ExternalCommandError(f"{args[0]}: {err.strerror}") from None
+        return run_captured(argv, input_text=input_text, timeout_s=timeout_s)
+    except CommandTimedOut:
+        # The whole command line: the program alone is always nsenter here.
+        raise CommandTimedOut(f"{' '.join(argv)}: no answer in {timeout_s:g}s") from None
 
 
 def spawn_in(argv: Sequence[str], *, stdout: IO[Any] | int | None, stdin_pipe: bool) -> TextChild:

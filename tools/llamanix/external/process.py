@@ -94,8 +94,10 @@ def run_captured(
     env: Mapping[str, str] | None = None,
     cwd: Path | None = None,
     timeout_s: float | None = None,
+    input_text: str | None = None,
 ) -> Finished:
-    """Run ``argv`` to its end with its output captured as text; any exit code is returned.
+    """Run ``argv`` to its end with its output captured as text (``input_text`` on its stdin);
+    any exit code is returned.
     ``CommandTimedOut`` past ``timeout_s``; ``ExternalCommandError`` (``PROGRAM: why``) when it
     cannot be started."""
     args = list(argv)
@@ -104,6 +106,7 @@ def run_captured(
             args,
             env=dict(env) if env is not None else None,
             cwd=cwd,
+            input=input_text,
             capture_output=True,
             text=True,
             errors="replace",
