@@ -3,14 +3,21 @@ server, and look everywhere a key could leak. (The hosts themselves: llamanix.te
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import secrets
 import subprocess
 import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from conftest import REPO
 
 from llamanix.testbed import hosts
+from llamanix.testbed.fleet import Fleet, fleet
 from llamanix.testbed.hosts import Host
+from llamanix.testbed.synth import SynthSpec, synth_model
 
 CONFIG = "/etc/llamanix/llamanix.toml"
 KEY_FILE = "/etc/llamanix/api-key"
@@ -211,3 +218,27 @@ systemctl --user reset-failed
 rm -rf ~/llamanix
 """
     host.run(["sh", "-c", user_script], user=hosts.USER, check=False)
+
+
+@contextlib.contextmanager
+def tiny_fleet(
+    names: Sequence[hosts.HostName], work: Path, project_wheel: Path, binary: Path
+) -> Iterator[tuple[Fleet, float]]:
+    """A fleet of ``names`` with this checkout's llamanix, ``binary`` and a tiny model
+    (hosts.MODELS/tiny.gguf) on every host; yields it and the seconds it took to come up."""
+    model = synth_model(SynthSpec(seed=1), work / "tiny.gguf")
+    requirements = hosts.requirements_of(REPO)
+    dependencies = {
+        hosts.SPECS[n].python: hosts.dependency_wheels(hosts.SPECS[n].python, requirements)
+        for n in names
+    }
+    started = time.monotonic()
+    with fleet(
+        names,
+        work,
+        project_wheel=project_wheel,
+        dependencies=dependencies,
+        binary=binary,
+        models=[model],
+    ) as up:
+        yield up, time.monotonic() - started

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO
+from hostbed import tiny_fleet
 
 from llamanix.external.signals import signal_process
 from llamanix.testbed import hosts
-from llamanix.testbed.fleet import Fleet, fleet
-from llamanix.testbed.synth import SynthSpec, synth_model
+from llamanix.testbed.fleet import Fleet
 
 pytestmark = [pytest.mark.hosts]
 
@@ -65,22 +65,8 @@ def bed(
     llama_server_bin: Path,
 ) -> Iterator[Fleet]:
     work = tmp_path_factory.mktemp("fleet")
-    model = synth_model(SynthSpec(seed=1), work / "tiny.gguf")
-    requirements = hosts.requirements_of(REPO)
-    dependencies = {
-        hosts.SPECS[n].python: hosts.dependency_wheels(hosts.SPECS[n].python, requirements)
-        for n in NAMES
-    }
-    started = time.monotonic()
-    with fleet(
-        NAMES,
-        work,
-        project_wheel=project_wheel,
-        dependencies=dependencies,
-        binary=llama_server_bin,
-        models=[model],
-    ) as booted:
-        FLEET_FIGURES.append(f"fleet of 3 up and installed in {time.monotonic() - started:.0f}s")
+    with tiny_fleet(NAMES, work, project_wheel, llama_server_bin) as (booted, took):
+        FLEET_FIGURES.append(f"fleet of 3 up and installed in {took:.0f}s")
         # A llama-server that cannot start: the bad binary of the scenarios.
         booted.host("box2").write(BROKEN, "#!/bin/sh\nexit 1\n", mode=0o755)
         for name in PORTS:

@@ -17,12 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import REPO
+from hostbed import tiny_fleet
 
 from llamanix.external import netns
 from llamanix.testbed import hosts
-from llamanix.testbed.fleet import BRIDGE, CONNECT_TIMEOUT_S, CONTROLLER_ADDRESS, Fleet, fleet
-from llamanix.testbed.synth import SynthSpec, synth_model
+from llamanix.testbed.fleet import BRIDGE, CONNECT_TIMEOUT_S, CONTROLLER_ADDRESS, Fleet
 
 pytestmark = [pytest.mark.hosts]
 
@@ -66,22 +65,8 @@ def bed(
     llama_server_bin: Path,
 ) -> Iterator[Fleet]:
     work = tmp_path_factory.mktemp("fleet")
-    model = synth_model(SynthSpec(seed=1), work / "tiny.gguf")
-    requirements = hosts.requirements_of(REPO)
-    dependencies = {
-        hosts.SPECS[n].python: hosts.dependency_wheels(hosts.SPECS[n].python, requirements)
-        for n in NAMES
-    }
-    started = time.monotonic()
-    with fleet(
-        NAMES,
-        work,
-        project_wheel=project_wheel,
-        dependencies=dependencies,
-        binary=llama_server_bin,
-        models=[model],
-    ) as up:
-        print(f"fleet of {len(NAMES)} up in {time.monotonic() - started:.1f}s")
+    with tiny_fleet(NAMES, work, project_wheel, llama_server_bin) as (up, took):
+        print(f"fleet of {len(NAMES)} up in {took:.1f}s")
         yield up
     assert not Path(f"/run/netns/{up.netns}").exists()
     assert machine_network() == network_before
