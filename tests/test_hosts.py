@@ -9,6 +9,7 @@ as a normal user. Nothing here stands in for systemctl.
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import time
@@ -394,3 +395,62 @@ python3 -m venv /root/venv
         assert field in " ".join(plan.stdout.split()), (field, plan.stdout)
     assert sorted(p.name for p in host.path("/etc/llamanix").iterdir()) == before
     host.sh("rm -rf /root/venv /root/models /tmp/draft.gguf /tmp/key /home/alice/bin")
+
+
+_LOAD_DURING = """
+import json, subprocess, sys, threading, time, httpx
+port, argv = int(sys.argv[1]), sys.argv[2:]
+seen = {"complete": 0, "cut": 0, "not_answered": 0}
+stop = threading.Event()
+def client():
+    body = {"prompt": "Once upon a time", "n_predict": 48, "stream": True}
+    while not stop.is_set():
+        began = done = False
+        try:
+            with httpx.Client(timeout=60) as c, c.stream(
+                "POST", f"http://127.0.0.1:{port}/completion", json=body
+            ) as r:
+                if r.status_code == 200:
+                    for line in r.iter_lines():
+                        began = began or line.startswith("data: ")
+                        done = done or '"stop":true' in line
+        except httpx.HTTPError:
+            pass
+        seen["complete" if done else "cut" if began else "not_answered"] += 1
+        if not began:
+            time.sleep(0.01)
+threads = [threading.Thread(target=client) for _ in range(2)]
+for t in threads:
+    t.start()
+time.sleep(2)
+switch = subprocess.run(argv, capture_output=True, text=True)
+time.sleep(2)
+stop.set()
+for t in threads:
+    t.join()
+print(json.dumps({"rc": switch.returncode, "output": switch.stdout + switch.stderr, **seen}))
+"""
+
+
+def test_a_switch_drains_the_server_and_reports_its_gap(host: Host) -> None:
+    """Two clients stream from the server while a switch restarts it: the drain lets every
+    answer that began finish, and the switch prints and records the gap next to the load
+    time; on this CPU bed the gap is at most the load time plus 0.5 s."""
+    write_config(host, config_text(PORT))
+    assert _switch(host).returncode == 0
+    argv = [hosts.LLAMANIX, "switch", CONFIG, "--set", "instances.chat.context=2048"]
+    done = host.run([f"{hosts.VENV}/bin/python", "-c", _LOAD_DURING, str(PORT), *argv])
+    seen = json.loads(done.stdout)
+    assert seen["rc"] == 0, seen["output"]
+    assert "restart chat: gap " in seen["output"], seen["output"]
+    # Not one answer that had begun was cut: the drain waited for them.
+    assert seen["cut"] == 0, seen
+    assert seen["complete"] > 0, seen
+    gap = next(r for r in generations(host) if r["current"])["gaps"]["chat"]
+    assert gap["drained"] is True, gap
+    assert gap["gap_s"] <= gap["load_s"] + 0.5, gap
+    HOST_FIGURES.append(
+        f"{host.spec.name}: switch under 2 streaming clients: gap {gap['gap_s']:.3f} s, load "
+        f"{gap['load_s']:.3f} s, drain {gap['drain_s']:.3f} s; {seen['complete']} answers "
+        f"complete, {seen['cut']} cut, {seen['not_answered']} not answered (during the gap)"
+    )

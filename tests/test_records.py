@@ -71,6 +71,9 @@ BENCH_RESULT = {
 PASSED = {
     "changed": ["chat"],
     "date": "2025-01-01T00:00:01+00:00",
+    "gaps": {
+        "chat": {"drain_s": 0.05, "drained": True, "gap_s": 0.42, "in_flight": 0, "load_s": 0.31}
+    },
     "gate": {"instances": {"chat": BENCH_RESULT}, "kind": "bench", "result": "passed"},
     "instances": {"chat": {"port": 8080, "source_revision": "abc123", "variant": "upstream"}},
     "manager": {"manager": "up", "units_dir": "/srv/up"},
@@ -286,6 +289,7 @@ def test_generations_lists_the_records_as_they_are_on_disk(tmp_path: Path) -> No
             "instances": data["instances"],
             "gate": data["gate"],
             "rollback": data.get("rollback"),
+            "gaps": data.get("gaps", {}),
             "not_serving_now": {},
         }
         for data in (FOUND, PASSED, FAILED)
@@ -294,3 +298,5 @@ def test_generations_lists_the_records_as_they_are_on_disk(tmp_path: Path) -> No
     table = CliRunner().invoke(main, ["generations", str(config)], env={"COLUMNS": "200"})
     assert "chat: pass 1.010 [0.980, 1.050]" in table.output
     assert "chat: did not start: exited" in table.output
+    # The restart's gap next to the load time, as the switch recorded it.
+    assert "chat: gap 0.42 s, load 0.31 s, drained in 0.05 s" in table.output

@@ -510,6 +510,9 @@ def test_generations_of_a_remote_host_come_from_it(tmp_path: Path, ssh: Ssh) -> 
         "instances": {"chat": {"port": 8080, "source_revision": "abc", "variant": "upstream"}},
         "gate": {"kind": "health", "result": "passed"},
         "rollback": None,
+        "gaps": {
+            "chat": {"drain_s": 0.0, "drained": True, "gap_s": 0.3, "in_flight": 0, "load_s": 0.2}
+        },
         "not_serving_now": {},
     }
     ssh.reply(([HELLO, GENERATIONS + json.dumps([row])], "", 0))

@@ -39,6 +39,7 @@ from llamanix.deploy.generations import MANAGERS, GenerationRecord, HostState, M
 from llamanix.deploy.host_render import render_host
 from llamanix.deploy.rollout import ON_FAILURE, OnFailure, RolloutOptions
 from llamanix.deploy.supervisor import DEFAULT_START_TIMEOUT_S, Supervisor
+from llamanix.deploy.switch_records import DEFAULT_DRAIN_TIMEOUT_S
 from llamanix.external.process import Runner
 
 
@@ -208,6 +209,16 @@ _ALL_HOSTS = click.option(
     "speculation pays on some text and costs on other text.",
 )
 @timeout_option(DEFAULT_TIMEOUT_S, TIMEOUT_HELP)
+@click.option(
+    "--drain-timeout",
+    "drain_timeout_s",
+    type=click.FloatRange(min=0),
+    default=DEFAULT_DRAIN_TIMEOUT_S,
+    show_default=True,
+    metavar="SECONDS",
+    help="Before a server restarts, wait at most this long for it to finish the requests in "
+    "flight (systemd hosts; 0: restart at once). Each restart's gap is printed and recorded.",
+)
 @_WAIT
 @click.option("--dry-run", is_flag=True, help="Print the commands a real run would execute.")
 @json_flag
@@ -227,6 +238,7 @@ def switch(
     inconclusive: str,
     gate_prompts: str | None,
     timeout_s: float,
+    drain_timeout_s: float,
     wait_s: float,
     dry_run: bool,
     as_json: bool,
@@ -253,6 +265,7 @@ def switch(
         max_runs=max_runs,
         inconclusive=inconclusive,
         timeout_s=timeout_s,
+        drain_timeout_s=drain_timeout_s,
         wait_s=wait_s,
         manager=manager,
         units_dir=units_dir,
@@ -394,7 +407,7 @@ def generations(config: Path, host: str | None, hosts: str | None, as_json: bool
         return
     for name, rows in found.items():
         table = Table(title=f"generations of {name}")
-        for column in ("#", "date", "instances (variant @ revision)", "gate"):
+        for column in ("#", "date", "instances (variant @ revision)", "gate", "restart gap"):
             table.add_column(column)
         for row in rows:
             table.add_row(
@@ -402,8 +415,14 @@ def generations(config: Path, host: str | None, hosts: str | None, as_json: bool
                 str(row.record.date),
                 _instances_cell(row.record),
                 _verdict_cell(row.record, row.not_serving_now),
+                _gaps_cell(row.record),
             )
         Console().print(table)
+
+
+def _gaps_cell(record: GenerationRecord) -> str:
+    """Each restarted instance's gap next to its load time (docs/switching.md)."""
+    return "\n".join(f"{n}: {g.describe()}" for n, g in sorted((record.gaps or {}).items()))
 
 
 def _instances_cell(record: GenerationRecord) -> str:

@@ -30,7 +30,7 @@ from llamanix.deploy.fleet_protocol import (
 )
 from llamanix.deploy.gate import DEFAULT_MAX_RUNS
 from llamanix.deploy.gate_records import ACTIONS, GATES, GateKind
-from llamanix.deploy.switch_records import SwitchOptions
+from llamanix.deploy.switch_records import DEFAULT_DRAIN_TIMEOUT_S, SwitchOptions
 from llamanix.external.process import Runner
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -96,6 +96,12 @@ def _gate_options(f: F) -> F:
             click.option(
                 "--timeout", "timeout_s", type=click.FloatRange(min=0), default=DEFAULT_TIMEOUT_S
             ),
+            click.option(
+                "--drain-timeout",
+                "drain_timeout_s",
+                type=click.FloatRange(min=0),
+                default=DEFAULT_DRAIN_TIMEOUT_S,
+            ),
             click.option("--wait", "wait_s", type=click.FloatRange(min=0), default=0.0),
         )
     ):
@@ -111,6 +117,7 @@ def _switch_options(
     inconclusive: str,
     gate_prompts: str | None,
     timeout_s: float,
+    drain_timeout_s: float,
     wait_s: float,
 ) -> SwitchOptions:
     opts = SwitchOptions(
@@ -120,6 +127,7 @@ def _switch_options(
         max_runs=max_runs,
         inconclusive=inconclusive,
         timeout_s=timeout_s,
+        drain_timeout_s=drain_timeout_s,
         wait_s=wait_s,
         gate_prompts=gate_prompts,
     )

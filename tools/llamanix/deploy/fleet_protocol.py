@@ -20,7 +20,7 @@ from typing import Literal, get_args
 
 from llamanix.core import json_fields as jf
 from llamanix.deploy.gate import DEFAULT_MAX_RUNS
-from llamanix.deploy.switch_records import HostOutcome, SwitchOptions
+from llamanix.deploy.switch_records import DEFAULT_DRAIN_TIMEOUT_S, HostOutcome, SwitchOptions
 
 PROTOCOL = 1
 HELLO = "llamanix-fleet-agent: "
@@ -165,6 +165,8 @@ def gate_args(opts: SwitchOptions) -> list[str]:
     if opts.gate_prompts is not None:
         args += ["--gate-prompts", opts.gate_prompts]
     args += ["--timeout", repr(opts.timeout_s)]
+    if opts.drain_timeout_s != DEFAULT_DRAIN_TIMEOUT_S:
+        args += ["--drain-timeout", repr(opts.drain_timeout_s)]
     if opts.wait_s:
         args += ["--wait", repr(opts.wait_s)]
     return args

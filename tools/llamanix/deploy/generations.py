@@ -35,6 +35,7 @@ from typing import Literal, get_args
 from llamanix.core import json_fields as jf
 from llamanix.core.errors import Problem, UserError
 from llamanix.deploy.crash_point import crash_point
+from llamanix.deploy.gap_records import GapRecord
 from llamanix.deploy.gate_records import GATES, BaselineRecord, GateKind, GateResult
 from llamanix.deploy.state_dir import host_state_root
 from llamanix.external.clock import now
@@ -198,6 +199,8 @@ class GenerationRecord:
     date: str | None = None
     activated_again: str | None = None
     interrupted: str | None = None
+    # Each restarted instance's gap (docs/switching.md), where the switch measured it.
+    gaps: Mapping[str, GapRecord] | None = None
 
     @property
     def outcome(self) -> GateOutcome | None:
@@ -216,6 +219,7 @@ class GenerationRecord:
             "date": self.date,
             "activated_again": self.activated_again,
             "interrupted": self.interrupted,
+            "gaps": {n: g.to_json() for n, g in self.gaps.items()} if self.gaps else None,
         }
         return {k: v for k, v in found.items() if v is not None}
 
@@ -238,6 +242,8 @@ class GenerationRecord:
             date=jf.text(found.get("date")),
             activated_again=jf.text(found.get("activated_again")),
             interrupted=jf.text(found.get("interrupted")),
+            gaps={str(n): GapRecord.from_json(g) for n, g in jf.table(found.get("gaps")).items()}
+            or None,
         )
 
 

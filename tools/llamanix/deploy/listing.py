@@ -35,6 +35,7 @@ class GenerationRow:
                     "instances": {n: e.to_json() for n, e in record.instances.items()},
                     "gate": record.gate.to_json() if record.gate else {},
                     "rollback": record.rollback.to_json() if record.rollback else None,
+                    "gaps": {n: g.to_json() for n, g in (record.gaps or {}).items()},
                 },
                 sort_keys=True,
             )
@@ -46,6 +47,7 @@ class GenerationRow:
             "instances": found["instances"],
             "gate": found["gate"],
             "rollback": found["rollback"],
+            "gaps": found["gaps"],
             "not_serving_now": dict(self.not_serving_now),
         }
 

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from llamanix.core.config import Config
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
@@ -29,6 +29,9 @@ from llamanix.render.manifest import (
     same_unit,
     unit_name,
 )
+
+if TYPE_CHECKING:
+    from llamanix.deploy.restarts import DrainingRestart
 
 Echo = Callable[[str], None]
 
@@ -229,6 +232,9 @@ class SystemdManager(_InstallsFiles):
 
     units_dir: Path
     user: bool
+    # Set by a switch: restart the changed servers one by one, each drained first, and
+    # measure their gaps. None: restart them all with one systemctl call.
+    restarts: DrainingRestart | None = None
 
     @property
     def name(self) -> ManagerKind:
@@ -259,7 +265,11 @@ class SystemdManager(_InstallsFiles):
         systemctl.daemon_reload(runner, self.user)
         systemctl.enable(runner, self.user, added)
         systemctl.reset_failed(runner, self.user, changed)
-        if systemctl.restart(runner, self.user, changed, check=False) or runner.dry_run:
+        if runner.dry_run or self.restarts is None:
+            started = systemctl.restart(runner, self.user, changed, check=False)
+        else:
+            started = self.restarts.restart(runner, self.user, changed)
+        if started or runner.dry_run:
             return {}
         return self.not_serving(changed)
 

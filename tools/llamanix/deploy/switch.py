@@ -15,7 +15,7 @@ import os
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol, TypeVar
 
@@ -34,6 +34,7 @@ from llamanix.deploy.config_edit import (
     read_config,
 )
 from llamanix.deploy.crash_point import crash_point
+from llamanix.deploy.gap_records import GapRecord
 from llamanix.deploy.gate import (
     GatePrompts,
     GateTarget,
@@ -59,6 +60,7 @@ from llamanix.deploy.host_lock import host_lock
 from llamanix.deploy.host_render import render_host
 from llamanix.deploy.managers import (
     Manager,
+    SystemdManager,
     diff_files,
     diff_instances,
     make_manager,
@@ -67,6 +69,7 @@ from llamanix.deploy.managers import (
     summary_of,
 )
 from llamanix.deploy.remote import remote_host, remote_rollback, remote_switch
+from llamanix.deploy.restarts import DrainingRestart
 from llamanix.deploy.switch_records import Echo as Echo
 from llamanix.deploy.switch_records import HostOutcome as HostOutcome
 from llamanix.deploy.switch_records import Outcome as Outcome
@@ -76,6 +79,7 @@ from llamanix.external.clock import now
 from llamanix.external.files import atomic_write
 from llamanix.external.llama_server import binary_version_line
 from llamanix.external.process import Runner
+from llamanix.measure.drain import Endpoint
 from llamanix.render.manifest import Render, RenderedInstance
 from llamanix.render.units import ROUTER
 
@@ -274,6 +278,8 @@ class _HostSwitch:
     changed: list[str]
     removed: list[str]
     file_text: str  # the config file as it is now
+    # Filled as the changed servers restart (systemd hosts).
+    gaps: dict[str, GapRecord] = field(default_factory=dict)
 
     @property
     def path(self) -> Path:
@@ -419,9 +425,14 @@ def _activate_and_gate(
     activated_s = None
     try:
         started = time.monotonic()
+        draining = _draining_restart(sw)
         early = sw.manager.activate(sw.runner, sw.new_files, sw.activate_from, sw.opts.timeout_s)
         activated_s = time.monotonic() - started
         crash_point("switch:activated")
+        if draining is not None:
+            sw.gaps.update(draining.gaps)
+            for name, gap in sorted(draining.gaps.items()):
+                sw.echo(f"  restart {name}: {gap.describe()}")
         for name in sw.changed:
             # A member's unit is its router's.
             unit = ROUTER if _router_for(sw.config, name) else name
@@ -436,17 +447,45 @@ def _activate_and_gate(
     return results, activated_s
 
 
+def _endpoints(config: Config | None, host: str) -> dict[str, Endpoint]:
+    """Where each of the host's own servers answers, as seen on the host (a switch of a
+    systemd host runs there); a router's members are reached through their router."""
+    if config is None or host not in config.hosts:
+        return {}
+    router = config.hosts[host].router
+    members = set(router.members) if router else set()
+    return {
+        inst.name: Endpoint(connect_url(inst.listen, inst.port), key_if_readable(inst.api_key_file))
+        for inst in config.instances_on(host)
+        if inst.name not in members
+    }
+
+
+def _draining_restart(sw: _HostSwitch) -> DrainingRestart | None:
+    """The systemd manager restarts the changed servers one by one, each drained first."""
+    if not isinstance(sw.manager, SystemdManager) or sw.runner.dry_run:
+        return None
+    sw.manager.restarts = DrainingRestart(
+        old=_endpoints(sw.request.old_config, sw.host),
+        new=_endpoints(sw.config, sw.host),
+        drain_timeout_s=sw.opts.drain_timeout_s,
+    )
+    return sw.manager.restarts
+
+
 def _commit(sw: _HostSwitch, gen: Generation, results: list[GateResult]) -> HostOutcome:
     """Every gate passed: the generation becomes current, and its benches the baselines."""
     crash_point("switch:gate-passed")
     gate = GateRecord("passed", sw.gate, {r.name: r for r in results})
-    gen.save(replace(gen.record, gate=gate))
+    gen.save(replace(gen.record, gate=gate, gaps=dict(sw.gaps) or None))
     sw.state.set_current(gen)
     for r in results:
         if r.bench is not None:
             variant = sw.config.instances[r.name].variant
             sw.state.save_baseline(r.name, BaselineRecord.of(r.bench, gen.number, variant))
-    return HostOutcome(sw.host, "passed", gen.number, changed=sw.changed, gates=results)
+    return HostOutcome(
+        sw.host, "passed", gen.number, changed=sw.changed, gates=results, gaps=dict(sw.gaps)
+    )
 
 
 def _restore(
@@ -461,7 +500,8 @@ def _restore(
     serves again. ``started``: when activation began (``time.monotonic``), for the time the
     host was out of service: until the restored generation answered (None while it does not)."""
     failed = next(r for r in results if not r.passed)
-    gen.save(replace(gen.record, gate=GateRecord("failed", sw.gate, {r.name: r for r in results})))
+    failed_gate = GateRecord("failed", sw.gate, {r.name: r for r in results})
+    gen.save(replace(gen.record, gate=failed_gate, gaps=dict(sw.gaps) or None))
     restored = sw.state.current()
     sw.echo(
         f"{sw.host}: gate failed; restoring generation "
@@ -496,7 +536,9 @@ def _restore(
         again = "serving again" if serving else "NOT answering"
     detail = f"{failed.name}: {failed.detail}; previous generation {again}"
     back_s = time.monotonic() - started if was_installed and serving else None
-    return HostOutcome(sw.host, "failed", gen.number, detail, sw.changed, results, None, back_s)
+    return HostOutcome(
+        sw.host, "failed", gen.number, detail, sw.changed, results, None, back_s, dict(sw.gaps)
+    )
 
 
 def _recover(state: HostState, echo: Echo) -> None:

@@ -15,9 +15,12 @@ from typing import Literal, get_args
 from llamanix.core import json_fields as jf
 from llamanix.core.config import suggest
 from llamanix.core.errors import Problem, UserError
+from llamanix.deploy.gap_records import GapRecord
 from llamanix.deploy.gate import BENCH_RUNS, DEFAULT_MAX_RUNS, GatePrompts, Thresholds
 from llamanix.deploy.gate_records import ACTIONS, GATES, Action, Baseline, GateKind, GateResult
 from llamanix.deploy.generations import ManagerKind
+
+DEFAULT_DRAIN_TIMEOUT_S = 30.0
 
 # What a switch did on one host.
 Outcome = Literal["passed", "failed", "unchanged", "dry-run"]
@@ -35,6 +38,8 @@ class SwitchOptions:
     max_runs: int = DEFAULT_MAX_RUNS
     inconclusive: str = "keep"
     timeout_s: float = 120.0
+    # Most seconds to wait for a server to finish the requests in flight before its restart.
+    drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
     # Seconds to wait for another switch, rollback or pin of the same host to finish.
     wait_s: float = 0.0
     manager: ManagerKind | None = None
@@ -136,6 +141,8 @@ class HostOutcome:
     # failed gate, until the restored one did; None where nothing was activated, or where
     # the restored generation did not answer (it is out of service still).
     out_of_service_s: float | None = None
+    # Each restarted instance's gap (systemd hosts): what its own clients saw.
+    gaps: dict[str, GapRecord] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -151,6 +158,7 @@ class HostOutcome:
             "detail": self.detail,
             "out_of_service_s": self.out_of_service_s,
             "gate": {r.name: r.to_json() for r in self.gates},
+            "gaps": {name: g.to_json() for name, g in self.gaps.items()},
         }
 
     @staticmethod
@@ -171,4 +179,5 @@ class HostOutcome:
             [g for g in gates if g is not None],
             jf.integer(found.get("previous")),
             jf.real(found.get("out_of_service_s")),
+            {str(n): GapRecord.from_json(g) for n, g in jf.table(found.get("gaps")).items()},
         )

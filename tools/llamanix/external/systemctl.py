@@ -59,6 +59,9 @@ class UnitState:
     restarts: int
     main_status: int | None  # the main process's last exit status
     load_state: str = "unknown"  # loaded, not-found (never started, or collected) ...
+    main_pid: int | None = None  # None: no main process now
+    # When the main process started, on CLOCK_MONOTONIC (time.monotonic()'s clock), seconds.
+    main_started: float | None = None
 
     @property
     def serving(self) -> bool:
@@ -91,6 +94,8 @@ SHOW_PROPERTIES = (
     "NRestarts",
     "ExecMainStatus",
     "LoadState",
+    "MainPID",
+    "ExecMainStartTimestampMonotonic",
 )
 
 
@@ -119,4 +124,11 @@ def show(user: bool, unit: str) -> UnitState:
         restarts=int(found.get("NRestarts") or 0),
         main_status=int(status) if status.isdigit() else None,
         load_state=found.get("LoadState", "unknown"),
+        main_pid=int(pid) if (pid := found.get("MainPID", "")).isdigit() and pid != "0" else None,
+        main_started=(
+            int(started) / 1e6
+            if (started := found.get("ExecMainStartTimestampMonotonic", "")).isdigit()
+            and started != "0"
+            else None
+        ),
     )

@@ -1,0 +1,60 @@
+"""What a restart cost the clients of one server, as switches report and generations keep it
+(``llamanix.measure.drain`` measures it; docs/switching.md explains it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llamanix.core import json_fields as jf
+
+
+@dataclass(frozen=True)
+class GapRecord:
+    """One instance's restart: seconds, None where not measured."""
+
+    # From the old server's last answer to the new server's first.
+    gap_s: float | None
+    # From the new server's process start to its first answer.
+    load_s: float | None
+    # How long the drain waited, and whether it found the server idle; None: nothing was
+    # drained (the instance is new, or was not running).
+    drain_s: float | None = None
+    drained: bool | None = None
+    # Requests still in flight when --drain-timeout ended the wait.
+    in_flight: int | None = None
+
+    def describe(self) -> str:
+        parts = [
+            f"gap {_s(self.gap_s)}",
+            f"load {_s(self.load_s)}",
+        ]
+        if self.drained is True:
+            parts.append(f"drained in {_s(self.drain_s)}")
+        elif self.drained is False:
+            left = "unknown" if self.in_flight is None else str(self.in_flight)
+            parts.append(f"drain gave up after {_s(self.drain_s)} ({left} in flight)")
+        return ", ".join(parts)
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "gap_s": self.gap_s,
+            "load_s": self.load_s,
+            "drain_s": self.drain_s,
+            "drained": self.drained,
+            "in_flight": self.in_flight,
+        }
+
+    @staticmethod
+    def from_json(data: object) -> GapRecord:
+        found = jf.table(data)
+        return GapRecord(
+            gap_s=jf.real(found.get("gap_s")),
+            load_s=jf.real(found.get("load_s")),
+            drain_s=jf.real(found.get("drain_s")),
+            drained=jf.flag(found.get("drained")),
+            in_flight=jf.integer(found.get("in_flight")),
+        )
+
+
+def _s(value: float | None) -> str:
+    return "?" if value is None else f"{value:.2f} s"
