@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from llamanix.core import json_fields as jf
+from llamanix.core.json_value import JsonObject
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,7 @@ class GapRecord:
             parts.append(f"drain gave up after {_s(self.drain_s)} ({left} in flight)")
         return ", ".join(parts)
 
-    def to_json(self) -> dict[str, object]:
+    def to_json(self) -> JsonObject:
         return {
             "gap_s": self.gap_s,
             "load_s": self.load_s,

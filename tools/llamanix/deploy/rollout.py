@@ -24,6 +24,7 @@ from typing import Literal, Protocol, get_args
 from llamanix.core.config import suggest
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
 from llamanix.core.json_value import JsonObject
+from llamanix.deploy.gap_records import GapRecord
 from llamanix.deploy.switch import HostOutcome
 
 OnFailure = Literal["stop", "rollback-all"]
@@ -77,6 +78,8 @@ class HostRow:
     after: int | None = None
     out_of_service_s: float | None = None
     detail: str = ""
+    # Each restarted instance's gap on this host (docs/switching.md).
+    gaps: dict[str, GapRecord] = field(default_factory=dict)
 
     @property
     def generations(self) -> str:
@@ -95,6 +98,7 @@ class HostRow:
             "generation_after": self.after,
             "out_of_service_s": self.out_of_service_s,
             "detail": self.detail,
+            "gaps": {n: g.to_json() for n, g in self.gaps.items()},
         }
 
 
@@ -170,6 +174,7 @@ def _row(outcome: HostOutcome) -> HostRow:
         after,
         outcome.out_of_service_s,
         outcome.detail,
+        dict(outcome.gaps),
     )
 
 

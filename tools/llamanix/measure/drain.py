@@ -3,8 +3,9 @@
 A restart cuts every request the server is answering: a streamed answer that has begun cannot
 be retried by anyone, not even a gateway. So before a switch restarts a server it *drains* it:
 it asks the server how many requests it has (the ``requests_processing`` and
-``requests_deferred`` gauges of ``/metrics``, else its busy ``/slots``) every few milliseconds, and lets the restart go
-the moment none is, or when ``--drain-timeout`` has passed.
+``requests_deferred`` gauges of ``/metrics``, else its busy ``/slots``) every few
+milliseconds, and lets the restart go the moment none is, or when ``--drain-timeout`` has
+passed.
 
 The *gap* is what clients of that one server see: from the old server's last answer to the new
 server's first. An ``AnswerWatch`` asks ``GET /health`` every ``poll_s`` from before the drain
