@@ -474,7 +474,7 @@ _ROUTER_MISSING = {
 
 _GATEWAY_MISSING = {
     "kind": 'set kind = "litellm"',
-    "host": "name the [hosts.NAME] table it runs on, e.g. host = \"box3\"",
+    "host": 'name the [hosts.NAME] table it runs on, e.g. host = "box3"',
     "api_key_file": 'name the file holding its master key, e.g. "/etc/llamanix/gateway.key"',
 }
 # A gateway's unit: an instance of that name on its host would take the same unit.
@@ -499,7 +499,7 @@ def _parse_gateway(c: _Checker, raw: Any, hosts: dict[str, Host]) -> Gateway | N
         c.add(
             f"{where}.version",
             f"LiteLLM {version} {schema.LITELLM_REFUSED[version]} and is refused",
-            f'remove version to run the pinned {schema.LITELLM_VERSION}, or name another release',
+            f"remove version to run the pinned {schema.LITELLM_VERSION}, or name another release",
         )
         return None
     host = values["host"]

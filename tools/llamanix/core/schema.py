@@ -236,8 +236,7 @@ GATEWAY_FIELDS: tuple[Field, ...] = (
     Field(
         "api_key_file",
         PATH,
-        "File holding the gateway's master key (a credential: never in config, argv or unit "
-        "text).",
+        "File holding the gateway's master key (a credential: never in config, argv or unit text).",
         required=True,
         example="/etc/llamanix/gateway.key",
     ),

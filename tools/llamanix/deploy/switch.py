@@ -26,6 +26,7 @@ from llamanix.core.errors import ExternalCommandError, Problem, UserError
 from llamanix.core.host_choice import pick_host
 from llamanix.core.probe import commit_of
 from llamanix.core.variants import VARIANTS
+from llamanix.deploy import gateway_venv
 from llamanix.deploy.config_edit import (
     ConfigText,
     apply_sets,
@@ -76,6 +77,7 @@ from llamanix.external.clock import now
 from llamanix.external.files import atomic_write
 from llamanix.external.llama_server import binary_version_line
 from llamanix.external.process import Runner
+from llamanix.render.gateway import UNIT_NAME as GATEWAY_UNIT
 from llamanix.render.manifest import Render, RenderedInstance
 from llamanix.render.units import ROUTER
 
@@ -379,6 +381,7 @@ def _prepare(
 def _dry_run(sw: _HostSwitch) -> HostOutcome:
     if sw.file_text != sw.new_text:
         sw.runner.note(f"write {sw.path}")
+    gateway_venv.ensure_for(sw.runner, sw.manager.name, sw.new_files)
     sw.manager.activate(sw.runner, sw.new_files, sw.old_files, sw.opts.timeout_s)
     sw.runner.note(f"gate {sw.gate}: {', '.join(sw.changed) or 'nothing'}")
     return HostOutcome(sw.host, "dry-run", None, changed=sw.changed)
@@ -419,9 +422,16 @@ def _activate_and_gate(
     activated_s = None
     try:
         started = time.monotonic()
+        # The gateway's LiteLLM is installed before its unit is (re)started.
+        gateway_venv.ensure_for(sw.runner, sw.manager.name, sw.new_files)
         early = sw.manager.activate(sw.runner, sw.new_files, sw.activate_from, sw.opts.timeout_s)
         activated_s = time.monotonic() - started
         crash_point("switch:activated")
+        if GATEWAY_UNIT in early:
+            # Its unit's start check asked LiteLLM itself; a gateway that did not start fails
+            # the switch as a server would.
+            why = f"did not start: {early[GATEWAY_UNIT]}"
+            results.append(GateResult(GATEWAY_UNIT, sw.gate, False, why))
         for name in sw.changed:
             # A member's unit is its router's.
             unit = ROUTER if _router_for(sw.config, name) else name
