@@ -21,7 +21,7 @@ from llamanix.render import gateway
 from llamanix.render.units import render_host
 
 ROOT = Path(__file__).resolve().parent.parent
-EXAMPLE = ROOT / "examples/fleet-gateway.toml"
+EXAMPLE = ROOT / "tests/data/configs/fleet-gateway.toml"
 RECORDED = ROOT / "tools/llamanix/data" / f"litellm-{LITELLM_VERSION}.json"
 
 BASE = """
