@@ -282,3 +282,20 @@ def test_recorded_keys_are_what_the_script_prints() -> None:
     )
     version = json.loads(done.stdout)["version"]
     assert done.stdout == (ROOT / f"tools/llamanix/data/litellm-{version}.json").read_text()
+
+
+def test_a_change_of_the_gateway_alone_is_a_change_to_switch() -> None:
+    from llamanix.deploy.switch import _gateway_changes
+
+    render = render_host(load_config(EXAMPLE), "box3")
+    files = render.files()
+    assert _gateway_changes(render, {}, [], []) == (["gateway"], [])
+    assert _gateway_changes(render, files, [], []) == ([], [])
+    # Only the header (the config's hash) differs: the same service, nothing to restart.
+    header = {
+        **files,
+        "llamanix-gateway.service": "# other hash\n" + files["llamanix-gateway.service"],
+    }
+    assert _gateway_changes(render, header, [], []) == ([], [])
+    no_gateway = render_host(load_config(EXAMPLE), "box1")
+    assert _gateway_changes(no_gateway, files, [], []) == ([], ["gateway"])

@@ -78,7 +78,7 @@ from llamanix.external.files import atomic_write
 from llamanix.external.llama_server import binary_version_line
 from llamanix.external.process import Runner
 from llamanix.render.gateway import UNIT_NAME as GATEWAY_UNIT
-from llamanix.render.manifest import Render, RenderedInstance
+from llamanix.render.manifest import Render, RenderedInstance, same_unit, unit_name
 from llamanix.render.units import ROUTER
 
 # switch's host that means every host of the config, in config order.
@@ -324,8 +324,16 @@ def switch_host(
     baselines: dict[str, Baseline] = {}
     if sw.gate == "bench" and sw.opts.max_regression is not None:
         baselines = _bench_baselines(
-            request, sw.host, sw.changed, sw.state, echo, sw.opts.bench_prompts()
+            request,
+            sw.host,
+            [n for n in sw.changed if n != GATEWAY_UNIT],
+            sw.state,
+            echo,
+            sw.opts.bench_prompts(),
         )
+    # The gateway's LiteLLM is installed before anything is staged: a failed install leaves
+    # the host as it was.
+    gateway_venv.ensure_for(sw.runner, sw.manager.name, sw.new_files)
     gen = _stage(sw)
     # After _stage: the units found installed before a first switch are a generation now.
     before = sw.state.current()
@@ -357,6 +365,7 @@ def _prepare(
     current = state.current()
     old_files = current.files() if current else manager.installed()
     changed, removed = diff_instances(render, old_files)
+    changed, removed = _gateway_changes(render, old_files, changed, removed)
     activate_from, drifted = (
         _as_installed(manager, old_files, new_files) if current else (old_files, [])
     )
@@ -376,6 +385,18 @@ def _prepare(
         removed=removed,
         file_text=file_text,
     )
+
+
+def _gateway_changes(
+    render: Render, old: dict[str, str], changed: list[str], removed: list[str]
+) -> tuple[list[str], list[str]]:
+    """The gateway's unit counts as a change of its own (its start check is its gate)."""
+    unit = unit_name(GATEWAY_UNIT)
+    if render.gateway is not None and not same_unit(old.get(unit), render.gateway.unit_text):
+        changed = sorted({*changed, GATEWAY_UNIT})
+    if render.gateway is None and unit in old:
+        removed = sorted({*removed, GATEWAY_UNIT})
+    return changed, removed
 
 
 def _dry_run(sw: _HostSwitch) -> HostOutcome:
@@ -422,8 +443,6 @@ def _activate_and_gate(
     activated_s = None
     try:
         started = time.monotonic()
-        # The gateway's LiteLLM is installed before its unit is (re)started.
-        gateway_venv.ensure_for(sw.runner, sw.manager.name, sw.new_files)
         early = sw.manager.activate(sw.runner, sw.new_files, sw.activate_from, sw.opts.timeout_s)
         activated_s = time.monotonic() - started
         crash_point("switch:activated")
@@ -433,6 +452,8 @@ def _activate_and_gate(
             why = f"did not start: {early[GATEWAY_UNIT]}"
             results.append(GateResult(GATEWAY_UNIT, sw.gate, False, why))
         for name in sw.changed:
+            if name == GATEWAY_UNIT and unit_name(GATEWAY_UNIT) in sw.new_files:
+                continue  # no gate of its own: its unit started, or `early` says why not
             # A member's unit is its router's.
             unit = ROUTER if _router_for(sw.config, name) else name
             if unit in early:
