@@ -83,6 +83,13 @@ def validate(config: Path, capabilities: tuple[str, ...], as_json: bool) -> None
                 problems += unseen(cfg, render_host(cfg, host, caps))
             except UserError as err:
                 problems += err.problems
+        if cfg.gateway is not None:
+            from llamanix.render import gateway
+
+            found, warnings = gateway.check(cfg)
+            problems += found
+            for line in warnings:
+                click.echo(f"warning: {line}", err=True)
         if problems:
             raise UserError(problems)
     except UserError as err:

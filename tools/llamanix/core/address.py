@@ -65,3 +65,24 @@ def url_host(host: str) -> str:
 def connect_url(listen_host: str, port: int) -> str:
     """``http://HOST:PORT`` for a server listening on ``listen_host``, from the same machine."""
     return f"http://{url_host(connect_host(listen_host))}:{port}"
+
+
+def target_host(target: str) -> str:
+    """The machine an ssh target names: ``root@gpu1:2222`` is ``gpu1``, ``[fd00::1]:22`` is
+    ``fd00::1``."""
+    host = target.rsplit("@", 1)[-1]
+    if host.startswith("["):
+        return bare(host.split("]", 1)[0] + "]")
+    if host.count(":") == 1:
+        host = host.split(":", 1)[0]
+    return host
+
+
+def remote_host(listen: str, target: str | None, host_name: str) -> str:
+    """The address another machine reaches a server at: its listen address where that is one
+    address; for a wildcard the host's ssh target (its machine part), else the host's name."""
+    if not is_wildcard(listen):
+        return connect_host(listen)
+    if target:
+        return target_host(target)
+    return host_name

@@ -19,15 +19,18 @@ from pathlib import Path
 from typing import Any, cast
 
 from llamanix.core import schema
+from llamanix.core.address import is_loopback
 from llamanix.core.errors import Problem, UserError
 from llamanix.core.gpus import load_gpus
 from llamanix.core.schema import (
     SPEC_DRAFTERS,
     SPEC_TYPES_WITH_DRAFT_MODEL,
     Field,
+    GatewayKind,
     GpuSandbox,
     HostKind,
     RouterKind,
+    RoutingStrategy,
     VariantName,
 )
 from llamanix.core.variants import DRAFTER_SETTINGS, VARIANTS, Variant
@@ -98,6 +101,21 @@ class Router:
 
 
 @dataclass(frozen=True)
+class Gateway:
+    """One endpoint in front of the instances of every host (``[gateway]``, docs/gateway.md)."""
+
+    kind: GatewayKind
+    host: str
+    api_key_file: str
+    listen: str = "127.0.0.1"
+    port: int = 4000
+    version: str = schema.LITELLM_VERSION
+    routing_strategy: RoutingStrategy = "simple-shuffle"
+    retries: int = 8
+    health_check_interval: int = 5
+
+
+@dataclass(frozen=True)
 class Host:
     name: str
     kind: HostKind = "nixos"
@@ -147,6 +165,7 @@ class Config:
     hosts: dict[str, Host]
     instances: dict[str, Instance]
     raw: dict[str, Any]
+    gateway: Gateway | None = None
 
     def host_of(self, instance: Instance) -> Host:
         return self.hosts[instance.host]
@@ -356,6 +375,11 @@ def parse_config(data: dict[str, Any], source: str) -> Config:
 
     _check_ports(c, instances, hosts)
     _check_routers(c, hosts, instances)
+    gateway = None
+    if "gateway" in data:
+        gateway = _parse_gateway(c, data["gateway"], hosts)
+        if gateway is not None:
+            _check_gateway(c, gateway, hosts, instances)
     for inst in instances.values():
         for where, message, fix in check_instance(inst, hosts[inst.host]):
             c.add(
@@ -365,7 +389,7 @@ def parse_config(data: dict[str, Any], source: str) -> Config:
             )
     if c.problems:
         raise UserError(c.problems)
-    return Config(source=source, hosts=hosts, instances=instances, raw=data)
+    return Config(source=source, hosts=hosts, instances=instances, raw=data, gateway=gateway)
 
 
 def _parse_hosts(c: _Checker, raw: dict[str, Any]) -> dict[str, Host]:
@@ -446,6 +470,88 @@ _ROUTER_MISSING = {
     "kind": 'set kind = "llama-server" (one variant) or "llama-swap" (any mix)',
     "members": 'list the instances it serves, e.g. members = ["big", "small"]',
 }
+
+
+_GATEWAY_MISSING = {
+    "kind": 'set kind = "litellm"',
+    "host": 'name the [hosts.NAME] table it runs on, e.g. host = "box3"',
+    "api_key_file": 'name the file holding its master key, e.g. "/etc/llamanix/gateway.key"',
+}
+# A gateway's unit: an instance of that name on its host would take the same unit.
+GATEWAY_UNIT_NAME = "gateway"
+
+
+def _parse_gateway(c: _Checker, raw: Any, hosts: dict[str, Host]) -> Gateway | None:
+    where = "gateway"
+    table = c.table(where, raw)
+    c.unknown_keys(where, table, tuple(schema.GATEWAY))
+    values: dict[str, Any] = {}
+    for key, f in schema.GATEWAY.items():
+        if key in table:
+            values[key] = c.value(f"{where}.{key}", f, table[key])
+        elif f.required:
+            c.add(f"{where}.{key}", "missing", _GATEWAY_MISSING[key])
+            values[key] = None
+    if any(v is None for v in values.values()):
+        return None
+    version = values.get("version", schema.LITELLM_VERSION)
+    if version in schema.LITELLM_REFUSED:
+        c.add(
+            f"{where}.version",
+            f"LiteLLM {version} {schema.LITELLM_REFUSED[version]} and is refused",
+            f"remove version to run the pinned {schema.LITELLM_VERSION}, or name another release",
+        )
+        return None
+    host = values["host"]
+    if host not in hosts:
+        c.add(f"{where}.host", f"no host '{host}'", suggest(host, tuple(hosts)))
+        return None
+    if hosts[host].kind == "systemd-user":
+        c.add(
+            f"{where}.host",
+            f"host '{host}' is of kind systemd-user, and the gateway runs as a system unit",
+            'run it on a host of kind "systemd" or "nixos"',
+        )
+        return None
+    return Gateway(**values)
+
+
+def _check_gateway(
+    c: _Checker, gateway: Gateway, hosts: dict[str, Host], instances: dict[str, Instance]
+) -> None:
+    """Every replica is reachable from the gateway's host; its unit and port are its own."""
+    for inst in instances.values():
+        router = hosts[inst.host].router
+        routed = router is not None and inst.name in router.members
+        # A router's member is reached through its router.
+        listen = router.listen if router is not None and routed else inst.listen
+        if inst.host != gateway.host and is_loopback(listen):
+            c.add(
+                f"hosts.{inst.host}.router.listen" if routed else f"instances.{inst.name}.listen",
+                f"listens on {listen} on host '{inst.host}', which the gateway on host "
+                f"'{gateway.host}' cannot reach",
+                'listen on an address of that host, or on "0.0.0.0" with the host\'s target set',
+            )
+        if inst.host == gateway.host and inst.name == GATEWAY_UNIT_NAME:
+            c.add(
+                f"instances.{inst.name}",
+                f"host '{inst.host}' runs the gateway, whose unit is llamanix-gateway.service",
+                "rename the instance",
+            )
+        if inst.host == gateway.host and not routed and inst.port == gateway.port:
+            c.add(
+                "gateway.port",
+                f"port {gateway.port} on host '{gateway.host}' is already used by instance "
+                f"'{inst.name}'",
+                "give the gateway its own port",
+            )
+    router = hosts[gateway.host].router
+    if router is not None and router.port == gateway.port:
+        c.add(
+            "gateway.port",
+            f"port {gateway.port} on host '{gateway.host}' is already used by its router",
+            "give the gateway its own port",
+        )
 
 
 def _check_routers(c: _Checker, hosts: dict[str, Host], instances: dict[str, Instance]) -> None:

@@ -61,6 +61,28 @@ ROUTER_KINDS: tuple[RouterKind, ...] = get_args(RouterKind)
 VariantName = Literal["nixpkgs", "upstream", "ik", "mtp", "beellama"]
 VARIANT_NAMES: tuple[VariantName, ...] = get_args(VariantName)
 HOST_KINDS: tuple[HostKind, ...] = get_args(HostKind)
+# What runs the one endpoint in front of several hosts (docs/gateway.md).
+GatewayKind = Literal["litellm"]
+GATEWAY_KINDS: tuple[GatewayKind, ...] = get_args(GatewayKind)
+# The LiteLLM a gateway runs unless the config names another: the one place it is pinned. The
+# newer releases' [proxy] extra does not install from PyPI as CI reaches it (docs/gateway.md).
+LITELLM_VERSION = "1.106.12"
+# Releases that must never be installed, each with why (docs/gateway.md).
+LITELLM_REFUSED = {
+    "1.82.7": "was a compromised release on PyPI",
+    "1.82.8": "was a compromised release on PyPI",
+}
+# LiteLLM's routing strategies (RoutingStrategyName in litellm/types/litellm_params.py, 1.106.12).
+RoutingStrategy = Literal[
+    "simple-shuffle",
+    "least-busy",
+    "usage-based-routing",
+    "latency-based-routing",
+    "cost-based-routing",
+    "usage-based-routing-v2",
+    "lar1",
+]
+ROUTING_STRATEGIES: tuple[RoutingStrategy, ...] = get_args(RoutingStrategy)
 # How a GPU system unit reaches the NVIDIA devices (render/templates/llamanix.service.j2 says
 # what each one writes). "device-allow" is what nixpkgs' ollama and llama-cpp modules do;
 # "private-dev" has not yet run CUDA on a real GPU.
@@ -193,6 +215,60 @@ ROUTER_FIELDS: tuple[Field, ...] = (
     ),
 )
 
+GATEWAY_FIELDS: tuple[Field, ...] = (
+    Field(
+        "kind",
+        ENUM,
+        "What runs the gateway: `litellm`, LiteLLM's proxy in front of every instance of every "
+        "host, one model group per alias (docs/gateway.md).",
+        values=GATEWAY_KINDS,
+        required=True,
+    ),
+    Field(
+        "host",
+        STR,
+        "The host (a [hosts.NAME] table of kind `systemd` or `nixos`) the gateway runs on.",
+        required=True,
+        example="box3",
+    ),
+    Field("listen", STR, "Address the gateway listens on.", "127.0.0.1"),
+    Field("port", INT, "Port of the gateway's endpoint.", 4000, minimum=1, maximum=65535),
+    Field(
+        "api_key_file",
+        PATH,
+        "File holding the gateway's master key (a credential: never in config, argv or unit text).",
+        required=True,
+        example="/etc/llamanix/gateway.key",
+    ),
+    Field(
+        "version",
+        STR,
+        "The LiteLLM release to run (1.82.7 and 1.82.8 are refused).",
+        LITELLM_VERSION,
+    ),
+    Field(
+        "routing_strategy",
+        ENUM,
+        "How LiteLLM picks a replica of a model group (router_settings.routing_strategy).",
+        "simple-shuffle",
+        ROUTING_STRATEGIES,
+    ),
+    Field(
+        "retries",
+        INT,
+        "Retries of a failed request on the group's replicas (router_settings.num_retries).",
+        8,
+        minimum=0,
+    ),
+    Field(
+        "health_check_interval",
+        INT,
+        "Seconds between LiteLLM's background health checks, whose verdicts steer routing.",
+        5,
+        minimum=1,
+    ),
+)
+
 INSTANCE_FIELDS: tuple[Field, ...] = (
     Field("host", STR, "Name of the host (a [hosts.NAME] table) this instance runs on."),
     Field(
@@ -305,13 +381,14 @@ SPECULATIVE_FIELDS: tuple[Field, ...] = (
 
 HOSTS = {f.name: f for f in HOST_FIELDS}
 ROUTER = {f.name: f for f in ROUTER_FIELDS}
+GATEWAY = {f.name: f for f in GATEWAY_FIELDS}
 # Keys a host table may hold besides its fields.
 HOST_TABLES = ("router",)
 INSTANCE = {f.name: f for f in INSTANCE_FIELDS}
 SPECULATIVE = {f.name: f for f in SPECULATIVE_FIELDS}
 # Keys an instance table may hold besides its fields.
 INSTANCE_TABLES = ("speculative",)
-TOP_LEVEL = ("defaults", "hosts", "instances")
+TOP_LEVEL = ("defaults", "hosts", "instances", "gateway")
 
 
 def schema_json() -> JsonObject:
@@ -319,6 +396,7 @@ def schema_json() -> JsonObject:
     return {
         "hosts": {f.name: f.to_json() for f in HOST_FIELDS},
         "router": {f.name: f.to_json() for f in ROUTER_FIELDS},
+        "gateway": {f.name: f.to_json() for f in GATEWAY_FIELDS},
         "instances": {f.name: f.to_json() for f in INSTANCE_FIELDS},
         "speculative": {f.name: f.to_json() for f in SPECULATIVE_FIELDS},
     }
@@ -357,6 +435,7 @@ def schema_markdown() -> str:
     for title, fields in (
         ("`[hosts.NAME]`", HOST_FIELDS),
         ("`[hosts.NAME.router]`", ROUTER_FIELDS),
+        ("`[gateway]`", GATEWAY_FIELDS),
         ("`[instances.NAME]` (and `[defaults]`)", INSTANCE_FIELDS),
         ("`[instances.NAME.speculative]`", SPECULATIVE_FIELDS),
     ):

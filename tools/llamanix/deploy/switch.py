@@ -26,6 +26,7 @@ from llamanix.core.errors import ExternalCommandError, Problem, UserError
 from llamanix.core.host_choice import pick_host
 from llamanix.core.probe import commit_of
 from llamanix.core.variants import VARIANTS
+from llamanix.deploy import gateway_venv
 from llamanix.deploy.config_edit import (
     ConfigText,
     apply_sets,
@@ -80,7 +81,8 @@ from llamanix.external.files import atomic_write
 from llamanix.external.llama_server import binary_version_line
 from llamanix.external.process import Runner
 from llamanix.measure.drain import Endpoint
-from llamanix.render.manifest import Render, RenderedInstance
+from llamanix.render.gateway import UNIT_NAME as GATEWAY_UNIT
+from llamanix.render.manifest import Render, RenderedInstance, same_unit, unit_name
 from llamanix.render.units import ROUTER
 
 # switch's host that means every host of the config, in config order.
@@ -328,8 +330,16 @@ def switch_host(
     baselines: dict[str, Baseline] = {}
     if sw.gate == "bench" and sw.opts.max_regression is not None:
         baselines = _bench_baselines(
-            request, sw.host, sw.changed, sw.state, echo, sw.opts.bench_prompts()
+            request,
+            sw.host,
+            [n for n in sw.changed if n != GATEWAY_UNIT],
+            sw.state,
+            echo,
+            sw.opts.bench_prompts(),
         )
+    # The gateway's LiteLLM is installed before anything is staged: a failed install leaves
+    # the host as it was.
+    gateway_venv.ensure_for(sw.runner, sw.manager.name, sw.new_files)
     gen = _stage(sw)
     # After _stage: the units found installed before a first switch are a generation now.
     before = sw.state.current()
@@ -361,6 +371,7 @@ def _prepare(
     current = state.current()
     old_files = current.files() if current else manager.installed()
     changed, removed = diff_instances(render, old_files)
+    changed, removed = _gateway_changes(render, old_files, changed, removed)
     activate_from, drifted = (
         _as_installed(manager, old_files, new_files) if current else (old_files, [])
     )
@@ -382,9 +393,22 @@ def _prepare(
     )
 
 
+def _gateway_changes(
+    render: Render, old: dict[str, str], changed: list[str], removed: list[str]
+) -> tuple[list[str], list[str]]:
+    """The gateway's unit counts as a change of its own (its start check is its gate)."""
+    unit = unit_name(GATEWAY_UNIT)
+    if render.gateway is not None and not same_unit(old.get(unit), render.gateway.unit_text):
+        changed = sorted({*changed, GATEWAY_UNIT})
+    if render.gateway is None and unit in old:
+        removed = sorted({*removed, GATEWAY_UNIT})
+    return changed, removed
+
+
 def _dry_run(sw: _HostSwitch) -> HostOutcome:
     if sw.file_text != sw.new_text:
         sw.runner.note(f"write {sw.path}")
+    gateway_venv.ensure_for(sw.runner, sw.manager.name, sw.new_files)
     sw.manager.activate(sw.runner, sw.new_files, sw.old_files, sw.opts.timeout_s)
     sw.runner.note(f"gate {sw.gate}: {', '.join(sw.changed) or 'nothing'}")
     return HostOutcome(sw.host, "dry-run", None, changed=sw.changed)
@@ -433,7 +457,14 @@ def _activate_and_gate(
             sw.gaps.update(draining.gaps)
             for name, gap in sorted(draining.gaps.items()):
                 sw.echo(f"  restart {name}: {gap.describe()}")
+        if GATEWAY_UNIT in early:
+            # Its unit's start check asked LiteLLM itself; a gateway that did not start fails
+            # the switch as a server would.
+            why = f"did not start: {early[GATEWAY_UNIT]}"
+            results.append(GateResult(GATEWAY_UNIT, sw.gate, False, why))
         for name in sw.changed:
+            if name == GATEWAY_UNIT and unit_name(GATEWAY_UNIT) in sw.new_files:
+                continue  # no gate of its own: its unit started, or `early` says why not
             # A member's unit is its router's.
             unit = ROUTER if _router_for(sw.config, name) else name
             if unit in early:

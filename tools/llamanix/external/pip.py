@@ -77,3 +77,14 @@ def download_wheels(requirements: Sequence[str], dest: Path) -> None:
 
 def download(python: str, requirements: Sequence[str], out: Path) -> None:
     _run(download_argv(python, requirements, out), f"pip download for Python {python}")
+
+
+def venv_argv(python: str, venv: Path) -> list[str]:
+    """A venv of ``python`` (the host's python3) at ``venv``, with its own pip."""
+    return [python, "-m", "venv", str(venv)]
+
+
+def venv_install_argv(venv: Path, requirements: Sequence[str]) -> list[str]:
+    """``requirements`` into ``venv`` by its own pip, which reads the host's pip configuration
+    (/etc/pip.conf: an index mirror, or no index and a directory of wheels)."""
+    return [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", *requirements]

@@ -159,6 +159,38 @@ class ManifestRouter:
 
 
 @dataclass(frozen=True)
+class ManifestGateway:
+    """The gateway's entry: its unit, the LiteLLM release it runs and its endpoint."""
+
+    unit: str
+    version: str
+    argv: tuple[str, ...]
+    listen: str
+    port: int
+    config_name: str | None = None
+
+    @staticmethod
+    def of(r: RenderedInstance) -> ManifestGateway:
+        return ManifestGateway(r.unit, r.version or "", r.argv, r.listen, r.port, r.config_name)
+
+    @staticmethod
+    def from_json_entry(data: object) -> ManifestGateway:
+        if not isinstance(data, dict):
+            raise ValueError("gateway is not a table")
+        port = jf.integer(data.get("port"))
+        if port is None:
+            raise ValueError("gateway has no port")
+        return ManifestGateway(
+            unit=jf.text(data.get("unit")) or unit_name("gateway"),
+            version=jf.text(data.get("version")) or "",
+            argv=jf.texts(data.get("argv")),
+            listen=jf.text(data.get("listen")) or "127.0.0.1",
+            port=port,
+            config_name=jf.text(data.get("config_name")),
+        )
+
+
+@dataclass(frozen=True)
 class Manifest:
     """``manifest.json``: which instances a render holds, and what each runs (a host without a
     router has no ``router`` key)."""
@@ -168,6 +200,7 @@ class Manifest:
     kind: HostKind
     instances: Mapping[str, ManifestInstance]
     router: ManifestRouter | None = field(default=None, metadata=OMIT_NONE)
+    gateway: ManifestGateway | None = field(default=None, metadata=OMIT_NONE)
 
     def to_json(self) -> JsonObject:
         return json_codec.to_json(self)
@@ -198,6 +231,9 @@ class Manifest:
             router=None
             if data.get("router") is None
             else ManifestRouter.from_json_entry(data["router"]),
+            gateway=None
+            if data.get("gateway") is None
+            else ManifestGateway.from_json_entry(data["gateway"]),
         )
 
     @staticmethod
@@ -226,6 +262,8 @@ class Render:
     config_hash: str
     instances: tuple[RenderedInstance, ...] = ()
     router: RenderedInstance | None = None
+    # The gateway's unit, on the host that runs it (docs/gateway.md).
+    gateway: RenderedInstance | None = None
 
     def manifest(self) -> Manifest:
         return Manifest(
@@ -234,16 +272,19 @@ class Render:
             kind=self.kind,
             instances={r.name: ManifestInstance.of(r) for r in self.instances},
             router=None if self.router is None else ManifestRouter.of(self.router),
+            gateway=None if self.gateway is None else ManifestGateway.of(self.gateway),
         )
 
     def files(self) -> dict[str, str]:
         out: dict[str, str] = {}
-        for r in (*self.instances, *([self.router] if self.router else [])):
+        carriers = [r for r in (self.router, self.gateway) if r is not None]
+        for r in (*self.instances, *carriers):
             out[r.unit] = r.unit_text
             out[f"{r.name}.argv.json"] = json.dumps(list(r.argv), indent=2) + "\n"
-        if self.router is not None and self.router.config_name:
-            # For reading only: the unit carries the same text as its credential.
-            out[self.router.config_name] = self.router.config_text or ""
+        for r in carriers:
+            if r.config_name:
+                # For reading only: the unit carries the same text as its credential.
+                out[r.config_name] = r.config_text or ""
         out[MANIFEST] = self.manifest().text()
         return out
 

@@ -32,6 +32,7 @@ from llamanix.core.readiness import start_timeout_s
 from llamanix.core.visibility import protect_home
 from llamanix.external.files import atomic_write
 from llamanix.external.paths import script_interpreter
+from llamanix.render import gateway as gateways
 from llamanix.render import router as routing
 from llamanix.render.manifest import MANIFEST, Manifest, Render, RenderedInstance, unit_name
 
@@ -346,6 +347,10 @@ def render_host(
             routed = render_router(config, name, caps, as_user, digest, vram)
         except UserError as err:
             problems.extend(err.problems)
+    gateway = None
+    if config.gateway is not None and config.gateway.host == name and kind == "systemd":
+        # A NixOS host runs nixpkgs' services.litellm, configured by the module instead.
+        gateway = gateways.render_unit(config, digest)
     if problems:
         raise UserError(problems)
     return Render(
@@ -354,6 +359,7 @@ def render_host(
         config_hash=digest,
         instances=tuple(rendered),
         router=routed,
+        gateway=gateway,
     )
 
 

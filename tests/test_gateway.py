@@ -1,0 +1,301 @@
+"""The [gateway] section (docs/gateway.md): its refusals, the LiteLLM config it renders, the keys
+that config uses against what the pinned LiteLLM accepts, the unit, and the venv's commands."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tomllib
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from llamanix.cli import main
+from llamanix.core.config import load_config, parse_config
+from llamanix.core.schema import LITELLM_VERSION
+from llamanix.deploy import gateway_venv
+from llamanix.external.process import Runner
+from llamanix.render import gateway
+from llamanix.render.units import render_host
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "tests/data/configs/fleet-gateway.toml"
+RECORDED = ROOT / "tools/llamanix/data" / f"litellm-{LITELLM_VERSION}.json"
+
+BASE = """
+[hosts.box1]
+kind = "systemd"
+target = "root@box1.lan:2222"
+
+[hosts.box3]
+kind = "systemd"
+
+[gateway]
+{gateway}
+
+[instances.a]
+host = "box1"
+model = "/m/a.gguf"
+alias = "qwen"
+listen = "{listen}"
+"""
+GATEWAY = 'kind = "litellm"\nhost = "box3"\napi_key_file = "/etc/llamanix/gateway.key"'
+
+
+def _write(tmp_path: Path, gateway_text: str = GATEWAY, listen: str = "0.0.0.0") -> Path:
+    path = tmp_path / "llamanix.toml"
+    path.write_text(BASE.format(gateway=gateway_text, listen=listen))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("gateway_text", "listen", "line"),
+    [
+        (
+            GATEWAY + '\nversion = "1.82.7"',
+            "0.0.0.0",
+            "gateway.version: LiteLLM 1.82.7 was a compromised release on PyPI and is refused "
+            f"(remove version to run the pinned {LITELLM_VERSION}, or name another release)",
+        ),
+        (
+            GATEWAY.replace("box3", "box9"),
+            "0.0.0.0",
+            "gateway.host: no host 'box9' (did you mean 'box3'?)",
+        ),
+        (
+            GATEWAY,
+            "127.0.0.1",
+            "instances.a.listen: listens on 127.0.0.1 on host 'box1', which the gateway on host "
+            "'box3' cannot reach (listen on an address of that host, or on \"0.0.0.0\" with the "
+            "host's target set)",
+        ),
+        (
+            GATEWAY.replace('"litellm"', '"litelm"'),
+            "0.0.0.0",
+            "gateway.kind: unknown value 'litelm' (did you mean 'litellm'?)",
+        ),
+        (
+            GATEWAY.replace('api_key_file = "/etc/llamanix/gateway.key"', ""),
+            "0.0.0.0",
+            "gateway.api_key_file: missing (name the file holding its master key, e.g. "
+            '"/etc/llamanix/gateway.key")',
+        ),
+    ],
+    ids=[
+        "compromised version",
+        "missing host",
+        "unreachable loopback replica",
+        "bad kind",
+        "no key",
+    ],
+)
+def test_refusals_are_one_line_and_exit_2(
+    tmp_path: Path, gateway_text: str, listen: str, line: str
+) -> None:
+    path = _write(tmp_path, gateway_text, listen)
+    out = tmp_path / "out"
+    for args in (
+        ["validate", str(path)],
+        ["render", str(path), "--host", "box3", "--out", str(out)],
+    ):
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 2, result.output
+        assert result.output.strip().splitlines() == [f"{path}: {line}"]
+        assert "Traceback" not in result.output
+    assert not out.exists()
+
+
+def test_a_loopback_replica_on_the_gateways_own_host_is_reached_on_loopback(
+    tmp_path: Path,
+) -> None:
+    path = _write(tmp_path)
+    text = (
+        path.read_text() + '\n[instances.b]\nhost = "box3"\nmodel = "/m/a.gguf"\nalias = "qwen"\n'
+    )
+    cfg = parse_config(tomllib.loads(text), str(path))
+    bases = {d.instance: d.api_base for d in gateway.deployments(cfg)}
+    # a wildcard listener: the host's ssh target without user and port; b: loopback, same host
+    assert bases == {"a": "http://box1.lan:8080/v1", "b": "http://127.0.0.1:8080/v1"}
+
+
+def test_the_example_renders_the_measured_settings() -> None:
+    cfg = load_config(EXAMPLE)
+    settings = gateway.settings(cfg)
+    assert settings["router_settings"] == {
+        "routing_strategy": "simple-shuffle",
+        "num_retries": 8,
+        "retry_after": 0,
+        "enable_health_check_routing": True,
+    }
+    general = settings["general_settings"]
+    assert isinstance(general, dict)
+    assert general["master_key"] == "os.environ/LITELLM_MASTER_KEY"
+    assert general["health_check_interval"] == 5
+    # allowed_fails: 0 put both replicas into cooldown at once when measured (docs/gateway.md)
+    assert "allowed_fails" not in json.dumps(settings)
+    models = settings["model_list"]
+    assert isinstance(models, list)
+    assert [(m["model_name"], m["litellm_params"]) for m in models if isinstance(m, dict)] == [
+        (
+            "qwen3-8b",
+            {"model": "openai/qwen3-8b", "api_base": "http://box1.lan:8080/v1", "api_key": "none"},
+        ),
+        (
+            "qwen3-8b",
+            {
+                "model": "openai/qwen3-8b",
+                "api_base": "http://10.0.0.12:8080/v1",
+                "api_key": "os.environ/LLAMANIX_KEY_QWEN_B",
+            },
+        ),
+    ]
+    # The YAML LiteLLM reads is the same data.
+    yaml = pytest.importorskip("yaml")
+    assert yaml.safe_load(gateway.config_text(cfg)) == settings
+
+
+def test_every_key_the_renderer_emits_is_one_the_pinned_litellm_accepts() -> None:
+    recorded = json.loads(RECORDED.read_text())
+    assert recorded["version"] == LITELLM_VERSION
+    used = gateway.used_keys(gateway.settings(load_config(EXAMPLE)))
+    for section, keys in used.items():
+        assert keys, section
+        assert keys <= set(recorded[section]), (section, keys - set(recorded[section]))
+    assert gateway.check(load_config(EXAMPLE)) == ([], [])
+
+
+def test_a_key_the_version_does_not_accept_is_a_problem(monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = load_config(EXAMPLE)
+    real = gateway.accepted_keys(LITELLM_VERSION)
+    assert real is not None
+    smaller = {**real, "router_settings": real["router_settings"] - {"retry_after"}}
+    monkeypatch.setattr(gateway, "accepted_keys", lambda version: smaller)
+    problems, _ = gateway.check(cfg)
+    assert [str(p) for p in problems] == [
+        f"{EXAMPLE}: gateway: LiteLLM {LITELLM_VERSION} does not accept "
+        "router_settings.retry_after (use another version, or report this as a bug in llamanix)"
+    ]
+
+
+def test_a_version_without_a_record_is_a_one_line_warning(tmp_path: Path) -> None:
+    path = _write(tmp_path, GATEWAY + '\nversion = "1.106.13"')
+    result = CliRunner().invoke(main, ["validate", str(path)])
+    assert result.exit_code == 0, result.output
+    warnings = [line for line in result.output.splitlines() if line.startswith("warning:")]
+    assert warnings == [
+        f"warning: {path}: gateway.version: no record of the keys LiteLLM 1.106.13 accepts, so "
+        "its config is not checked (run scripts/litellm-accepted-keys with that version's python)"
+    ]
+
+
+def test_the_unit_carries_no_key_and_loads_each_as_a_credential() -> None:
+    cfg = load_config(EXAMPLE)
+    render = render_host(cfg, "box3")
+    assert render.gateway is not None and render.instances == ()
+    text = render.gateway.unit_text
+    assert "LoadCredential=master-key:/etc/llamanix/gateway.key" in text
+    assert "LoadCredential=key-qwen-b:/etc/llamanix/qwen-b.key" in text
+    for line in ("DynamicUser=yes", "ProtectSystem=strict", "NoNewPrivileges=yes",
+                 "MemoryDenyWriteExecute=yes", "PrivateTmp=yes", "CacheDirectory=llamanix-gateway",
+                 'Environment="LITELLM_LOCAL_MODEL_COST_MAP=True"'):  # fmt: skip
+        assert line in text.splitlines(), line
+    exec_start = next(x for x in text.splitlines() if x.startswith("ExecStart="))
+    # The shell sees $CREDENTIALS_DIRECTORY: systemd turns $$ into $ and expands nothing.
+    assert '$$(cat \\"$$CREDENTIALS_DIRECTORY/master-key\\")' in exec_start
+    assert f"/var/lib/llamanix/litellm/{LITELLM_VERSION}/bin/litellm --config" in exec_start
+    post = next(x for x in text.splitlines() if x.startswith("ExecStartPost="))
+    assert "http://127.0.0.1:4000/health/liveliness" in post and "${MAINPID}" in post
+    assert set(render.files()) == {
+        "llamanix-gateway.service", "gateway.argv.json", "litellm.yaml", "manifest.json"
+    }  # fmt: skip
+    # The other hosts render no gateway.
+    assert render_host(cfg, "box1").gateway is None
+
+
+def test_the_unit_passes_systemd_analyze_verify(tmp_path: Path) -> None:
+    import shutil
+
+    if shutil.which("systemd-analyze") is None:
+        pytest.skip("systemd-analyze is not installed")
+    render = render_host(load_config(EXAMPLE), "box3")
+    assert render.gateway is not None
+    unit = tmp_path / "llamanix-gateway.service"
+    unit.write_text(render.gateway.unit_text)
+    done = subprocess.run(
+        ["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, check=False
+    )
+    # verify complains about the missing venv's programs here; nothing about the unit's syntax
+    bad = [
+        line
+        for line in done.stderr.splitlines()
+        if "llamanix-gateway.service" in line
+        and "is not executable" not in line
+        and "No such file" not in line
+        and "Command " not in line
+    ]
+    assert bad == [], done.stderr
+
+
+def test_the_venv_is_made_once_through_the_hosts_pip(tmp_path: Path) -> None:
+    ran: list[str] = []
+    runner = Runner(dry_run=True, echo=ran.append)
+    assert gateway_venv.ensure(runner, LITELLM_VERSION, root=tmp_path)
+    venv = tmp_path / LITELLM_VERSION
+    assert [line for line in ran if not line.startswith("#")] == [
+        f"python3 -m venv {venv}",
+        f"{venv}/bin/python -m pip install --quiet 'litellm[proxy]=={LITELLM_VERSION}'",
+    ]
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin/litellm").write_text("")
+    (venv / gateway_venv.MARKER).write_text("")
+    ran.clear()
+    assert not gateway_venv.ensure(runner, LITELLM_VERSION, root=tmp_path)
+    assert ran == []
+
+
+def test_the_venv_of_a_refused_version_is_never_made(tmp_path: Path) -> None:
+    with pytest.raises(Exception, match="compromised"):
+        gateway_venv.ensure(Runner(dry_run=True), "1.82.8", root=tmp_path)
+
+
+def test_the_manifest_round_trips_the_gateway() -> None:
+    from llamanix.render.manifest import Manifest
+
+    render = render_host(load_config(EXAMPLE), "box3")
+    back = Manifest.from_json(render.manifest().text())
+    assert back == render.manifest()
+    assert back.gateway is not None and back.gateway.version == LITELLM_VERSION
+
+
+def test_recorded_keys_are_what_the_script_prints() -> None:
+    python = os.environ.get("LLAMANIX_LITELLM_PYTHON")
+    if not python:
+        pytest.skip("LLAMANIX_LITELLM_PYTHON names no python with litellm[proxy] installed")
+    done = subprocess.run(
+        [python, str(ROOT / "scripts/litellm-accepted-keys")],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"},
+    )
+    version = json.loads(done.stdout)["version"]
+    assert done.stdout == (ROOT / f"tools/llamanix/data/litellm-{version}.json").read_text()
+
+
+def test_a_change_of_the_gateway_alone_is_a_change_to_switch() -> None:
+    from llamanix.deploy.switch import _gateway_changes
+
+    render = render_host(load_config(EXAMPLE), "box3")
+    files = render.files()
+    assert _gateway_changes(render, {}, [], []) == (["gateway"], [])
+    assert _gateway_changes(render, files, [], []) == ([], [])
+    # Only the header (the config's hash) differs: the same service, nothing to restart.
+    header = {
+        **files,
+        "llamanix-gateway.service": "# other hash\n" + files["llamanix-gateway.service"],
+    }
+    assert _gateway_changes(render, header, [], []) == ([], [])
+    no_gateway = render_host(load_config(EXAMPLE), "box1")
+    assert _gateway_changes(no_gateway, files, [], []) == ([], ["gateway"])
