@@ -48,6 +48,9 @@ class DrainingRestart:
     def _restart_one(self, runner: Runner, user: bool, unit: str) -> bool:
         name = instance_of(unit)
         old, new = self.old.get(name), self.new.get(name)
+        if old is None and new is None:
+            # Not a server of the config's (the gateway, a router): restarted as it is.
+            return systemctl.restart(runner, user, [unit], check=False)
         endpoints = [e for e in (old, new) if e is not None]
         endpoints = [e for i, e in enumerate(endpoints) if e not in endpoints[:i]]
         drained: Drained | None = None
