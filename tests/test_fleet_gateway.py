@@ -1,0 +1,270 @@
+"""One endpoint across hosts, and switches its clients do not notice (issue: a gateway).
+
+A fleet bed of three hosts (llamanix.testbed.fleet): box1 (Debian 12) and box2 (Debian 13)
+each serve the tiny model under the alias "chat"; box3 (Debian 12) runs the `[gateway]`, LiteLLM
+1.106.12 installed by `llamanix switch` from PyPI's wheels through the host's own pip
+configuration. Four clients stream chats through the gateway the whole time while the
+controller rolls a switch over both replicas, and then switches one replica to a binary that
+cannot start (its gate fails and it rolls back). Each scenario prints what the clients saw:
+requests, failed requests, the endpoint's unavailability (the time covered by failed
+requests), and each replica's gap and load time as the switch measured them.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+from hostbed import new_key, tiny_fleet
+
+from llamanix.core.schema import LITELLM_VERSION
+from llamanix.deploy.gateway_venv import requirement
+from llamanix.testbed import hosts
+from llamanix.testbed.fleet import Fleet
+
+pytestmark = [pytest.mark.hosts]
+
+NAMES: tuple[hosts.HostName, ...] = ("debian12", "debian13", "debian12")
+CONFIG = "/root/fleet/llamanix.toml"
+SERVER = "/usr/local/bin/llama-server"
+BROKEN = "/usr/local/bin/llama-server-broken"
+MODEL = f"{hosts.MODELS}/tiny.gguf"
+REPLICAS = {"box1": 18081, "box2": 18082}
+GATEWAY_PORT = 4000
+GATEWAY_KEY = "/etc/llamanix/gateway.key"
+LITELLM_WHEELS = "/var/cache/litellm-wheels"
+CLIENTS = 4
+FIGURES: list[str] = []
+CONTROLLER_ENV = {"PYTHONPATH": str(REPO / "tools")}
+
+
+def fleet_config(context: int, broken: str | None = None) -> str:
+    text = ""
+    for name in (*REPLICAS, "box3"):
+        binary = BROKEN if name == broken else SERVER
+        text += (
+            f'[hosts.{name}]\nkind = "systemd"\ntarget = "admin@{name}"\n'
+            f'binaries = {{ upstream = "{binary}" }}\n\n'
+        )
+    text += (
+        f'[gateway]\nkind = "litellm"\nhost = "box3"\nlisten = "0.0.0.0"\n'
+        f'port = {GATEWAY_PORT}\napi_key_file = "{GATEWAY_KEY}"\n\n'
+    )
+    for name, port in REPLICAS.items():
+        text += (
+            f'[instances.chat-{name}]\nhost = "{name}"\nvariant = "upstream"\nalias = "chat"\n'
+            f'model = "{MODEL}"\nlisten = "0.0.0.0"\nport = {port}\ncontext = {context}\n'
+            "parallel = 2\n\n"
+        )
+    return text
+
+
+@dataclass(frozen=True)
+class Bed:
+    fleet: Fleet
+    key_file: Path  # the gateway's key, where the clients (in the bed) read it
+
+
+@pytest.fixture(scope="module")
+def bed(
+    host_bed: None,
+    tmp_path_factory: pytest.TempPathFactory,
+    project_wheel: Path,
+    llama_server_bin: Path,
+) -> Iterator[Bed]:
+    work = tmp_path_factory.mktemp("fleet-gateway")
+    wheels = hosts.dependency_wheels(hosts.SPECS["debian12"].python, [requirement(LITELLM_VERSION)])
+    with tiny_fleet(NAMES, work, project_wheel, llama_server_bin) as (fleet, took):
+        FIGURES.append(f"fleet of 3 up and installed in {took:.0f}s")
+        fleet.host("box2").write(BROKEN, "#!/bin/sh\nexit 1\n", mode=0o755)
+        gateway = fleet.host("box3")
+        target = gateway.path(LITELLM_WHEELS)
+        target.mkdir(parents=True, exist_ok=True)
+        for whl in wheels.glob("*.whl"):
+            shutil.copy2(whl, target / whl.name)
+        # What a host behind a mirror has: pip's own configuration says where wheels come from.
+        gateway.write(
+            "/etc/pip.conf",
+            f"[global]\nno-index = true\nfind-links = {LITELLM_WHEELS}\n"
+            "disable-pip-version-check = true\n",
+        )
+        key = new_key()
+        gateway.write(GATEWAY_KEY, key + "\n", mode=0o600)
+        key_file = fleet.home / "gateway.key"
+        key_file.write_text(key + "\n")
+        key_file.chmod(0o600)
+        yield Bed(fleet, key_file)
+    print("\n" + "\n".join(FIGURES))
+
+
+def write_config(bed: Bed, text: str) -> None:
+    path = bed.fleet.home / "fleet" / "llamanix.toml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def llamanix(bed: Bed, *args: str, timeout_s: float = 900) -> tuple[int, str, str]:
+    argv = [sys.executable, "-m", "llamanix", *args]
+    done = bed.fleet.controller(argv, timeout_s=timeout_s, env=CONTROLLER_ENV)
+    return done.returncode, done.stdout, done.stderr
+
+
+# Runs on the controller (in the bed's network): CLIENTS clients stream chats through the
+# gateway until the stop file appears; each request's start, end, whether it succeeded, and why
+# not. It first waits for the gateway to answer, then writes the ready file.
+_LOAD = """
+import json, os, sys, threading, time, httpx
+url, key_file, ready, stop, out, clients = sys.argv[1:7]
+key = open(key_file).read().strip()
+headers = {"Authorization": f"Bearer {key}"}
+body = {"model": "chat", "stream": True, "max_tokens": 48,
+        "messages": [{"role": "user", "content": "Tell me a story."}]}
+deadline = time.monotonic() + 300
+while True:
+    try:
+        r = httpx.post(url + "/v1/chat/completions", headers=headers, timeout=30,
+                       json={**body, "stream": False, "max_tokens": 2})
+        if r.status_code == 200:
+            break
+    except httpx.HTTPError:
+        pass
+    if time.monotonic() > deadline:
+        sys.exit("the gateway did not answer within 300 s")
+    time.sleep(0.5)
+results = []
+def client():
+    with httpx.Client(timeout=120, headers=headers) as c:
+        while not os.path.exists(stop):
+            began, ok, why = time.monotonic(), False, ""
+            try:
+                with c.stream("POST", url + "/v1/chat/completions", json=body) as r:
+                    if r.status_code != 200:
+                        why = f"HTTP {r.status_code}: {r.read()[:300]!r}"
+                    else:
+                        lines = [line for line in r.iter_lines() if line]
+                        ok = lines[-1:] == ["data: [DONE]"] and not any(
+                            '"error"' in line for line in lines)
+                        why = "" if ok else "stream: " + " | ".join(lines[-2:])[:300]
+            except httpx.HTTPError as err:
+                why = repr(err)[:300]
+            results.append([began, time.monotonic(), ok, why])
+threads = [threading.Thread(target=client) for _ in range(int(clients))]
+for t in threads:
+    t.start()
+open(ready, "w").close()
+for t in threads:
+    t.join()
+with open(out, "w") as f:
+    json.dump(results, f)
+"""
+
+
+@dataclass(frozen=True)
+class Seen:
+    requests: int
+    failed: list[str]
+    unavailable_s: float
+
+
+class Load:
+    """CLIENTS streaming clients through the gateway, on the controller, while a block runs."""
+
+    def __init__(self, bed: Bed, name: str) -> None:
+        self.dir = bed.fleet.home / f"load-{name}"
+        shutil.rmtree(self.dir, ignore_errors=True)
+        self.dir.mkdir()
+        url = f"http://{bed.fleet.address('box3')}:{GATEWAY_PORT}"
+        self.files = {n: self.dir / n for n in ("ready", "stop", "out.json", "log")}
+        self.log = self.files["log"].open("w")
+        argv = [sys.executable, "-c", _LOAD, url, str(bed.key_file)]
+        argv += [str(self.files[n]) for n in ("ready", "stop", "out.json")] + [str(CLIENTS)]
+        self.child = bed.fleet.controller_popen(argv, stdout=self.log)
+        deadline = time.monotonic() + 330
+        while not self.files["ready"].exists():
+            assert self.child.poll() is None, self.files["log"].read_text()[-2000:]
+            assert time.monotonic() < deadline, "the load never started"
+            time.sleep(0.2)
+
+    def end(self) -> Seen:
+        # Some more seconds of load after the switch: the replicas serve again.
+        time.sleep(3)
+        self.files["stop"].touch()
+        self.child.wait(timeout=180)
+        self.log.close()
+        assert self.files["out.json"].exists(), self.files["log"].read_text()[-2000:]
+        results = json.loads(self.files["out.json"].read_text())
+        failed = [r for r in results if not r[2]]
+        # The time covered by failed requests: what a client of the endpoint could not use.
+        spans = sorted((r[0], r[1]) for r in failed)
+        covered, end = 0.0, float("-inf")
+        for start, stop in spans:
+            covered += max(0.0, stop - max(start, end))
+            end = max(end, stop)
+        return Seen(len(results), [r[3] for r in failed], covered)
+
+
+def report(label: str, seen: Seen, rows: dict[str, dict[str, object]]) -> None:
+    gaps = []
+    for host, row in sorted(rows.items()):
+        for name, gap in row.get("gaps", {}).items():  # type: ignore[union-attr]
+            gaps.append(
+                f"{host}/{name}: gap {gap['gap_s']:.3f} s, load {gap['load_s']:.3f} s, "
+                f"drain {gap['drain_s']:.3f} s"
+            )
+    FIGURES.append(
+        f"{label}: {seen.requests} streamed requests through the gateway by {CLIENTS} clients, "
+        f"{len(seen.failed)} failed, endpoint unavailable {seen.unavailable_s:.3f} s; "
+        + "; ".join(gaps)
+    )
+
+
+def test_the_fleet_and_its_gateway_come_up(bed: Bed) -> None:
+    write_config(bed, fleet_config(1024))
+    started = time.monotonic()
+    code, out, err = llamanix(bed, "switch", CONFIG, "--all-hosts", "--json")
+    assert code == 0, err[-4000:]
+    verdicts = {r["host"]: r["verdict"] for r in json.loads(out)}
+    assert verdicts == {"box1": "passed", "box2": "passed", "box3": "passed"}, err[-4000:]
+    FIGURES.append(
+        f"first rollout (replicas, then the gateway with LiteLLM {LITELLM_VERSION} installed): "
+        f"{time.monotonic() - started:.0f}s"
+    )
+
+
+def test_a_rolling_switch_behind_the_gateway_fails_no_request(bed: Bed) -> None:
+    load = Load(bed, "rolling")
+    sets = [a for n in REPLICAS for a in ("--set", f"instances.chat-{n}.context=2048")]
+    code, out, err = llamanix(bed, "switch", CONFIG, *sets, "--hosts", "box1,box2", "--json")
+    seen = load.end()
+    rows = {r["host"]: r for r in json.loads(out)} if out else {}
+    report("rolling switch of both replicas", seen, rows)
+    assert code == 0, err[-4000:]
+    assert {h: r["verdict"] for h, r in rows.items()} == {"box1": "passed", "box2": "passed"}
+    assert seen.failed == [], seen.failed[:5]
+    assert seen.unavailable_s == 0.0
+    for host in REPLICAS:
+        gap = rows[host]["gaps"][f"chat-{host}"]  # type: ignore[index]
+        # Each replica was drained (no answer cut) and its own gap measured.
+        assert gap["drained"] is True, gap
+        assert gap["gap_s"] is not None and gap["load_s"] is not None, gap
+    assert "restart chat-box1: gap " in err
+
+
+def test_a_bad_replica_is_rolled_back_while_the_other_serves(bed: Bed) -> None:
+    write_config(bed, fleet_config(2048, broken="box2"))
+    load = Load(bed, "bad")
+    code, out, err = llamanix(bed, "switch", CONFIG, "--hosts", "box2", "--json")
+    seen = load.end()
+    rows = {r["host"]: r for r in json.loads(out)} if out else {}
+    report("bad replica rolled back", seen, rows)
+    assert code == 1, err[-4000:]
+    assert rows["box2"]["verdict"] == "rolled back", rows
+    assert seen.failed == [], seen.failed[:5]
+    assert seen.unavailable_s == 0.0
