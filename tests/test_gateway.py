@@ -14,6 +14,7 @@ from click.testing import CliRunner
 
 from llamanix.cli import main
 from llamanix.core.config import load_config, parse_config
+from llamanix.core.errors import UserError
 from llamanix.core.schema import LITELLM_VERSION
 from llamanix.deploy import gateway_venv
 from llamanix.external.process import Runner
@@ -299,3 +300,25 @@ def test_a_change_of_the_gateway_alone_is_a_change_to_switch() -> None:
     assert _gateway_changes(render, header, [], []) == ([], [])
     no_gateway = render_host(load_config(EXAMPLE), "box1")
     assert _gateway_changes(no_gateway, files, [], []) == ([], ["gateway"])
+
+
+def test_up_refuses_the_gateways_host(tmp_path: Path) -> None:
+    from llamanix.deploy.managers import refuse_router_under_up
+
+    cfg = load_config(EXAMPLE)
+    with pytest.raises(UserError) as err:
+        refuse_router_under_up(cfg, "box3")
+    assert [str(p) for p in err.value.problems] == [
+        f"{EXAMPLE}: gateway.host: llamanix up does not run the gateway (let systemd run this "
+        "host (switch without --manager up))"
+    ]
+    refuse_router_under_up(cfg, "box1")
+
+
+def test_a_nixos_gateway_host_is_a_warning_until_the_module_runs_it(tmp_path: Path) -> None:
+    path = _write(tmp_path)
+    path.write_text(path.read_text().replace('[hosts.box3]\nkind = "systemd"', "[hosts.box3]"))
+    result = CliRunner().invoke(main, ["validate", str(path)])
+    assert result.exit_code == 0, result.output
+    assert f"warning: {path}: gateway.host: host 'box3' is a NixOS host" in result.output
+    assert render_host(load_config(path), "box3").gateway is None

@@ -72,7 +72,7 @@ LITELLM_REFUSED = {
     "1.82.7": "was a compromised release on PyPI",
     "1.82.8": "was a compromised release on PyPI",
 }
-# LiteLLM's routing strategies (RoutingStrategyName in litellm/types/litellm_params.py, 1.106.12).
+# LiteLLM 1.106.12's routing strategies (the values of its RoutingStrategyName).
 RoutingStrategy = Literal[
     "simple-shuffle",
     "least-busy",

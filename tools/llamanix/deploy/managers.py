@@ -488,8 +488,17 @@ def make_manager(
 
 
 def refuse_router_under_up(config: Config, host: str) -> None:
-    """``llamanix up`` runs each instance's argv file and knows no router: say so rather than
-    leave the routed members silently unserved."""
+    """``llamanix up`` runs each instance's argv file and knows no router (nor gateway): say
+    so rather than leave the routed members (or the gateway) silently unserved."""
+    if config.gateway is not None and config.gateway.host == host:
+        raise UserError(
+            Problem(
+                config.source,
+                "gateway.host",
+                "llamanix up does not run the gateway",
+                "let systemd run this host (switch without --manager up)",
+            )
+        )
     if config.hosts[host].router is None:
         return
     raise UserError(
