@@ -25,9 +25,9 @@ from conftest import REPO
 from hostbed import new_key, tiny_fleet
 
 from llamanix.core.schema import LITELLM_VERSION
-from llamanix.deploy.gateway_venv import requirement
 from llamanix.testbed import hosts
 from llamanix.testbed.fleet import Fleet
+from llamanix.testbed.gateway_wheels import litellm_wheels, offer_wheels
 
 pytestmark = [pytest.mark.hosts]
 
@@ -39,7 +39,6 @@ MODEL = f"{hosts.MODELS}/tiny.gguf"
 REPLICAS = {"box1": 18081, "box2": 18082}
 GATEWAY_PORT = 4000
 GATEWAY_KEY = "/etc/llamanix/gateway.key"
-LITELLM_WHEELS = "/var/cache/litellm-wheels"
 CLIENTS = 4
 FIGURES: list[str] = []
 CONTROLLER_ENV = {"PYTHONPATH": str(REPO / "tools")}
@@ -80,21 +79,12 @@ def bed(
     llama_server_bin: Path,
 ) -> Iterator[Bed]:
     work = tmp_path_factory.mktemp("fleet-gateway")
-    wheels = hosts.dependency_wheels(hosts.SPECS["debian12"].python, [requirement(LITELLM_VERSION)])
+    wheels = litellm_wheels(hosts.SPECS["debian12"].python)
     with tiny_fleet(NAMES, work, project_wheel, llama_server_bin) as (fleet, took):
         FIGURES.append(f"fleet of 3 up and installed in {took:.0f}s")
         fleet.host("box2").write(BROKEN, "#!/bin/sh\nexit 1\n", mode=0o755)
         gateway = fleet.host("box3")
-        target = gateway.path(LITELLM_WHEELS)
-        target.mkdir(parents=True, exist_ok=True)
-        for whl in wheels.glob("*.whl"):
-            shutil.copy2(whl, target / whl.name)
-        # What a host behind a mirror has: pip's own configuration says where wheels come from.
-        gateway.write(
-            "/etc/pip.conf",
-            f"[global]\nno-index = true\nfind-links = {LITELLM_WHEELS}\n"
-            "disable-pip-version-check = true\n",
-        )
+        offer_wheels(gateway, wheels)
         key = new_key()
         gateway.write(GATEWAY_KEY, key + "\n", mode=0o600)
         key_file = fleet.home / "gateway.key"
@@ -210,13 +200,18 @@ class Load:
         return Seen(len(results), [r[3] for r in failed], covered)
 
 
+def _s(value: object) -> str:
+    """Seconds, or "none" where the switch measured nothing (a server that never answered)."""
+    return f"{value:.3f} s" if isinstance(value, float | int) else "none"
+
+
 def report(label: str, seen: Seen, rows: dict[str, dict[str, object]]) -> None:
     gaps = []
     for host, row in sorted(rows.items()):
         for name, gap in row.get("gaps", {}).items():  # type: ignore[union-attr]
             gaps.append(
-                f"{host}/{name}: gap {gap['gap_s']:.3f} s, load {gap['load_s']:.3f} s, "
-                f"drain {gap['drain_s']:.3f} s"
+                f"{host}/{name}: gap {_s(gap['gap_s'])}, load {_s(gap['load_s'])}, "
+                f"drain {_s(gap['drain_s'])}"
             )
     FIGURES.append(
         f"{label}: {seen.requests} streamed requests through the gateway by {CLIENTS} clients, "
