@@ -52,7 +52,10 @@ CONTROLLER_NAME = "controller"
 ADMIN = "admin"
 # Not 1000: the host bed's normal user (hosts.add_user) takes that one.
 ADMIN_UID = 1001
-ADDRESS_UNIT = "llamanix-fleet-address.service"
+# Not named llamanix-*: a switch takes every llamanix-*.service in /etc/systemd/system for
+# its own, and the first one disabled this unit (the host then lost its address at its next
+# boot).
+ADDRESS_UNIT = "fleet-bed-address.service"
 # The controller's PATH: the programs of this machine an operator's shell finds.
 CONTROLLER_PATH = hosts.ROOT_PATH
 # How long the controller's ssh waits for a host that does not answer (a stopped one).
