@@ -249,6 +249,8 @@ def test_a_rolling_switch_behind_the_gateway_fails_no_request(bed: Bed) -> None:
         # Each replica was drained (no answer cut) and its own gap measured.
         assert gap["drained"] is True, gap
         assert gap["gap_s"] is not None and gap["load_s"] is not None, gap
+        # The goal on the CPU bed: the gap is at most the load time plus 0.5 s.
+        assert gap["gap_s"] <= gap["load_s"] + 0.5, gap
     assert "restart chat-box1: gap " in err
 
 

@@ -7,25 +7,24 @@ is in the unit, any argv or the journal.
 
 from __future__ import annotations
 
-import shutil
 import time
 from collections.abc import Iterator
 
 import pytest
-from conftest import HOST_FIGURES
+from conftest import HOST_FIGURES, REPO
 from hostbed import CONFIG, KEY_FILE, SERVER, llamanix, new_key, output, reset
 
 from llamanix.core.schema import LITELLM_VERSION
-from llamanix.deploy.gateway_venv import MARKER, requirement
+from llamanix.deploy.gateway_venv import MARKER
 from llamanix.render.gateway import VENV_ROOT
 from llamanix.testbed import hosts
+from llamanix.testbed.gateway_wheels import litellm_wheels, offer_wheels
 from llamanix.testbed.hosts import Host
 
 pytestmark = [pytest.mark.server, pytest.mark.hosts]
 
 UNIT = "llamanix-gateway.service"
 GATEWAY_KEY = "/etc/llamanix/gateway.key"
-LITELLM_WHEELS = "/var/cache/litellm-wheels"
 PORT = 4000
 REPLICA_PORT = 8190
 TINY = f"{hosts.MODELS}/tiny.gguf"
@@ -79,21 +78,8 @@ def _monotonic_s(host: Host, prop: str) -> float:
 
 @pytest.mark.parametrize("host", ["debian12"], indirect=True)
 def test_gateway_serves_a_chat_with_the_key_from_its_file(host: Host) -> None:
-    # Debian 12's python is 3.11.2, and redis needs async-timeout below 3.11.3; pip download
-    # for "3.11" judges that marker by the python it runs on, so it is named here.
-    wheels = hosts.dependency_wheels(
-        hosts.SPECS["debian12"].python, [requirement(LITELLM_VERSION), "async-timeout>=4.0.3"]
-    )
-    target = host.path(LITELLM_WHEELS)
-    target.mkdir(parents=True, exist_ok=True)
-    for whl in wheels.glob("*.whl"):
-        shutil.copy2(whl, target / whl.name)
     # What a user behind a mirror does, with a directory of wheels for the mirror.
-    host.write(
-        "/etc/pip.conf",
-        f"[global]\nno-index = true\nfind-links = {LITELLM_WHEELS}\n"
-        "disable-pip-version-check = true\n",
-    )
+    offer_wheels(host, litellm_wheels(hosts.SPECS["debian12"].python))
     # Every installed Debian has it (the installer writes it); the bed's minimal root file
     # system does not. LiteLLM resolves "localhost" at start when its port is 4000.
     host.write("/etc/hosts", "127.0.0.1 localhost\n::1 localhost ip6-localhost\n")
@@ -126,6 +112,15 @@ def test_gateway_serves_a_chat_with_the_key_from_its_file(host: Host) -> None:
         assert key not in argv
         assert key not in journal
     assert "litellm --config" in argv  # the process that was looked at is there
+
+    # What `validate` checks the render against is what this very LiteLLM accepts: the script
+    # that recorded it, run again with the venv the switch made, writes the same file.
+    script = "/root/litellm-accepted-keys"
+    host.write(script, (REPO / "scripts/litellm-accepted-keys").read_text(), mode=0o755)
+    venv_python = f"{VENV_ROOT}/{LITELLM_VERSION}/bin/python"
+    keys = host.run([venv_python, script], check=True, env={"LITELLM_LOCAL_MODEL_COST_MAP": "True"})
+    recorded = REPO / f"tools/llamanix/data/litellm-{LITELLM_VERSION}.json"
+    assert keys.stdout == recorded.read_text()
     HOST_FIGURES.append(
         f"debian12 gateway: LiteLLM {LITELLM_VERSION} installed offline in {install_s:.1f}s "
         f"(switch {switch_s:.1f}s), llamanix-gateway.service started in {start_s:.1f}s"
