@@ -67,6 +67,30 @@ def test_the_drain_waits_for_the_answer_in_flight_and_no_longer(
     assert drained.waited_s <= time.monotonic() - started
 
 
+def test_a_drain_that_times_out_says_how_many_were_left(
+    server_factory: Any, model: Path, llama_server_bin: Path
+) -> None:
+    server = _start(server_factory, model, llama_server_bin)
+    endpoint = Endpoint(server.url)
+    body = {"prompt": "Once upon a time", "n_predict": 2000, "ignore_eos": True, "stream": True}
+    with (
+        httpx.Client(timeout=60) as c,
+        c.stream("POST", server.url + "/completion", json=body) as r,
+        endpoint.client(timeout_s=5) as http,
+    ):
+        lines = r.iter_lines()
+        next(lines)
+        deadline = time.monotonic() + 10
+        while in_flight(http) != 1 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        drained = drain(endpoint, timeout_s=0.1)
+        for _ in lines:
+            pass
+    assert not drained.idle
+    assert drained.in_flight == 1
+    assert 0.1 <= drained.waited_s < 1
+
+
 def test_nothing_to_drain_where_nothing_answers(tmp_path: Path) -> None:
     drained = drain(Endpoint("http://127.0.0.1:9"), timeout_s=5)
     assert drained == Drained(drained.waited_s, False, None, None)
