@@ -135,6 +135,53 @@ let
   exposed = lib.attrValues (
     lib.filterAttrs (name: inst: inst.openFirewall && !(builtins.elem name routed)) cfg.instances
   );
+
+  # The gateway (docs/gateway.md): nixpkgs' services.litellm with render/gateway.py's settings,
+  # started by a script that reads the keys from systemd credentials.
+  gw = cfg.gateway;
+  gatewayArgs = {
+    gateway = gw;
+    inherit (gw) replicas;
+  };
+  gatewayConfigFile = (pkgs.formats.yaml { }).generate "config.yaml" config.services.litellm.settings;
+  gatewayStart = pkgs.writeShellScript "llamanix-gateway-start" (
+    llamanixLib.gatewayStartScript (
+      gatewayArgs
+      // {
+        program = lib.getExe gw.package;
+        configFile = gatewayConfigFile;
+        shellArg = lib.escapeShellArg;
+      }
+    )
+  );
+  gatewayVersion = gw.package.version or (lib.getVersion gw.package);
+  gatewayRefusal = llamanixLib.litellmRefusal gatewayVersion;
+
+  replicaModule = {
+    options = {
+      instance = mkOption {
+        type = types.str;
+        description = "The instance's name; its key reaches LiteLLM as `LLAMANIX_KEY_<INSTANCE>`.";
+      };
+      alias = mkOption {
+        type = types.str;
+        description = "The model group the replica serves: the instance's alias, else its name.";
+      };
+      url = mkOption {
+        type = types.str;
+        example = "http://box1.lan:8080/v1";
+        description = "Where the gateway reaches the replica (LiteLLM's `api_base`).";
+      };
+      apiKeyFile = mkOption {
+        type = types.nullOr (types.strMatching "/.*");
+        default = null;
+        description = ''
+          The file holding the replica's key (its `api_key_file`, or its router's), on this
+          machine. Loaded as a systemd credential: the key never enters the store.
+        '';
+      };
+    };
+  };
 in
 {
   options.services.llamanix = {
@@ -248,6 +295,42 @@ in
       '';
     };
 
+    gateway = mkOption {
+      type = types.nullOr (
+        types.submodule {
+          options = schemaOptions.gatewayOptions // {
+            replicas = mkOption {
+              type = types.listOf (types.submodule replicaModule);
+              default = [ ];
+              description = ''
+                Every instance of every host, as LiteLLM reaches it: one model group per alias.
+                A NixOS machine sees only its own instances, so `llamanix.lib.fromToml` computes
+                these from the whole llamanix.toml.
+              '';
+            };
+            # Read only when a gateway is set, so a nixpkgs without litellm still evaluates.
+            package = lib.mkPackageOption pkgs "litellm" {
+              extraDescription = "NixOS runs this LiteLLM, not the `version` a Debian host installs.";
+            };
+            openFirewall = mkOption {
+              type = types.bool;
+              default = false;
+              description = "Open the gateway's `port` in the firewall.";
+            };
+          };
+        }
+      );
+      default = null;
+      example = literalExpression ''
+        (llamanix.lib.fromToml ./llamanix.toml "box3").gateway
+      '';
+      description = ''
+        LiteLLM's proxy in front of the instances of every host (docs/gateway.md), run by
+        nixpkgs' `services.litellm`. The options are the keys of llamanix.toml's `[gateway]`
+        table, less `kind` and `host`.
+      '';
+    };
+
     packageSet = mkOption {
       type = types.raw;
       internal = true;
@@ -259,70 +342,107 @@ in
     };
   };
 
-  config = mkIf (cfg.enable && cfg.instances != { }) {
-    assertions = [
-      {
-        assertion = builtins.elem pkgs.stdenv.hostPlatform.system llamanixLib.systems;
-        message = llamanixLib.unsupportedSystem pkgs.stdenv.hostPlatform.system;
-      }
-    ]
-    # What `llamanix render` would refuse at build time, in its words, before anything is built.
-    ++ map (message: {
-      assertion = false;
-      inherit message;
-    }) (
-      llamanixLib.routerProblems {
-        inherit (cfg) router;
-        instanceNames = lib.attrNames cfg.instances;
-      }
-    );
-
-    warnings =
-      lib.optional (anyCuda && !(config.hardware.graphics.enable or false)) ''
-        services.llamanix: an instance uses a CUDA build but hardware.graphics.enable is off;
-        enable it together with the NVIDIA driver (services.xserver.videoDrivers = [ "nvidia" ]
-        and hardware.nvidia.*), or llama-server will find no GPU.
-      ''
-      ++ llamanixLib.firewallWarnings {
-        inherit (cfg) instances router;
-      };
-
-    # The units come from a package, so NixOS takes them as they are, hardening included (NixOS
-    # would otherwise generate its own unit text from systemd.services). What NixOS does not do
-    # for packaged units is honour their [Install] section, hence the entries below: with
-    # overrideStrategy = "asDropin" each becomes only a drop-in (llamanix-NAME.service.d/) that
-    # adds the multi-user.target.wants link, and a new render (a new store path) restarts the
-    # instance on switch. State and cache directories are the units' StateDirectory= and
-    # CacheDirectory=: systemd creates them at start, owned by the unit's dynamic user (a
-    # tmpfiles rule here would create them owned by root, which DynamicUser= refuses).
-    systemd.packages = [ units ];
-    # A router's members are its children: they have no unit of their own.
-    systemd.services =
-      lib.mapAttrs' (
-        name: _:
-        lib.nameValuePair "llamanix-${name}" {
-          overrideStrategy = "asDropin";
-          wantedBy = [ "multi-user.target" ];
+  config = lib.mkMerge [
+    (mkIf (cfg.enable && cfg.instances != { }) {
+      assertions = [
+        {
+          assertion = builtins.elem pkgs.stdenv.hostPlatform.system llamanixLib.systems;
+          message = llamanixLib.unsupportedSystem pkgs.stdenv.hostPlatform.system;
         }
-      ) (lib.filterAttrs (name: _: !(builtins.elem name routed)) cfg.instances)
-      // lib.optionalAttrs (cfg.router != null) {
-        llamanix-router = {
-          overrideStrategy = "asDropin";
-          wantedBy = [ "multi-user.target" ];
+      ]
+      # What `llamanix render` would refuse at build time, in its words, before anything is built.
+      ++ map (message: {
+        assertion = false;
+        inherit message;
+      }) (
+        llamanixLib.routerProblems {
+          inherit (cfg) router;
+          instanceNames = lib.attrNames cfg.instances;
+        }
+      );
+
+      warnings =
+        lib.optional (anyCuda && !(config.hardware.graphics.enable or false)) ''
+          services.llamanix: an instance uses a CUDA build but hardware.graphics.enable is off;
+          enable it together with the NVIDIA driver (services.xserver.videoDrivers = [ "nvidia" ]
+          and hardware.nvidia.*), or llama-server will find no GPU.
+        ''
+        ++ llamanixLib.firewallWarnings {
+          inherit (cfg) instances router;
+        };
+
+      # The units come from a package, so NixOS takes them as they are, hardening included (NixOS
+      # would otherwise generate its own unit text from systemd.services). What NixOS does not do
+      # for packaged units is honour their [Install] section, hence the entries below: with
+      # overrideStrategy = "asDropin" each becomes only a drop-in (llamanix-NAME.service.d/) that
+      # adds the multi-user.target.wants link, and a new render (a new store path) restarts the
+      # instance on switch. State and cache directories are the units' StateDirectory= and
+      # CacheDirectory=: systemd creates them at start, owned by the unit's dynamic user (a
+      # tmpfiles rule here would create them owned by root, which DynamicUser= refuses).
+      systemd.packages = [ units ];
+      # A router's members are its children: they have no unit of their own.
+      systemd.services =
+        lib.mapAttrs' (
+          name: _:
+          lib.nameValuePair "llamanix-${name}" {
+            overrideStrategy = "asDropin";
+            wantedBy = [ "multi-user.target" ];
+          }
+        ) (lib.filterAttrs (name: _: !(builtins.elem name routed)) cfg.instances)
+        // lib.optionalAttrs (cfg.router != null) {
+          llamanix-router = {
+            overrideStrategy = "asDropin";
+            wantedBy = [ "multi-user.target" ];
+          };
+        };
+
+      networking.firewall.allowedTCPPorts = lib.unique (
+        map (inst: inst.port) exposed
+        ++ lib.optional (cfg.router != null && cfg.router.openFirewall) cfg.router.port
+      );
+
+      # `nix build .#nixosConfigurations.HOST.config.system.build.llamanixUnits` renders and
+      # checks the units without switching anything.
+      system.build.llamanixUnits = units;
+
+      # The manifest and argv files (what `llamanix up`, `render` checks and the tests read back).
+      environment.etc."llamanix".source = "${units}/share/llamanix";
+      environment.systemPackages = [ cfg.packageSet.llamanix ];
+    })
+
+    (mkIf (cfg.enable && gw != null) {
+      assertions = [
+        {
+          assertion = gatewayRefusal == null;
+          message = toString gatewayRefusal;
+        }
+      ];
+      # validate checks the settings against the keys of the version llamanix.toml names.
+      warnings = lib.optional (gatewayVersion != gw.version) (
+        "services.llamanix.gateway.version: llamanix.toml names LiteLLM ${gw.version}, but this "
+        + "NixOS runs nixpkgs' LiteLLM ${gatewayVersion} (services.llamanix.gateway.package), "
+        + "which validate did not check the config against (set version = \"${gatewayVersion}\" "
+        + "in [gateway], or pick a package of ${gw.version})"
+      );
+
+      services.litellm = {
+        enable = true;
+        inherit (gw) package port;
+        host = gw.listen;
+        settings = llamanixLib.gatewaySettings gatewayArgs;
+      };
+      systemd.services.litellm = {
+        # Else LiteLLM fetches its model cost map from GitHub at every start. Set on the unit,
+        # not services.litellm.environment, whose telemetry-off default a definition replaces.
+        environment.LITELLM_LOCAL_MODEL_COST_MAP = "True";
+        # The keys reach LiteLLM as credentials and through the start script's environment:
+        # never in the store, argv or unit text.
+        serviceConfig = {
+          LoadCredential = llamanixLib.gatewayCredentials gatewayArgs;
+          ExecStart = lib.mkForce gatewayStart;
         };
       };
-
-    networking.firewall.allowedTCPPorts = lib.unique (
-      map (inst: inst.port) exposed
-      ++ lib.optional (cfg.router != null && cfg.router.openFirewall) cfg.router.port
-    );
-
-    # `nix build .#nixosConfigurations.HOST.config.system.build.llamanixUnits` renders and
-    # checks the units without switching anything.
-    system.build.llamanixUnits = units;
-
-    # The manifest and argv files (what `llamanix up`, `render` checks and the tests read back).
-    environment.etc."llamanix".source = "${units}/share/llamanix";
-    environment.systemPackages = [ cfg.packageSet.llamanix ];
-  };
+      networking.firewall.allowedTCPPorts = lib.optional gw.openFirewall gw.port;
+    })
+  ];
 }

@@ -22,6 +22,7 @@ let
   chars = text: builtins.genList (i: builtins.substring i 1 text) (builtins.stringLength text);
   lowerChars = builtins.genList (i: builtins.substring i 1 "abcdefghijklmnopqrstuvwxyz") 26;
   upperChars = builtins.genList (i: builtins.substring i 1 "ABCDEFGHIJKLMNOPQRSTUVWXYZ") 26;
+  toUpper = builtins.replaceStrings (lowerChars) (upperChars);
 in
 rec {
   inherit schema dropNulls;
@@ -547,6 +548,18 @@ rec {
         { router = builtins.removeAttrs hostTable.router routerKeysSetByModule; }
       else
         { }
+    )
+    // (
+      # [gateway] on this host is services.llamanix.gateway: its keys less kind and host, and
+      # the replicas, which only the whole file knows (every host's instances).
+      if (config.gateway.host or null) == host then
+        {
+          gateway = builtins.removeAttrs config.gateway gatewayKeysSetByModule // {
+            replicas = gatewayReplicas path;
+          };
+        }
+      else
+        { }
     );
 
   # Only the instances: `services.llamanix.instances = llamanix.lib.instancesFromToml ./llamanix.toml "gpu1";`
@@ -570,4 +583,221 @@ rec {
         ) instanceKeysSetByModule;
     in
     builtins.mapAttrs merge (filterAttrs onHost (config.instances or { }));
+
+  # --- The gateway (docs/gateway.md): LiteLLM in front of every host's instances ---------------
+  #
+  # render/gateway.py is the source of truth; what is repeated here is checked against it by
+  # tests/test_nix_equivalence.py (the settings, the replicas' URLs, the addresses, the refused
+  # releases).
+
+  # Gateway keys the module sets itself: its kind is the one there is, its host is this machine.
+  gatewayKeysSetByModule = [
+    "kind"
+    "host"
+  ];
+  # Options of services.llamanix.gateway that are not schema keys.
+  moduleOnlyGatewayOptions = [
+    "replicas"
+    "package"
+    "openFirewall"
+  ];
+
+  # schema.py's LITELLM_REFUSED: releases that must never run.
+  litellmRefused = {
+    "1.82.7" = "was a compromised release on PyPI";
+    "1.82.8" = "was a compromised release on PyPI";
+  };
+
+  # core/address.py, for the addresses the gateway reaches replicas at.
+  bareHost =
+    host:
+    let
+      n = builtins.stringLength host;
+    in
+    if n >= 2 && builtins.substring 0 1 host == "[" && builtins.substring (n - 1) 1 host == "]" then
+      builtins.substring 1 (n - 2) host
+    else
+      host;
+  # 0.0.0.0, or an IPv6 address of zeros only ("::", "0::0", ...).
+  isWildcard =
+    listen:
+    let
+      host = bareHost listen;
+    in
+    host == "0.0.0.0" || builtins.match "[0:]*:[0:]*" host != null;
+  connectHost =
+    listen:
+    let
+      host = bareHost listen;
+      lower = toLower host;
+    in
+    if isWildcard listen then
+      (if hasInfix ":" host then "::1" else "127.0.0.1")
+    else if lower == "localhost" || builtins.match "localhost\\.+" lower != null then
+      "127.0.0.1"
+    else
+      host;
+  urlHost =
+    address:
+    let
+      host = bareHost address;
+    in
+    if hasInfix ":" host then "[${host}]" else host;
+  # "root@gpu1:2222" -> "gpu1", "[fd00::1]:22" -> "fd00::1".
+  targetHost =
+    target:
+    let
+      parts = builtins.split "@" target;
+      machine = builtins.elemAt parts (builtins.length parts - 1);
+      colons = (builtins.length (builtins.split ":" machine) - 1) / 2;
+    in
+    if hasPrefix "[" machine then
+      bareHost (builtins.head (builtins.split "]" machine) + "]")
+    else if colons == 1 then
+      builtins.head (builtins.split ":" machine)
+    else
+      machine;
+  # How another machine reaches a server listening on `listen`.
+  remoteHost =
+    listen: target: hostName:
+    if !(isWildcard listen) then
+      connectHost listen
+    else if target != null && target != "" then
+      targetHost target
+    else
+      hostName;
+
+  # The variable a replica's key reaches LiteLLM through (render/gateway.py's key_env).
+  gatewayKeyEnv =
+    instance:
+    "LLAMANIX_KEY_"
+    + builtins.concatStringsSep "" (
+      map (ch: if builtins.match "[A-Za-z0-9]" ch != null then toUpper ch else "_") (chars instance)
+    );
+
+  # Every instance of every host in llamanix.toml as a replica of the gateway, [defaults] merged:
+  # [ { instance; alias; url; apiKeyFile; } ], in instance-name order (Nix reads TOML tables
+  # unordered). A router's member is reached through its router.
+  gatewayReplicas =
+    path:
+    let
+      config = builtins.fromTOML (builtins.readFile path);
+      defaults = config.defaults or { };
+      hosts = config.hosts or { };
+      gatewayHost = config.gateway.host;
+      only = builtins.attrNames hosts;
+      replica =
+        name: raw:
+        let
+          inst = defaults // raw;
+          hostName = inst.host or (if builtins.length only == 1 then builtins.head only else null);
+          hostTable = hosts.${hostName} or { };
+          router = hostTable.router or null;
+          routed = router != null && builtins.elem name (router.members or [ ]);
+          served =
+            if routed then
+              {
+                listen = router.listen or schema.router.listen.default;
+                port = router.port or schema.router.port.default;
+                keyFile = router.api_key_file or null;
+              }
+            else
+              {
+                listen = inst.listen or schema.instances.listen.default;
+                port = inst.port or schema.instances.port.default;
+                keyFile = inst.api_key_file or null;
+              };
+          # On the gateway's own host a wildcard listener answers on loopback.
+          address =
+            if hostName == gatewayHost then
+              remoteHost served.listen "127.0.0.1" hostName
+            else
+              remoteHost served.listen (hostTable.target or null) hostName;
+        in
+        {
+          instance = name;
+          alias = inst.alias or name;
+          url = "http://${urlHost address}:${toString served.port}/v1";
+          apiKeyFile = served.keyFile;
+        };
+    in
+    map (name: replica name config.instances.${name}) (builtins.attrNames (config.instances or { }));
+
+  # LiteLLM's config, as render/gateway.py's settings() writes it. gateway: the option values
+  # of services.llamanix.gateway (schema keys), replicas: as gatewayReplicas gives them.
+  gatewaySettings =
+    { gateway, replicas }:
+    {
+      model_list = map (r: {
+        model_name = r.alias;
+        litellm_params = {
+          model = "openai/${r.alias}";
+          api_base = r.url;
+          # LiteLLM's OpenAI client needs a string even where the server takes none.
+          api_key = if r.apiKeyFile != null then "os.environ/${gatewayKeyEnv r.instance}" else "none";
+        };
+        model_info.health_check_max_tokens = 1;
+      }) replicas;
+      router_settings = {
+        inherit (gateway) routing_strategy;
+        num_retries = gateway.retries;
+        # Retry on another replica at once: a replica that is down stays down for seconds.
+        retry_after = 0;
+        enable_health_check_routing = true;
+      };
+      general_settings = {
+        master_key = "os.environ/LITELLM_MASTER_KEY";
+        background_health_checks = true;
+        inherit (gateway) health_check_interval;
+      };
+      litellm_settings.request_timeout = 600;
+    };
+
+  # The keys as systemd credentials: the master key, and each replica's key once.
+  gatewayCredentials =
+    { gateway, replicas }:
+    let
+      keyed = builtins.filter (r: r.apiKeyFile != null) replicas;
+      instances = builtins.foldl' (
+        acc: r: if builtins.elem r.instance (map (x: x.instance) acc) then acc else acc ++ [ r ]
+      ) [ ] keyed;
+    in
+    [ "master-key:${gateway.api_key_file}" ] ++ map (r: "key-${r.instance}:${r.apiKeyFile}") instances;
+
+  # What the unit's shell runs: each key from its credential into the variable the config
+  # names, then LiteLLM (exec: it is the unit's main process). No key is in this text.
+  # program, configFile: store paths; shellArg: lib.escapeShellArg.
+  gatewayStartScript =
+    {
+      gateway,
+      replicas,
+      program,
+      configFile,
+      shellArg,
+    }:
+    let
+      keyed = builtins.filter (r: r.apiKeyFile != null) replicas;
+      names = builtins.foldl' (acc: r: if builtins.elem r.instance acc then acc else acc ++ [ r.instance ]) [ ] keyed;
+      read = variable: credential: ''${variable}=$(cat "$CREDENTIALS_DIRECTORY/${credential}")'';
+    in
+    builtins.concatStringsSep "\n" (
+      [
+        "set -e"
+        (read "LITELLM_MASTER_KEY" "master-key")
+      ]
+      ++ map (name: read (gatewayKeyEnv name) "key-${name}") names
+      ++ [
+        "export LITELLM_MASTER_KEY ${builtins.concatStringsSep " " (map gatewayKeyEnv names)}"
+        "exec ${program} --host ${shellArg gateway.listen} --port ${toString gateway.port} --config ${configFile}"
+      ]
+    )
+    + "\n";
+
+  # The module's one line for a LiteLLM package that must not run, or null.
+  litellmRefusal =
+    version:
+    if litellmRefused ? ${version} then
+      "services.llamanix.gateway.package: LiteLLM ${version} ${litellmRefused.${version}} and is refused (use a litellm package of another release)"
+    else
+      null;
 }

@@ -118,4 +118,5 @@ in
   instanceOptions = optionsOf schema.instances llamanixLib.instanceKeysSetByModule;
   speculativeOptions = optionsOf schema.speculative [ ];
   routerOptions = optionsOf schema.router llamanixLib.routerKeysSetByModule;
+  gatewayOptions = optionsOf schema.gateway llamanixLib.gatewayKeysSetByModule;
 }

@@ -315,10 +315,11 @@ def test_up_refuses_the_gateways_host(tmp_path: Path) -> None:
     refuse_router_under_up(cfg, "box1")
 
 
-def test_a_nixos_gateway_host_is_a_warning_until_the_module_runs_it(tmp_path: Path) -> None:
+def test_a_nixos_gateway_host_validates_and_renders_no_unit_of_its_own(tmp_path: Path) -> None:
+    """The NixOS module runs it through services.litellm (tests/test_nix_equivalence.py)."""
     path = _write(tmp_path)
     path.write_text(path.read_text().replace('[hosts.box3]\nkind = "systemd"', "[hosts.box3]"))
     result = CliRunner().invoke(main, ["validate", str(path)])
     assert result.exit_code == 0, result.output
-    assert f"warning: {path}: gateway.host: host 'box3' is a NixOS host" in result.output
+    assert "warning" not in result.output
     assert render_host(load_config(path), "box3").gateway is None

@@ -228,6 +228,19 @@ def test_router_options_are_exactly_the_router_keys(options: dict[str, Any]) -> 
     assert not module_only & set(SCHEMA["router"])
 
 
+def test_gateway_options_are_exactly_the_gateway_keys(options: dict[str, Any]) -> None:
+    """[gateway] less what the module knows itself (this host runs it, LiteLLM's kind), plus
+    what only a NixOS host needs: the replicas from every host, nixpkgs' package, the firewall."""
+    set_by_module = set(options["gatewayKeysSetByModule"])
+    assert set_by_module == {"kind", "host"}
+    schema_keys = set(SCHEMA["gateway"]) - set_by_module
+    assert set(options["schemaGatewayOptions"]) == schema_keys
+    module_only = set(options["moduleOnlyGatewayOptions"])
+    assert module_only == {"replicas", "package", "openFirewall"}
+    assert set(options["moduleGatewayOptions"]) == schema_keys | module_only
+    assert not module_only & set(SCHEMA["gateway"])
+
+
 def test_host_keys_are_module_options_or_set_by_the_module(options: dict[str, Any]) -> None:
     mapped: dict[str, str] = options["hostKeyOptions"]
     assert set(mapped) | set(options["hostKeysSetByModule"]) == set(SCHEMA["hosts"])
@@ -240,6 +253,7 @@ def test_host_keys_are_module_options_or_set_by_the_module(options: dict[str, An
         "cudaArchs",
         "gpuSandbox",
         "router",
+        "gateway",
         "useSystemNixpkgs",
         "packageSet",
     }

@@ -17,12 +17,18 @@
 #
 # With libPath, `-A checks` gives the module's failed assertions and warnings without failing,
 # and `-A routerPackage` what services.llamanix.router.package declares.
+#
+# `-A gateway` (a host that runs the [gateway]): what services.litellm gets, { settings;
+# replicas; loadCredential; execStart; startScript; }; from the module with libPath, from the
+# same nix/lib.nix functions the module calls without. litellmVersion: the version of the fake
+# pkgs.litellm.
 {
   toml,
   host,
   libPath ? "",
   nvidia ? "false",
   llamaSwap ? "true",
+  litellmVersion ? (import ../../nix/lib.nix).schema.gateway.version.default,
 }:
 let
   llamanixLib = import ../../nix/lib.nix;
@@ -42,6 +48,14 @@ let
     };
     mkVariant = fakePackage;
     mkCapabilities = _: "/nix/store/00000000000000000000000000000000-capabilities.json";
+  };
+
+  fakeLitellm = {
+    type = "derivation";
+    name = "litellm-${litellmVersion}";
+    version = litellmVersion;
+    outPath = "/nix/store/00000000000000000000000000000000-litellm";
+    meta.mainProgram = "litellm";
   };
 
   stubEval =
@@ -91,6 +105,34 @@ let
         }) settings.instances;
       };
       cudaArchs = builtins.mapAttrs (_: p: p.cudaArchs) packages;
+      gateway =
+        if !(settings ? gateway) then
+          null
+        else
+          let
+            gateway = withDefaults schemaOptions.gatewayOptions settings.gateway;
+            args = {
+              inherit gateway;
+              inherit (settings.gateway) replicas;
+            };
+            configFile = "/nix/store/00000000000000000000000000000000-config.yaml";
+            startScript = llamanixLib.gatewayStartScript (
+              args
+              // {
+                program = "${fakeLitellm}/bin/litellm";
+                inherit configFile;
+                shellArg = lib.escapeShellArg;
+              }
+            );
+          in
+          {
+            settings = llamanixLib.gatewaySettings args;
+            inherit (settings.gateway) replicas;
+            loadCredential = llamanixLib.gatewayCredentials args;
+            execStart = "/nix/store/00000000000000000000000000000000-llamanix-gateway-start";
+            inherit startScript;
+            refusal = llamanixLib.litellmRefusal litellmVersion;
+          };
     };
 
   realEval =
@@ -104,6 +146,17 @@ let
         };
         runCommand = name: attrs: script: attrs // { inherit name script; };
         runtimeShell = "/bin/sh";
+        writeShellScript = name: text: {
+          inherit name text;
+          outPath = "/nix/store/00000000000000000000000000000000-${name}";
+        };
+        formats.yaml = _: {
+          generate = name: value: {
+            inherit name value;
+            outPath = "/nix/store/00000000000000000000000000000000-${name}";
+          };
+        };
+        litellm = fakeLitellm;
         stdenv.hostPlatform.system = "x86_64-linux";
         llamanixPackages = packageSet;
       }
@@ -157,6 +210,39 @@ let
           inherit (option) description;
         };
       cudaArchs = builtins.mapAttrs (_: inst: inst.package.cudaArchs) cfg.instances;
+      gateway =
+        if cfg.gateway == null then
+          null
+        else
+          let
+            litellm = evaluated.config.services.litellm;
+            unit = evaluated.config.systemd.services.litellm;
+            service = unit.serviceConfig;
+          in
+          {
+            inherit (litellm) settings;
+            inherit (cfg.gateway) replicas;
+            loadCredential = service.LoadCredential;
+            # The script's store path, and the script.
+            execStart = service.ExecStart.outPath or service.ExecStart;
+            startScript = service.ExecStart.text or null;
+            refusal =
+              let
+                failed = map (a: a.message) (
+                  builtins.filter (a: !a.assertion) evaluated.config.assertions
+                );
+              in
+              if failed == [ ] then null else builtins.head failed;
+            # What the module hands nixpkgs' services.litellm besides the settings, and what it
+            # adds to the unit's environment.
+            service = {
+              inherit (litellm) enable host port;
+              package = litellm.package.outPath;
+              environment = litellm.environment or null;
+            };
+            unitEnvironment = unit.environment;
+            inherit (evaluated.config) warnings;
+          };
       # The units NixOS enables (a router's members have none) and the ports it opens.
       units = builtins.attrNames evaluated.config.systemd.services;
       ports = evaluated.config.networking.firewall.allowedTCPPorts or [ ];

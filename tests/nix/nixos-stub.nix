@@ -20,6 +20,8 @@ in
     systemd = loose;
     environment = loose;
     system.build = loose;
+    # nixpkgs' services.litellm, which the gateway configures (its unit is systemd.services).
+    services.litellm = loose;
     # As nixpkgs' usual module declares them (its readOnlyPkgs module has no localSystem).
     nixpkgs.overlays = mkOption {
       type = types.listOf types.raw;

@@ -72,6 +72,8 @@ in
   schemaSpeculativeOptions = describe schema.speculative schemaOptions.speculativeOptions;
   schemaRouterOptions = describe schema.router schemaOptions.routerOptions;
   moduleRouterOptions = builtins.attrNames top.router.type.elem.module.options;
+  schemaGatewayOptions = describe schema.gateway schemaOptions.gatewayOptions;
+  moduleGatewayOptions = builtins.attrNames top.gateway.type.elem.module.options;
   # The llama-swap package option, without its default (pkgs here has no llama-swap).
   moduleRouterPackage =
     let
@@ -101,5 +103,7 @@ in
     moduleOnlyInstanceOptions
     routerKeysSetByModule
     moduleOnlyRouterOptions
+    gatewayKeysSetByModule
+    moduleOnlyGatewayOptions
     ;
 }

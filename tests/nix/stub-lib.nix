@@ -18,7 +18,16 @@ in
       }) names
     );
   importTOML = path: builtins.fromTOML (builtins.readFile path);
-  escapeShellArg = arg: "'" + builtins.replaceStrings [ "'" ] [ "'\\''" ] (toString arg) + "'";
+  # As nixpkgs' lib does it: a word of safe characters stays as it is.
+  escapeShellArg =
+    arg:
+    let
+      string = toString arg;
+    in
+    if builtins.match "[[:alnum:],._+:@%/-]+" string == null then
+      "'" + builtins.replaceStrings [ "'" ] [ "'\\''" ] string + "'"
+    else
+      string;
   escapeShellArgs = args: builtins.concatStringsSep " " (map (arg: "'" + builtins.replaceStrings [ "'" ] [ "'\\''" ] (toString arg) + "'") args);
   licenses.mit = {
     shortName = "mit";
@@ -55,6 +64,15 @@ in
   mkDefault = content: {
     _type = "override";
     priority = 1000;
+    inherit content;
+  };
+  mkMerge = contents: {
+    _type = "merge";
+    inherit contents;
+  };
+  mkForce = content: {
+    _type = "override";
+    priority = 50;
     inherit content;
   };
   mkIf = condition: content: {
