@@ -407,22 +407,30 @@ def generations(config: Path, host: str | None, hosts: str | None, as_json: bool
         return
     for name, rows in found.items():
         table = Table(title=f"generations of {name}")
-        for column in ("#", "date", "instances (variant @ revision)", "gate", "restart gap"):
+        gaps = [_gaps_cell(row.record) for row in rows]
+        # The column only where a restart was measured: a narrow terminal keeps its room.
+        columns = ["#", "date", "instances (variant @ revision)", "gate"]
+        for column in [*columns, "restart gap"] if any(gaps) else columns:
             table.add_column(column)
-        for row in rows:
-            table.add_row(
+        for row, gap in zip(rows, gaps, strict=True):
+            cells = [
                 f"{row.number}{' *' if row.current else ''}",
                 str(row.record.date),
                 _instances_cell(row.record),
                 _verdict_cell(row.record, row.not_serving_now),
-                _gaps_cell(row.record),
-            )
+            ]
+            table.add_row(*cells, *([gap] if any(gaps) else []))
         Console().print(table)
 
 
 def _gaps_cell(record: GenerationRecord) -> str:
-    """Each restarted instance's gap next to its load time (docs/switching.md)."""
-    return "\n".join(f"{n}: {g.describe()}" for n, g in sorted((record.gaps or {}).items()))
+    """Each restarted instance's gap next to its load time (docs/switching.md); not an
+    instance that started for the first time (no old server, so no gap)."""
+    return "\n".join(
+        f"{n}: {g.describe()}"
+        for n, g in sorted((record.gaps or {}).items())
+        if g.gap_s is not None or g.drained is not None
+    )
 
 
 def _instances_cell(record: GenerationRecord) -> str:
