@@ -260,12 +260,18 @@ def test_an_ignored_signal_stays_ignored() -> None:
 # --- external/signals: the one way a signal is sent ---------------------------------------------
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_signals_reach_a_process_and_its_group_and_a_gone_one_is_no_error() -> None:
     """Real children: a process stopped by pid, a process group (a shell and its sleep) by its
     id, a child by its own handle; signalling each again, once gone, raises nothing."""
     one = subprocess.Popen(["sleep", "60"])
     group = subprocess.Popen(["sh", "-c", "sleep 60 & wait"], start_new_session=True)
-    child = subprocess.Popen(["sleep", "60"])
+    # SIGINT as a child has it by default: a run started in the background by a shell (a CI
+    # job, `cmd &`) ignores SIGINT, and its children inherit that.
+    child = subprocess.Popen(["sleep", "60"], preexec_fn=_default_sigint)
     signals.signal_process(one.pid, signal.SIGTERM)
     signals.signal_group(group.pid, signal.SIGKILL)
     signals.signal_child(child, signal.SIGINT)
