@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from conftest import HOST_FIGURES, REPO
 from hostbed import tiny_fleet
 
 from llamanix.external.signals import signal_process
@@ -36,7 +36,8 @@ BROKEN = "/usr/local/bin/llama-server-broken"
 SLOW = "/usr/local/bin/llama-server-slow"
 MODEL = f"{hosts.MODELS}/tiny.gguf"
 PORTS = {"box1": 18081, "box2": 18082, "box3": 18083}
-FLEET_FIGURES: list[str] = []
+# Printed by pytest's end-of-run summary (conftest.HOST_FIGURES), also where output is captured.
+FLEET_FIGURES = HOST_FIGURES
 
 
 def fleet_config(context: int, broken: str | None = None) -> str:
@@ -72,7 +73,6 @@ def bed(
         for name in PORTS:
             booted.host(name).write(SLOW, f'#!/bin/sh\nsleep 15\nexec {SERVER} "$@"\n', mode=0o755)
         yield booted
-    print("\n" + "\n".join(FLEET_FIGURES))
 
 
 def write_config(bed: Fleet, text: str) -> None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from conftest import HOST_FIGURES, REPO
 from hostbed import new_key, tiny_fleet
 
 from llamanix.core.schema import LITELLM_VERSION
@@ -40,7 +40,9 @@ REPLICAS = {"box1": 18081, "box2": 18082}
 GATEWAY_PORT = 4000
 GATEWAY_KEY = "/etc/llamanix/gateway.key"
 CLIENTS = 4
-FIGURES: list[str] = []
+# The run's figures: pytest's end-of-run summary prints them (conftest.HOST_FIGURES), also where
+# output is captured, as in CI.
+FIGURES = HOST_FIGURES
 CONTROLLER_ENV = {"PYTHONPATH": str(REPO / "tools")}
 
 
@@ -91,7 +93,6 @@ def bed(
         key_file.write_text(key + "\n")
         key_file.chmod(0o600)
         yield Bed(fleet, key_file)
-    print("\n" + "\n".join(FIGURES))
 
 
 def write_config(bed: Bed, text: str) -> None:
