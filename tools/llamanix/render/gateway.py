@@ -9,20 +9,18 @@ hardened unit that runs it on a Debian host. docs/gateway.md has the defaults an
 
 from __future__ import annotations
 
-import functools
 import json
 import shlex
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-import jinja2
-
 from llamanix.core.address import connect_url, remote_host, url_host
 from llamanix.core.config import Config, Gateway, Instance
 from llamanix.core.errors import Problem, UserError
 from llamanix.core.json_value import JsonObject, JsonValue
 from llamanix.render.manifest import RenderedInstance, unit_name
+from llamanix.render.unit_templates import unit_template
 
 CONFIG_FILE = "litellm.yaml"
 UNIT_NAME = "gateway"
@@ -250,19 +248,6 @@ def ready_script(config: Config) -> str:
     )
 
 
-@functools.cache
-def _template() -> jinja2.Template:
-    env = jinja2.Environment(
-        loader=jinja2.PackageLoader("llamanix.render", "templates"),
-        trim_blocks=True,
-        lstrip_blocks=True,
-        keep_trailing_newline=True,
-        undefined=jinja2.StrictUndefined,
-        autoescape=False,  # systemd unit text, not HTML
-    )
-    return env.get_template("gateway.service.j2")
-
-
 def render_unit(config: Config, digest: str) -> RenderedInstance:
     """``llamanix-gateway.service``: LiteLLM from its own venv, hardened like the servers,
     its config carried in the unit and every key loaded as a credential."""
@@ -283,7 +268,7 @@ def render_unit(config: Config, digest: str) -> RenderedInstance:
         # The venv is read-only to the unit.
         '"PYTHONDONTWRITEBYTECODE=1"',
     ]
-    unit = _template().render(
+    unit = unit_template("gateway.service.j2").render(
         source=Path(config.source).name,
         config_hash=digest[:19],
         version=gateway.version,

@@ -7,7 +7,6 @@ manifest last, so a reader that trusts the manifest never sees a half-written se
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import ipaddress
 import json
@@ -18,8 +17,6 @@ import sys
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
-
-import jinja2
 
 import llamanix
 from llamanix.core.address import connect_url, is_loopback
@@ -35,6 +32,7 @@ from llamanix.external.paths import script_interpreter
 from llamanix.render import gateway as gateways
 from llamanix.render import router as routing
 from llamanix.render.manifest import MANIFEST, Manifest, Render, RenderedInstance, unit_name
+from llamanix.render.unit_templates import unit_template
 
 PREVIOUS = ".previous"
 # The unit name of a host's router (an instance may not take it on a routed host).
@@ -216,20 +214,6 @@ def config_hash(config: Config) -> str:
     return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
 
 
-@functools.cache
-def _template() -> jinja2.Template:
-    # Compiled once per process: compiling it took a plan of 20 instances a fifth of its time.
-    env = jinja2.Environment(
-        loader=jinja2.PackageLoader("llamanix.render", "templates"),
-        trim_blocks=True,
-        lstrip_blocks=True,
-        keep_trailing_newline=True,
-        undefined=jinja2.StrictUndefined,
-        autoescape=False,  # systemd unit text, not HTML; values are escaped by systemd rules
-    )
-    return env.get_template("llamanix.service.j2")
-
-
 CapabilityMap = Mapping[str, Capabilities]
 
 
@@ -262,7 +246,7 @@ def render_instance(
     # them readable. llamanix itself (the readiness check) may be installed there, too.
     home = protect_home(home_paths(inst, argv[0]), user)
     model_files = [p for p in (inst.model, inst.speculative.draft_model) if p]
-    text = _template().render(
+    text = unit_template("llamanix.service.j2").render(
         source=Path(config.source).name,
         config_hash=digest[:19],
         name=inst.name,
@@ -443,7 +427,7 @@ def render_router(
     download = any(downloads(m.argv) for m in members)
     programs = [m.pieces[0].tokens[0] for m in members]
     home = protect_home([argv[0], *programs, *model_files, llamanix_command()[0]], user)
-    text = _template().render(
+    text = unit_template("llamanix.service.j2").render(
         source=Path(config.source).name,
         config_hash=digest[:19],
         name=ROUTER,
