@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import io
+import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -35,6 +37,7 @@ def test_pinned_source_is_named_once() -> None:
 
 def test_command_lines(tmp_path: Path) -> None:
     layout = sb.BuildLayout(tmp_path / "v")
+    v3 = sb.instruction_set("x86_64", "flags\t: fpu sse4_2 avx avx2 fma f16c bmi2 amx_tile\n")
     assert sb.pip_download_argv(tmp_path / "dl") == [
         sys.executable,
         "-m",
@@ -47,14 +50,25 @@ def test_command_lines(tmp_path: Path) -> None:
         "-d",
         str(tmp_path / "dl"),
     ]
-    assert sb.cmake_configure_argv(layout) == [
+    assert sb.cmake_configure_argv(layout, v3) == [
         "cmake",
         "-S",
         str(tmp_path / "v/src"),
         "-B",
         str(tmp_path / "v/build"),
         "-DCMAKE_BUILD_TYPE=Release",
-        "-DGGML_NATIVE=ON",
+        "-DGGML_NATIVE=OFF",
+        "-DGGML_SSE42=ON",
+        "-DGGML_AVX=ON",
+        "-DGGML_AVX2=ON",
+        "-DGGML_FMA=ON",
+        "-DGGML_F16C=ON",
+        "-DGGML_BMI2=ON",
+        "-DGGML_AVX_VNNI=OFF",
+        "-DGGML_AVX512=OFF",
+        "-DGGML_AMX_TILE=OFF",
+        "-DGGML_AMX_INT8=OFF",
+        "-DGGML_AMX_BF16=OFF",
         "-DBUILD_SHARED_LIBS=OFF",
         "-DLLAMA_CURL=OFF",
         "-DLLAMA_OPENSSL=OFF",
@@ -463,11 +477,12 @@ def test_real_cmake_build_logs_to_the_file_not_the_terminal(
     assert captured.out == ""
     # Not a terminal: a few plain lines, none of cmake's or the compiler's own.
     lines = captured.err.splitlines()
+    isa = sb.this_machine_instruction_set().name
     assert all(line.startswith("llamanix: ") for line in lines), captured.err
     assert "Building CXX object" not in captured.err
     assert lines[:3] == [
-        f"llamanix: configure (cmake) (output: {layout.log})",
-        "llamanix: configure (cmake): done",
+        f"llamanix: configure (cmake, {isa}) (output: {layout.log})",
+        f"llamanix: configure (cmake, {isa}): done",
         f"llamanix: build (cmake -j2) (output: {layout.log})",
     ]
     assert lines[-2:] == ["llamanix: build (cmake -j2): 100%", "llamanix: build (cmake -j2): done"]
@@ -496,3 +511,90 @@ def test_failed_build_shows_the_log_tail_and_its_path(
     assert "Traceback" not in result.stderr
     assert "error:" in layout.log.read_text()
     assert sb.read_marker(layout) is None
+
+
+_AMX_XEON_CPUINFO = (
+    "processor\t: 0\nvendor_id\t: GenuineIntel\n"
+    "flags\t\t: fpu sse4_2 avx avx2 fma f16c bmi2 avx512f avx512_vnni amx_tile amx_int8 "
+    "amx_bf16\n"
+)
+
+
+def test_instruction_set_is_named_never_native() -> None:
+    amx = sb.instruction_set("x86_64", _AMX_XEON_CPUINFO)
+    assert amx.name == "x86-64-v3"
+    # A CPU that advertises AMX and AVX-512 still gets neither: a VM may not run them.
+    for option in ("-DGGML_AVX512=OFF", "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF"):
+        assert option in amx.options
+    assert "-DGGML_NATIVE=OFF" in amx.options
+    old = sb.instruction_set("x86_64", "flags\t: fpu sse4_2 avx\n")
+    assert old.name == "x86-64-sse4.2" and "-DGGML_AVX2=OFF" in old.options
+    arm = sb.instruction_set("aarch64", "Features\t: fp asimd\n")
+    assert arm == sb.InstructionSet("compiler-default", ("-DGGML_NATIVE=OFF",))
+    for isa in (amx, old, arm):
+        options = sb.cmake_options(isa)
+        assert not any("NATIVE=ON" in o or "march=native" in o for o in options)
+
+
+@pytest.mark.server
+def test_a_build_under_other_options_is_not_reused(llama_server_bin: Path, tmp_path: Path) -> None:
+    layout = sb.BuildLayout(tmp_path / "v")
+    _finished_build_at(layout, llama_server_bin)
+    assert sb.read_marker(layout) is not None
+    # A marker written before the instruction set was named (a -DGGML_NATIVE=ON build).
+    text = json.loads(layout.marker.read_text())
+    del text["cmake_options"]
+    layout.marker.write_text(json.dumps(text))
+    assert sb.read_marker(layout) is None
+    text["cmake_options"] = ["-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON"]
+    layout.marker.write_text(json.dumps(text))
+    assert sb.read_marker(layout) is None
+
+
+def test_a_build_dir_configured_natively_is_rebuilt_not_reused(
+    clean_env: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv(sb.JOBS_ENV, "2")
+    layout = sb.BuildLayout(tmp_path / "v")
+    _fake_source(layout.src)
+    # What an earlier version left: a configured build dir, a stale object, no options record.
+    layout.build.mkdir(parents=True)
+    (layout.build / "CMakeCache.txt").write_text("GGML_NATIVE:BOOL=ON\n")
+    (layout.build / "stale.o").write_text("native code")
+    assert sb.ensure_build(layout=layout) == layout
+    assert not (layout.build / "stale.o").exists()
+    assert layout.options_record.read_text().splitlines() == list(
+        sb.cmake_options(sb.this_machine_instruction_set())
+    )
+    # The same options again: the build dir is kept (an interrupted build resumes).
+    (layout.build / "kept.o").write_text("")
+    layout.marker.unlink()
+    sb.ensure_build(layout=layout)
+    assert (layout.build / "kept.o").exists()
+
+
+# Instructions a build for x86-64-v3 never contains: AMX tiles and AVX-512's zmm and mask
+# registers. -march=native on an AMX Xeon brings both into ggml's CPU backend.
+_FOREIGN_INSTRUCTION = re.compile(r"\b(tilezero|tileloadd|tdpb\w+|ldtilecfg)\b|%zmm|%k[1-7]\b")
+
+
+@pytest.mark.server
+def test_the_built_server_holds_no_amx_or_avx512_code(llama_server_bin: Path) -> None:
+    marker = sb.read_marker(sb.BuildLayout(llama_server_bin.parent.parent.parent))
+    if marker is None:
+        pytest.skip("LLAMANIX_LLAMA_SERVER points at a binary this bed did not build")
+    assert marker["instruction_set"] in ("x86-64-v3", "x86-64-sse4.2")
+    found: list[str] = []
+    with subprocess.Popen(
+        ["objdump", "-d", "--no-show-raw-insn", str(llama_server_bin.resolve())],
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as dump:
+        assert dump.stdout is not None
+        for line in dump.stdout:
+            if _FOREIGN_INSTRUCTION.search(line):
+                found.append(line.strip())
+                if len(found) >= 5:
+                    dump.kill()
+                    break
+    assert found == [], found

@@ -30,6 +30,7 @@ import copy
 import hashlib
 import json
 import os
+import platform
 import re
 import shutil
 import sys
@@ -38,7 +39,7 @@ import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, TextIO
+from typing import Literal, Protocol, TextIO
 
 from rich.console import Console
 from rich.progress import (
@@ -67,9 +68,44 @@ LLAMA_CPP_COMMIT = "0c1e570"
 SDIST_FILENAME = f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}.tar.gz"
 VENDOR_PREFIX = f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}/vendor/llama.cpp/"
 
-CMAKE_OPTIONS = (
+# The CPU code is chosen by name, never by -march=native: a VM may advertise instructions it
+# cannot run (AMX on some Intel hosts dies with SIGILL on the first batch), and a build must run
+# on whatever machine later reads the cache. x86-64-v3 (AVX2, FMA, F16C, BMI2) is what every x86
+# machine of the last decade runs; AVX-512 and AMX stay off. A CPU without all of x86-64-v3
+# gets SSE4.2 only; another architecture gets its compiler's baseline (GGML_NATIVE=OFF).
+X86_64_V3_FLAGS = ("avx", "avx2", "fma", "f16c", "bmi2")
+X86_64_V3_OPTIONS = (
+    "-DGGML_NATIVE=OFF",
+    "-DGGML_SSE42=ON",
+    "-DGGML_AVX=ON",
+    "-DGGML_AVX2=ON",
+    "-DGGML_FMA=ON",
+    "-DGGML_F16C=ON",
+    "-DGGML_BMI2=ON",
+    "-DGGML_AVX_VNNI=OFF",
+    "-DGGML_AVX512=OFF",
+    "-DGGML_AMX_TILE=OFF",
+    "-DGGML_AMX_INT8=OFF",
+    "-DGGML_AMX_BF16=OFF",
+)
+X86_64_BASELINE_OPTIONS = (
+    "-DGGML_NATIVE=OFF",
+    "-DGGML_SSE42=ON",
+    "-DGGML_AVX=OFF",
+    "-DGGML_AVX2=OFF",
+    "-DGGML_FMA=OFF",
+    "-DGGML_F16C=OFF",
+    "-DGGML_BMI2=OFF",
+    "-DGGML_AVX_VNNI=OFF",
+    "-DGGML_AVX512=OFF",
+    "-DGGML_AMX_TILE=OFF",
+    "-DGGML_AMX_INT8=OFF",
+    "-DGGML_AMX_BF16=OFF",
+)
+OTHER_ARCH_OPTIONS = ("-DGGML_NATIVE=OFF",)
+
+COMMON_OPTIONS = (
     "-DCMAKE_BUILD_TYPE=Release",
-    "-DGGML_NATIVE=ON",
     "-DBUILD_SHARED_LIBS=OFF",
     "-DLLAMA_CURL=OFF",
     "-DLLAMA_OPENSSL=OFF",
@@ -80,6 +116,46 @@ CMAKE_OPTIONS = (
     "-DLLAMA_BUILD_SERVER=ON",
     f"-DLLAMA_BUILD_COMMIT={LLAMA_CPP_COMMIT}",
 )
+
+
+@dataclass(frozen=True)
+class InstructionSet:
+    """The CPU code a build compiles in: a name for messages and the ggml options."""
+
+    name: Literal["x86-64-v3", "x86-64-sse4.2", "compiler-default"]
+    options: tuple[str, ...]
+
+
+def cpu_flags(cpuinfo: str) -> frozenset[str]:
+    """The first ``flags`` line of /proc/cpuinfo, as a set (x86 only; empty elsewhere)."""
+    for line in cpuinfo.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip() == "flags":
+            return frozenset(value.split())
+    return frozenset()
+
+
+def instruction_set(machine: str, cpuinfo: str) -> InstructionSet:
+    """The instruction set to build for on a machine of ``uname -m`` and this cpuinfo."""
+    if machine not in ("x86_64", "amd64", "AMD64"):
+        return InstructionSet("compiler-default", OTHER_ARCH_OPTIONS)
+    if set(X86_64_V3_FLAGS) <= cpu_flags(cpuinfo):
+        return InstructionSet("x86-64-v3", X86_64_V3_OPTIONS)
+    return InstructionSet("x86-64-sse4.2", X86_64_BASELINE_OPTIONS)
+
+
+def this_machine_instruction_set() -> InstructionSet:
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        cpuinfo = ""
+    return instruction_set(platform.machine(), cpuinfo)
+
+
+def cmake_options(isa: InstructionSet) -> tuple[str, ...]:
+    return COMMON_OPTIONS[:1] + isa.options + COMMON_OPTIONS[1:]
+
+
 BUILD_TARGETS = ("llama-server", "llama-quantize", "llama-bench")
 
 SERVER_ENV = "LLAMANIX_LLAMA_SERVER"
@@ -124,6 +200,11 @@ class BuildLayout:
         return self.src / "models"
 
     @property
+    def options_record(self) -> Path:
+        """The cmake options the build directory was configured with, one per line."""
+        return self.build / "llamanix-cmake-options"
+
+    @property
     def marker(self) -> Path:
         return self.root / "ok.json"
 
@@ -156,8 +237,8 @@ def pip_download_argv(dest: Path) -> list[str]:
     return pip.sdist_download_argv(f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}", dest)
 
 
-def cmake_configure_argv(layout: BuildLayout) -> list[str]:
-    return cmake.configure_argv(layout.src, layout.build, CMAKE_OPTIONS)
+def cmake_configure_argv(layout: BuildLayout, isa: InstructionSet) -> list[str]:
+    return cmake.configure_argv(layout.src, layout.build, cmake_options(isa))
 
 
 def cmake_build_argv(layout: BuildLayout, jobs: int) -> list[str]:
@@ -470,8 +551,13 @@ def build_lock(layout: BuildLayout) -> Iterator[None]:
         yield
 
 
-def read_marker(layout: BuildLayout) -> Mapping[str, object] | None:
-    """The marker of a finished build of the pinned source, or None."""
+def read_marker(
+    layout: BuildLayout, isa: InstructionSet | None = None
+) -> Mapping[str, object] | None:
+    """The marker of a finished build of the pinned source with this machine's options, or
+    None. A build made under other options (``-DGGML_NATIVE=ON`` before, another CPU's
+    instruction set) is not reused: it may not run here."""
+    isa = isa or this_machine_instruction_set()
     try:
         data = json.loads(layout.marker.read_text())
     except (OSError, ValueError):
@@ -482,15 +568,22 @@ def read_marker(layout: BuildLayout) -> Mapping[str, object] | None:
         return None
     if data.get("sha256") != LLAMA_CPP_PYTHON_SDIST_SHA256:
         return None
+    if data.get("cmake_options") != list(cmake_options(isa)):
+        return None
     if not all(os.access(b, os.X_OK) for b in (layout.server, layout.quantize, layout.bench)):
         return None
     return data
 
 
-def write_marker(layout: BuildLayout, version_line: str) -> JsonObject:
+def write_marker(
+    layout: BuildLayout, version_line: str, isa: InstructionSet | None = None
+) -> JsonObject:
+    isa = isa or this_machine_instruction_set()
     data: JsonObject = {
         "version": LLAMA_CPP_PYTHON_VERSION,
         "sha256": LLAMA_CPP_PYTHON_SDIST_SHA256,
+        "instruction_set": isa.name,
+        "cmake_options": list(cmake_options(isa)),
         "commit": commit_of(version_line) or LLAMA_CPP_COMMIT,
         "version_line": version_line,
         "server": str(layout.server),
@@ -501,10 +594,13 @@ def write_marker(layout: BuildLayout, version_line: str) -> JsonObject:
     return data
 
 
-def run_cmake(layout: BuildLayout, reporter: Reporter, jobs: int | None = None) -> None:
+def run_cmake(
+    layout: BuildLayout, reporter: Reporter, isa: InstructionSet, jobs: int | None = None
+) -> None:
     """Configure and build ``layout.src`` into ``layout.build``, output to ``layout.log``."""
     # Short step names: they label the bar, which needs the rest of an 80-column line.
-    run_logged(cmake_configure_argv(layout), layout.log, reporter, "configure (cmake)")
+    step = f"configure (cmake, {isa.name})"
+    run_logged(cmake_configure_argv(layout, isa), layout.log, reporter, step)
     jobs = jobs or build_jobs()
     run_logged(cmake_build_argv(layout, jobs), layout.log, reporter, f"build (cmake -j{jobs})")
 
@@ -515,21 +611,42 @@ def run_cmake(layout: BuildLayout, reporter: Reporter, jobs: int | None = None) 
 def ensure_build(progress: bool = False, layout: BuildLayout | None = None) -> BuildLayout:
     """Build the pinned llama-server/llama-quantize unless a finished build is cached."""
     layout = layout or default_layout()
-    if read_marker(layout) is not None:
+    isa = this_machine_instruction_set()
+    if read_marker(layout, isa) is not None:
         return layout
     with build_lock(layout):
         # Whoever held the lock before us may have finished the build meanwhile.
-        if read_marker(layout) is not None:
+        if read_marker(layout, isa) is not None:
             return layout
         reporter = make_reporter(progress)
         if not source_present(layout):
             unpack_source(layout, reporter)
-        # An existing build dir is reused: configuring again with the same options changes
+        _forget_other_options(layout, isa)
+        # An existing build dir of the same options is reused: configuring again changes
         # nothing, and cmake --build only redoes what is out of date, so an interrupted
         # build resumes where it stopped.
-        run_cmake(layout, reporter)
-        write_marker(layout, binary_version_line(layout.server))
+        run_cmake(layout, reporter, isa)
+        write_marker(layout, binary_version_line(layout.server), isa)
     return layout
+
+
+def _forget_other_options(layout: BuildLayout, isa: InstructionSet) -> None:
+    """Remove a build directory configured with other options than ``isa``'s, then record
+    ``isa``'s options in it.
+
+    cmake keeps what an earlier configure cached (``GGML_NATIVE=ON`` adds -march=native), so
+    a build made under other options is deleted, not configured over. A build of the same
+    options that was interrupted resumes. Call with the lock held."""
+    wanted = "\n".join(cmake_options(isa)) + "\n"
+    try:
+        recorded: str | None = layout.options_record.read_text()
+    except OSError:
+        recorded = None
+    if layout.build.exists() and recorded != wanted:
+        shutil.rmtree(layout.build)
+        layout.marker.unlink(missing_ok=True)
+    layout.build.mkdir(parents=True, exist_ok=True)
+    atomic_write(layout.options_record, wanted)
 
 
 def ensure_source(progress: bool = False, layout: BuildLayout | None = None) -> BuildLayout:
