@@ -10,7 +10,7 @@ import pytest
 
 from llamanix.core.address import connect_host, connect_url, is_loopback, is_wildcard, url_host
 from llamanix.core.config import parse_config
-from llamanix.deploy.switch import gate_url
+from llamanix.deploy.serving import gate_url
 from llamanix.external.process import alive
 from llamanix.render.units import ip_allow_list
 

@@ -16,7 +16,7 @@ import pytest
 from conftest import HOST_FIGURES
 from hostbed import BROKEN, SERVER, chat, config_text, show
 
-from llamanix.deploy.fleet_protocol import GENERATIONS, PROTOCOL, RunReport, parse_started
+from llamanix.deploy.fleet.protocol import GENERATIONS, PROTOCOL, RunReport, parse_started
 from llamanix.testbed import hosts
 from llamanix.testbed.hosts import Host
 

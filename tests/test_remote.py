@@ -29,8 +29,9 @@ from llamanix import __version__
 from llamanix.cli import main
 from llamanix.core.config import load_config
 from llamanix.core.errors import UserError
-from llamanix.deploy import fleet_agent, remote
-from llamanix.deploy.fleet_protocol import (
+from llamanix.deploy.fleet import agent as fleet_agent
+from llamanix.deploy.fleet import remote
+from llamanix.deploy.fleet.protocol import (
     GENERATIONS,
     PROTOCOL,
     Hello,
@@ -39,7 +40,7 @@ from llamanix.deploy.fleet_protocol import (
     started_line,
 )
 from llamanix.deploy.gate_records import BenchVerdict, GateResult
-from llamanix.deploy.switch import HostOutcome, SwitchOptions
+from llamanix.deploy.switch_records import HostOutcome, SwitchOptions
 from llamanix.external.process import Runner
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,4 +1,5 @@
-"""The rolling switch's rules (deploy.rollout): order, canary, batches, stopping, rollback-all.
+"""The rolling switch's rules (deploy.fleet.rollout): order, canary, batches, stopping,
+rollback-all.
 
 The hosts here are a recording of calls: what each host does is the one-host switch, tested
 on real hosts in test_fleet.py; these tests pin down which host is asked what, in which order.
@@ -19,14 +20,14 @@ from standins import recorded, stand_in
 
 from llamanix.cli import main
 from llamanix.core.errors import Problem, UserError
-from llamanix.deploy.rollout import (
+from llamanix.deploy.fleet.rollout import (
     RolloutOptions,
     Unreachable,
     parse_hosts,
     plan_batches,
     run_rollout,
 )
-from llamanix.deploy.switch import HostOutcome
+from llamanix.deploy.switch_records import HostOutcome
 from llamanix.measure.server_process import free_port
 
 

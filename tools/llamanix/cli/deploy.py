@@ -30,16 +30,17 @@ from llamanix.cli.options import (
 from llamanix.core.config import load_config
 from llamanix.core.errors import UserError
 from llamanix.core.host_choice import HostChoiceError, pick_host
-from llamanix.deploy import listing, managers, remote
+from llamanix.deploy import listing, managers
 from llamanix.deploy import pin as pin_module
-from llamanix.deploy import switch as deploy
+from llamanix.deploy.fleet import commands, remote
+from llamanix.deploy.fleet.rollout import ON_FAILURE, OnFailure, RolloutOptions
 from llamanix.deploy.gate import DEFAULT_MAX_RUNS
 from llamanix.deploy.gate_records import ACTIONS, GATES, GateKind
 from llamanix.deploy.generations import MANAGERS, GenerationRecord, HostState, ManagerKind
-from llamanix.deploy.host_render import render_host
-from llamanix.deploy.rollout import ON_FAILURE, OnFailure, RolloutOptions
+from llamanix.deploy.host_render import render_host, with_source_revisions
+from llamanix.deploy.request import ALL_HOSTS
 from llamanix.deploy.supervisor import DEFAULT_START_TIMEOUT_S, Supervisor
-from llamanix.deploy.switch_records import DEFAULT_DRAIN_TIMEOUT_S
+from llamanix.deploy.switch_records import DEFAULT_DRAIN_TIMEOUT_S, SwitchOptions
 from llamanix.external.process import Runner
 
 
@@ -128,7 +129,7 @@ def up(
     timeout_s = deprecated(timeout_s, start_timeout, "--start-timeout", "--timeout")
     supervisor = Supervisor(directory, start_timeout_s=timeout_s, log=_echo)
     supervisor.claim()
-    render = deploy.with_source_revisions(render_host(cfg, name), cfg, from_flake=False)
+    render = with_source_revisions(render_host(cfg, name), cfg, from_flake=False)
     manager = managers.UpManager(directory)
     managers.install_files(
         Runner(echo=_echo), directory, render.files(), manager.installed(), managers.is_render_file
@@ -257,7 +258,7 @@ def switch(
     generation, and each gated instance's result (the bench gate's runs, baseline, interval,
     threshold and decision included).
     """
-    opts = deploy.SwitchOptions(
+    opts = SwitchOptions(
         sets=sets,
         gate=gate,
         min_tok_s=min_tok_s,
@@ -274,10 +275,8 @@ def switch(
     echo = _echo_err if as_json else _echo
     if hosts is not None or all_hosts:
         # Only a rolling switch loads ssh and the rollout's thread pool.
-        from llamanix.deploy import fleet
-
         one_of_host_flags(host, hosts, all_hosts)
-        rollout = fleet.rolling_switch(
+        rollout = commands.rolling_switch(
             config,
             hosts,
             opts,
@@ -290,10 +289,10 @@ def switch(
             exit_with(1)
         return
     with _host_flag(host):
-        outcomes = deploy.switch(config, host, opts, Runner(dry_run=dry_run, echo=echo), echo)
+        outcomes = commands.switch(config, host, opts, Runner(dry_run=dry_run, echo=echo), echo)
     if as_json:
         click.echo(json.dumps([o.to_json() for o in outcomes], indent=2))
-    elif len(outcomes) > 1 or host == deploy.ALL_HOSTS:
+    elif len(outcomes) > 1 or host == ALL_HOSTS:
         table = Table(title="switch summary")
         for column in ("host", "result", "generation", "changed", "detail"):
             table.add_column(column)
@@ -339,13 +338,11 @@ def rollback(
     (exit 1); remote plain-systemd hosts roll back with their own llamanix over ssh.
     """
     if hosts is not None:
-        from llamanix.deploy import fleet
-
         one_of_host_flags(host, hosts, False)
-        opts = deploy.SwitchOptions(
+        opts = SwitchOptions(
             timeout_s=timeout_s, wait_s=wait_s, manager=manager, units_dir=units_dir
         )
-        outcomes = fleet.fleet_rollback(
+        outcomes = commands.fleet_rollback(
             config, hosts, to, opts, Runner(dry_run=dry_run, echo=_echo), _echo
         )
         for o in outcomes:
@@ -355,7 +352,7 @@ def rollback(
             exit_with(1)
         return
     with _host_flag(host):
-        number = deploy.rollback(
+        number = commands.rollback(
             config,
             host,
             to,
@@ -384,7 +381,7 @@ def generations(config: Path, host: str | None, hosts: str | None, as_json: bool
     cfg = load_config(config)
     one_of_host_flags(host, hosts, False)
     if hosts is not None:
-        from llamanix.deploy.rollout import parse_hosts
+        from llamanix.deploy.fleet.rollout import parse_hosts
 
         names = parse_hosts(hosts, tuple(cfg.hosts), str(config))
     else:

@@ -8,7 +8,7 @@ import click
 
 from llamanix.core.errors import Problem, UserError
 from llamanix.core.text_table import box_table, print_lines
-from llamanix.deploy.rollout import Rollout
+from llamanix.deploy.fleet.rollout import Rollout
 
 
 def one_of_host_flags(host: str | None, hosts: str | None, all_hosts: bool) -> None:

@@ -1,5 +1,5 @@
 """llamanix CLI: ``fleet-agent``, hidden: the remote side of a fleet switch, which llamanix on
-another machine runs over ssh (deploy/remote.py); deploy/fleet_agent.py does the work.
+another machine runs over ssh (deploy/fleet/remote.py); deploy/fleet/agent.py does the work.
 
 Each command prints the protocol it speaks first, before it checks ``--protocol``, so a
 controller of another protocol can name both; options it does not know are refused only after
@@ -18,8 +18,8 @@ import click
 
 from llamanix.cli.options import OneOf, exit_with
 from llamanix.core.errors import Problem, UserError
-from llamanix.deploy import fleet_agent as agent
-from llamanix.deploy.fleet_protocol import (
+from llamanix.deploy.fleet import agent
+from llamanix.deploy.fleet.protocol import (
     EXIT_FAILED,
     EXIT_INCOMPATIBLE,
     GENERATIONS,
@@ -84,7 +84,7 @@ def _finish(d: agent.FleetDir, report: RunReport) -> None:
 
 
 def _gate_options(f: F) -> F:
-    """switch's gate options, spelled as switch spells them (fleet_protocol.gate_args)."""
+    """switch's gate options, spelled as switch spells them (fleet.protocol.gate_args)."""
     for option in reversed(
         (
             click.option("--gate", type=OneOf(GATES)),

@@ -442,6 +442,26 @@ class NixosManager:
         nix.nixos_rebuild_rollback(runner, self.flake_dir, self.target)
 
 
+def as_installed(
+    manager: Manager, recorded: dict[str, str], new: dict[str, str]
+) -> tuple[dict[str, str], list[str]]:
+    """What is really installed, in place of the files a generation records, and the
+    instances where the two differ.
+
+    A switch or rollback killed half-way can leave other units installed than ``current``
+    says; activating from the recorded files would then skip the very files that differ.
+    Only the files of this render and of the recorded generation count, so units of another
+    config in the same directory are left alone."""
+    if not manager.reads_installed:  # its own tool knows what it installed
+        return recorded, []
+    installed = manager.installed()
+    drifted, _ = diff_files(recorded, installed)
+    if not drifted:
+        return recorded, []
+    keep = set(recorded) | set(new)
+    return {**recorded, **{k: v for k, v in installed.items() if k in keep}}, drifted
+
+
 def user_units_dir() -> Path:
     base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
     return Path(base) / "systemd" / "user"

@@ -1,8 +1,8 @@
 """What a switch takes and what it gives back: its options, and each host's outcome.
 
 Their own module so that the one-host paths (deploy.switch for this machine and NixOS,
-deploy.remote for a plain-systemd host over ssh) and the rolling switch share them without
-importing each other. deploy.switch re-exports both.
+deploy.fleet.remote for a plain-systemd host over ssh) and the rolling switch share them
+without importing each other.
 """
 
 from __future__ import annotations

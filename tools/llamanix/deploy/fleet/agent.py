@@ -1,5 +1,5 @@
 """The remote side of a fleet switch: what ``llamanix fleet-agent`` does on a plain-systemd host
-that another machine switches over ssh (deploy/remote.py is that other side).
+that another machine switches over ssh (fleet/remote.py is that other side).
 
 The agent keeps its own copy of the config in its directory (``/var/lib/llamanix/fleet`` for
 root, mode 0700; ``~/.local/state/llamanix/fleet`` for a user's units), with ``target`` left out
@@ -12,7 +12,7 @@ or a killed agent neither stops it half-way (the gate, and the restore after a f
 finish by themselves) nor leaves it unrecorded (its outcome goes to ``outcome.json``). The
 agent starts the unit, prints what the unit writes to ``run.log`` as it comes (the same lines
 go to the journal), and once the unit's process has ended prints the outcome (the machine
-line, deploy/fleet_protocol.py). ``status`` tells how the last run ended (following one that
+line, fleet/protocol.py). ``status`` tells how the last run ended (following one that
 still runs), and whether an agent reported that ending before.
 
 The unit writes its progress to a file the agent reads, rather than the agent following the
@@ -43,10 +43,10 @@ from llamanix.core.config import Config, suggest
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
 from llamanix.core.json_value import JsonObject
 from llamanix.deploy.config_edit import lenient_parse, parse_text
-from llamanix.deploy.fleet_protocol import OPS, PROTOCOL, Hello, Op, RunReport
+from llamanix.deploy.fleet.commands import rollback, switch
+from llamanix.deploy.fleet.protocol import OPS, PROTOCOL, Hello, Op, RunReport
 from llamanix.deploy.generations import HostState
 from llamanix.deploy.listing import generation_rows
-from llamanix.deploy.switch import rollback, switch
 from llamanix.deploy.switch_records import HostOutcome, SwitchOptions
 from llamanix.external import systemctl
 from llamanix.external.clock import now

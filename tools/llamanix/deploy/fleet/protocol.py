@@ -1,5 +1,5 @@
-"""What a fleet switch's two sides say to each other over ssh: the controller (deploy/remote.py)
-runs ``llamanix fleet-agent COMMAND --protocol N`` on the remote host (deploy/fleet_agent.py),
+"""What a fleet switch's two sides say to each other over ssh: the controller (fleet/remote.py)
+runs ``llamanix fleet-agent COMMAND --protocol N`` on the remote host (fleet/agent.py),
 hands it the config on stdin, and reads its stdout.
 
 The agent's stdout is progress lines for the user, plus machine lines, each one line of JSON

@@ -4,9 +4,9 @@ switched by its own installed llamanix, over the user's OpenSSH.
 This side runs ``ssh TARGET -- sudo -n llamanix fleet-agent OP --protocol 1 --host NAME ...``
 (no sudo for systemd-user, as nixos-rebuild's --sudo), hands the config on ssh's stdin (never
 on a command line), and prints what the agent prints, each line prefixed with the host's name.
-The agent (deploy/fleet_agent.py) keeps the host's generations there and runs the switch as a
+The agent (fleet/agent.py) keeps the host's generations there and runs the switch as a
 transient unit of the host's own systemd, so a dropped connection does not stop it half-way;
-its last line is the outcome (deploy/fleet_protocol.py).
+its last line is the outcome (fleet/protocol.py).
 
 Every way this can fail before an outcome is one line: the host cannot be reached, it has no
 llamanix (or not on sudo's PATH), sudo wants a password, or its llamanix speaks another fleet
@@ -25,7 +25,7 @@ from llamanix import __version__
 from llamanix.core.config import Config
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
 from llamanix.core.json_value import JsonObject
-from llamanix.deploy.fleet_protocol import (
+from llamanix.deploy.fleet.protocol import (
     EXIT_USER_ERROR,
     GENERATIONS,
     PROTOCOL,

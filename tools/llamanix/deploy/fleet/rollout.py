@@ -25,7 +25,7 @@ from llamanix.core.config import suggest
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
 from llamanix.core.json_value import JsonObject
 from llamanix.deploy.gap_records import GapRecord
-from llamanix.deploy.switch import HostOutcome
+from llamanix.deploy.switch_records import HostOutcome
 
 OnFailure = Literal["stop", "rollback-all"]
 ON_FAILURE: tuple[OnFailure, ...] = get_args(OnFailure)
@@ -45,7 +45,7 @@ Echo = Callable[[str], None]
 
 
 class HostOps(Protocol):
-    """What a rollout does to one host; deploy.fleet binds it to the real switches."""
+    """What a rollout does to one host; fleet.dispatch binds it to the real switches."""
 
     def preflight(self, host: str) -> None:
         """Raise (one line) when the host cannot be switched now: unreachable, no llamanix."""

@@ -1,0 +1,171 @@
+"""A switch or a rollback as read: the config file once, its parse, the hosts it touches and the
+options, with those hosts' locks held.
+
+Every stage of a switch (deploy.switch here, deploy.fleet over ssh) and of a rollback
+(deploy.rollback) takes what it needs from the request, so nothing reads or parses the config
+again.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, TypeVar
+
+from llamanix.core.config import Config
+from llamanix.core.host_choice import pick_host
+from llamanix.deploy.config_edit import (
+    ConfigText,
+    apply_sets,
+    lenient_parse,
+    parse_text,
+    read_config,
+)
+from llamanix.deploy.gate_records import GateKind
+from llamanix.deploy.generations import HostState, ManagerKind
+from llamanix.deploy.host_lock import host_lock
+from llamanix.deploy.switch_records import Echo, SwitchOptions
+
+# switch's host that means every host of the config, in config order.
+ALL_HOSTS = "all"
+
+
+@dataclass(frozen=True)
+class SwitchRequest:
+    """One switch as read: the config file, the text with --set applied and its parse, the
+    hosts it switches (in config order) and the options. Made once, with the hosts' locks held
+    (see ``read_locked``)."""
+
+    source: ConfigText  # the file as read: the text a failed gate puts back
+    new_text: str
+    config: Config  # new_text, parsed
+    hosts: tuple[str, ...]
+    opts: SwitchOptions
+    gate: GateKind
+
+    @staticmethod
+    def read(
+        path: Path, host: str | None, opts: SwitchOptions, new_text: str | None = None
+    ) -> SwitchRequest:
+        """Read the file, apply --set and parse (every value checked before anything is
+        written); ``host``: a name, ``all``, or None for the config's only host. ``new_text``:
+        the text to switch to in place of the file's with --set applied (a remote host's agent
+        gets it from the switch that runs there over ssh)."""
+        source = read_config(path)
+        if new_text is None:
+            new_text = apply_sets(path, source.text, opts.sets)
+        config = parse_text(path, new_text)
+        hosts = tuple(config.hosts) if host == ALL_HOSTS else (pick_host(config, host),)
+        return SwitchRequest(source, new_text, config, hosts, opts, opts.gate_kind(str(path)))
+
+    @property
+    def path(self) -> Path:
+        return self.source.path
+
+    @property
+    def old_text(self) -> str:
+        return self.source.text
+
+    @functools.cached_property
+    def old_config(self) -> Config | None:
+        """The config before --set, for the instances it ran (a baseline measured on them, and
+        whether they serve again after a failed gate): the one parse when --set changed
+        nothing, else that text parsed on first use; None when it is not valid."""
+        if self.old_text == self.new_text:
+            return self.config
+        return lenient_parse(self.path, self.old_text)
+
+
+@dataclass(frozen=True)
+class RollbackRequest:
+    """One rollback as read: the config file, its parse, the host and the options. Made once,
+    with the host's lock held (see ``read_locked``)."""
+
+    source: ConfigText
+    config: Config
+    host: str
+    to: int | None
+    manager: ManagerKind | None
+    units_dir: Path | None
+    timeout_s: float
+
+    @staticmethod
+    def read(
+        path: Path,
+        host: str | None,
+        to: int | None,
+        manager: ManagerKind | None,
+        units_dir: Path | None,
+        timeout_s: float,
+    ) -> RollbackRequest:
+        source = read_config(path)
+        config = parse_text(path, source.text)
+        return RollbackRequest(
+            source, config, pick_host(config, host), to, manager, units_dir, timeout_s
+        )
+
+    @property
+    def hosts(self) -> tuple[str, ...]:
+        return (self.host,)
+
+    @property
+    def path(self) -> Path:
+        return self.source.path
+
+    def config_of(self, text: str) -> Config | None:
+        """A generation's config: the parse already made when it is the file's text, else
+        ``text`` parsed (None when it is not valid)."""
+        return self.config if text == self.source.text else lenient_parse(self.path, text)
+
+
+def _recover(state: HostState, echo: Echo) -> None:
+    """Tidy what a killed switch or rollback of this host left (the caller holds the lock)."""
+    for note in state.recover():
+        echo(f"{state.host}: {note}")
+
+
+class _Request(Protocol):
+    """What ``read_locked`` needs of a request: the file as read, and the hosts to lock."""
+
+    @property
+    def source(self) -> ConfigText: ...
+
+    @property
+    def hosts(self) -> tuple[str, ...]: ...
+
+
+_R = TypeVar("_R", bound=_Request)
+
+
+def read_locked(
+    read: Callable[[], _R], locks: ExitStack, wait_s: float, command: str, echo: Echo
+) -> _R:
+    """The request, read once, with its hosts' locks held (in ``locks``) and what a killed
+    command left tidied.
+
+    Which locks to take follows from the config (``all``, or its only host when none is
+    named), so the request is read before them: with the locks held, the file's stamp says
+    whether it still holds the text read, and only when another command wrote it meanwhile
+    (the switch a --wait waited for) is it read again, its hosts' locks taken anew. So an
+    uncontended switch or rollback reads and parses the config once, and none works from a
+    text the file no longer holds once the locks are held.
+    """
+    request = read()
+    locked: tuple[str, ...] = ()
+    while True:
+        if request.hosts != locked:
+            locks.close()
+            path = request.source.path
+            for name in request.hosts:  # always in config order, so two callers cannot deadlock
+                state = HostState.beside(path, name)
+                locks.enter_context(
+                    host_lock(state.root, f"host {name}", str(path), wait_s, command=command)
+                )
+                _recover(state, echo)
+            locked = request.hosts
+        if request.source.unchanged():
+            return request
+        request = read()
