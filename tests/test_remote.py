@@ -292,10 +292,11 @@ def test_host_outcome_json_round_trip() -> None:
         previous=3,
         out_of_service_s=12.25,
     )
-    back = HostOutcome.from_json(json.loads(json.dumps(outcome.to_json())))
+    back = HostOutcome.from_json(json.loads(json.dumps(outcome.to_json())), "outcome")
     assert back == outcome
-    assert HostOutcome.from_json({"host": "box2", "result": "exploded"}) is None
-    bare = HostOutcome.from_json({"host": "box2", "result": "unchanged"})
+    with pytest.raises(ValueError, match=r"outcome\.result: unknown result 'exploded'"):
+        HostOutcome.from_json({"host": "box2", "result": "exploded"}, "outcome")
+    bare = HostOutcome.from_json({"host": "box2", "result": "unchanged"}, "outcome")
     assert bare == HostOutcome("box2", "unchanged")
 
 

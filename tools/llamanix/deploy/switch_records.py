@@ -15,6 +15,8 @@ from typing import Literal, get_args
 from llamanix.core import json_fields as jf
 from llamanix.core.config import suggest
 from llamanix.core.errors import Problem, UserError
+from llamanix.core.json_codec import JsonRecord, json_via
+from llamanix.core.json_value import JsonObject
 from llamanix.deploy.gap_records import GapRecord
 from llamanix.deploy.gate import BENCH_RUNS, DEFAULT_MAX_RUNS, GatePrompts, Thresholds
 from llamanix.deploy.gate_records import ACTIONS, GATES, Action, Baseline, GateKind, GateResult
@@ -29,7 +31,9 @@ Echo = Callable[[str], None]
 
 
 @dataclass(frozen=True)
-class SwitchOptions:
+class SwitchOptions(JsonRecord):
+    """What a switch was asked for; a remote host's agent gets it as this record's JSON."""
+
     sets: tuple[str, ...] = ()
     gate: GateKind | None = None
     min_tok_s: float | None = None
@@ -127,14 +131,31 @@ class SwitchOptions:
         )
 
 
+def _gates_json(gates: list[GateResult]) -> JsonObject:
+    return {r.name: r.to_json() for r in gates}
+
+
+def _gates_from_json(data: object) -> list[GateResult]:
+    """The results keyed by instance, as ``_gates_json`` wrote them; those this version cannot
+    read are left out."""
+    found = [GateResult.from_json(str(n), r) for n, r in jf.table(data).items()]
+    return [g for g in found if g is not None]
+
+
 @dataclass
-class HostOutcome:
+class HostOutcome(JsonRecord):
+    """What a switch did on one host: its JSON is ``switch --json``'s row and what a remote
+    host's agent sends back."""
+
     host: str
     result: Outcome
     generation: int | None = None
     detail: str = ""
     changed: list[str] = field(default_factory=list)
-    gates: list[GateResult] = field(default_factory=list)
+    # Written as an object by instance name (the key a GateResult's JSON leaves out).
+    gates: list[GateResult] = field(
+        default_factory=list, metadata=json_via(_gates_json, _gates_from_json, key="gate")
+    )
     # The generation that was current before (what a failed gate restores).
     previous: int | None = None
     # Seconds from the start of activation until the new generation answered or, after a
@@ -147,37 +168,3 @@ class HostOutcome:
     @property
     def ok(self) -> bool:
         return self.result != "failed"
-
-    def to_json(self) -> dict[str, object]:
-        return {
-            "host": self.host,
-            "result": self.result,
-            "generation": self.generation,
-            "previous": self.previous,
-            "changed": self.changed,
-            "detail": self.detail,
-            "out_of_service_s": self.out_of_service_s,
-            "gate": {r.name: r.to_json() for r in self.gates},
-            "gaps": {name: g.to_json() for name, g in self.gaps.items()},
-        }
-
-    @staticmethod
-    def from_json(data: object) -> HostOutcome | None:
-        """An outcome as ``to_json`` wrote it (a remote host's agent, over ssh); None when it
-        names no host or no result this version knows."""
-        found = jf.table(data)
-        host, result = jf.text(found.get("host")), jf.choice(found.get("result"), OUTCOMES)
-        if host is None or result is None:
-            return None
-        gates = [GateResult.from_json(str(n), r) for n, r in jf.table(found.get("gate")).items()]
-        return HostOutcome(
-            host,
-            result,
-            jf.integer(found.get("generation")),
-            jf.text(found.get("detail")) or "",
-            list(jf.texts(found.get("changed"))),
-            [g for g in gates if g is not None],
-            jf.integer(found.get("previous")),
-            jf.real(found.get("out_of_service_s")),
-            {str(n): GapRecord.from_json(g) for n, g in jf.table(found.get("gaps")).items()},
-        )

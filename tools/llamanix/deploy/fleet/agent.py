@@ -41,10 +41,11 @@ from llamanix import __version__
 from llamanix.core import json_fields as jf
 from llamanix.core.config import Config, suggest
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
+from llamanix.core.json_codec import JsonRecord, from_json_lenient
 from llamanix.core.json_value import JsonObject
 from llamanix.deploy.config_edit import lenient_parse, parse_text
 from llamanix.deploy.fleet.commands import rollback, switch
-from llamanix.deploy.fleet.protocol import OPS, PROTOCOL, Hello, Op, RunReport
+from llamanix.deploy.fleet.protocol import PROTOCOL, Hello, Op, RunReport
 from llamanix.deploy.generations import HostState
 from llamanix.deploy.listing import generation_rows
 from llamanix.deploy.switch_records import HostOutcome, SwitchOptions
@@ -123,7 +124,7 @@ class FleetDir:
 
 
 @dataclass(frozen=True)
-class RunRecord:
+class RunRecord(JsonRecord):
     """``run.json``: the last run started here, and whether its ending was reported."""
 
     op: Op
@@ -132,26 +133,12 @@ class RunRecord:
     started: str
     reported: bool = False
 
-    def to_json(self) -> JsonObject:
-        return {
-            "op": self.op,
-            "run": self.run,
-            "host": self.host,
-            "started": self.started,
-            "reported": self.reported,
-        }
-
     @staticmethod
     def read(d: FleetDir) -> RunRecord | None:
         try:
-            found = jf.table(json.loads(d.run_record.read_text()))
+            return RunRecord.from_json(json.loads(d.run_record.read_text()), "run")
         except (FileNotFoundError, ValueError):
             return None
-        op, run = jf.choice(found.get("op"), OPS), jf.text(found.get("run"))
-        host, started = jf.text(found.get("host")), jf.text(found.get("started"))
-        if op is None or run is None or host is None or started is None:
-            return None
-        return RunRecord(op, run, host, started, jf.flag(found.get("reported")) is True)
 
     def save(self, d: FleetDir) -> None:
         atomic_write(d.run_record, json.dumps(self.to_json()) + "\n", mode=0o600)
@@ -222,7 +209,7 @@ def _unit_word(state: systemctl.UnitState) -> str:
 
 def _read_outcome(d: FleetDir) -> HostOutcome | None:
     try:
-        return HostOutcome.from_json(json.loads(d.outcome.read_text()))
+        return from_json_lenient(HostOutcome, json.loads(d.outcome.read_text()))
     except (FileNotFoundError, ValueError):
         return None
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Literal, get_args
 
 from llamanix.core import json_fields as jf
+from llamanix.core.json_codec import JsonRecord, from_json_lenient
 from llamanix.deploy.gate import DEFAULT_MAX_RUNS
 from llamanix.deploy.switch_records import DEFAULT_DRAIN_TIMEOUT_S, HostOutcome, SwitchOptions
 
@@ -40,29 +41,27 @@ AgentCommand = Literal["switch", "rollback", "status", "generations"]
 
 
 @dataclass(frozen=True)
-class Hello:
+class Hello(JsonRecord):
     """The agent's first line: the protocol it speaks and the llamanix version it is."""
 
     protocol: int
-    version: str
+    version: str = "?"
 
     def line(self) -> str:
-        return HELLO + json.dumps({"protocol": self.protocol, "version": self.version})
+        return HELLO + json.dumps(self.to_json())
 
     @staticmethod
     def parse(line: str) -> Hello | None:
         if not line.startswith(HELLO):
             return None
         try:
-            found = jf.table(json.loads(line[len(HELLO) :]))
+            return Hello.from_json(json.loads(line[len(HELLO) :]), "hello")
         except ValueError:
             return None
-        protocol = jf.integer(found.get("protocol"))
-        return None if protocol is None else Hello(protocol, jf.text(found.get("version")) or "?")
 
 
 @dataclass(frozen=True)
-class RunReport:
+class RunReport(JsonRecord):
     """How the last fleet run on a host ended (or that there was none): the agent's last line.
 
     ``unit``: systemd's word on the transient unit ("exited 0", "failed (signal)", "gone" after
@@ -97,39 +96,16 @@ class RunReport:
                 ended += f": {o.detail}"
         return f"{what}: {ended}{'' if self.reported else ' (not reported before)'}"
 
-    def to_json(self) -> dict[str, object]:
-        return {
-            "op": self.op,
-            "run": self.run,
-            "host": self.host,
-            "started": self.started,
-            "unit": self.unit,
-            "reported": self.reported,
-            "outcome": self.outcome.to_json() if self.outcome else None,
-        }
-
     def line(self) -> str:
         return OUTCOME + json.dumps(self.to_json())
-
-    @staticmethod
-    def from_json(data: object) -> RunReport:
-        found = jf.table(data)
-        return RunReport(
-            jf.choice(found.get("op"), OPS),
-            jf.text(found.get("run")),
-            jf.text(found.get("host")),
-            jf.text(found.get("started")),
-            jf.text(found.get("unit")) or "",
-            jf.flag(found.get("reported")) is True,
-            HostOutcome.from_json(found.get("outcome")),
-        )
 
     @staticmethod
     def parse(line: str) -> RunReport | None:
         if not line.startswith(OUTCOME):
             return None
         try:
-            return RunReport.from_json(json.loads(line[len(OUTCOME) :]))
+            # Leniently: an outcome this version cannot read is no outcome, not no report.
+            return from_json_lenient(RunReport, json.loads(line[len(OUTCOME) :]), "outcome")
         except ValueError:
             return None
 

@@ -23,7 +23,7 @@ from typing import Literal, Protocol, get_args
 
 from llamanix.core.config import suggest
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
-from llamanix.core.json_value import JsonObject
+from llamanix.core.json_codec import JsonRecord, json_key
 from llamanix.deploy.gap_records import GapRecord
 from llamanix.deploy.switch_records import HostOutcome
 
@@ -69,13 +69,13 @@ class RolloutOptions:
 
 
 @dataclass
-class HostRow:
-    """One line of the rollout's table."""
+class HostRow(JsonRecord):
+    """One line of the rollout's table (``--json``: one object)."""
 
     host: str
     verdict: Verdict
-    before: int | None = None
-    after: int | None = None
+    before: int | None = field(default=None, metadata=json_key("generation_before"))
+    after: int | None = field(default=None, metadata=json_key("generation_after"))
     out_of_service_s: float | None = None
     detail: str = ""
     # Each restarted instance's gap on this host (docs/switching.md).
@@ -89,17 +89,6 @@ class HostRow:
         if self.verdict in ("untouched", "interrupted", "unreachable", "dry-run"):
             return show(self.before)
         return f"{show(self.before)} -> {show(self.after)}"
-
-    def to_json(self) -> JsonObject:
-        return {
-            "host": self.host,
-            "verdict": self.verdict,
-            "generation_before": self.before,
-            "generation_after": self.after,
-            "out_of_service_s": self.out_of_service_s,
-            "detail": self.detail,
-            "gaps": {n: g.to_json() for n, g in self.gaps.items()},
-        }
 
 
 @dataclass
