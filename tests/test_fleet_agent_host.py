@@ -1,6 +1,6 @@
 """The fleet agent on real hosts (systemd as PID 1, Debian 12 and 13): what runs at the far end
 of ``ssh TARGET -- sudo -n llamanix fleet-agent ...``, run here as root inside the host with the
-config on stdin (ssh itself is the fleet bed's: tests/test_fleet*.py).
+config and options on stdin (ssh itself is the fleet bed's: tests/test_fleet*.py).
 
 A switch that passes, one whose gate fails and restores, and one whose agent is killed while
 its transient unit runs: the unit finishes (here: restores) by itself, and the next ``status``
@@ -16,7 +16,14 @@ import pytest
 from conftest import HOST_FIGURES
 from hostbed import BROKEN, SERVER, chat, config_text, show
 
-from llamanix.deploy.fleet.protocol import GENERATIONS, PROTOCOL, RunReport, parse_started
+from llamanix.deploy.fleet.protocol import (
+    GENERATIONS,
+    PROTOCOL,
+    RunReport,
+    SwitchOrder,
+    parse_started,
+)
+from llamanix.deploy.switch_records import SwitchOptions
 from llamanix.testbed import hosts
 from llamanix.testbed.hosts import Host
 
@@ -47,8 +54,13 @@ def agent(
     return done, report
 
 
+def order(config: str) -> str:
+    """What the controller hands the agent's switch on stdin: the config and the options."""
+    return SwitchOrder("toml", config, SwitchOptions()).text()
+
+
 def switch(host: Host, binary: str = SERVER) -> tuple[subprocess.CompletedProcess[str], RunReport]:
-    done, report = agent(host, "switch", "--format", "toml", config=fleet_config(binary))
+    done, report = agent(host, "switch", config=order(fleet_config(binary)))
     assert report is not None and report.outcome is not None, done.stdout + done.stderr
     return done, report
 
@@ -105,10 +117,10 @@ def test_a_killed_agent_leaves_the_switch_to_finish_and_status_says_how(host: Ho
     switch(host)
     # Sleeps before it fails, so the agent is killed while the unit's switch is under way.
     host.write(SLOW_BROKEN, f'#!/bin/sh\nsleep 3\nexec {BROKEN} "$@"\n', mode=0o755)
-    host.write("/root/next.toml", fleet_config(binary=SLOW_BROKEN), mode=0o600)
+    host.write("/root/next.json", order(fleet_config(binary=SLOW_BROKEN)), mode=0o600)
     command = (
-        f"{hosts.LLAMANIX} fleet-agent switch --protocol {PROTOCOL} --host box --format toml "
-        "< /root/next.toml > /root/agent.out 2>&1 & echo $!"
+        f"{hosts.LLAMANIX} fleet-agent switch --protocol {PROTOCOL} --host box "
+        "< /root/next.json > /root/agent.out 2>&1 & echo $!"
     )
     pid = host.sh(command).stdout.strip()
     deadline = time.monotonic() + 60
@@ -118,7 +130,7 @@ def test_a_killed_agent_leaves_the_switch_to_finish_and_status_says_how(host: Ho
     host.run(["kill", "-9", pid])
     killed_at = time.monotonic()
     # While the unit runs, another switch is refused in one line.
-    done, report = agent(host, "switch", "--format", "toml", config=fleet_config())
+    done, report = agent(host, "switch", config=order(fleet_config()))
     assert done.returncode == 2 and report is None
     assert "still runs" in done.stderr and "fleet-agent status follows it" in done.stderr
     # status follows the run that still goes on to its end (what a controller does after it
@@ -148,7 +160,7 @@ def test_a_users_agent_switches_its_user_units(host: Host) -> None:
     manager's."""
     port = PORT + 1
     config = fleet_config(kind="systemd-user", port=port)
-    done, report = agent(host, "switch", "--format", "toml", config=config, user=hosts.USER)
+    done, report = agent(host, "switch", config=order(config), user=hosts.USER)
     assert done.returncode == 0, done.stdout + done.stderr
     assert report is not None and report.outcome is not None
     assert (report.outcome.result, report.outcome.generation) == ("passed", 1)

@@ -19,7 +19,7 @@ import stat
 import sys
 import tomllib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -36,7 +36,7 @@ from llamanix.deploy.fleet.protocol import (
     PROTOCOL,
     Hello,
     RunReport,
-    gate_args,
+    SwitchOrder,
     started_line,
 )
 from llamanix.deploy.gate_records import BenchVerdict, GateResult
@@ -160,7 +160,7 @@ def test_remote_argv_is_ssh_with_batch_options_and_the_quoted_agent_command(
         rh = remote.remote_host(config, "box2")
         assert rh == remote.RemoteHost("box2", "admin@box2", kind, "toml", str(config.source))  # type: ignore[arg-type]
         argv = remote.remote_argv(rh, "switch", ["--gate-prompts", "realtext:edit text"])
-        agent = [*head, "fleet-agent", "switch", "--protocol", "1", "--host", "box2"]
+        agent = [*head, "fleet-agent", "switch", "--protocol", str(PROTOCOL), "--host", "box2"]
         agent += ["--gate-prompts", "realtext:edit text"]
         assert argv == ["ssh", *SSH_OPTS, "admin@box2", "--", shlex.join(agent)]
         # The login shell on the other side splits it back into the same words.
@@ -188,8 +188,9 @@ def test_a_target_that_ssh_would_read_as_an_option_is_refused(tmp_path: Path) ->
     )
 
 
-def test_gate_options_travel_in_switchs_own_spelling() -> None:
+def test_the_switch_options_travel_as_one_record_on_stdin(tmp_path: Path) -> None:
     opts = SwitchOptions(
+        sets=("instances.chat.context=2048",),
         gate="bench",
         max_regression=5.0,
         max_runs=12,
@@ -198,12 +199,19 @@ def test_gate_options_travel_in_switchs_own_spelling() -> None:
         timeout_s=300.0,
         wait_s=10.0,
     )
-    assert gate_args(opts) == [
-        "--gate", "bench", "--max-regression", "5.0", "--max-runs", "12",
-        "--inconclusive", "rollback", "--gate-prompts", "realtext:edit", "--timeout", "300.0",
-        "--wait", "10.0",
-    ]  # fmt: skip
-    assert gate_args(SwitchOptions()) == ["--timeout", "120.0"]
+    rh = remote.remote_host(load_config(write_config(tmp_path)), "box2")
+    assert rh is not None
+    order = remote.switch_order(rh, "the config", opts)
+    # --set is applied already: the text is the config to switch to.
+    assert order == SwitchOrder("toml", "the config", replace(opts, sets=()))
+    back = SwitchOrder.parse(order.text(), "stdin")
+    assert back == order and back.options.to_json() == {
+        "sets": [], "gate": "bench", "min_tok_s": None, "max_regression": 5.0, "max_runs": 12,
+        "inconclusive": "rollback", "timeout_s": 300.0, "drain_timeout_s": 30.0,
+        "wait_s": 10.0, "manager": None, "units_dir": None, "gate_prompts": "realtext:edit",
+    }  # fmt: skip
+    with pytest.raises(ValueError, match=r"^stdin\.options\.gate: unknown gate 'fast'"):
+        SwitchOrder.parse(json.dumps({**order.to_json(), "options": {"gate": "fast"}}), "stdin")
 
 
 # --- a switch ------------------------------------------------------------------------------------
@@ -235,9 +243,12 @@ def test_switch_hands_the_config_on_stdin_and_echoes_each_line_with_the_host(
     argv = call["argv"]
     assert argv == [
         "ssh", *SSH_OPTS, "admin@box2", "--",
-        agent_command("switch", "--format", "toml", "--timeout", "120.0"),
+        agent_command("switch"),
     ]  # fmt: skip
-    assert call["stdin"] == new_text  # the whole config, --set applied, on stdin only
+    # The whole config, --set applied, and the options, on stdin only.
+    assert SwitchOrder.parse(str(call["stdin"]), "stdin") == SwitchOrder(
+        "toml", new_text, SwitchOptions()
+    )
     assert not any("context" in a or "[hosts" in a for a in argv)  # type: ignore[attr-defined]
     lines = done.stdout.splitlines()
     assert lines[0] == "box2: switching over ssh (admin@box2)"
@@ -367,12 +378,19 @@ def test_sudo_that_wants_a_password_is_one_line(tmp_path: Path, ssh: Ssh) -> Non
 
 def test_an_agent_of_another_protocol_is_one_line(tmp_path: Path, ssh: Ssh) -> None:
     path = write_config(tmp_path)
-    ssh.reply(([Hello(2, "0.9.0").line()], "", 3))
+    ssh.reply(([Hello(PROTOCOL + 1, "9.0.0").line()], "", 3))
     done = cli("switch", str(path), "--host", "box2")
     assert done.exit_code == 2
     assert one_line_error(done) == (
-        f"box2: llamanix 0.9.0 on admin@box2 speaks fleet protocol 2, this one 1; "
-        f"upgrade llamanix here ({__version__})"
+        f"box2: llamanix 9.0.0 on admin@box2 speaks fleet protocol {PROTOCOL + 1}, this one "
+        f"{PROTOCOL}; upgrade llamanix here ({__version__})"
+    )
+    ssh.record.unlink()
+    ssh.reply(([Hello(1, "0.9.0").line()], "", 3))
+    done = cli("switch", str(path), "--host", "box2")
+    assert one_line_error(done) == (
+        f"box2: llamanix 0.9.0 on admin@box2 speaks fleet protocol 1, this one {PROTOCOL}; "
+        "upgrade it there: sudo /opt/llamanix/bin/pip install --upgrade ./llamanix"
     )
 
 
@@ -388,7 +406,7 @@ def test_an_older_llamanix_without_the_agent_is_one_line_with_its_version(
     done = cli("switch", str(path), "--host", "box2")
     assert done.exit_code == 2
     assert one_line_error(done) == (
-        "box2: llamanix 0.0.9 on admin@box2 speaks no fleet protocol, this one 1; "
+        f"box2: llamanix 0.0.9 on admin@box2 speaks no fleet protocol, this one {PROTOCOL}; "
         "upgrade it there: sudo /opt/llamanix/bin/pip install --upgrade ./llamanix"
     )
     assert ssh.argvs()[1][-1] == "sudo -n llamanix --version"
@@ -467,8 +485,8 @@ def test_dry_run_lists_every_remote_command_and_runs_nothing(tmp_path: Path, ssh
     ssh_lines = [line for line in done.stdout.splitlines() if line.startswith("ssh ")]
     assert ssh_lines == [
         shlex.join(
-            ["ssh", *SSH_OPTS, target, "--", f"{agent} fleet-agent switch --protocol 1 --host "
-             f"{host} --format toml --timeout 120.0"]
+            ["ssh", *SSH_OPTS, target, "--", f"{agent} fleet-agent switch --protocol "
+             f"{PROTOCOL} --host {host}"]
         )
         for host, target, agent in (
             ("box2", "admin@box2", "sudo -n llamanix"), ("box3", "bob@box3", "llamanix")
@@ -480,7 +498,8 @@ def test_dry_run_lists_every_remote_command_and_runs_nothing(tmp_path: Path, ssh
     assert done.exit_code == 0, done.output
     assert shlex.join(
         ["ssh", *SSH_OPTS, "bob@box3", "--",
-         "llamanix fleet-agent rollback --protocol 1 --host box3 --timeout 120.0 --to 2"]
+         f"llamanix fleet-agent rollback --protocol {PROTOCOL} --host box3 --timeout 120.0 "
+         "--to 2"]
     ) in done.stdout.splitlines()  # fmt: skip
     assert ssh.calls() == []
 
@@ -614,8 +633,11 @@ def test_the_real_agent_keeps_its_copy_and_starts_the_unit(
     ]
     assert unit[unit.index("--") + 1 :] == [
         sys.executable, "-m", "llamanix", "fleet-agent", "unit-switch", "--format", "toml",
-        "--timeout", "120.0", "--host", "box2", "--dir", str(far_end),
+        "--host", "box2", "--dir", str(far_end),
     ]  # fmt: skip
+    # The options the unit's switch runs with, kept beside the copy for it.
+    kept = json.loads((far_end / "switch-options.json").read_text())
+    assert SwitchOptions.from_json(kept, "options") == SwitchOptions()
     # The next call finds the last run's unit ended: reported already, so only stopped and
     # forgotten before the next one starts.
     status = remote.remote_status(
@@ -631,12 +653,13 @@ def test_the_real_agent_keeps_its_copy_and_starts_the_unit(
 def test_the_real_agent_refuses_another_protocol(
     tmp_path: Path, ssh: Ssh, far_end: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(remote, "PROTOCOL", 2)
+    monkeypatch.setattr(remote, "PROTOCOL", PROTOCOL + 1)
     path = write_config(tmp_path)
     done = cli("generations", str(path), "--host", "box2")
     assert done.exit_code == 2
     assert one_line_error(done) == (
-        f"box2: llamanix {__version__} on admin@box2 speaks fleet protocol 1, this one 2; "
+        f"box2: llamanix {__version__} on admin@box2 speaks fleet protocol {PROTOCOL}, this "
+        f"one {PROTOCOL + 1}; "
         "upgrade it there: sudo /opt/llamanix/bin/pip install --upgrade ./llamanix"
     )
 

@@ -27,6 +27,7 @@ from llamanix.cli.options import (
     json_flag,
     timeout_option,
 )
+from llamanix.cli.switch_options import WAIT, rollback_options, switch_options
 from llamanix.core.config import load_config
 from llamanix.core.errors import UserError
 from llamanix.core.host_choice import HostChoiceError, pick_host
@@ -34,13 +35,11 @@ from llamanix.deploy import listing, managers
 from llamanix.deploy import pin as pin_module
 from llamanix.deploy.fleet import commands, remote
 from llamanix.deploy.fleet.rollout import ON_FAILURE, OnFailure, RolloutOptions
-from llamanix.deploy.gate import DEFAULT_MAX_RUNS
-from llamanix.deploy.gate_records import ACTIONS, GATES, GateKind
-from llamanix.deploy.generations import MANAGERS, GenerationRecord, HostState, ManagerKind
+from llamanix.deploy.generations import GenerationRecord, HostState
 from llamanix.deploy.host_render import render_host, with_source_revisions
 from llamanix.deploy.request import ALL_HOSTS
 from llamanix.deploy.supervisor import DEFAULT_START_TIMEOUT_S, Supervisor
-from llamanix.deploy.switch_records import DEFAULT_DRAIN_TIMEOUT_S, SwitchOptions
+from llamanix.deploy.switch_records import RollbackOptions, SwitchOptions
 from llamanix.external.process import Runner
 
 
@@ -62,37 +61,6 @@ def _host_flag(host: str | None) -> Iterator[None]:
         if host is not None:
             raise
         raise UserError([replace(p, fix=f"{p.fix} with --host") for p in err.problems]) from None
-
-
-# switch and rollback: how long each instance may take to become healthy.
-DEFAULT_TIMEOUT_S = 120.0
-TIMEOUT_HELP = "Seconds each instance may take to become healthy."
-
-# switch, rollback and pin: how long to wait for the host's lock.
-_WAIT = click.option(
-    "--wait",
-    "wait_s",
-    type=click.FloatRange(min=0),
-    default=0.0,
-    show_default=True,
-    metavar="SECONDS",
-    help="Wait this long for another switch, rollback or pin of the same host to finish.",
-)
-
-
-def _manager_options(f: click.decorators.FC) -> click.decorators.FC:
-    f = click.option(
-        "--units-dir",
-        type=DIRECTORY,
-        help="Where units are installed (default: /etc/systemd/system, "
-        "~/.config/systemd/user, or .llamanix-state/HOST/up for --manager up).",
-    )(f)
-    return click.option(
-        "--manager",
-        type=OneOf(MANAGERS),
-        help="Override the host's kind: 'up' installs into the directory a running "
-        "`llamanix up` watches (no systemd needed).",
-    )(f)
 
 
 @click.command()
@@ -168,62 +136,9 @@ _ALL_HOSTS = click.option(
     help="Rolling switch: on the first failing host, stop (that host rolls itself back), or "
     "also put the hosts already switched back (rollback-all).",
 )
-@click.option(
-    "--set",
-    "sets",
-    multiple=True,
-    metavar="KEY=VALUE",
-    help="Change the config first, e.g. instances.qwen.variant=ik (repeatable).",
-)
-@click.option(
-    "--gate",
-    type=OneOf(GATES),
-    help="What a changed instance must pass (default: health; bench with a threshold).",
-)
-@click.option("--min-tok-s", type=float, help="bench gate: minimum decode tok/s.")
-@click.option(
-    "--max-regression",
-    type=float,
-    metavar="PCT",
-    help="bench gate: the largest tolerated drop in %, judged by a 95% interval of "
-    "candidate/baseline decode speed (the baseline measured just before the switch).",
-)
-@click.option(
-    "--max-runs",
-    type=int,
-    default=DEFAULT_MAX_RUNS,
-    show_default=True,
-    help="bench gate: most candidate runs while the interval straddles the threshold.",
-)
-@click.option(
-    "--inconclusive",
-    type=OneOf(ACTIONS),
-    default="keep",
-    show_default=True,
-    help="bench gate: what a still-inconclusive comparison after --max-runs ends as.",
-)
-@click.option(
-    "--gate-prompts",
-    metavar="SPEC",
-    help="bench gate: the prompts measured, one per run in turn, as bench's --prompts names "
-    "them (default builtin:fibonacci; e.g. realtext:edit, raw text for a base model): "
-    "speculation pays on some text and costs on other text.",
-)
-@timeout_option(DEFAULT_TIMEOUT_S, TIMEOUT_HELP)
-@click.option(
-    "--drain-timeout",
-    "drain_timeout_s",
-    type=click.FloatRange(min=0),
-    default=DEFAULT_DRAIN_TIMEOUT_S,
-    show_default=True,
-    metavar="SECONDS",
-    help="Before a server restarts, wait at most this long for it to finish the requests in "
-    "flight (systemd hosts; 0: restart at once). Each restart's gap is printed and recorded.",
-)
-@_WAIT
 @click.option("--dry-run", is_flag=True, help="Print the commands a real run would execute.")
 @json_flag
-@_manager_options
+@switch_options
 def switch(
     config: Path,
     host: str | None,
@@ -231,20 +146,9 @@ def switch(
     all_hosts: bool,
     batch: int,
     on_failure: OnFailure,
-    sets: tuple[str, ...],
-    gate: GateKind | None,
-    min_tok_s: float | None,
-    max_regression: float | None,
-    max_runs: int,
-    inconclusive: str,
-    gate_prompts: str | None,
-    timeout_s: float,
-    drain_timeout_s: float,
-    wait_s: float,
     dry_run: bool,
     as_json: bool,
-    manager: ManagerKind | None,
-    units_dir: Path | None,
+    opts: SwitchOptions,
 ) -> None:
     """Change what a host runs, gate it, and roll back when the gate fails (exit 1).
 
@@ -258,23 +162,8 @@ def switch(
     generation, and each gated instance's result (the bench gate's runs, baseline, interval,
     threshold and decision included).
     """
-    opts = SwitchOptions(
-        sets=sets,
-        gate=gate,
-        min_tok_s=min_tok_s,
-        max_regression=max_regression,
-        max_runs=max_runs,
-        inconclusive=inconclusive,
-        timeout_s=timeout_s,
-        drain_timeout_s=drain_timeout_s,
-        wait_s=wait_s,
-        manager=manager,
-        units_dir=units_dir,
-        gate_prompts=gate_prompts,
-    )
     echo = _echo_err if as_json else _echo
     if hosts is not None or all_hosts:
-        # Only a rolling switch loads ssh and the rollout's thread pool.
         one_of_host_flags(host, hosts, all_hosts)
         rollout = commands.rolling_switch(
             config,
@@ -310,27 +199,10 @@ def switch(
 @config_argument(default="llamanix.toml")
 @host_option("Host to roll back (may be left out when the config has one).")
 @_HOSTS
-@click.option(
-    "--to",
-    "to",
-    type=int,
-    metavar="N",
-    help="Generation number (default: the newest good one before the current).",
-)
-@timeout_option(DEFAULT_TIMEOUT_S, TIMEOUT_HELP)
-@_WAIT
 @click.option("--dry-run", is_flag=True, help="Print the commands a real run would execute.")
-@_manager_options
+@rollback_options
 def rollback(
-    config: Path,
-    host: str | None,
-    hosts: str | None,
-    to: int | None,
-    timeout_s: float,
-    wait_s: float,
-    dry_run: bool,
-    manager: ManagerKind | None,
-    units_dir: Path | None,
+    config: Path, host: str | None, hosts: str | None, dry_run: bool, opts: RollbackOptions
 ) -> None:
     """Serve an earlier generation again (and put its config back).
 
@@ -339,11 +211,8 @@ def rollback(
     """
     if hosts is not None:
         one_of_host_flags(host, hosts, False)
-        opts = SwitchOptions(
-            timeout_s=timeout_s, wait_s=wait_s, manager=manager, units_dir=units_dir
-        )
         outcomes = commands.fleet_rollback(
-            config, hosts, to, opts, Runner(dry_run=dry_run, echo=_echo), _echo
+            config, hosts, opts, Runner(dry_run=dry_run, echo=_echo), _echo
         )
         for o in outcomes:
             now = f"generation {o.generation}" if o.generation is not None else "unknown"
@@ -352,17 +221,7 @@ def rollback(
             exit_with(1)
         return
     with _host_flag(host):
-        number = commands.rollback(
-            config,
-            host,
-            to,
-            Runner(dry_run=dry_run, echo=_echo),
-            _echo,
-            manager,
-            units_dir,
-            timeout_s,
-            wait_s,
-        )
+        number = commands.rollback(config, host, opts, Runner(dry_run=dry_run, echo=_echo), _echo)
     if number is not None and not dry_run:
         click.echo(f"now serving generation {number}")
 
@@ -472,7 +331,7 @@ def _verdict_cell(record: GenerationRecord, not_serving: dict[str, str]) -> str:
     show_default=True,
     help="The llamanix flake (with flake.lock).",
 )
-@_WAIT
+@WAIT
 @click.option("--dry-run", is_flag=True, help="Print the command instead of running it.")
 @config_option("Config whose instances of VARIANT the drift report covers.")
 @click.option(

@@ -22,21 +22,20 @@ from llamanix.deploy.fleet import agent
 from llamanix.deploy.fleet.protocol import (
     EXIT_FAILED,
     EXIT_INCOMPATIBLE,
+    FORMATS,
     GENERATIONS,
     PROTOCOL,
+    ConfigFormat,
     RunReport,
-    gate_args,
+    SwitchOrder,
     started_line,
 )
-from llamanix.deploy.gate import DEFAULT_MAX_RUNS
-from llamanix.deploy.gate_records import ACTIONS, GATES, GateKind
-from llamanix.deploy.switch_records import DEFAULT_DRAIN_TIMEOUT_S, SwitchOptions
+from llamanix.deploy.switch_records import DEFAULT_TIMEOUT_S
 from llamanix.external.process import Runner
 
 F = TypeVar("F", bound=Callable[..., Any])
 # Options of a newer controller reach the callback, which checks the protocol first.
 _LENIENT = {"ignore_unknown_options": True, "allow_extra_args": True}
-DEFAULT_TIMEOUT_S = 120.0
 
 
 def _echo(line: str) -> None:
@@ -83,76 +82,22 @@ def _finish(d: agent.FleetDir, report: RunReport) -> None:
     exit_with(EXIT_FAILED if report.op is not None and not report.ok else 0)
 
 
-def _gate_options(f: F) -> F:
-    """switch's gate options, spelled as switch spells them (fleet.protocol.gate_args)."""
-    for option in reversed(
-        (
-            click.option("--gate", type=OneOf(GATES)),
-            click.option("--min-tok-s", type=float),
-            click.option("--max-regression", type=float),
-            click.option("--max-runs", type=int, default=DEFAULT_MAX_RUNS),
-            click.option("--inconclusive", type=OneOf(ACTIONS), default="keep"),
-            click.option("--gate-prompts"),
-            click.option(
-                "--timeout", "timeout_s", type=click.FloatRange(min=0), default=DEFAULT_TIMEOUT_S
-            ),
-            click.option(
-                "--drain-timeout",
-                "drain_timeout_s",
-                type=click.FloatRange(min=0),
-                default=DEFAULT_DRAIN_TIMEOUT_S,
-            ),
-            click.option("--wait", "wait_s", type=click.FloatRange(min=0), default=0.0),
-        )
-    ):
-        f = option(f)
-    return f
-
-
-def _switch_options(
-    gate: GateKind | None,
-    min_tok_s: float | None,
-    max_regression: float | None,
-    max_runs: int,
-    inconclusive: str,
-    gate_prompts: str | None,
-    timeout_s: float,
-    drain_timeout_s: float,
-    wait_s: float,
-) -> SwitchOptions:
-    opts = SwitchOptions(
-        gate=gate,
-        min_tok_s=min_tok_s,
-        max_regression=max_regression,
-        max_runs=max_runs,
-        inconclusive=inconclusive,
-        timeout_s=timeout_s,
-        drain_timeout_s=drain_timeout_s,
-        wait_s=wait_s,
-        gate_prompts=gate_prompts,
-    )
-    opts.gate_kind("llamanix fleet-agent switch")
-    return opts
-
-
-_FORMAT = click.option("--format", "fmt", type=OneOf(agent.FORMATS), default="toml")
+_FORMAT = click.option("--format", "fmt", type=OneOf(FORMATS), default="toml")
 
 
 @fleet_agent.command("switch", context_settings=_LENIENT)
 @click.pass_context
 @_agent_options
-@_FORMAT
-@_gate_options
-def switch(
-    ctx: click.Context, /, protocol: int, host: str, fmt: agent.ConfigFormat, **gate: Any
-) -> None:
-    """Switch this host to the config on stdin, gated, in a unit of its own systemd."""
+def switch(ctx: click.Context, /, protocol: int, host: str) -> None:
+    """Switch this host to the config on stdin with the options there (a SwitchOrder as
+    JSON), gated, in a unit of its own systemd."""
     d = _begin(ctx, protocol)
-    opts = _switch_options(**gate)
-    text = click.get_text_stream("stdin").read()
-    runner = Runner(echo=_echo)
-    args = gate_args(opts)
-    record = agent.start_switch(d, host, text, fmt, args, runner, _echo, opts.wait_s)
+    source = "llamanix fleet-agent switch: stdin"
+    try:
+        order = SwitchOrder.parse(click.get_text_stream("stdin").read(), source)
+    except ValueError as err:
+        raise UserError(Problem(source, "", str(err).removeprefix(f"{source}: "))) from None
+    record = agent.start_switch(d, host, order, Runner(echo=_echo), _echo)
     click.echo(started_line(record.run))
     _finish(d, agent.follow(d, record, _echo))
 
@@ -201,11 +146,11 @@ _DIR = click.option(
 @click.option("--host", required=True)
 @_DIR
 @_FORMAT
-@_gate_options
-def unit_switch(host: str, root: Path, fmt: agent.ConfigFormat, **gate: Any) -> None:
-    """The switch as its transient unit runs it (progress on stderr: the journal)."""
+def unit_switch(host: str, root: Path, fmt: ConfigFormat) -> None:
+    """The switch as its transient unit runs it, with the options its agent kept (progress
+    on stderr: the journal)."""
     d = agent.FleetDir(root, agent.FleetDir.here().user)
-    outcome = agent.unit_switch(d, host, fmt, _switch_options(**gate), _echo_err)
+    outcome = agent.unit_switch(d, host, fmt, _echo_err)
     exit_with(0 if outcome.ok else EXIT_FAILED)
 
 

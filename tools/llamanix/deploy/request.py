@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol, TypeVar
 
@@ -25,9 +25,9 @@ from llamanix.deploy.config_edit import (
     read_config,
 )
 from llamanix.deploy.gate_records import GateKind
-from llamanix.deploy.generations import HostState, ManagerKind
+from llamanix.deploy.generations import HostState
 from llamanix.deploy.host_lock import host_lock
-from llamanix.deploy.switch_records import Echo, SwitchOptions
+from llamanix.deploy.switch_records import Echo, RollbackOptions, SwitchOptions
 
 # switch's host that means every host of the config, in config order.
 ALL_HOSTS = "all"
@@ -81,35 +81,31 @@ class SwitchRequest:
 
 @dataclass(frozen=True)
 class RollbackRequest:
-    """One rollback as read: the config file, its parse, the host and the options. Made once,
-    with the host's lock held (see ``read_locked``)."""
+    """One rollback as read: the config file, its parse, the hosts (in config order; one, but
+    for ``rollback --hosts``) and the options. Made once, with the hosts' locks held (see
+    ``read_locked``)."""
 
     source: ConfigText
     config: Config
-    host: str
-    to: int | None
-    manager: ManagerKind | None
-    units_dir: Path | None
-    timeout_s: float
+    hosts: tuple[str, ...]
+    opts: RollbackOptions
 
     @staticmethod
-    def read(
-        path: Path,
-        host: str | None,
-        to: int | None,
-        manager: ManagerKind | None,
-        units_dir: Path | None,
-        timeout_s: float,
-    ) -> RollbackRequest:
+    def read(path: Path, host: str | None, opts: RollbackOptions) -> RollbackRequest:
+        """``host``: a name, ``all``, or None for the config's only host."""
         source = read_config(path)
         config = parse_text(path, source.text)
-        return RollbackRequest(
-            source, config, pick_host(config, host), to, manager, units_dir, timeout_s
-        )
+        hosts = tuple(config.hosts) if host == ALL_HOSTS else (pick_host(config, host),)
+        return RollbackRequest(source, config, hosts, opts)
 
     @property
-    def hosts(self) -> tuple[str, ...]:
-        return (self.host,)
+    def host(self) -> str:
+        """The host of a rollback of one."""
+        return self.hosts[0]
+
+    def of(self, host: str) -> RollbackRequest:
+        """The rollback of ``host`` alone."""
+        return replace(self, hosts=(host,))
 
     @property
     def path(self) -> Path:

@@ -19,13 +19,14 @@ from llamanix.external.process import Runner
 
 
 def rollback_host(request: RollbackRequest, runner: Runner, echo: Echo) -> Generation:
-    """Serve ``request.to`` (None: the newest good generation before the current) again."""
-    path, name, timeout_s = request.path, request.host, request.timeout_s
+    """Serve ``opts.to`` (None: the newest good generation before the current) again."""
+    path, name, opts = request.path, request.host, request.opts
+    timeout_s = opts.timeout_s
     state = HostState.beside(path, name)
     current = state.current()
     found = (
-        state.get(request.to)
-        if request.to is not None
+        state.get(opts.to)
+        if opts.to is not None
         else state.previous_good(current.number if current else 1 << 30)
     )
     if found is None:
@@ -38,7 +39,7 @@ def rollback_host(request: RollbackRequest, runner: Runner, echo: Echo) -> Gener
             )
         )
     target = found
-    manager = make_manager(request.config, name, state, request.manager, request.units_dir)
+    manager = make_manager(request.config, name, state, opts.manager, opts.units_dir)
     manager.preflight(runner)
     new_files = target.files()
     old_files = current.files() if current else manager.installed()
@@ -52,7 +53,7 @@ def rollback_host(request: RollbackRequest, runner: Runner, echo: Echo) -> Gener
     elif snapshot_text is not None:
         atomic_write(path, snapshot_text)
         crash_point("rollback:config-written")
-    if manager.restores_the_previous_generation and request.to is None:
+    if manager.restores_the_previous_generation and opts.to is None:
         manager.restore(runner, new_files, old_files, timeout_s)
     else:
         failed = manager.activate(runner, new_files, old_files, timeout_s)

@@ -23,6 +23,8 @@ from llamanix.deploy.gate_records import ACTIONS, GATES, Action, Baseline, GateK
 from llamanix.deploy.generations import ManagerKind
 
 DEFAULT_DRAIN_TIMEOUT_S = 30.0
+# How long each instance may take to become healthy after a switch or rollback.
+DEFAULT_TIMEOUT_S = 120.0
 
 # What a switch did on one host.
 Outcome = Literal["passed", "failed", "unchanged", "dry-run"]
@@ -41,7 +43,7 @@ class SwitchOptions(JsonRecord):
     # bench gate with --max-regression: most candidate runs, and what an inconclusive ends as.
     max_runs: int = DEFAULT_MAX_RUNS
     inconclusive: str = "keep"
-    timeout_s: float = 120.0
+    timeout_s: float = DEFAULT_TIMEOUT_S
     # Most seconds to wait for a server to finish the requests in flight before its restart.
     drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
     # Seconds to wait for another switch, rollback or pin of the same host to finish.
@@ -129,6 +131,19 @@ class SwitchOptions(JsonRecord):
             self.inconclusive_action(),
             self.bench_prompts(),
         )
+
+
+@dataclass(frozen=True)
+class RollbackOptions:
+    """What a rollback was asked for: the generation (None: the newest good one before the
+    current), how long its instances may take to serve, how long to wait for another command
+    of the same host, and the manager overrides of a host switched from this machine."""
+
+    to: int | None = None
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    wait_s: float = 0.0
+    manager: ManagerKind | None = None
+    units_dir: Path | None = None
 
 
 def _gates_json(gates: list[GateResult]) -> JsonObject:

@@ -31,7 +31,6 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Literal
 
 import tomlkit
 import tomlkit.exceptions
@@ -45,10 +44,18 @@ from llamanix.core.json_codec import JsonRecord, from_json_lenient
 from llamanix.core.json_value import JsonObject
 from llamanix.deploy.config_edit import lenient_parse, parse_text
 from llamanix.deploy.fleet.commands import rollback, switch
-from llamanix.deploy.fleet.protocol import PROTOCOL, Hello, Op, RunReport
+from llamanix.deploy.fleet.protocol import (
+    FORMATS,
+    PROTOCOL,
+    ConfigFormat,
+    Hello,
+    Op,
+    RunReport,
+    SwitchOrder,
+)
 from llamanix.deploy.generations import HostState
 from llamanix.deploy.listing import generation_rows
-from llamanix.deploy.switch_records import HostOutcome, SwitchOptions
+from llamanix.deploy.switch_records import HostOutcome, RollbackOptions, SwitchOptions
 from llamanix.external import systemctl
 from llamanix.external.clock import now
 from llamanix.external.files import atomic_write, locked
@@ -56,8 +63,6 @@ from llamanix.external.process import Runner
 from llamanix.external.systemd_run import start_transient
 
 Echo = Callable[[str], None]
-ConfigFormat = Literal["toml", "json"]
-FORMATS: tuple[ConfigFormat, ...] = ("toml", "json")
 
 UNIT = "llamanix-fleet"
 SERVICE = f"{UNIT}.service"
@@ -100,6 +105,11 @@ class FleetDir:
 
     def existing_config(self) -> Path | None:
         return next((p for p in map(self.config, FORMATS) if p.is_file()), None)
+
+    @property
+    def options(self) -> Path:
+        """The switch's options, beside the text it goes to (its unit reads them)."""
+        return self.root / "switch-options.json"
 
     @property
     def run_record(self) -> Path:
@@ -278,27 +288,23 @@ def _start(d: FleetDir, op: Op, host: str, args: Sequence[str], runner: Runner) 
 
 
 def start_switch(
-    d: FleetDir,
-    host: str,
-    text: str,
-    fmt: ConfigFormat,
-    unit_args: Sequence[str],
-    runner: Runner,
-    echo: Echo,
-    wait_s: float = 0.0,
+    d: FleetDir, host: str, order: SwitchOrder, runner: Runner, echo: Echo
 ) -> RunRecord:
     """Check the config received (one line per problem, before anything is written), keep
-    it, and start the switch's unit; ``unit_args``: the gate options; ``wait_s``: how long to
-    wait for a run that still goes on (switch's --wait)."""
+    it and the options, and start the switch's unit (after waiting up to the options' --wait
+    for a run that still goes on)."""
+    opts, fmt = order.options, order.config_format
+    opts.gate_kind("llamanix fleet-agent switch")  # bad options: one line, nothing written
     d.make()
     with locked(d.lock):
-        _settle_previous(d, runner, echo, wait_s)
+        _settle_previous(d, runner, echo, opts.wait_s)
         path = d.config(fmt)
-        local = local_text(text, host, fmt, path)
+        local = local_text(order.config, host, fmt, path)
         _check_host(parse_text(path, local), host, d, str(path))
         # The first switch has no copy to go back to: the text is the copy from the start.
         atomic_write(path if not path.exists() else d.next_config(fmt), local, mode=0o600)
-        return _start(d, "switch", host, ["unit-switch", "--format", fmt, *unit_args], runner)
+        atomic_write(d.options, json.dumps(opts.to_json()) + "\n", mode=0o600)
+        return _start(d, "switch", host, ["unit-switch", "--format", fmt], runner)
 
 
 def start_rollback(
@@ -410,14 +416,14 @@ def _write_outcome(d: FleetDir, outcome: HostOutcome) -> None:
     atomic_write(d.outcome, json.dumps(outcome.to_json()) + "\n", mode=0o600)
 
 
-def unit_switch(
-    d: FleetDir, host: str, fmt: ConfigFormat, opts: SwitchOptions, echo: Echo
-) -> HostOutcome:
-    """The switch itself, in the unit: the kept copy switched to the text received (the
-    ordinary switch, gate and restore), its outcome written for the agent."""
+def unit_switch(d: FleetDir, host: str, fmt: ConfigFormat, echo: Echo) -> HostOutcome:
+    """The switch itself, in the unit: the kept copy switched to the text received with the
+    options received (the ordinary switch, gate and restore), its outcome written for the
+    agent."""
     path, upcoming = d.config(fmt), d.next_config(fmt)
     with _logged(d, echo) as log:
         try:
+            opts = _read_options(d)
             new_text = upcoming.read_text() if upcoming.exists() else None
             outcome = switch(path, host, opts, Runner(echo=log), log, new_text)[0]
         except (UserError, ExternalCommandError) as err:
@@ -427,6 +433,13 @@ def unit_switch(
             upcoming.unlink(missing_ok=True)
         _write_outcome(d, outcome)
     return outcome
+
+
+def _read_options(d: FleetDir) -> SwitchOptions:
+    try:
+        return SwitchOptions.from_json(json.loads(d.options.read_text()), "options")
+    except (OSError, ValueError) as err:
+        raise UserError(Problem(str(d.options), "", f"not the switch's options: {err}")) from None
 
 
 def unit_rollback(
@@ -441,7 +454,8 @@ def unit_rollback(
         try:
             if path is None:
                 raise UserError(Problem(str(d.root), "--host", "no config here"))
-            number = rollback(path, host, to, Runner(echo=log), log, timeout_s=timeout_s)
+            opts = RollbackOptions(to, timeout_s)
+            number = rollback(path, host, opts, Runner(echo=log), log)
             # Out of service: the whole rollback, at most (its units restart within it).
             outcome = HostOutcome(
                 host,

@@ -13,12 +13,11 @@ from types import FrameType
 
 from llamanix.core.errors import ExternalCommandError, UserError
 from llamanix.deploy.fleet import remote
-from llamanix.deploy.fleet.dispatch import FleetOps, rollback_one, rollback_request, switch_one
+from llamanix.deploy.fleet.dispatch import FleetOps, rollback_one, switch_one
 from llamanix.deploy.fleet.rollout import Rollout, RolloutOptions, parse_hosts, run_rollout
-from llamanix.deploy.generations import ManagerKind
 from llamanix.deploy.request import ALL_HOSTS, RollbackRequest, SwitchRequest, read_locked
 from llamanix.deploy.rollback import rollback_host
-from llamanix.deploy.switch_records import Echo, HostOutcome, SwitchOptions
+from llamanix.deploy.switch_records import Echo, HostOutcome, RollbackOptions, SwitchOptions
 from llamanix.external.process import Runner
 
 
@@ -69,27 +68,19 @@ def _switch_hosts(request: SwitchRequest, runner: Runner, echo: Echo) -> list[Ho
 
 
 def rollback(
-    path: Path,
-    host: str | None,
-    to: int | None,
-    runner: Runner,
-    echo: Echo,
-    manager_name: ManagerKind | None = None,
-    units_dir: Path | None = None,
-    timeout_s: float = 120.0,
-    wait_s: float = 0.0,
+    path: Path, host: str | None, opts: RollbackOptions, runner: Runner, echo: Echo
 ) -> int | None:
-    """Serve an earlier generation again (``to``; None: the newest good one before the
+    """Serve an earlier generation again (``opts.to``; None: the newest good one before the
     current) and put its config back: the generation now serving (None after a dry run of a
     remote host's)."""
 
     def read() -> RollbackRequest:
-        return RollbackRequest.read(path, host, to, manager_name, units_dir, timeout_s)
+        return RollbackRequest.read(path, host, opts)
 
     if runner.dry_run:
         return rollback_one(read(), runner, echo)
     with ExitStack() as locks:
-        return rollback_one(read_locked(read, locks, wait_s, "rollback", echo), runner, echo)
+        return rollback_one(read_locked(read, locks, opts.wait_s, "rollback", echo), runner, echo)
 
 
 def choose_hosts(config_hosts: tuple[str, ...], hosts: str | None, source: str) -> tuple[str, ...]:
@@ -151,25 +142,27 @@ def rolling_switch(
 
 
 def fleet_rollback(
-    path: Path,
-    hosts: str | None,
-    to: int | None,
-    opts: SwitchOptions,
-    runner: Runner,
-    echo: Echo,
+    path: Path, hosts: str | None, opts: RollbackOptions, runner: Runner, echo: Echo
 ) -> list[HostOutcome]:
-    """``rollback --hosts a,b``: each host back to ``to`` (or its previous good generation), in
-    the order given, stopping at the first that fails."""
+    """``rollback --hosts a,b``: each host back to ``opts.to`` (or its previous good
+    generation), in the order given, stopping at the first that fails."""
 
-    def run(request: SwitchRequest) -> list[HostOutcome]:
+    def read() -> RollbackRequest:
+        request = RollbackRequest.read(path, ALL_HOSTS, opts)
+        chosen = choose_hosts(request.hosts, hosts, str(path))
+        return replace(request, hosts=tuple(h for h in request.hosts if h in chosen))
+
+    def run(request: RollbackRequest) -> list[HostOutcome]:
         outcomes: list[HostOutcome] = []
         for host in choose_hosts(tuple(request.config.hosts), hosts, str(path)):
             rh = remote.remote_host(request.config, host)
             try:
                 if rh is not None:
-                    outcomes.append(remote.remote_rollback(rh, to, opts.timeout_s, runner, echo))
+                    outcomes.append(
+                        remote.remote_rollback(rh, opts.to, opts.timeout_s, runner, echo)
+                    )
                     continue
-                gen = rollback_host(rollback_request(request, host, to), runner, echo)
+                gen = rollback_host(request.of(host), runner, echo)
                 outcomes.append(HostOutcome(host, "passed", gen.number))
             except (ExternalCommandError, UserError) as err:
                 echo(f"{host}: {err}")
@@ -178,13 +171,9 @@ def fleet_rollback(
         return outcomes
 
     if runner.dry_run:
-        return run(_read_chosen(path, hosts, opts))
+        return run(read())
     with ExitStack() as locks:
-        return run(
-            read_locked(
-                lambda: _read_chosen(path, hosts, opts), locks, opts.wait_s, "rollback", echo
-            )
-        )
+        return run(read_locked(read, locks, opts.wait_s, "rollback", echo))
 
 
 __all__ = ["choose_hosts", "fleet_rollback", "rollback", "rolling_switch", "switch"]

@@ -13,7 +13,7 @@ from llamanix.deploy.fleet.rollout import HostOps, Unreachable
 from llamanix.deploy.request import RollbackRequest, SwitchRequest
 from llamanix.deploy.rollback import rollback_host
 from llamanix.deploy.switch import switch_host
-from llamanix.deploy.switch_records import Echo, HostOutcome
+from llamanix.deploy.switch_records import Echo, HostOutcome, RollbackOptions
 from llamanix.external.files import atomic_write
 from llamanix.external.process import Runner
 
@@ -51,7 +51,8 @@ def rollback_one(request: RollbackRequest, runner: Runner, echo: Echo) -> int | 
     rh = remote.remote_host(request.config, request.host)
     if rh is None:
         return rollback_host(request, runner, echo).number
-    if request.manager is not None or request.units_dir is not None:
+    opts = request.opts
+    if opts.manager is not None or opts.units_dir is not None:
         raise UserError(
             Problem(
                 str(request.path),
@@ -61,7 +62,7 @@ def rollback_one(request: RollbackRequest, runner: Runner, echo: Echo) -> int | 
                 "leave them out",
             )
         )
-    outcome = remote.remote_rollback(rh, request.to, request.timeout_s, runner, echo)
+    outcome = remote.remote_rollback(rh, opts.to, opts.timeout_s, runner, echo)
     if runner.dry_run:
         return None
     if not outcome.ok:
@@ -123,6 +124,5 @@ class FleetOps(HostOps):
 def rollback_request(request: SwitchRequest, host: str, to: int | None) -> RollbackRequest:
     """A rollback of ``host`` from a switch's request: the same file, parse and options."""
     opts = request.opts
-    return RollbackRequest(
-        request.source, request.config, host, to, opts.manager, opts.units_dir, opts.timeout_s
-    )
+    rollback = RollbackOptions(to, opts.timeout_s, opts.wait_s, opts.manager, opts.units_dir)
+    return RollbackRequest(request.source, request.config, (host,), rollback)

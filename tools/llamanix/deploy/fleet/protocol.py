@@ -1,6 +1,7 @@
 """What a fleet switch's two sides say to each other over ssh: the controller (fleet/remote.py)
 runs ``llamanix fleet-agent COMMAND --protocol N`` on the remote host (fleet/agent.py),
-hands it the config on stdin, and reads its stdout.
+hands it what to do on stdin (a switch's ``SwitchOrder``: the config and the options, as JSON),
+and reads its stdout.
 
 The agent's stdout is progress lines for the user, plus machine lines, each one line of JSON
 after a fixed prefix: first ``HELLO`` (the protocol it speaks and its version; before it
@@ -20,10 +21,9 @@ from typing import Literal, get_args
 
 from llamanix.core import json_fields as jf
 from llamanix.core.json_codec import JsonRecord, from_json_lenient
-from llamanix.deploy.gate import DEFAULT_MAX_RUNS
-from llamanix.deploy.switch_records import DEFAULT_DRAIN_TIMEOUT_S, HostOutcome, SwitchOptions
+from llamanix.deploy.switch_records import HostOutcome, SwitchOptions
 
-PROTOCOL = 1
+PROTOCOL = 2
 HELLO = "llamanix-fleet-agent: "
 # The switch or rollback started there: its run's id (a later status names the same run).
 STARTED = "llamanix-fleet-started: "
@@ -38,6 +38,32 @@ Op = Literal["switch", "rollback"]
 OPS: tuple[Op, ...] = get_args(Op)
 # The agent's commands (the controller's ``op`` for remote_argv).
 AgentCommand = Literal["switch", "rollback", "status", "generations"]
+# How the config is spelled: the agent keeps its copy in the controller's format.
+ConfigFormat = Literal["toml", "json"]
+FORMATS: tuple[ConfigFormat, ...] = get_args(ConfigFormat)
+
+
+@dataclass(frozen=True)
+class SwitchOrder(JsonRecord):
+    """What a switch hands the agent on ssh's stdin (never on a command line): the whole config
+    with --set applied, in its format, and the switch's options (--set and the options for
+    hosts switched from the controller left out)."""
+
+    config_format: ConfigFormat
+    config: str
+    options: SwitchOptions
+
+    def text(self) -> str:
+        return json.dumps(self.to_json())
+
+    @staticmethod
+    def parse(text: str, source: str) -> SwitchOrder:
+        """The order on stdin; ValueError naming what is wrong with it."""
+        try:
+            data = json.loads(text)
+        except ValueError as err:
+            raise ValueError(f"{source}: not JSON: {err}") from None
+        return SwitchOrder.from_json(data, source)
 
 
 @dataclass(frozen=True)
@@ -122,27 +148,3 @@ def parse_started(line: str) -> str | None:
         return jf.text(jf.table(json.loads(line[len(STARTED) :])).get("run"))
     except ValueError:
         return None
-
-
-def gate_args(opts: SwitchOptions) -> list[str]:
-    """The switch's gate options as the agent's command line spells them (switch's own
-    spelling); --set is not among them: the agent gets the config with it applied."""
-    args: list[str] = []
-    if opts.gate is not None:
-        args += ["--gate", opts.gate]
-    if opts.min_tok_s is not None:
-        args += ["--min-tok-s", repr(opts.min_tok_s)]
-    if opts.max_regression is not None:
-        args += ["--max-regression", repr(opts.max_regression)]
-    if opts.max_runs != DEFAULT_MAX_RUNS:
-        args += ["--max-runs", str(opts.max_runs)]
-    if opts.inconclusive != "keep":
-        args += ["--inconclusive", opts.inconclusive]
-    if opts.gate_prompts is not None:
-        args += ["--gate-prompts", opts.gate_prompts]
-    args += ["--timeout", repr(opts.timeout_s)]
-    if opts.drain_timeout_s != DEFAULT_DRAIN_TIMEOUT_S:
-        args += ["--drain-timeout", repr(opts.drain_timeout_s)]
-    if opts.wait_s:
-        args += ["--wait", repr(opts.wait_s)]
-    return args

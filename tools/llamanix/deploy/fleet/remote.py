@@ -1,9 +1,10 @@
 """A remote plain-systemd host (``kind = "systemd"`` or ``"systemd-user"`` with a ``target``):
 switched by its own installed llamanix, over the user's OpenSSH.
 
-This side runs ``ssh TARGET -- sudo -n llamanix fleet-agent OP --protocol 1 --host NAME ...``
-(no sudo for systemd-user, as nixos-rebuild's --sudo), hands the config on ssh's stdin (never
-on a command line), and prints what the agent prints, each line prefixed with the host's name.
+This side runs ``ssh TARGET -- sudo -n llamanix fleet-agent OP --protocol N --host NAME ...``
+(no sudo for systemd-user, as nixos-rebuild's --sudo), hands a switch's config and options on
+ssh's stdin (never on a command line), and prints what the agent prints, each line prefixed
+with the host's name.
 The agent (fleet/agent.py) keeps the host's generations there and runs the switch as a
 transient unit of the host's own systemd, so a dropped connection does not stop it half-way;
 its last line is the outcome (fleet/protocol.py).
@@ -30,9 +31,10 @@ from llamanix.deploy.fleet.protocol import (
     GENERATIONS,
     PROTOCOL,
     AgentCommand,
+    ConfigFormat,
     Hello,
     RunReport,
-    gate_args,
+    SwitchOrder,
     parse_started,
 )
 from llamanix.deploy.switch_records import Echo, HostOutcome, SwitchOptions
@@ -40,7 +42,6 @@ from llamanix.external.process import Runner
 from llamanix.external.ssh import SSH_FAILED, SshResult, run_ssh, ssh_argv
 
 RemoteKind = Literal["systemd", "systemd-user"]
-ConfigFormat = Literal["toml", "json"]
 
 # docs/debian.md's install, plus the link that puts llamanix on sudo's secure_path (and on the
 # PATH ssh gives a plain command: /usr/local/bin is on both).
@@ -113,8 +114,10 @@ def remote_argv(rh: RemoteHost, op: str, extra: Sequence[str]) -> list[str]:
     return ssh_argv(rh.target, agent_argv(rh, op, extra))
 
 
-def switch_argv_extra(rh: RemoteHost, opts: SwitchOptions) -> list[str]:
-    return ["--format", rh.config_format, *gate_args(opts)]
+def switch_order(rh: RemoteHost, new_text: str, opts: SwitchOptions) -> SwitchOrder:
+    """What the agent gets on stdin: the config and the options that mean something there
+    (--set is applied already; the manager overrides are refused for a remote host)."""
+    return SwitchOrder(rh.config_format, new_text, replace(opts, sets=()))
 
 
 # --- one agent command -------------------------------------------------------------------------
@@ -329,11 +332,12 @@ def remote_switch(
     opts.gate_kind(rh.source)  # bad options: one line before anything connects
     echo(f"{rh.name}: switching over ssh ({rh.target})")
     try:
-        reply = _call(rh, "switch", switch_argv_extra(rh, opts), runner, echo, new_text)
+        order = switch_order(rh, new_text, opts).text()
+        reply = _call(rh, "switch", (), runner, echo, order)
     except _Lost as lost:
         return _after_lost(rh, "switch", lost, runner, echo)
     if runner.dry_run:
-        runner.note(f"the config goes on ssh's stdin; {rh.target} switches its own copy")
+        runner.note(f"the config and options go on ssh's stdin; {rh.target} switches its own copy")
         return HostOutcome(rh.name, "dry-run")
     return _outcome(rh, "switch", reply.report)
 
