@@ -23,10 +23,10 @@ from llamanix.core.errors import Problem, UserError
 from llamanix.deploy.fleet.rollout import (
     RolloutOptions,
     Unreachable,
-    parse_hosts,
     plan_batches,
     run_rollout,
 )
+from llamanix.deploy.request import parse_hosts
 from llamanix.deploy.switch_records import HostOutcome
 from llamanix.measure.server_process import free_port
 

@@ -37,7 +37,7 @@ from llamanix.deploy.fleet import commands, remote
 from llamanix.deploy.fleet.rollout import ON_FAILURE, OnFailure, RolloutOptions
 from llamanix.deploy.generations import GenerationRecord, HostState
 from llamanix.deploy.host_render import render_host, with_source_revisions
-from llamanix.deploy.request import ALL_HOSTS
+from llamanix.deploy.request import ALL_HOSTS, parse_hosts
 from llamanix.deploy.supervisor import DEFAULT_START_TIMEOUT_S, Supervisor
 from llamanix.deploy.switch_records import RollbackOptions, SwitchOptions
 from llamanix.external.process import Runner
@@ -240,8 +240,6 @@ def generations(config: Path, host: str | None, hosts: str | None, as_json: bool
     cfg = load_config(config)
     one_of_host_flags(host, hosts, False)
     if hosts is not None:
-        from llamanix.deploy.fleet.rollout import parse_hosts
-
         names = parse_hosts(hosts, tuple(cfg.hosts), str(config))
     else:
         with _host_flag(host):

@@ -130,6 +130,12 @@ class Host:
     def has_gpu(self) -> bool:
         return self.gpu is not None or bool(self.cuda_archs)
 
+    @property
+    def runs_own_switch(self) -> bool:
+        """A remote plain-systemd host: switched by its own llamanix over ssh. A NixOS host
+        with a target is switched from here (nixos-rebuild --target-host)."""
+        return self.target is not None and self.kind in ("systemd", "systemd-user")
+
 
 @dataclass(frozen=True)
 class Instance:

@@ -71,7 +71,14 @@ def render_host(
 ) -> Render:
     """Render ``host`` (None: the config's only host) in memory; UserError, nothing written,
     when anything is wrong."""
-    name = pick_host(config, host)
+    return render_known_host(config, pick_host(config, host), caps, user)
+
+
+def render_known_host(
+    config: Config, name: str, caps: CapabilityMap | None = None, user: bool | None = None
+) -> Render:
+    """Render the host ``name`` of the config, already resolved (``render_host`` resolves a
+    name the user gave, or none)."""
     return units.render_host(config, name, caps, user, vram=member_vram(config, name))
 
 

@@ -82,11 +82,13 @@ def diff_files(new: dict[str, str], old: dict[str, str]) -> tuple[list[str], lis
     return sorted(set(changed)), sorted(set(old_i) - serving)
 
 
-def diff_instances(new: Render, old: dict[str, str]) -> tuple[list[str], list[str]]:
-    """(changed or added, removed) instance names: the typed new render against the files of
-    what is installed or recorded (the only side read back from text)."""
+def diff_instances(
+    new: Render, new_files: Mapping[str, str], old: Mapping[str, str]
+) -> tuple[list[str], list[str]]:
+    """(changed or added, removed) instance names: the typed new render (and ``new_files``,
+    its files) against the files of what is installed or recorded (the only side read back
+    from text)."""
     old_i = manifest_instances(old)
-    new_files = new.files()
     changed = []
     for inst in new.instances:
         argv = f"{inst.name}.argv.json"
@@ -96,9 +98,24 @@ def diff_instances(new: Render, old: dict[str, str]) -> tuple[list[str], list[st
             or (argv in old and new_files[argv] != old.get(argv))
         ):
             changed.append(inst.name)
-    changed += _router_changes(new_files, old)
-    serving = set(new.names()) | set(new.router.served if new.router else {})
+    router = new.router
+    # A router's unit carries its config, and so every member's flags: all are gated again.
+    if router is not None and not same_unit(old.get(router.unit), router.unit_text):
+        changed += router.served
+    serving = set(new.names()) | set(router.served if router else {})
     return sorted(set(changed)), sorted(set(old_i) - serving)
+
+
+def render_summary(render: Render) -> dict[str, InstanceSummary]:
+    """Each instance of a typed render as a generation lists it (a router's members with the
+    router's port)."""
+    out = {r.name: InstanceSummary(r.variant, r.source_revision, r.port) for r in render.instances}
+    if render.router is not None:
+        for name in render.router.served:
+            out[name] = InstanceSummary(
+                render.router.member_variants.get(name), None, render.router.port
+            )
+    return out
 
 
 def summary_of(files: dict[str, str]) -> dict[str, InstanceSummary]:

@@ -9,13 +9,14 @@ again.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol, TypeVar
 
-from llamanix.core.config import Config
+from llamanix.core.config import Config, suggest
+from llamanix.core.errors import Problem, UserError
 from llamanix.core.host_choice import pick_host
 from llamanix.deploy.config_edit import (
     ConfigText,
@@ -24,10 +25,13 @@ from llamanix.deploy.config_edit import (
     parse_text,
     read_config,
 )
+from llamanix.deploy.gate import GatePrompts
 from llamanix.deploy.gate_records import GateKind
 from llamanix.deploy.generations import HostState
 from llamanix.deploy.host_lock import host_lock
+from llamanix.deploy.host_render import render_known_host
 from llamanix.deploy.switch_records import Echo, RollbackOptions, SwitchOptions
+from llamanix.render.manifest import Render
 
 # switch's host that means every host of the config, in config order.
 ALL_HOSTS = "all"
@@ -42,24 +46,36 @@ class SwitchRequest:
     source: ConfigText  # the file as read: the text a failed gate puts back
     new_text: str
     config: Config  # new_text, parsed
-    hosts: tuple[str, ...]
+    hosts: tuple[str, ...]  # in config order: the order their locks are taken in
+    order: tuple[str, ...]  # the order they are switched in (--hosts' own)
     opts: SwitchOptions
     gate: GateKind
+    # Each host this machine switches, rendered once (a remote plain-systemd host renders
+    # its own): a bad value of any host stops the switch before anything is written.
+    renders: Mapping[str, Render]
+    # The bench gate's prompts (--gate-prompts), loaded once; None: the default.
+    prompts: GatePrompts | None = None
 
     @staticmethod
     def read(
-        path: Path, host: str | None, opts: SwitchOptions, new_text: str | None = None
+        path: Path, which: HostChoice, opts: SwitchOptions, new_text: str | None = None
     ) -> SwitchRequest:
-        """Read the file, apply --set and parse (every value checked before anything is
-        written); ``host``: a name, ``all``, or None for the config's only host. ``new_text``:
-        the text to switch to in place of the file's with --set applied (a remote host's agent
-        gets it from the switch that runs there over ssh)."""
+        """Read the file, apply --set, parse and render (every value checked before anything
+        is written). ``new_text``: the text to switch to in place of the file's with --set
+        applied (a remote host's agent gets it from the switch that runs there over ssh)."""
         source = read_config(path)
         if new_text is None:
             new_text = apply_sets(path, source.text, opts.sets)
         config = parse_text(path, new_text)
-        hosts = tuple(config.hosts) if host == ALL_HOSTS else (pick_host(config, host),)
-        return SwitchRequest(source, new_text, config, hosts, opts, opts.gate_kind(str(path)))
+        order = which.hosts_of(config)
+        gate = opts.gate_kind(str(path))
+        renders = {
+            h: render_known_host(config, h) for h in order if not config.hosts[h].runs_own_switch
+        }
+        hosts = tuple(h for h in config.hosts if h in order)
+        return SwitchRequest(
+            source, new_text, config, hosts, order, opts, gate, renders, opts.bench_prompts()
+        )
 
     @property
     def path(self) -> Path:
@@ -80,6 +96,48 @@ class SwitchRequest:
 
 
 @dataclass(frozen=True)
+class HostChoice:
+    """Which hosts a command works on: ``--host`` (a name, ``all``, or None for the config's
+    only host), or ``--hosts a,b`` (in the order given; None with ``--all-hosts``)."""
+
+    host: str | None = None
+    hosts: str | None = None
+    several: bool = False  # --hosts or --all-hosts
+
+    def hosts_of(self, config: Config) -> tuple[str, ...]:
+        """The hosts, in the order they are worked on."""
+        if self.several:
+            every = tuple(config.hosts)
+            return every if self.hosts is None else parse_hosts(self.hosts, every, config.source)
+        if self.host == ALL_HOSTS:
+            return tuple(config.hosts)
+        return (pick_host(config, self.host),)
+
+
+def parse_hosts(text: str, known: Sequence[str], source: str) -> tuple[str, ...]:
+    """``--hosts a,b,c``: names of the config's hosts, each once, in the order given."""
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    if not names:
+        raise UserError(Problem(source, "--hosts", "names no host", "e.g. --hosts gpu1,gpu2"))
+    for name in names:
+        if name not in known:
+            raise UserError(
+                Problem(
+                    source,
+                    "--hosts",
+                    f"no host '{name}' in the config",
+                    suggest(name, tuple(known)),
+                )
+            )
+    seen = [n for i, n in enumerate(names) if n in names[:i]]
+    if seen:
+        raise UserError(
+            Problem(source, "--hosts", f"'{seen[0]}' is named twice", "name each host once")
+        )
+    return names
+
+
+@dataclass(frozen=True)
 class RollbackRequest:
     """One rollback as read: the config file, its parse, the hosts (in config order; one, but
     for ``rollback --hosts``) and the options. Made once, with the hosts' locks held (see
@@ -87,16 +145,17 @@ class RollbackRequest:
 
     source: ConfigText
     config: Config
-    hosts: tuple[str, ...]
+    hosts: tuple[str, ...]  # in config order: the order their locks are taken in
+    order: tuple[str, ...]  # the order they are rolled back in
     opts: RollbackOptions
 
     @staticmethod
-    def read(path: Path, host: str | None, opts: RollbackOptions) -> RollbackRequest:
-        """``host``: a name, ``all``, or None for the config's only host."""
+    def read(path: Path, which: HostChoice, opts: RollbackOptions) -> RollbackRequest:
         source = read_config(path)
         config = parse_text(path, source.text)
-        hosts = tuple(config.hosts) if host == ALL_HOSTS else (pick_host(config, host),)
-        return RollbackRequest(source, config, hosts, opts)
+        order = which.hosts_of(config)
+        hosts = tuple(h for h in config.hosts if h in order)
+        return RollbackRequest(source, config, hosts, order, opts)
 
     @property
     def host(self) -> str:
@@ -105,7 +164,7 @@ class RollbackRequest:
 
     def of(self, host: str) -> RollbackRequest:
         """The rollback of ``host`` alone."""
-        return replace(self, hosts=(host,))
+        return replace(self, hosts=(host,), order=(host,))
 
     @property
     def path(self) -> Path:

@@ -37,7 +37,7 @@ from llamanix.deploy.generations import (
     HostState,
     RollbackRecord,
 )
-from llamanix.deploy.host_render import render_host, with_source_revisions
+from llamanix.deploy.host_render import with_source_revisions
 from llamanix.deploy.managers import (
     Manager,
     SystemdManager,
@@ -45,6 +45,7 @@ from llamanix.deploy.managers import (
     diff_instances,
     make_manager,
     refuse_router_under_up,
+    render_summary,
     served_names,
     summary_of,
 )
@@ -102,6 +103,7 @@ class _HostSwitch:
     state: HostState
     manager: Manager
     current: Generation | None
+    render: Render  # the new render, typed; new_files is its files, made once
     new_files: dict[str, str]
     # What the current generation records (or, before the first switch, what is installed),
     # and what is really installed where a killed command left something else.
@@ -165,11 +167,11 @@ def switch_host(
             [n for n in sw.changed if n != GATEWAY_UNIT],
             sw.state,
             echo,
-            sw.opts.bench_prompts(),
+            request.prompts,
         )
     # The gateway's LiteLLM is installed before anything is staged: a failed install leaves
     # the host as it was.
-    gateway_venv.ensure_for(sw.runner, sw.manager.name, sw.new_files)
+    gateway_venv.ensure_for(sw.runner, sw.manager.name, sw.render)
     gen = _stage(sw)
     # After _stage: the units found installed before a first switch are a generation now.
     before = sw.state.current()
@@ -196,11 +198,11 @@ def _prepare(
     if manager.name == "up":
         refuse_router_under_up(config, host)
     manager.preflight(runner)
-    render = with_source_revisions(render_host(config, host), config, manager.runs_flake_packages)
+    render = with_source_revisions(request.renders[host], config, manager.runs_flake_packages)
     new_files = render.files()
     current = state.current()
     old_files = current.files() if current else manager.installed()
-    changed, removed = diff_instances(render, old_files)
+    changed, removed = diff_instances(render, new_files, old_files)
     changed, removed = _gateway_changes(render, old_files, changed, removed)
     activate_from, drifted = (
         as_installed(manager, old_files, new_files) if current else (old_files, [])
@@ -214,6 +216,7 @@ def _prepare(
         state=state,
         manager=manager,
         current=current,
+        render=render,
         new_files=new_files,
         old_files=old_files,
         activate_from=activate_from,
@@ -238,7 +241,7 @@ def _gateway_changes(
 def _dry_run(sw: _HostSwitch) -> HostOutcome:
     if sw.file_text != sw.new_text:
         sw.runner.note(f"write {sw.path}")
-    gateway_venv.ensure_for(sw.runner, sw.manager.name, sw.new_files)
+    gateway_venv.ensure_for(sw.runner, sw.manager.name, sw.render)
     sw.manager.activate(sw.runner, sw.new_files, sw.old_files, sw.opts.timeout_s)
     sw.runner.note(f"gate {sw.gate}: {', '.join(sw.changed) or 'nothing'}")
     return HostOutcome(sw.host, "dry-run", None, changed=sw.changed)
@@ -255,7 +258,7 @@ def _stage(sw: _HostSwitch) -> Generation:
         )
         sw.state.set_current(sw.state.create(sw.old_files, sw.file_text, suffix, found))
     record = GenerationRecord(
-        instances=summary_of(sw.new_files),
+        instances=render_summary(sw.render),
         changed=tuple(sw.changed),
         removed=tuple(sw.removed),
         manager=sw.manager.describe(),
@@ -300,7 +303,7 @@ def _activate_and_gate(
             if unit in early:
                 results.append(GateResult(name, sw.gate, False, f"did not start: {early[unit]}"))
                 continue
-            limits = sw.opts.thresholds(baselines.get(name))
+            limits = sw.opts.thresholds(baselines.get(name), sw.request.prompts)
             target = gate_target(sw.config, name)
             results.append(run_gate(sw.gate, target, sw.opts.timeout_s, limits))
     except ExternalCommandError as err:

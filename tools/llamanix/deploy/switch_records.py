@@ -122,14 +122,16 @@ class SwitchOptions(JsonRecord):
             )
         )
 
-    def thresholds(self, baseline: Baseline | None) -> Thresholds:
+    def thresholds(self, baseline: Baseline | None, prompts: GatePrompts | None) -> Thresholds:
+        """The bench gate's limits; ``prompts``: the --gate-prompts' (``bench_prompts``),
+        loaded once for the whole switch."""
         return Thresholds(
             self.min_tok_s,
             self.max_regression,
             baseline,
             self.max_runs,
             self.inconclusive_action(),
-            self.bench_prompts(),
+            prompts,
         )
 
 

@@ -7,15 +7,14 @@ from __future__ import annotations
 import signal
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import replace
 from pathlib import Path
 from types import FrameType
 
 from llamanix.core.errors import ExternalCommandError, UserError
 from llamanix.deploy.fleet import remote
 from llamanix.deploy.fleet.dispatch import FleetOps, rollback_one, switch_one
-from llamanix.deploy.fleet.rollout import Rollout, RolloutOptions, parse_hosts, run_rollout
-from llamanix.deploy.request import ALL_HOSTS, RollbackRequest, SwitchRequest, read_locked
+from llamanix.deploy.fleet.rollout import Rollout, RolloutOptions, run_rollout
+from llamanix.deploy.request import HostChoice, RollbackRequest, SwitchRequest, read_locked
 from llamanix.deploy.rollback import rollback_host
 from llamanix.deploy.switch_records import Echo, HostOutcome, RollbackOptions, SwitchOptions
 from llamanix.external.process import Runner
@@ -39,7 +38,7 @@ def switch(
     opts.gate_kind(str(path))  # bad options: one line before anything is read or locked
 
     def read() -> SwitchRequest:
-        return SwitchRequest.read(path, host, opts, new_text)
+        return SwitchRequest.read(path, HostChoice(host), opts, new_text)
 
     if runner.dry_run:
         return _switch_hosts(read(), runner, echo)
@@ -50,7 +49,7 @@ def switch(
 
 def _switch_hosts(request: SwitchRequest, runner: Runner, echo: Echo) -> list[HostOutcome]:
     outcomes: list[HostOutcome] = []
-    for name in request.hosts:
+    for name in request.order:
         first = not any(o.result == "passed" for o in outcomes)
         # The file holds the text read until a host's switch passes with the new one.
         file_text = request.old_text if first else request.new_text
@@ -75,17 +74,12 @@ def rollback(
     remote host's)."""
 
     def read() -> RollbackRequest:
-        return RollbackRequest.read(path, host, opts)
+        return RollbackRequest.read(path, HostChoice(host), opts)
 
     if runner.dry_run:
         return rollback_one(read(), runner, echo)
     with ExitStack() as locks:
         return rollback_one(read_locked(read, locks, opts.wait_s, "rollback", echo), runner, echo)
-
-
-def choose_hosts(config_hosts: tuple[str, ...], hosts: str | None, source: str) -> tuple[str, ...]:
-    """``--hosts a,b`` in the order given, or every host in config order (None)."""
-    return config_hosts if hosts is None else parse_hosts(hosts, config_hosts, source)
 
 
 @contextmanager
@@ -108,14 +102,6 @@ def _stop_between_hosts(echo: Echo) -> Iterator[list[bool]]:
             signal.signal(s, h)
 
 
-def _read_chosen(path: Path, hosts: str | None, opts: SwitchOptions) -> SwitchRequest:
-    """The request for every host, its hosts narrowed to those chosen: locked in config order
-    (two callers never deadlock), switched in the order given."""
-    request = SwitchRequest.read(path, ALL_HOSTS, opts)
-    chosen = choose_hosts(request.hosts, hosts, str(path))
-    return replace(request, hosts=tuple(h for h in request.hosts if h in chosen))
-
-
 def rolling_switch(
     path: Path,
     hosts: str | None,
@@ -127,18 +113,18 @@ def rolling_switch(
     """``switch --hosts a,b,c`` (or ``--all-hosts``, hosts None): see fleet.rollout."""
     opts.gate_kind(str(path))
 
+    def read() -> SwitchRequest:
+        return SwitchRequest.read(path, HostChoice(hosts=hosts, several=True), opts)
+
     def run(request: SwitchRequest) -> Rollout:
-        order = choose_hosts(tuple(request.config.hosts), hosts, str(path))
         ops = FleetOps(request, runner, echo)
         with _stop_between_hosts(echo) as asked:
-            return run_rollout(order, rollout_opts, ops, echo, lambda: asked[0])
+            return run_rollout(request.order, rollout_opts, ops, echo, lambda: asked[0])
 
     if runner.dry_run:
-        return run(_read_chosen(path, hosts, opts))
+        return run(read())
     with ExitStack() as locks:
-        return run(
-            read_locked(lambda: _read_chosen(path, hosts, opts), locks, opts.wait_s, "switch", echo)
-        )
+        return run(read_locked(read, locks, opts.wait_s, "switch", echo))
 
 
 def fleet_rollback(
@@ -148,13 +134,11 @@ def fleet_rollback(
     generation), in the order given, stopping at the first that fails."""
 
     def read() -> RollbackRequest:
-        request = RollbackRequest.read(path, ALL_HOSTS, opts)
-        chosen = choose_hosts(request.hosts, hosts, str(path))
-        return replace(request, hosts=tuple(h for h in request.hosts if h in chosen))
+        return RollbackRequest.read(path, HostChoice(hosts=hosts, several=True), opts)
 
     def run(request: RollbackRequest) -> list[HostOutcome]:
         outcomes: list[HostOutcome] = []
-        for host in choose_hosts(tuple(request.config.hosts), hosts, str(path)):
+        for host in request.order:
             rh = remote.remote_host(request.config, host)
             try:
                 if rh is not None:
@@ -176,4 +160,4 @@ def fleet_rollback(
         return run(read_locked(read, locks, opts.wait_s, "rollback", echo))
 
 
-__all__ = ["choose_hosts", "fleet_rollback", "rollback", "rolling_switch", "switch"]
+__all__ = ["fleet_rollback", "rollback", "rolling_switch", "switch"]

@@ -125,4 +125,4 @@ def rollback_request(request: SwitchRequest, host: str, to: int | None) -> Rollb
     """A rollback of ``host`` from a switch's request: the same file, parse and options."""
     opts = request.opts
     rollback = RollbackOptions(to, opts.timeout_s, opts.wait_s, opts.manager, opts.units_dir)
-    return RollbackRequest(request.source, request.config, (host,), rollback)
+    return RollbackRequest(request.source, request.config, (host,), (host,), rollback)

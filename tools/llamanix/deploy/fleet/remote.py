@@ -79,7 +79,7 @@ def remote_host(config: Config, name: str) -> RemoteHost | None:
     """The host as a remote plain-systemd host; None when it is not one (no target, or a
     NixOS host, which nixos-rebuild --target-host switches)."""
     host = config.hosts[name]
-    if not host.target or host.kind not in ("systemd", "systemd-user"):
+    if not host.runs_own_switch or host.target is None:
         return None
     if host.target.startswith("-"):
         raise UserError(

@@ -21,7 +21,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, get_args
 
-from llamanix.core.config import suggest
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
 from llamanix.core.json_codec import JsonRecord, json_key
 from llamanix.deploy.gap_records import GapRecord
@@ -104,29 +103,6 @@ class Rollout:
 
     def ordered(self) -> list[HostRow]:
         return [self.rows[h] for batch in self.batches for h in batch if h in self.rows]
-
-
-def parse_hosts(text: str, known: Sequence[str], source: str) -> tuple[str, ...]:
-    """``--hosts a,b,c``: names of the config's hosts, each once, in the order given."""
-    names = tuple(n.strip() for n in text.split(",") if n.strip())
-    if not names:
-        raise UserError(Problem(source, "--hosts", "names no host", "e.g. --hosts gpu1,gpu2"))
-    for name in names:
-        if name not in known:
-            raise UserError(
-                Problem(
-                    source,
-                    "--hosts",
-                    f"no host '{name}' in the config",
-                    suggest(name, tuple(known)),
-                )
-            )
-    seen = [n for i, n in enumerate(names) if n in names[:i]]
-    if seen:
-        raise UserError(
-            Problem(source, "--hosts", f"'{seen[0]}' is named twice", "name each host once")
-        )
-    return names
 
 
 def plan_batches(hosts: Sequence[str], batch: int) -> list[list[str]]:
@@ -250,7 +226,6 @@ __all__ = [
     "RolloutOptions",
     "Unreachable",
     "Verdict",
-    "parse_hosts",
     "plan_batches",
     "run_rollout",
 ]
