@@ -33,6 +33,8 @@ PORT = 8090
 FLEET = "/var/lib/llamanix/fleet"
 UNIT = "llamanix-fleet.service"
 SLOW_BROKEN = "/usr/local/bin/llama-server-slow-broken"
+# A llama-server that takes a minute to start: a switch to it outlives short deadlines.
+SLEEPY = "/usr/local/bin/llama-server-sleepy"
 
 
 def fleet_config(binary: str = SERVER, kind: str = "systemd", port: int = PORT) -> str:
@@ -54,9 +56,9 @@ def agent(
     return done, report
 
 
-def order(config: str) -> str:
+def order(config: str, opts: SwitchOptions | None = None) -> str:
     """What the controller hands the agent's switch on stdin: the config and the options."""
-    return SwitchOrder("toml", config, SwitchOptions()).text()
+    return SwitchOrder("toml", config, opts or SwitchOptions()).text()
 
 
 def switch(host: Host, binary: str = SERVER) -> tuple[subprocess.CompletedProcess[str], RunReport]:
@@ -152,6 +154,34 @@ def test_a_killed_agent_leaves_the_switch_to_finish_and_status_says_how(host: Ho
     HOST_FIGURES.append(
         f"{host.spec.name}: with its agent killed, the fleet unit restored the previous "
         f"generation {finished_s:.1f}s later"
+    )
+
+
+def test_a_run_past_its_deadlines_is_left_to_go_on_then_stopped(host: Host) -> None:
+    """--follow-timeout: the agent stops following a run that still goes on, and says so (the
+    run goes on); --run-timeout: the run's unit is stopped once it ran that long, and status
+    says why. The next switch tidies what it left and serves again."""
+    switch(host)
+    host.write(SLEEPY, f'#!/bin/sh\nsleep 60\nexec {SERVER} "$@"\n', mode=0o755)
+    opts = SwitchOptions(run_timeout_s=10.0, follow_timeout_s=2.0)
+    started = time.monotonic()
+    done, report = agent(host, "switch", config=order(fleet_config(binary=SLEEPY), opts))
+    followed = time.monotonic() - started
+    assert report is not None and report.running and report.outcome is None, done.stdout
+    assert "still runs after 2 s of following; it goes on by itself" in done.stdout
+    assert show(host, UNIT, "SubState")["SubState"] == "running"
+    deadline = time.monotonic() + 90
+    while show(host, UNIT, "SubState")["SubState"] == "running":
+        assert time.monotonic() < deadline, "the run was not stopped at its --run-timeout"
+        time.sleep(0.2)
+    _, ended = agent(host, "status")
+    assert ended is not None and ended.run == report.run and ended.outcome is None
+    assert ended.unit == "stopped: it ran past its --run-timeout", ended
+    done, again = switch(host)
+    assert done.returncode == 0 and again.outcome is not None, done.stdout + done.stderr
+    assert chat(host, PORT) == "200"
+    HOST_FIGURES.append(
+        f"{host.spec.name}: the agent left a run after {followed:.1f}s of following (2 s asked)"
     )
 
 

@@ -83,6 +83,18 @@ def _write(tmp_path: Path, gateway_text: str = GATEWAY, listen: str = "0.0.0.0")
             "gateway.api_key_file: missing (name the file holding its master key, e.g. "
             '"/etc/llamanix/gateway.key")',
         ),
+        (
+            GATEWAY
+            + "".join(
+                f'\n[instances.{name}]\nhost = "box1"\nmodel = "/m/q.gguf"\n'
+                f'listen = "0.0.0.0"\nport = {port}\napi_key_file = "/etc/llamanix/{name}.key"\n'
+                for name, port in (("qwen-a", 8081), ("qwen_a", 8082))
+            ),
+            "0.0.0.0",
+            "instances.qwen_a: its key would reach the gateway through LLAMANIX_KEY_QWEN_A, "
+            "which instance 'qwen-a' takes already (rename one of them: names that differ only "
+            "in case or in characters other than letters and digits share that variable)",
+        ),
     ],
     ids=[
         "compromised version",
@@ -90,6 +102,7 @@ def _write(tmp_path: Path, gateway_text: str = GATEWAY, listen: str = "0.0.0.0")
         "unreachable loopback replica",
         "bad kind",
         "no key",
+        "key variables collide",
     ],
 )
 def test_refusals_are_one_line_and_exit_2(

@@ -12,7 +12,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from llamanix.cli.fleet import one_of_host_flags, print_rollout
+from llamanix.cli.fleet import EXIT_INTERRUPTED, one_of_host_flags, print_rollout
 from llamanix.cli.options import (
     DIRECTORY,
     FILE,
@@ -34,7 +34,12 @@ from llamanix.core.host_choice import HostChoiceError, pick_host
 from llamanix.deploy import listing, managers
 from llamanix.deploy import pin as pin_module
 from llamanix.deploy.fleet import commands, remote
-from llamanix.deploy.fleet.rollout import ON_FAILURE, OnFailure, RolloutOptions
+from llamanix.deploy.fleet.rollout import (
+    DEFAULT_PREFLIGHT_TIMEOUT_S,
+    ON_FAILURE,
+    OnFailure,
+    RolloutOptions,
+)
 from llamanix.deploy.generations import GenerationRecord, HostState
 from llamanix.deploy.host_render import render_host, with_source_revisions
 from llamanix.deploy.request import ALL_HOSTS, parse_hosts
@@ -133,8 +138,19 @@ _ALL_HOSTS = click.option(
     type=OneOf(ON_FAILURE),
     default="stop",
     show_default=True,
-    help="Rolling switch: on the first failing host, stop (that host rolls itself back), or "
-    "also put the hosts already switched back (rollback-all).",
+    help="Rolling switch: on the first host that fails (or whatever else ends the rollout: a "
+    "host refused or lost, a Ctrl-C), stop (that host rolls itself back), or also put the "
+    "hosts already switched, and the config file, back (rollback-all).",
+)
+@click.option(
+    "--preflight-timeout",
+    "preflight_timeout_s",
+    type=click.FloatRange(min=0),
+    default=DEFAULT_PREFLIGHT_TIMEOUT_S,
+    show_default=True,
+    metavar="SECONDS",
+    help="Rolling switch: follow a run that still goes on on a remote host this long at most "
+    "before that host is refused (and no host switched).",
 )
 @click.option("--dry-run", is_flag=True, help="Print the commands a real run would execute.")
 @json_flag
@@ -146,6 +162,7 @@ def switch(
     all_hosts: bool,
     batch: int,
     on_failure: OnFailure,
+    preflight_timeout_s: float,
     dry_run: bool,
     as_json: bool,
     opts: SwitchOptions,
@@ -163,36 +180,25 @@ def switch(
     threshold and decision included).
     """
     echo = _echo_err if as_json else _echo
-    if hosts is not None or all_hosts:
+    runner = Runner(dry_run=dry_run, echo=echo)
+    if hosts is not None or all_hosts or host == ALL_HOSTS:
+        # --host all: a rollout of every host in config order, one at a time, stopping at
+        # the first failure (its own --batch and --on-failure apply).
         one_of_host_flags(host, hosts, all_hosts)
-        rollout = commands.rolling_switch(
-            config,
-            hosts,
-            opts,
-            RolloutOptions(batch, on_failure),
-            Runner(dry_run=dry_run, echo=echo),
-            echo,
-        )
+        rollout_opts = RolloutOptions(batch, on_failure, preflight_timeout_s)
+        rollout = commands.rolling_switch(config, hosts, opts, rollout_opts, runner, echo)
         print_rollout(rollout, as_json)
+        if rollout.aborted:
+            exit_with(EXIT_INTERRUPTED)
         if not rollout.ok:
             exit_with(1)
         return
     with _host_flag(host):
-        outcomes = commands.switch(config, host, opts, Runner(dry_run=dry_run, echo=echo), echo)
+        outcome = commands.switch(config, host, opts, runner, echo)
     if as_json:
-        click.echo(json.dumps([o.to_json() for o in outcomes], indent=2))
-    elif len(outcomes) > 1 or host == ALL_HOSTS:
-        table = Table(title="switch summary")
-        for column in ("host", "result", "generation", "changed", "detail"):
-            table.add_column(column)
-        for o in outcomes:
-            table.add_row(
-                o.host, o.result, str(o.generation or "-"), ", ".join(o.changed), o.detail
-            )
-        Console().print(table)
-    for o in outcomes:
-        if not o.ok:
-            fail(f"llamanix: switch of {o.host} failed: {o.detail}")
+        click.echo(json.dumps([outcome.to_json()], indent=2))
+    if not outcome.ok:
+        fail(f"llamanix: switch of {outcome.host} failed: {outcome.detail}")
 
 
 @click.command()

@@ -30,7 +30,8 @@ from llamanix.deploy.fleet.protocol import (
     SwitchOrder,
     started_line,
 )
-from llamanix.deploy.switch_records import DEFAULT_TIMEOUT_S
+from llamanix.deploy.fleet.rollout import DEFAULT_PREFLIGHT_TIMEOUT_S
+from llamanix.deploy.switch_records import DEFAULT_TIMEOUT_S, RollbackOptions
 from llamanix.external.process import Runner
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -99,33 +100,40 @@ def switch(ctx: click.Context, /, protocol: int, host: str) -> None:
         raise UserError(Problem(source, "", str(err).removeprefix(f"{source}: "))) from None
     record = agent.start_switch(d, host, order, Runner(echo=_echo), _echo)
     click.echo(started_line(record.run))
-    _finish(d, agent.follow(d, record, _echo))
+    _finish(d, agent.follow(d, record, _echo, order.options.follow_s))
 
 
 @fleet_agent.command("rollback", context_settings=_LENIENT)
 @click.pass_context
 @_agent_options
-@click.option("--to", type=int)
-@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0), default=DEFAULT_TIMEOUT_S)
-@click.option("--wait", "wait_s", type=click.FloatRange(min=0), default=0.0)
-def rollback(
-    ctx: click.Context, protocol: int, host: str, to: int | None, timeout_s: float, wait_s: float
-) -> None:
-    """Serve an earlier generation of this host again, in a unit of its own systemd."""
+def rollback(ctx: click.Context, protocol: int, host: str) -> None:
+    """Serve an earlier generation of this host again, with the options on stdin (a
+    RollbackOptions as JSON), in a unit of its own systemd."""
     d = _begin(ctx, protocol)
-    runner = Runner(echo=_echo)
-    record = agent.start_rollback(d, host, to, timeout_s, runner, _echo, wait_s)
+    source = "llamanix fleet-agent rollback: stdin"
+    try:
+        opts = RollbackOptions.from_json(json.loads(click.get_text_stream("stdin").read()), "")
+    except ValueError as err:
+        raise UserError(Problem(source, "", str(err))) from None
+    record = agent.start_rollback(d, host, opts, Runner(echo=_echo), _echo)
     click.echo(started_line(record.run))
-    _finish(d, agent.follow(d, record, _echo))
+    _finish(d, agent.follow(d, record, _echo, opts.follow_s))
 
 
 @fleet_agent.command("status", context_settings=_LENIENT)
 @click.pass_context
 @_agent_options
-def status(ctx: click.Context, protocol: int, host: str) -> None:
+@click.option(
+    "--follow-timeout",
+    "follow_s",
+    type=click.FloatRange(min=0),
+    default=DEFAULT_PREFLIGHT_TIMEOUT_S,
+    help="Follow a run that still goes on this long at most.",
+)
+def status(ctx: click.Context, protocol: int, host: str, follow_s: float) -> None:
     """How the last fleet switch or rollback here ended (following one that still runs)."""
     d = _begin(ctx, protocol)
-    _finish(d, agent.status(d, _echo))
+    _finish(d, agent.status(d, _echo, follow_s))
 
 
 @fleet_agent.command("generations", context_settings=_LENIENT)

@@ -18,7 +18,9 @@ from llamanix.deploy.gate_records import ACTIONS, GATES
 from llamanix.deploy.generations import MANAGERS
 from llamanix.deploy.switch_records import (
     DEFAULT_DRAIN_TIMEOUT_S,
+    DEFAULT_RUN_TIMEOUT_S,
     DEFAULT_TIMEOUT_S,
+    FOLLOW_GRACE_S,
     RollbackOptions,
     SwitchOptions,
 )
@@ -36,6 +38,28 @@ WAIT = click.option(
     show_default=True,
     metavar="SECONDS",
     help="Wait this long for another switch, rollback or pin of the same host to finish.",
+)
+
+# A remote host's run: how long it may take there, and how long its agent follows it.
+_REMOTE_RUN: tuple[Decorator, ...] = (
+    click.option(
+        "--run-timeout",
+        "run_timeout_s",
+        type=click.FloatRange(min=1),
+        default=DEFAULT_RUN_TIMEOUT_S,
+        show_default=True,
+        metavar="SECONDS",
+        help="Remote plain-systemd hosts: stop the switch running there (its unit) once it "
+        "ran this long; the next switch of the host tidies what it left.",
+    ),
+    click.option(
+        "--follow-timeout",
+        "follow_timeout_s",
+        type=click.FloatRange(min=0),
+        metavar="SECONDS",
+        help="Remote plain-systemd hosts: follow the run there this long at most, then leave "
+        f"it to end by itself (default: --run-timeout plus {FOLLOW_GRACE_S:g} s).",
+    ),
 )
 
 _MANAGER: tuple[Decorator, ...] = (
@@ -109,6 +133,7 @@ _SWITCH: tuple[Decorator, ...] = (
     ),
     WAIT,
     *_MANAGER,
+    *_REMOTE_RUN,
 )
 
 _ROLLBACK: tuple[Decorator, ...] = (
@@ -122,6 +147,7 @@ _ROLLBACK: tuple[Decorator, ...] = (
     timeout_option(DEFAULT_TIMEOUT_S, TIMEOUT_HELP),
     WAIT,
     *_MANAGER,
+    *_REMOTE_RUN,
 )
 
 

@@ -46,7 +46,7 @@ from llamanix.deploy.gate_records import BaselineRecord, GateKind, GateResult
 from llamanix.deploy.state_dir import host_state_root
 from llamanix.external.clock import now
 from llamanix.external.files import atomic_write
-from llamanix.render.manifest import ManifestInstance
+from llamanix.render.manifest import MANIFEST, Manifest, ManifestInstance
 
 FILES = "files"
 RESULT = "result.json"
@@ -74,6 +74,24 @@ def _read_json(path: Path) -> object:
 
 def _write_json(path: Path, data: object) -> None:
     atomic_write(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def check_manifest(files: Mapping[str, str], folder: Path) -> None:
+    """The manifest among render files read from ``folder`` reads as one; else one line
+    naming it (never a set of units taken for another)."""
+    if MANIFEST not in files:
+        return
+    try:
+        Manifest.from_json(files[MANIFEST])
+    except ValueError as err:
+        raise UserError(
+            Problem(
+                str(folder / MANIFEST),
+                "",
+                f"not a llamanix manifest: {err}",
+                "restore it from a backup, or remove this generation's directory",
+            )
+        ) from None
 
 
 def _fsync_dir(path: Path) -> None:
@@ -199,10 +217,14 @@ class Generation:
         return self.record.outcome
 
     def files(self) -> dict[str, str]:
+        """The render's files as recorded; a manifest among them that does not read is one
+        line naming it (what each switch and rollback compares with must be what it says)."""
         folder = self.path / FILES
         if not folder.is_dir():
             return {}
-        return {p.name: p.read_text() for p in sorted(folder.iterdir()) if p.is_file()}
+        found = {p.name: p.read_text() for p in sorted(folder.iterdir()) if p.is_file()}
+        check_manifest(found, folder)
+        return found
 
     def config_snapshot(self) -> Path | None:
         found = sorted(self.path.glob("config.*"))

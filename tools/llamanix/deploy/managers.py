@@ -14,7 +14,13 @@ from typing import TYPE_CHECKING, Protocol
 
 from llamanix.core.config import Config
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
-from llamanix.deploy.generations import HostState, InstanceSummary, ManagerKind, ManagerRecord
+from llamanix.deploy.generations import (
+    HostState,
+    InstanceSummary,
+    ManagerKind,
+    ManagerRecord,
+    check_manifest,
+)
 from llamanix.deploy.up_status import read_status
 from llamanix.external import nix, systemctl
 from llamanix.external.files import atomic_write
@@ -133,12 +139,11 @@ def served_names(files: Mapping[str, str]) -> set[str]:
 
 
 def _manifest_router(files: Mapping[str, str]) -> ManifestRouter | None:
+    """The router a set of render files holds (their manifest was checked when they were
+    read: ``check_manifest``)."""
     if MANIFEST not in files:
         return None
-    try:
-        return Manifest.from_json(files[MANIFEST]).router
-    except ValueError:
-        return None
+    return Manifest.from_json(files[MANIFEST]).router
 
 
 # --- what changed, and the managers ---------------------------------------------------------
@@ -350,6 +355,7 @@ class UpManager(_InstallsFiles):
         except FileNotFoundError:
             return {}
         files = {MANIFEST: manifest}
+        check_manifest(files, self.units_dir)
         for name, entry in manifest_instances(files).items():
             for fname in (entry.unit, f"{name}.argv.json"):
                 if (self.units_dir / fname).exists():
@@ -507,7 +513,9 @@ def make_manager(
         units_dir = Path(recorded.units_dir)
     target = config.hosts[host].target
     if kind == "nixos":
-        return NixosManager(Path(config.source).resolve().parent, host, target)
+        # nixos-rebuild --target-host takes the destination alone (validate refuses a port).
+        destination = target.destination if target else None
+        return NixosManager(Path(config.source).resolve().parent, host, destination)
     if target:
         raise UserError(
             Problem(

@@ -97,8 +97,9 @@ class SwitchRequest:
 
 @dataclass(frozen=True)
 class HostChoice:
-    """Which hosts a command works on: ``--host`` (a name, ``all``, or None for the config's
-    only host), or ``--hosts a,b`` (in the order given; None with ``--all-hosts``)."""
+    """Which hosts a command works on: ``--host`` (a name, or None for the config's only
+    host), or ``--hosts a,b`` (in the order given; None with ``--all-hosts``, or
+    ``--host all``)."""
 
     host: str | None = None
     hosts: str | None = None
@@ -109,8 +110,6 @@ class HostChoice:
         if self.several:
             every = tuple(config.hosts)
             return every if self.hosts is None else parse_hosts(self.hosts, every, config.source)
-        if self.host == ALL_HOSTS:
-            return tuple(config.hosts)
         return (pick_host(config, self.host),)
 
 

@@ -24,8 +24,8 @@ def gate_url(config: Config, name: str) -> str:
     listen, port = (router.listen, router.port) if router else (inst.listen, inst.port)
     target = config.hosts[inst.host].target
     if target and (is_wildcard(listen) or is_loopback(listen)):
-        # A remote host is reached by its ssh name.
-        return f"http://{url_host(target.rsplit('@', 1)[-1])}:{port}"
+        # A remote host is reached by its ssh target's machine (no user, no ssh port).
+        return f"http://{url_host(target.host)}:{port}"
     return connect_url(listen, port)
 
 

@@ -52,7 +52,7 @@ from llamanix.deploy.managers import (
 from llamanix.deploy.request import SwitchRequest
 from llamanix.deploy.restarts import DrainingRestart
 from llamanix.deploy.serving import check_serving, endpoints, gate_target, router_for
-from llamanix.deploy.switch_records import Echo, HostOutcome, SwitchOptions
+from llamanix.deploy.switch_records import Echo, HostOutcome, Restore, SwitchOptions
 from llamanix.external.files import atomic_write
 from llamanix.external.process import Runner
 from llamanix.render.gateway import UNIT_NAME as GATEWAY_UNIT
@@ -365,7 +365,10 @@ def _restore(
             "was rolled back (check `nixos-rebuild list-generations`)"
         )
         # The previous generation never stopped serving.
-        return HostOutcome(sw.host, "failed", gen.number, detail, sw.changed, results, None, 0.0)
+        return HostOutcome(
+            sw.host, "failed", gen.number, detail, sw.changed, results, None, 0.0,
+            restore="never stopped",
+        )  # fmt: skip
     crash_point("switch:restoring")
     # Only what was installed before can serve again: an instance the failed generation
     # added (every instance, on a first switch) has nothing to wait for.
@@ -380,12 +383,16 @@ def _restore(
         sw.echo(f"  restore failed: {err}")
         serving = False
     gen.save(replace(gen.record, rollback=RollbackRecord(serving)))
+    restore: Restore
     if not was_installed:
-        again = "none (nothing was installed), so nothing serves"
+        again, restore = "none (nothing was installed), so nothing serves", "nothing before"
+    elif serving:
+        again, restore = "serving again", "serving again"
     else:
-        again = "serving again" if serving else "NOT answering"
+        again, restore = "NOT answering", "not answering"
     detail = f"{failed.name}: {failed.detail}; previous generation {again}"
     back_s = time.monotonic() - started if was_installed and serving else None
     return HostOutcome(
-        sw.host, "failed", gen.number, detail, sw.changed, results, None, back_s, dict(sw.gaps)
-    )
+        sw.host, "failed", gen.number, detail, sw.changed, results, None, back_s, dict(sw.gaps),
+        restore,
+    )  # fmt: skip

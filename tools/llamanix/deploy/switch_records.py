@@ -25,11 +25,22 @@ from llamanix.deploy.generations import ManagerKind
 DEFAULT_DRAIN_TIMEOUT_S = 30.0
 # How long each instance may take to become healthy after a switch or rollback.
 DEFAULT_TIMEOUT_S = 120.0
+# How long a remote host's switch or rollback may run there (its unit is stopped after), and
+# how much longer than that its agent follows it by default.
+DEFAULT_RUN_TIMEOUT_S = 900.0
+FOLLOW_GRACE_S = 60.0
 
 # What a switch did on one host.
 Outcome = Literal["passed", "failed", "unchanged", "dry-run"]
 OUTCOMES: tuple[Outcome, ...] = get_args(Outcome)
 Echo = Callable[[str], None]
+# What a switch whose gate failed left on its host.
+Restore = Literal[
+    "serving again",  # the previous generation was restored, and answers
+    "not answering",  # the previous generation was restored, and does not answer
+    "nothing before",  # nothing was installed before, so nothing serves
+    "never stopped",  # activation did not finish (a nixos-rebuild build): nothing to restore
+]
 
 
 @dataclass(frozen=True)
@@ -52,6 +63,14 @@ class SwitchOptions(JsonRecord):
     units_dir: Path | None = None
     # bench gate: the prompts measured, in turn (bench's --prompts spelling).
     gate_prompts: str | None = None
+    # A remote host's switch: how long it may run there, and how long its agent follows it
+    # (None: the run's limit and a minute).
+    run_timeout_s: float = DEFAULT_RUN_TIMEOUT_S
+    follow_timeout_s: float | None = None
+
+    @property
+    def follow_s(self) -> float:
+        return follow_deadline(self.run_timeout_s, self.follow_timeout_s)
 
     def bench_prompts(self) -> GatePrompts | None:
         """The --gate-prompts' prompts; None for the default (checked in gate_kind)."""
@@ -136,7 +155,7 @@ class SwitchOptions(JsonRecord):
 
 
 @dataclass(frozen=True)
-class RollbackOptions:
+class RollbackOptions(JsonRecord):
     """What a rollback was asked for: the generation (None: the newest good one before the
     current), how long its instances may take to serve, how long to wait for another command
     of the same host, and the manager overrides of a host switched from this machine."""
@@ -146,6 +165,18 @@ class RollbackOptions:
     wait_s: float = 0.0
     manager: ManagerKind | None = None
     units_dir: Path | None = None
+    run_timeout_s: float = DEFAULT_RUN_TIMEOUT_S
+    follow_timeout_s: float | None = None
+
+    @property
+    def follow_s(self) -> float:
+        return follow_deadline(self.run_timeout_s, self.follow_timeout_s)
+
+
+def follow_deadline(run_timeout_s: float, follow_timeout_s: float | None) -> float:
+    """How long an agent follows a run: as asked, else the run's own limit and a minute (so a
+    run that ends at its limit is still seen to end)."""
+    return run_timeout_s + FOLLOW_GRACE_S if follow_timeout_s is None else follow_timeout_s
 
 
 def _gates_json(gates: list[GateResult]) -> JsonObject:
@@ -181,6 +212,8 @@ class HostOutcome(JsonRecord):
     out_of_service_s: float | None = None
     # Each restarted instance's gap (systemd hosts): what its own clients saw.
     gaps: dict[str, GapRecord] = field(default_factory=dict)
+    # A failed switch: what it left (None: it failed before anything was activated).
+    restore: Restore | None = None
 
     @property
     def ok(self) -> bool:

@@ -71,6 +71,8 @@ SYSTEM_DIR = Path("/var/lib/llamanix/fleet")
 DIR_ENV = "LLAMANIX_FLEET_DIR"
 # How often a running unit is looked at while it is followed.
 POLL_S = 0.2
+# The exit status of coreutils' timeout when the run it started ran past its limit.
+TIMED_OUT = 124
 
 
 def hello() -> Hello:
@@ -145,10 +147,23 @@ class RunRecord(JsonRecord):
 
     @staticmethod
     def read(d: FleetDir) -> RunRecord | None:
+        """The last run's record; None before the first. One that does not read is one line
+        naming the file: never taken for "no run yet", which would hide a run that goes on."""
         try:
-            return RunRecord.from_json(json.loads(d.run_record.read_text()), "run")
-        except (FileNotFoundError, ValueError):
+            text = d.run_record.read_text()
+        except FileNotFoundError:
             return None
+        try:
+            return RunRecord.from_json(json.loads(text), "")
+        except ValueError as err:
+            raise UserError(
+                Problem(
+                    str(d.run_record),
+                    "",
+                    f"not a fleet run's record: {err}",
+                    "see `systemctl status llamanix-fleet` there, then remove the file",
+                )
+            ) from None
 
     def save(self, d: FleetDir) -> None:
         atomic_write(d.run_record, json.dumps(self.to_json()) + "\n", mode=0o600)
@@ -213,6 +228,8 @@ def _unit_word(state: systemctl.UnitState) -> str:
         return "unit gone (collected, or the host rebooted)"
     if state.runs:
         return "running"
+    if state.main_status == TIMED_OUT:
+        return "stopped: it ran past its --run-timeout"
     status = f", exit status {state.main_status}" if state.main_status else ""
     return f"{state.active_state} ({state.result}{status})"
 
@@ -232,7 +249,8 @@ def _report(d: FleetDir, record: RunRecord, state: systemctl.UnitState) -> RunRe
         record.started,
         _unit_word(state),
         record.reported,
-        _read_outcome(d),
+        None if state.runs else _read_outcome(d),
+        running=state.runs,
     )
 
 
@@ -265,13 +283,18 @@ def _settle_previous(d: FleetDir, runner: Runner, echo: Echo, wait_s: float) -> 
         systemctl.reset_failed(runner, d.user, [SERVICE])
 
 
-def _start(d: FleetDir, op: Op, host: str, args: Sequence[str], runner: Runner) -> RunRecord:
-    """Start ``fleet-agent ARGS`` of this very llamanix as the run's transient unit."""
+def _start(
+    d: FleetDir, op: Op, host: str, args: Sequence[str], run_timeout_s: float, runner: Runner
+) -> RunRecord:
+    """Start ``fleet-agent ARGS`` of this very llamanix as the run's transient unit, stopped
+    (SIGTERM, then SIGKILL 30 s later) once it ran ``run_timeout_s``: a run that hangs does
+    not hold the host, nor the next switch of it, for ever."""
     for old in (d.outcome, d.log):
         old.unlink(missing_ok=True)
     record = RunRecord(op, secrets.token_hex(8), host, now())
     record.save(d)
-    command = [sys.executable, "-m", "llamanix", "fleet-agent", *args]
+    limit = ["timeout", "--kill-after=30", f"{run_timeout_s:g}"]
+    command = [*limit, sys.executable, "-m", "llamanix", "fleet-agent", *args]
     command += ["--host", host, "--dir", str(d.root)]
     # A transient unit starts from its manager's environment, not this one's.
     env = {k: os.environ[k] for k in ("PYTHONPATH",) if k in os.environ}
@@ -304,21 +327,16 @@ def start_switch(
         # The first switch has no copy to go back to: the text is the copy from the start.
         atomic_write(path if not path.exists() else d.next_config(fmt), local, mode=0o600)
         atomic_write(d.options, json.dumps(opts.to_json()) + "\n", mode=0o600)
-        return _start(d, "switch", host, ["unit-switch", "--format", fmt], runner)
+        args = ["unit-switch", "--format", fmt]
+        return _start(d, "switch", host, args, opts.run_timeout_s, runner)
 
 
 def start_rollback(
-    d: FleetDir,
-    host: str,
-    to: int | None,
-    timeout_s: float,
-    runner: Runner,
-    echo: Echo,
-    wait_s: float = 0.0,
+    d: FleetDir, host: str, opts: RollbackOptions, runner: Runner, echo: Echo
 ) -> RunRecord:
     d.make()
     with locked(d.lock):
-        _settle_previous(d, runner, echo, wait_s)
+        _settle_previous(d, runner, echo, opts.wait_s)
         path = d.existing_config()
         if path is None or not HostState.beside(path, host).generations():
             raise UserError(
@@ -329,9 +347,9 @@ def start_rollback(
                     "switch it first",
                 )
             )
-        args = ["unit-rollback", "--timeout", repr(timeout_s)]
-        args += ["--to", str(to)] if to is not None else []
-        return _start(d, "rollback", host, args, runner)
+        args = ["unit-rollback", "--timeout", repr(opts.timeout_s)]
+        args += ["--to", str(opts.to)] if opts.to is not None else []
+        return _start(d, "rollback", host, args, opts.run_timeout_s, runner)
 
 
 def _print_log(path: Path, pos: int, echo: Echo, final: bool) -> int:
@@ -349,33 +367,40 @@ def _print_log(path: Path, pos: int, echo: Echo, final: bool) -> int:
     return pos + end
 
 
-def follow(d: FleetDir, record: RunRecord, echo: Echo) -> RunReport:
-    """Echo the run's progress until its process has ended; how it ended."""
+def follow(d: FleetDir, record: RunRecord, echo: Echo, deadline_s: float) -> RunReport:
+    """Echo the run's progress until its process has ended, or for ``deadline_s`` at most;
+    how it ended (``running`` when it still runs then: it goes on by itself)."""
     pos = 0
+    deadline = time.monotonic() + deadline_s
     while True:
         # The unit's state first: once it says ended, the log read after it is complete.
         state = systemctl.show(d.user, SERVICE)
         pos = _print_log(d.log, pos, echo, final=not state.runs)
-        if not state.runs:
+        if not state.runs or time.monotonic() >= deadline:
+            if state.runs:
+                echo(
+                    f"the fleet {record.op} of {record.host} started {record.started} still "
+                    f"runs after {deadline_s:g} s of following; it goes on by itself"
+                )
             return _report(d, record, state)
         time.sleep(POLL_S)
 
 
-def status(d: FleetDir, echo: Echo) -> RunReport:
-    """How the last run ended; one that still runs is followed to its end first."""
+def status(d: FleetDir, echo: Echo, deadline_s: float) -> RunReport:
+    """How the last run ended; one that still runs is followed for ``deadline_s`` at most."""
     record = RunRecord.read(d)
     if record is None:
         return RunReport(None)
     state = systemctl.show(d.user, SERVICE)
     if state.runs:
         echo(f"following the fleet {record.op} of {record.host} started {record.started}")
-        return follow(d, record, echo)
+        return follow(d, record, echo, deadline_s)
     return _report(d, record, state)
 
 
 def mark_reported(d: FleetDir, report: RunReport) -> None:
     """The run's ending was printed: the next agent need not say it again."""
-    if report.run is None:
+    if report.run is None or report.running:
         return
     with locked(d.lock):
         record = RunRecord.read(d)
@@ -425,7 +450,7 @@ def unit_switch(d: FleetDir, host: str, fmt: ConfigFormat, echo: Echo) -> HostOu
         try:
             opts = _read_options(d)
             new_text = upcoming.read_text() if upcoming.exists() else None
-            outcome = switch(path, host, opts, Runner(echo=log), log, new_text)[0]
+            outcome = switch(path, host, opts, Runner(echo=log), log, new_text)
         except (UserError, ExternalCommandError) as err:
             log(f"{host}: {err}")
             outcome = HostOutcome(host, "failed", detail=str(err))

@@ -17,6 +17,7 @@ from llamanix.deploy.fleet.rollout import Rollout, RolloutOptions, run_rollout
 from llamanix.deploy.request import HostChoice, RollbackRequest, SwitchRequest, read_locked
 from llamanix.deploy.rollback import rollback_host
 from llamanix.deploy.switch_records import Echo, HostOutcome, RollbackOptions, SwitchOptions
+from llamanix.external import ssh
 from llamanix.external.process import Runner
 
 
@@ -27,12 +28,12 @@ def switch(
     runner: Runner,
     echo: Echo,
     new_text: str | None = None,
-) -> list[HostOutcome]:
-    """Switch one host (None: the config's only one), or every host in order (``all``),
-    stopping at the first failure. ``new_text``: switch to this text instead of the file's
-    with --set applied.
+) -> HostOutcome:
+    """Switch one host (None: the config's only one); several are a rollout
+    (``rolling_switch``). ``new_text``: switch to this text instead of the file's with --set
+    applied.
 
-    Each host's lock is held for the whole switch (--wait: how long to wait for another
+    The host's lock is held for the whole switch (--wait: how long to wait for another
     switch, rollback or pin to finish), the config read under it (see ``read_locked``); a dry
     run changes nothing and locks nothing."""
     opts.gate_kind(str(path))  # bad options: one line before anything is read or locked
@@ -40,30 +41,13 @@ def switch(
     def read() -> SwitchRequest:
         return SwitchRequest.read(path, HostChoice(host), opts, new_text)
 
+    def run(request: SwitchRequest) -> HostOutcome:
+        return switch_one(request, request.hosts[0], request.old_text, runner, echo)
+
     if runner.dry_run:
-        return _switch_hosts(read(), runner, echo)
+        return run(read())
     with ExitStack() as locks:
-        request = read_locked(read, locks, opts.wait_s, "switch", echo)
-        return _switch_hosts(request, runner, echo)
-
-
-def _switch_hosts(request: SwitchRequest, runner: Runner, echo: Echo) -> list[HostOutcome]:
-    outcomes: list[HostOutcome] = []
-    for name in request.order:
-        first = not any(o.result == "passed" for o in outcomes)
-        # The file holds the text read until a host's switch passes with the new one.
-        file_text = request.old_text if first else request.new_text
-        outcome = switch_one(request, name, file_text, runner, echo, restore_config=first)
-        outcomes.append(outcome)
-        if not outcome.ok:
-            if not first:
-                echo(
-                    f"note: {request.path} keeps the change: hosts "
-                    f"{', '.join(o.host for o in outcomes if o.result == 'passed')} run it; "
-                    f"fix it and switch {name} again"
-                )
-            break
-    return outcomes
+        return run(read_locked(read, locks, opts.wait_s, "switch", echo))
 
 
 def rollback(
@@ -90,6 +74,9 @@ def _stop_between_hosts(echo: Echo) -> Iterator[list[bool]]:
 
     def handler(signum: int, frame: FrameType | None) -> None:
         if asked[0]:
+            # The hosts under way talk to ssh in sessions of their own, which the signal
+            # did not reach: end them, so that the batch ends now, not when they do.
+            ssh.stop_all()
             raise KeyboardInterrupt
         asked[0] = True
         echo(f"rollout: {signal.Signals(signum).name}: stopping after the hosts under way")
@@ -100,6 +87,7 @@ def _stop_between_hosts(echo: Echo) -> Iterator[list[bool]]:
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
+        ssh.allow_again()
 
 
 def rolling_switch(
@@ -117,7 +105,7 @@ def rolling_switch(
         return SwitchRequest.read(path, HostChoice(hosts=hosts, several=True), opts)
 
     def run(request: SwitchRequest) -> Rollout:
-        ops = FleetOps(request, runner, echo)
+        ops = FleetOps(request, runner, echo, rollout_opts.preflight_timeout_s)
         with _stop_between_hosts(echo) as asked:
             return run_rollout(request.order, rollout_opts, ops, echo, lambda: asked[0])
 
@@ -142,9 +130,7 @@ def fleet_rollback(
             rh = remote.remote_host(request.config, host)
             try:
                 if rh is not None:
-                    outcomes.append(
-                        remote.remote_rollback(rh, opts.to, opts.timeout_s, runner, echo)
-                    )
+                    outcomes.append(remote.remote_rollback(rh, opts, runner, echo))
                     continue
                 gen = rollback_host(request.of(host), runner, echo)
                 outcomes.append(HostOutcome(host, "passed", gen.number))

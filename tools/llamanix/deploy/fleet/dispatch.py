@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
 from llamanix.deploy.fleet import remote
-from llamanix.deploy.fleet.rollout import HostOps, Unreachable
+from llamanix.deploy.fleet.rollout import HostOps, Lost, Unreachable
 from llamanix.deploy.request import RollbackRequest, SwitchRequest
 from llamanix.deploy.rollback import rollback_host
 from llamanix.deploy.switch import switch_host
@@ -51,18 +51,7 @@ def rollback_one(request: RollbackRequest, runner: Runner, echo: Echo) -> int | 
     rh = remote.remote_host(request.config, request.host)
     if rh is None:
         return rollback_host(request, runner, echo).number
-    opts = request.opts
-    if opts.manager is not None or opts.units_dir is not None:
-        raise UserError(
-            Problem(
-                str(request.path),
-                f"hosts.{rh.name}.target",
-                "--manager and --units-dir are for hosts switched from this machine; "
-                f"{rh.name} is rolled back by its own llamanix over ssh",
-                "leave them out",
-            )
-        )
-    outcome = remote.remote_rollback(rh, opts.to, opts.timeout_s, runner, echo)
+    outcome = remote.remote_rollback(rh, request.opts, runner, echo)
     if runner.dry_run:
         return None
     if not outcome.ok:
@@ -77,29 +66,37 @@ class FleetOps(HostOps):
     request: SwitchRequest
     runner: Runner
     echo: Echo
+    # How long the preflight follows a run that still goes on on a host.
+    preflight_s: float
 
     def _remote(self, host: str) -> remote.RemoteHost | None:
         return remote.remote_host(self.request.config, host)
 
-    def preflight(self, host: str) -> None:
+    def last_run(self, host: str) -> None:
         rh = self._remote(host)
         if rh is None:
             return
         if self.runner.dry_run:
-            self.runner.echo(shlex.join(remote.remote_argv(rh, "status", ())))
+            argv = remote.remote_argv(rh, "status", ["--follow-timeout", repr(self.preflight_s)])
+            self.runner.echo(shlex.join(argv))
             return
         try:
             # How its last run ended: the report of a switch whose ssh was lost comes here.
-            self.echo(f"{host}: {remote.remote_status(rh, self.runner, self.echo)}")
+            report = remote.remote_status(rh, self.preflight_s, self.runner, self.echo)
         except remote.RemoteUnreachable as err:
+            raise Unreachable(str(err)) from err
+        if report.running:
             raise UserError(
                 Problem(
-                    str(self.request.path),
-                    f"hosts.{host}.target",
-                    f"{err}; no host was switched",
-                    f"bring {rh.target} back, or leave {host} out of --hosts",
+                    host,
+                    "",
+                    f"the {report.summary()} there after {self.preflight_s:g} s "
+                    "(--preflight-timeout)",
+                    f"let it end (`llamanix fleet-agent status` on {rh.target} follows it), or "
+                    "raise --preflight-timeout",
                 )
-            ) from err
+            )
+        self.echo(f"{host}: {report.summary()}")
 
     def switch(self, host: str, first: bool) -> HostOutcome:
         # The file holds the text read until the canary passes with the new one.
@@ -108,21 +105,31 @@ class FleetOps(HostOps):
             return switch_one(
                 self.request, host, file_text, self.runner, self.echo, restore_config=first
             )
+        except remote.RemoteLost as err:
+            raise Lost(str(err)) from err
         except remote.RemoteUnreachable as err:
             raise Unreachable(str(err)) from err
 
     def rollback(self, host: str, to: int) -> HostOutcome:
+        request = rollback_request(self.request, host, to)
         rh = self._remote(host)
         if rh is not None:
-            return remote.remote_rollback(
-                rh, to, self.request.opts.timeout_s, self.runner, self.echo
-            )
-        gen = rollback_host(rollback_request(self.request, host, to), self.runner, self.echo)
+            return remote.remote_rollback(rh, request.opts, self.runner, self.echo)
+        gen = rollback_host(request, self.runner, self.echo)
         return HostOutcome(host, "passed", gen.number)
+
+    def config_back(self) -> None:
+        req = self.request
+        if req.old_text == req.new_text or req.path.read_text() != req.new_text:
+            return
+        atomic_write(req.path, req.old_text)
+        self.echo(f"rollout: {req.path} has its text from before the rollout again")
 
 
 def rollback_request(request: SwitchRequest, host: str, to: int | None) -> RollbackRequest:
     """A rollback of ``host`` from a switch's request: the same file, parse and options."""
-    opts = request.opts
-    rollback = RollbackOptions(to, opts.timeout_s, opts.wait_s, opts.manager, opts.units_dir)
-    return RollbackRequest(request.source, request.config, (host,), (host,), rollback)
+    o = request.opts
+    opts = RollbackOptions(
+        to, o.timeout_s, o.wait_s, o.manager, o.units_dir, o.run_timeout_s, o.follow_timeout_s
+    )
+    return RollbackRequest(request.source, request.config, (host,), (host,), opts)

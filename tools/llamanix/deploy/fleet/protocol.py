@@ -101,6 +101,8 @@ class RunReport(JsonRecord):
     unit: str = ""
     reported: bool = False
     outcome: HostOutcome | None = None
+    # It still ran when the agent stopped following it (at its deadline): it goes on there.
+    running: bool = False
 
     @property
     def ok(self) -> bool:
@@ -111,6 +113,8 @@ class RunReport(JsonRecord):
         if self.op is None:
             return "no fleet switch or rollback has run there yet"
         what = f"fleet {self.op} of {self.host} started {self.started}"
+        if self.running:
+            return f"{what} still runs"
         if self.outcome is None:
             ended = f"ended without an outcome ({self.unit or 'unknown'})"
         else:
