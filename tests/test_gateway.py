@@ -299,7 +299,7 @@ def test_recorded_keys_are_what_the_script_prints() -> None:
 
 
 def test_a_change_of_the_gateway_alone_is_a_change_to_switch() -> None:
-    from llamanix.deploy.switch import _gateway_changes
+    from llamanix.render.changes import gateway_changes as _gateway_changes
 
     render = render_host(load_config(EXAMPLE), "box3")
     files = render.files()

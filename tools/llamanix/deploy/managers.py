@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -26,90 +26,18 @@ from llamanix.external import nix, systemctl
 from llamanix.external.files import atomic_write
 from llamanix.external.journalctl import read_journal
 from llamanix.external.process import Runner
-from llamanix.render.manifest import (
-    MANIFEST,
-    Manifest,
-    ManifestInstance,
-    ManifestRouter,
-    Render,
-    same_unit,
-    unit_name,
+from llamanix.render.changes import (
+    diff_files,
+    manifest_instances,
+    manifest_router,
+    routed_members,
 )
+from llamanix.render.manifest import MANIFEST, Render, same_unit, unit_name
 
 if TYPE_CHECKING:
     from llamanix.deploy.restarts import DrainingRestart
 
 Echo = Callable[[str], None]
-
-
-def manifest_instances(files: Mapping[str, str]) -> dict[str, ManifestInstance]:
-    """The instances a set of render files holds, by the manifest among them."""
-    if MANIFEST not in files:
-        # A bare set of installed units (no manifest): one entry per unit file.
-        return {
-            n[len("llamanix-") : -len(".service")]: ManifestInstance(unit=n)
-            for n in files
-            if n.startswith("llamanix-") and n.endswith(".service")
-        }
-    return dict(Manifest.from_json(files[MANIFEST]).instances)
-
-
-def routed_members(files: Mapping[str, str]) -> tuple[str, dict[str, str]] | None:
-    """(the router's unit, its members) of a set of render files; None without a router."""
-    router = _manifest_router(files)
-    return None if router is None else (router.unit, dict(router.served))
-
-
-def _router_changes(new: Mapping[str, str], old: Mapping[str, str]) -> list[str]:
-    """The members to gate again: all of them when the router's unit changed (its config, and
-    so any member's flags, is in the unit), none otherwise."""
-    routed = routed_members(new)
-    if routed is None:
-        return []
-    unit, served = routed
-    return sorted(served) if not same_unit(old.get(unit), new.get(unit)) else []
-
-
-def diff_files(new: dict[str, str], old: dict[str, str]) -> tuple[list[str], list[str]]:
-    """(changed or added, removed) instance names between two sets of files from disk (a
-    recorded generation against what is installed: rollback)."""
-    new_i, old_i = manifest_instances(new), manifest_instances(old)
-    changed = []
-    for name, entry in new_i.items():
-        unit, argv = entry.unit, f"{name}.argv.json"
-        if (
-            name not in old_i
-            or not same_unit(old.get(unit), new.get(unit))
-            or (argv in old and new.get(argv) != old.get(argv))
-        ):
-            changed.append(name)
-    changed += _router_changes(new, old)
-    serving = set(new_i) | set((routed_members(new) or ("", {}))[1])
-    return sorted(set(changed)), sorted(set(old_i) - serving)
-
-
-def diff_instances(
-    new: Render, new_files: Mapping[str, str], old: Mapping[str, str]
-) -> tuple[list[str], list[str]]:
-    """(changed or added, removed) instance names: the typed new render (and ``new_files``,
-    its files) against the files of what is installed or recorded (the only side read back
-    from text)."""
-    old_i = manifest_instances(old)
-    changed = []
-    for inst in new.instances:
-        argv = f"{inst.name}.argv.json"
-        if (
-            inst.name not in old_i
-            or not same_unit(old.get(inst.unit), inst.unit_text)
-            or (argv in old and new_files[argv] != old.get(argv))
-        ):
-            changed.append(inst.name)
-    router = new.router
-    # A router's unit carries its config, and so every member's flags: all are gated again.
-    if router is not None and not same_unit(old.get(router.unit), router.unit_text):
-        changed += router.served
-    serving = set(new.names()) | set(router.served if router else {})
-    return sorted(set(changed)), sorted(set(old_i) - serving)
 
 
 def render_summary(render: Render) -> dict[str, InstanceSummary]:
@@ -126,24 +54,11 @@ def render_summary(render: Render) -> dict[str, InstanceSummary]:
 
 def summary_of(files: dict[str, str]) -> dict[str, InstanceSummary]:
     out = {name: InstanceSummary.of(e) for name, e in manifest_instances(files).items()}
-    router = _manifest_router(files)
+    router = manifest_router(files)
     if router is not None:
         for name in router.served:
             out[name] = InstanceSummary(router.variants.get(name), None, router.port)
     return out
-
-
-def served_names(files: Mapping[str, str]) -> set[str]:
-    """Every instance a set of render files serves: its own units' and the router's members."""
-    return set(manifest_instances(files)) | set((routed_members(files) or ("", {}))[1])
-
-
-def _manifest_router(files: Mapping[str, str]) -> ManifestRouter | None:
-    """The router a set of render files holds (their manifest was checked when they were
-    read: ``check_manifest``)."""
-    if MANIFEST not in files:
-        return None
-    return Manifest.from_json(files[MANIFEST]).router
 
 
 # --- what changed, and the managers ---------------------------------------------------------

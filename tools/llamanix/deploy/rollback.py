@@ -9,13 +9,14 @@ from dataclasses import replace
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
 from llamanix.deploy.crash_point import crash_point
 from llamanix.deploy.generations import Generation, HostState
-from llamanix.deploy.managers import as_installed, diff_files, make_manager
+from llamanix.deploy.managers import as_installed, make_manager
 from llamanix.deploy.request import RollbackRequest
 from llamanix.deploy.serving import check_serving
 from llamanix.deploy.switch_records import Echo
 from llamanix.external.clock import now
 from llamanix.external.files import atomic_write
 from llamanix.external.process import Runner
+from llamanix.render.changes import diff_files
 
 
 def rollback_host(request: RollbackRequest, runner: Runner, echo: Echo) -> Generation:

@@ -42,11 +42,9 @@ from llamanix.deploy.managers import (
     Manager,
     SystemdManager,
     as_installed,
-    diff_instances,
     make_manager,
     refuse_router_under_up,
     render_summary,
-    served_names,
     summary_of,
 )
 from llamanix.deploy.request import SwitchRequest
@@ -55,8 +53,9 @@ from llamanix.deploy.serving import check_serving, endpoints, gate_target, route
 from llamanix.deploy.switch_records import Echo, HostOutcome, Restore, SwitchOptions
 from llamanix.external.files import atomic_write
 from llamanix.external.process import Runner
+from llamanix.render.changes import render_changes, served_names
 from llamanix.render.gateway import UNIT_NAME as GATEWAY_UNIT
-from llamanix.render.manifest import Render, same_unit, unit_name
+from llamanix.render.manifest import Render, unit_name
 from llamanix.render.units import ROUTER
 
 
@@ -157,6 +156,9 @@ def switch_host(
         number = sw.current.number if sw.current else None
         return HostOutcome(sw.host, "unchanged", number, previous=number)
     echo(f"{sw.host}: switching {', '.join(sw.changed) or '(removals only)'} via {sw.manager.name}")
+    # The gateway's LiteLLM is installed before anything is staged (a failed install leaves
+    # the host as it was), and before a baseline is measured (moments before the candidate).
+    gateway_venv.ensure_for(sw.runner, sw.manager.name, sw.render)
     if runner.dry_run:
         return _dry_run(sw)
     baselines: dict[str, Baseline] = {}
@@ -169,9 +171,6 @@ def switch_host(
             echo,
             request.prompts,
         )
-    # The gateway's LiteLLM is installed before anything is staged: a failed install leaves
-    # the host as it was.
-    gateway_venv.ensure_for(sw.runner, sw.manager.name, sw.render)
     gen = _stage(sw)
     # After _stage: the units found installed before a first switch are a generation now.
     before = sw.state.current()
@@ -202,8 +201,7 @@ def _prepare(
     new_files = render.files()
     current = state.current()
     old_files = current.files() if current else manager.installed()
-    changed, removed = diff_instances(render, new_files, old_files)
-    changed, removed = _gateway_changes(render, old_files, changed, removed)
+    changed, removed = render_changes(render, new_files, old_files)
     activate_from, drifted = (
         as_installed(manager, old_files, new_files) if current else (old_files, [])
     )
@@ -226,22 +224,9 @@ def _prepare(
     )
 
 
-def _gateway_changes(
-    render: Render, old: dict[str, str], changed: list[str], removed: list[str]
-) -> tuple[list[str], list[str]]:
-    """The gateway's unit counts as a change of its own (its start check is its gate)."""
-    unit = unit_name(GATEWAY_UNIT)
-    if render.gateway is not None and not same_unit(old.get(unit), render.gateway.unit_text):
-        changed = sorted({*changed, GATEWAY_UNIT})
-    if render.gateway is None and unit in old:
-        removed = sorted({*removed, GATEWAY_UNIT})
-    return changed, removed
-
-
 def _dry_run(sw: _HostSwitch) -> HostOutcome:
     if sw.file_text != sw.new_text:
         sw.runner.note(f"write {sw.path}")
-    gateway_venv.ensure_for(sw.runner, sw.manager.name, sw.render)
     sw.manager.activate(sw.runner, sw.new_files, sw.old_files, sw.opts.timeout_s)
     sw.runner.note(f"gate {sw.gate}: {', '.join(sw.changed) or 'nothing'}")
     return HostOutcome(sw.host, "dry-run", None, changed=sw.changed)
