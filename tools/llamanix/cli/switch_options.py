@@ -24,6 +24,7 @@ from llamanix.deploy.switch_records import (
     RollbackOptions,
     SwitchOptions,
 )
+from llamanix.deploy.warm_records import DEFAULT_LIMIT_GIB
 
 Command = Callable[..., None]
 Decorator = Callable[[Command], Command]
@@ -130,6 +131,16 @@ _SWITCH: tuple[Decorator, ...] = (
         help="Before a server restarts, wait at most this long for it to finish the requests "
         "in flight (systemd hosts; 0: restart at once). Each restart's gap is printed and "
         "recorded.",
+    ),
+    click.option(
+        "--warm-limit",
+        "warm_limit_gib",
+        type=click.FloatRange(min=0),
+        default=DEFAULT_LIMIT_GIB,
+        show_default=True,
+        metavar="GIB",
+        help="warm_switch instances: save at most this much of one server's caches before its "
+        "restart (a slot whose file would pass it starts cold).",
     ),
     WAIT,
     *_MANAGER,

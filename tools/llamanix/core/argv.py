@@ -22,6 +22,15 @@ from llamanix.core.variants import DRAFTER_SETTINGS, VARIANTS, Dialect, Variant,
 
 # ik and other integer-only builds: any count above the model's layer count offloads them all.
 ALL_LAYERS = "999"
+# Where a warm switch has the server write each slot's cache: the unit's own state directory
+# (systemd's %S; ``llamanix up`` puts it under its render directory). Every dialect spells the
+# flag the same (tests/data/help).
+SLOT_SAVE_FLAG = "--slot-save-path"
+
+
+def state_dir_spec(name: str) -> str:
+    """An instance's state directory as its unit names it (StateDirectory=llamanix-NAME)."""
+    return f"%S/llamanix-{name}"
 
 
 @dataclass(frozen=True)
@@ -86,6 +95,8 @@ def instance_args(
         args.append(Arg("metrics", (f["metrics"],)))
     if inst.api_key_file is not None:
         args.append(Arg("api_key_file", (f["api_key_file"], api_key_path or inst.api_key_file)))
+    if inst.warm_switch:
+        args.append(Arg("warm_switch", (SLOT_SAVE_FLAG, state_dir_spec(inst.name))))
     args.extend(_speculative_args(inst, variant))
     if inst.extra_args:
         args.append(Arg("extra_args", tuple(inst.extra_args)))
@@ -178,6 +189,10 @@ def instance_arg_pieces(
     if problems:
         raise UserError(problems)
     args = instance_args(inst, host, chosen, api_key_path)
+    if capabilities is not None and SLOT_SAVE_FLAG not in capabilities.flags:
+        # A build without the slot API still serves: its switches are cold, and the switch
+        # says why (deploy.warm), rather than the render refusing the instance.
+        args = [a for a in args if a.field != "warm_switch"]
     if capabilities is not None:
         problems = [
             Problem(config.source, f"instances.{name}.{where}", message, fix)

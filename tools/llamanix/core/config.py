@@ -160,6 +160,7 @@ class Instance:
     jinja: bool | None = None  # None: absent, llamanix wants the template on (schema default)
     reasoning_budget: int | None = None
     metrics: bool = True
+    warm_switch: bool = False
     api_key_file: str | None = None
     extra_args: tuple[str, ...] = ()
     environment: dict[str, str] = field(default_factory=dict)
@@ -620,6 +621,14 @@ def _check_routers(c: _Checker, hosts: dict[str, Host], instances: dict[str, Ins
                 )
             else:
                 members.append(inst)
+                if inst.warm_switch:
+                    # Its server is the router's child, in the router's sandbox: no state
+                    # directory of its own to save a cache to.
+                    c.add(
+                        f"instances.{name}.warm_switch",
+                        "a router's member cannot keep its caches across a switch",
+                        "set warm_switch = false, or serve it without the router",
+                    )
         if "router" in instances and instances["router"].host == host.name:
             c.add(
                 "instances.router",

@@ -312,6 +312,14 @@ INSTANCE_FIELDS: tuple[Field, ...] = (
     Field("reasoning_budget", INT, "Reasoning token budget (-1 unrestricted).", minimum=-1),
     Field("metrics", BOOL, "Expose Prometheus /metrics.", True),
     Field(
+        "warm_switch",
+        BOOL,
+        "Keep the slots' prompt caches across a switch that keeps the model, context layout and "
+        "KV-cache type: saved to the unit's state directory before the restart "
+        "(--slot-save-path), restored before the port opens again.",
+        False,
+    ),
+    Field(
         "api_key_file",
         PATH,
         "File holding the API key; passed as a systemd credential, never in argv or unit text.",

@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from llamanix.core.json_codec import JsonRecord
+from llamanix.core.json_codec import OMIT_NONE, JsonRecord
 
 
 @dataclass(frozen=True)
@@ -23,6 +23,11 @@ class GapRecord(JsonRecord):
     drained: bool | None = None
     # Requests still in flight when --drain-timeout ended the wait.
     in_flight: int | None = None
+    # How long the port refused new requests from other machines (external.nft's fence: from
+    # before the drain until the new server served, its caches restored); None: no fence, and
+    # ``no_fence`` says why (where one was wanted).
+    fenced_s: float | None = field(default=None, metadata=OMIT_NONE)
+    no_fence: str | None = field(default=None, metadata=OMIT_NONE)
 
     def describe(self) -> str:
         parts = [
@@ -34,6 +39,10 @@ class GapRecord(JsonRecord):
         elif self.drained is False:
             left = "unknown" if self.in_flight is None else str(self.in_flight)
             parts.append(f"drain gave up after {_s(self.drain_s)} ({left} in flight)")
+        if self.fenced_s is not None:
+            parts.append(f"out of rotation {_s(self.fenced_s)}")
+        elif self.no_fence is not None:
+            parts.append(f"not taken out of rotation: {self.no_fence}")
         return ", ".join(parts)
 
 

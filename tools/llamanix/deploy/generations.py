@@ -44,6 +44,7 @@ from llamanix.deploy.crash_point import crash_point
 from llamanix.deploy.gap_records import GapRecord
 from llamanix.deploy.gate_records import BaselineRecord, GateKind, GateResult
 from llamanix.deploy.state_dir import host_state_root
+from llamanix.deploy.warm_records import WarmRecord
 from llamanix.external.clock import now
 from llamanix.external.files import atomic_write
 from llamanix.render.manifest import MANIFEST, Manifest, ManifestInstance
@@ -189,6 +190,8 @@ class GenerationRecord(JsonRecord):
     interrupted: str | None = field(default=None, metadata=OMIT_NONE)
     # Each restarted instance's gap (docs/switching.md), where the switch measured it.
     gaps: Mapping[str, GapRecord] | None = field(default=None, metadata=OMIT_NONE)
+    # What each warm_switch instance kept of its caches.
+    warm: Mapping[str, WarmRecord] | None = field(default=None, metadata=OMIT_NONE)
 
     @property
     def outcome(self) -> GateOutcome | None:

@@ -7,8 +7,8 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -37,6 +37,8 @@ from llamanix.render.manifest import MANIFEST, Render, same_unit, unit_name
 
 if TYPE_CHECKING:
     from llamanix.deploy.restarts import DrainingRestart
+    from llamanix.deploy.warm import WarmCaches
+    from llamanix.measure.drain import Endpoint
 
 Echo = Callable[[str], None]
 
@@ -252,6 +254,12 @@ class UpManager(_InstallsFiles):
     """A running ``llamanix up`` watching ``units_dir`` (machines and tests without systemd)."""
 
     units_dir: Path
+    # Set by a switch with warm_switch instances: their caches are saved from the servers
+    # answering at ``old`` before the new render is installed, and restored into those at
+    # ``new`` once ``up`` runs it (by instance name).
+    warm: WarmCaches | None = None
+    old: Mapping[str, Endpoint] = field(default_factory=dict)
+    new: Mapping[str, Endpoint] = field(default_factory=dict)
 
     @property
     def name(self) -> ManagerKind:
@@ -287,11 +295,21 @@ class UpManager(_InstallsFiles):
     def activate(
         self, runner: Runner, new: dict[str, str], old: dict[str, str], timeout_s: float
     ) -> dict[str, str]:
+        warm = None if runner.dry_run else self.warm
+        if warm is not None:
+            for name in warm.plans:
+                if name in self.old:
+                    warm.save(name, self.old[name])
         install_files(runner, self.units_dir, new, old, is_render_file)
         if runner.dry_run:
             runner.note(f"wait for llamanix up to apply {self.units_dir / MANIFEST}")
             return {}
-        return self.wait_applied(new, timeout_s)
+        failed = self.wait_applied(new, timeout_s)
+        if warm is not None:
+            for name in warm.plans:
+                if name not in failed and name in self.new:
+                    warm.restore(name, self.new[name])
+        return failed
 
     def wait_applied(self, new: dict[str, str], timeout_s: float) -> dict[str, str]:
         """Wait until ``up`` runs exactly ``new``; returns {instance: error} for failed starts."""

@@ -1,10 +1,19 @@
-"""Restarting a host's changed servers one at a time: drain, stop, start, and the gap.
+"""Restarting a host's changed servers one at a time: fence, drain, save, stop, start, restore,
+and the gap.
 
-The systemd manager restarts through this when a switch asks for it (``--drain-timeout``):
-each changed server is drained (``llamanix.measure.drain``), then stopped at once by a signal
-to its main process (a ``systemctl`` call would add tens of milliseconds in which a new
-request can arrive and begin its answer), then started with its new unit. An ``AnswerWatch``
-runs around each restart, so every instance gets its gap and load time.
+The systemd manager restarts through this when a switch asks for it (``--drain-timeout``). For
+each changed server, in order:
+
+1. its port is *fenced* (``external.nft``) where other machines reach it: new connections and
+   new requests from them are refused, so a gateway or a router in front sends them to another
+   replica, and no request can arrive between the drain's last look and the stop;
+2. it is drained (``llamanix.measure.drain``): the requests it has finish;
+3. with ``warm_switch``, its slots' caches are saved (``deploy.warm``);
+4. it is stopped at once by a signal to its main process (a ``systemctl`` call would add tens of
+   milliseconds), and started with its new unit, whose start waits for the readiness check;
+5. the caches are restored into the new server, and only then is the fence lifted.
+
+An ``AnswerWatch`` runs around each restart, so every instance gets its gap and load time.
 """
 
 from __future__ import annotations
@@ -12,12 +21,13 @@ from __future__ import annotations
 import signal
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from llamanix.deploy.gap_records import GapRecord
-from llamanix.external import signals, systemctl
+from llamanix.deploy.warm import WarmCaches
+from llamanix.external import nft, signals, systemctl
 from llamanix.external.process import Runner
-from llamanix.measure.drain import AnswerWatch, Drained, Endpoint, drain, gap_of
+from llamanix.measure.drain import DRAIN_SETTLE_S, AnswerWatch, Drained, Endpoint, drain, gap_of
 
 # After the manager's start returned (the unit's readiness check passed), how long the watch
 # may take to see the new server's first answer.
@@ -30,13 +40,24 @@ def instance_of(unit: str) -> str:
 
 @dataclass
 class DrainingRestart:
-    """Restarts units one by one; ``old``/``new``: where each instance answered before and
-    answers after (by instance name); ``gaps`` fills as it goes."""
+    """Restarts units one by one; ``old``/``new``: where each instance (or the router)
+    answered before and answers after, by name; ``fence_old``/``fence_new``: the ports other
+    machines reach them on, which are fenced while they restart; ``gaps`` fills as it goes."""
 
     old: Mapping[str, Endpoint]
     new: Mapping[str, Endpoint]
     drain_timeout_s: float
+    fence_old: Mapping[str, int] = field(default_factory=dict)
+    fence_new: Mapping[str, int] = field(default_factory=dict)
+    warm: WarmCaches | None = None
     gaps: dict[str, GapRecord] = field(default_factory=dict)
+
+    def reversed(self) -> DrainingRestart:
+        """The same restarts the other way (a rollback): the new servers are the running ones.
+        The caches a restart saved and never restored are restored by this one's."""
+        return DrainingRestart(
+            self.new, self.old, self.drain_timeout_s, self.fence_new, self.fence_old, self.warm
+        )
 
     def restart(self, runner: Runner, user: bool, units: Sequence[str]) -> bool:
         """Restart each of ``units``; False when one of them did not start."""
@@ -49,32 +70,67 @@ class DrainingRestart:
         name = instance_of(unit)
         old, new = self.old.get(name), self.new.get(name)
         if old is None and new is None:
-            # Not a server of the config's (the gateway, a router): restarted as it is.
+            # Not a server of the config's (the gateway): restarted as it is.
             return systemctl.restart(runner, user, [unit], check=False)
         endpoints = [e for e in (old, new) if e is not None]
         endpoints = [e for i, e in enumerate(endpoints) if e not in endpoints[:i]]
         drained: Drained | None = None
-        with AnswerWatch(endpoints) as watch:
-            before = systemctl.show(user, unit)
-            if old is not None and before.runs:
-                drained = drain(old, self.drain_timeout_s)
-                if before.main_pid is not None:
-                    signals.signal_process(before.main_pid, signal.SIGTERM)
-            ok = systemctl.restart(runner, user, [unit], check=False)
-            after = systemctl.show(user, unit)
-            started = after.main_started
-            if ok and started is not None:
-                deadline = time.monotonic() + FIRST_ANSWER_WAIT_S
-                while time.monotonic() < deadline and not any(
-                    t >= started for t in watch.answers()
-                ):
-                    time.sleep(0.01)
+        before = systemctl.show(user, unit)
+        port = self.fence_old.get(name) if before.runs else None
+        fenced_at, no_fence = _put_fence(port)
+        try:
+            with AnswerWatch(endpoints) as watch:
+                if old is not None and before.runs:
+                    settle = fenced_at + DRAIN_SETTLE_S if fenced_at is not None else None
+                    drained = drain(old, self.drain_timeout_s, settle_until=settle)
+                    if self.warm is not None:
+                        self.warm.save(name, old)
+                    if before.main_pid is not None:
+                        signals.signal_process(before.main_pid, signal.SIGTERM)
+                ok = systemctl.restart(runner, user, [unit], check=False)
+                after = systemctl.show(user, unit)
+                started = after.main_started
+                if ok and started is not None:
+                    deadline = time.monotonic() + FIRST_ANSWER_WAIT_S
+                    while time.monotonic() < deadline and not any(
+                        t >= started for t in watch.answers()
+                    ):
+                        time.sleep(0.01)
+            if self.warm is not None and ok and new is not None:
+                self.warm.restore(name, new)
+        finally:
+            fenced_s = None
+            if port is not None and fenced_at is not None:
+                nft.unfence(port)
+                fenced_s = time.monotonic() - fenced_at
         if started is None:
-            self.gaps[name] = _record(None, None, drained)
-            return ok
-        gap = gap_of(watch.answers(), started, drained)
-        self.gaps[name] = _record(gap.gap_s, gap.load_s, drained)
+            record = _record(None, None, drained)
+        else:
+            gap = gap_of(watch.answers(), started, drained)
+            record = _record(gap.gap_s, gap.load_s, drained)
+        self.gaps[name] = replace(record, fenced_s=fenced_s, no_fence=no_fence)
         return ok
+
+
+def _put_fence(port: int | None) -> tuple[float | None, str | None]:
+    """Fence ``port`` (None: nothing to fence): when it went up, or why it could not."""
+    if port is None:
+        return None, None
+    why = nft.unavailable()
+    if why is not None:
+        return None, why
+    nft.fence(port)
+    return time.monotonic(), None
+
+
+def lift_stale_fences() -> list[int]:
+    """Lift the fences a killed switch left (this machine's ports); the ports lifted."""
+    if nft.unavailable() is not None:
+        return []
+    ports = nft.fenced_ports()
+    for port in ports:
+        nft.unfence(port)
+    return ports
 
 
 def _record(gap_s: float | None, load_s: float | None, drained: Drained | None) -> GapRecord:

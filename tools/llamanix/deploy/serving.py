@@ -10,6 +10,7 @@ from llamanix.deploy.gate import GateTarget, run_gate
 from llamanix.deploy.gate_records import GateResult
 from llamanix.deploy.switch_records import Echo
 from llamanix.measure.drain import Endpoint
+from llamanix.render.units import ROUTER
 
 
 def router_for(config: Config, name: str) -> Router | None:
@@ -64,13 +65,42 @@ def check_serving(
 
 def endpoints(config: Config | None, host: str) -> dict[str, Endpoint]:
     """Where each of the host's own servers answers, as seen on the host (a switch of a
-    systemd host runs there); a router's members are reached through their router."""
+    systemd host runs there), and its router (under ``ROUTER``), which is asked about each of
+    its members."""
     if config is None or host not in config.hosts:
         return {}
     router = config.hosts[host].router
     members = set(router.members) if router else set()
-    return {
+    found = {
         inst.name: Endpoint(connect_url(inst.listen, inst.port), key_if_readable(inst.api_key_file))
         for inst in config.instances_on(host)
         if inst.name not in members
     }
+    if router is not None:
+        served = tuple(
+            config.instances[m].alias or m for m in router.members if m in config.instances
+        )
+        found[ROUTER] = Endpoint(
+            connect_url(router.listen, router.port),
+            key_if_readable(router.api_key_file),
+            router=router.kind,
+            members=served,
+        )
+    return found
+
+
+def fence_ports(config: Config | None, host: str) -> dict[str, int]:
+    """The ports other machines reach the host's servers (and its router) on: a restart fences
+    them (``external.nft``). A loopback listener is reached from this machine alone."""
+    if config is None or host not in config.hosts:
+        return {}
+    router = config.hosts[host].router
+    members = set(router.members) if router else set()
+    found = {
+        inst.name: inst.port
+        for inst in config.instances_on(host)
+        if inst.name not in members and not is_loopback(inst.listen)
+    }
+    if router is not None and not is_loopback(router.listen):
+        found[ROUTER] = router.port
+    return found

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -33,6 +34,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from llamanix.core.argv import SLOT_SAVE_FLAG, state_dir_spec
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
 from llamanix.core.process_end import describe_returncode
 from llamanix.deploy.up_status import (
@@ -142,6 +144,22 @@ def expand_specifiers(value: str, cache_dir: Path) -> str:
     )
 
 
+def state_dir(units_dir: Path, name: str) -> Path:
+    """Where ``up`` keeps an instance's state directory (systemd's %S/llamanix-NAME)."""
+    return units_dir / "state" / f"llamanix-{name}"
+
+
+def expand_argv(argv: list[str], units_dir: Path, name: str) -> tuple[str, ...]:
+    """The argv as ``up`` runs it: the state directory a warm switch saves caches to (named by
+    its systemd specifier, the one word of an argv file that is not taken literally) is the
+    render directory's state/llamanix-NAME."""
+    spec = state_dir_spec(name)
+    return tuple(
+        str(state_dir(units_dir, name)) if w == spec and i and argv[i - 1] == SLOT_SAVE_FLAG else w
+        for i, w in enumerate(argv)
+    )
+
+
 def unit_environment(values: list[str], cache_dir: Path) -> list[tuple[str, str]]:
     env: list[tuple[str, str]] = []
     for value in values:
@@ -209,7 +227,7 @@ def load_specs(units_dir: Path) -> dict[str, ServiceSpec]:
             specs[name] = ServiceSpec(
                 name=name,
                 unit=unit,
-                argv=tuple(str(a) for a in argv),
+                argv=expand_argv([str(a) for a in argv], units_dir, name),
                 environment=tuple(unit_environment(settings.get("Environment", []), cache)),
                 restart=settings.get("Restart", ["no"])[-1],
                 restart_sec=parse_timespan(settings.get("RestartSec", ["100ms"])[-1]),
@@ -294,6 +312,10 @@ class ServiceRunner:
         for key, value in self.spec.environment:
             if key in ("HOME", "LLAMA_CACHE"):
                 Path(value).mkdir(parents=True, exist_ok=True)
+        for flag, value in itertools.pairwise(self.spec.argv):
+            if flag == SLOT_SAVE_FLAG:
+                # As StateDirectory= makes it; llama-server refuses a path that is no directory.
+                Path(value).mkdir(mode=0o700, parents=True, exist_ok=True)
         while not self._stop.is_set():
             now = time.monotonic()
             while starts and now - starts[0] > self.spec.start_limit_interval_s:

@@ -40,7 +40,9 @@ from llamanix.deploy.generations import (
 from llamanix.deploy.host_render import with_source_revisions
 from llamanix.deploy.managers import (
     Manager,
+    NixosManager,
     SystemdManager,
+    UpManager,
     as_installed,
     make_manager,
     refuse_router_under_up,
@@ -48,12 +50,20 @@ from llamanix.deploy.managers import (
     summary_of,
 )
 from llamanix.deploy.request import SwitchRequest
-from llamanix.deploy.restarts import DrainingRestart
-from llamanix.deploy.serving import check_serving, endpoints, gate_target, router_for
+from llamanix.deploy.restarts import DrainingRestart, lift_stale_fences
+from llamanix.deploy.serving import (
+    check_serving,
+    endpoints,
+    fence_ports,
+    gate_target,
+    router_for,
+)
 from llamanix.deploy.switch_records import Echo, HostOutcome, Restore, SwitchOptions
+from llamanix.deploy.warm import GIB, WarmCaches, WarmPlan, plan_for, state_directory
+from llamanix.deploy.warm_records import WarmRecord
 from llamanix.external.files import atomic_write
 from llamanix.external.process import Runner
-from llamanix.render.changes import render_changes, served_names
+from llamanix.render.changes import manifest_instances, render_changes, served_names
 from llamanix.render.gateway import UNIT_NAME as GATEWAY_UNIT
 from llamanix.render.manifest import Render, unit_name
 from llamanix.render.units import ROUTER
@@ -113,6 +123,8 @@ class _HostSwitch:
     file_text: str  # the config file as it is now
     # Filled as the changed servers restart (systemd hosts).
     gaps: dict[str, GapRecord] = field(default_factory=dict)
+    # The warm_switch instances' caches across their restart.
+    warm: WarmCaches | None = None
 
     @property
     def path(self) -> Path:
@@ -206,6 +218,7 @@ def _prepare(
         as_installed(manager, old_files, new_files) if current else (old_files, [])
     )
     changed = sorted(set(changed) | (set(drifted) & set(render.names())))
+    warm = _warm_caches(request, host, manager, activate_from, render, changed)
     return _HostSwitch(
         request=request,
         host=host,
@@ -221,7 +234,45 @@ def _prepare(
         changed=changed,
         removed=removed,
         file_text=file_text,
+        warm=warm,
     )
+
+
+def _warm_caches(
+    request: SwitchRequest,
+    host: str,
+    manager: Manager,
+    old_files: dict[str, str],
+    render: Render,
+    changed: list[str],
+) -> WarmCaches | None:
+    """The warm switch of each changed instance that asks for one (``deploy.warm``)."""
+    config = request.config
+    wanted = [n for n in changed if n in config.instances and config.instances[n].warm_switch]
+    # The config before --set is parsed only when an instance asks for a warm switch.
+    old_config = request.old_config if wanted else None
+    if old_config is None:
+        return None
+    old_argv = {n: e.argv for n, e in manifest_instances(old_files).items()}
+    new_argv = {r.name: r.argv for r in render.instances}
+    units_dir = manager.units_dir if isinstance(manager, UpManager) else None
+    limit = int(request.opts.warm_limit_gib * GIB)
+    plans: dict[str, WarmPlan] = {}
+    for name in wanted:
+        old, new = old_config.instances.get(name), config.instances[name]
+        if old is None or old.host != host:
+            continue
+        if isinstance(manager, NixosManager):
+            why = "nixos-rebuild restarts the unit, without a save"
+            plans[name] = WarmPlan(name, why, Path("/var/lib"))
+            continue
+        directory = state_directory(name, manager.name, units_dir)
+        plan = plan_for(
+            name, old, new, old_argv.get(name, ()), new_argv.get(name, ()), directory, limit
+        )
+        if plan is not None:
+            plans[name] = plan
+    return WarmCaches(plans) if plans else None
 
 
 def _dry_run(sw: _HostSwitch) -> HostOutcome:
@@ -268,6 +319,7 @@ def _activate_and_gate(
     try:
         started = time.monotonic()
         draining = _draining_restart(sw)
+        _warm_up(sw)
         early = sw.manager.activate(sw.runner, sw.new_files, sw.activate_from, sw.opts.timeout_s)
         activated_s = time.monotonic() - started
         crash_point("switch:activated")
@@ -275,6 +327,9 @@ def _activate_and_gate(
             sw.gaps.update(draining.gaps)
             for name, gap in sorted(draining.gaps.items()):
                 sw.echo(f"  restart {name}: {gap.describe()}")
+        if sw.warm is not None:
+            for name, record in sorted(sw.warm.records.items()):
+                sw.echo(f"  {name}: {record.describe()}")
         if GATEWAY_UNIT in early:
             # Its unit's start check asked LiteLLM itself; a gateway that did not start fails
             # the switch as a server would.
@@ -297,30 +352,68 @@ def _activate_and_gate(
 
 
 def _draining_restart(sw: _HostSwitch) -> DrainingRestart | None:
-    """The systemd manager restarts the changed servers one by one, each drained first."""
+    """The systemd manager restarts the changed servers one by one, each fenced and drained
+    first (deploy.restarts)."""
     if not isinstance(sw.manager, SystemdManager) or sw.runner.dry_run:
         return None
+    for port in lift_stale_fences():
+        sw.echo(f"  lifted the fence a killed switch left on port {port}")
+    old_config = sw.request.old_config
     sw.manager.restarts = DrainingRestart(
-        old=endpoints(sw.request.old_config, sw.host),
+        old=endpoints(old_config, sw.host),
         new=endpoints(sw.config, sw.host),
         drain_timeout_s=sw.opts.drain_timeout_s,
+        fence_old=fence_ports(old_config, sw.host),
+        fence_new=fence_ports(sw.config, sw.host),
+        warm=sw.warm,
     )
     return sw.manager.restarts
+
+
+def _warm_up(sw: _HostSwitch) -> None:
+    """``llamanix up`` saves and restores the warm_switch caches around applying a render."""
+    if isinstance(sw.manager, UpManager) and not sw.runner.dry_run:
+        sw.manager.warm = sw.warm
+        sw.manager.old = endpoints(sw.request.old_config, sw.host)
+        sw.manager.new = endpoints(sw.config, sw.host)
+
+
+def _reverse_restarts(sw: _HostSwitch) -> None:
+    """A rollback restarts the same instances the other way: the candidates are the running
+    servers (drained and fenced), the previous ones start again."""
+    if isinstance(sw.manager, SystemdManager) and sw.manager.restarts is not None:
+        sw.manager.restarts = sw.manager.restarts.reversed()
+    elif isinstance(sw.manager, UpManager):
+        sw.manager.old, sw.manager.new = sw.manager.new, sw.manager.old
 
 
 def _commit(sw: _HostSwitch, gen: Generation, results: list[GateResult]) -> HostOutcome:
     """Every gate passed: the generation becomes current, and its benches the baselines."""
     crash_point("switch:gate-passed")
     gate = GateRecord("passed", sw.gate, {r.name: r for r in results})
-    gen.save(replace(gen.record, gate=gate, gaps=dict(sw.gaps) or None))
+    gen.save(replace(gen.record, gate=gate, gaps=dict(sw.gaps) or None, warm=_warm_records(sw)))
     sw.state.set_current(gen)
     for r in results:
         if r.bench is not None:
             variant = sw.config.instances[r.name].variant
             sw.state.save_baseline(r.name, BaselineRecord.of(r.bench, gen.number, variant))
     return HostOutcome(
-        sw.host, "passed", gen.number, changed=sw.changed, gates=results, gaps=dict(sw.gaps)
+        sw.host,
+        "passed",
+        gen.number,
+        changed=sw.changed,
+        gates=results,
+        gaps=dict(sw.gaps),
+        warm=_warm_records(sw) or {},
     )
+
+
+def _warm_records(sw: _HostSwitch) -> dict[str, WarmRecord] | None:
+    """What the warm switch kept; files no restart took are deleted now."""
+    if sw.warm is None:
+        return None
+    sw.warm.discard()
+    return dict(sw.warm.records) or None
 
 
 def _restore(
@@ -336,7 +429,9 @@ def _restore(
     host was out of service: until the restored generation answered (None while it does not)."""
     failed = next(r for r in results if not r.passed)
     failed_gate = GateRecord("failed", sw.gate, {r.name: r for r in results})
-    gen.save(replace(gen.record, gate=failed_gate, gaps=dict(sw.gaps) or None))
+    gen.save(
+        replace(gen.record, gate=failed_gate, gaps=dict(sw.gaps) or None, warm=_warm_records(sw))
+    )
     restored = sw.state.current()
     sw.echo(
         f"{sw.host}: gate failed; restoring generation "
@@ -355,6 +450,7 @@ def _restore(
             restore="never stopped",
         )  # fmt: skip
     crash_point("switch:restoring")
+    _reverse_restarts(sw)
     # Only what was installed before can serve again: an instance the failed generation
     # added (every instance, on a first switch) has nothing to wait for.
     was_installed = served_names(sw.old_files)
@@ -368,6 +464,8 @@ def _restore(
         sw.echo(f"  restore failed: {err}")
         serving = False
     gen.save(replace(gen.record, rollback=RollbackRecord(serving)))
+    if sw.warm is not None:
+        sw.warm.discard()
     restore: Restore
     if not was_installed:
         again, restore = "none (nothing was installed), so nothing serves", "nothing before"

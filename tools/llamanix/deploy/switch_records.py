@@ -21,6 +21,7 @@ from llamanix.deploy.gap_records import GapRecord
 from llamanix.deploy.gate import BENCH_RUNS, DEFAULT_MAX_RUNS, GatePrompts, Thresholds
 from llamanix.deploy.gate_records import ACTIONS, GATES, Action, Baseline, GateKind, GateResult
 from llamanix.deploy.generations import ManagerKind
+from llamanix.deploy.warm_records import DEFAULT_LIMIT_GIB, WarmRecord
 
 DEFAULT_DRAIN_TIMEOUT_S = 30.0
 # How long each instance may take to become healthy after a switch or rollback.
@@ -67,6 +68,8 @@ class SwitchOptions(JsonRecord):
     # (None: the run's limit and a minute).
     run_timeout_s: float = DEFAULT_RUN_TIMEOUT_S
     follow_timeout_s: float | None = None
+    # A warm switch saves at most this much of an instance's caches (GiB).
+    warm_limit_gib: float = DEFAULT_LIMIT_GIB
 
     @property
     def follow_s(self) -> float:
@@ -214,6 +217,8 @@ class HostOutcome(JsonRecord):
     gaps: dict[str, GapRecord] = field(default_factory=dict)
     # A failed switch: what it left (None: it failed before anything was activated).
     restore: Restore | None = None
+    # What each warm_switch instance kept of its caches (deploy.warm).
+    warm: dict[str, WarmRecord] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:

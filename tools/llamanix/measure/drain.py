@@ -32,12 +32,21 @@ DRAIN_POLL_S = 0.005
 WATCH_POLL_S = 0.02
 
 
+# After a fence went up on the server's port (``external.nft``), how long a look must come after
+# it to count as idle: a request that got in just before the fence reaches the server's task
+# queue within this time (it is read and parsed; the look itself is queued behind it).
+DRAIN_SETTLE_S = 0.1
+
+
 @dataclass(frozen=True)
 class Endpoint:
-    """A server as the switch reaches it."""
+    """A server as the switch reaches it. A router (``router``: its kind) is asked about each
+    of its ``members`` (the model names it serves) that is loaded."""
 
     url: str
     api_key: str | None = None
+    router: str | None = None
+    members: tuple[str, ...] = ()
 
     def client(self, timeout_s: float) -> httpx.Client:
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
@@ -62,12 +71,15 @@ class Drained:
     last_answer: float | None
 
 
-def in_flight(http: httpx.Client) -> int | None:
+def in_flight(
+    http: httpx.Client, prefix: str = "", params: dict[str, str] | None = None
+) -> int | None:
     """Requests the server has now: those its slots work on and those waiting for a slot
     (``/metrics``' gauges), else its busy slots (``/slots``: a server without metrics); None
-    when it answers neither (a variant without them, or not serving)."""
+    when it answers neither (a variant without them, or not serving). ``prefix`` and
+    ``params``: where a router forwards the question to one member."""
     try:
-        resp = http.get("/metrics")
+        resp = http.get(f"{prefix}/metrics", params=params)
         if resp.status_code == 200:
             gauges = dict(
                 line.split(maxsplit=1)
@@ -76,7 +88,7 @@ def in_flight(http: httpx.Client) -> int | None:
             )
             if "llamacpp:requests_processing" in gauges:
                 return sum(int(float(v)) for v in gauges.values())
-        resp = http.get("/slots")
+        resp = http.get(f"{prefix}/slots", params=params)
         if resp.status_code == 200:
             slots = resp.json()
             if isinstance(slots, list):
@@ -86,18 +98,49 @@ def in_flight(http: httpx.Client) -> int | None:
     return None
 
 
-def drain(endpoint: Endpoint, timeout_s: float, poll_s: float = DRAIN_POLL_S) -> Drained:
-    """Wait until the server at ``endpoint`` has no request in flight, at most ``timeout_s``."""
+def router_in_flight(http: httpx.Client, endpoint: Endpoint) -> int | None:
+    """The requests a router's loaded members have (a member that is not loaded has none);
+    None when the router answers for none of them."""
+    total: int | None = None
+    for member in endpoint.members:
+        if endpoint.router == "llama-swap":
+            # llama-swap would load a member its /upstream/ path names: ask only running ones.
+            try:
+                running = http.get("/running").json().get("running", [])
+            except (httpx.HTTPError, ValueError, AttributeError):
+                return None
+            if member not in {r.get("model") for r in running if isinstance(r, dict)}:
+                total = total or 0
+                continue
+            busy = in_flight(http, f"/upstream/{member}")
+        else:
+            # llama-server's router proxies /metrics and /slots to the member named; with
+            # autoload=false it answers an error for a member that is not loaded.
+            busy = in_flight(http, "", {"model": member, "autoload": "false"})
+        total = (total or 0) + (busy or 0)
+    return total
+
+
+def drain(
+    endpoint: Endpoint,
+    timeout_s: float,
+    poll_s: float = DRAIN_POLL_S,
+    settle_until: float | None = None,
+) -> Drained:
+    """Wait until the server at ``endpoint`` has no request in flight, at most ``timeout_s``.
+    ``settle_until`` (time.monotonic()): an idle look counts only from then on (a fence went
+    up just before)."""
     started = time.monotonic()
     last_answer: float | None = None
     busy: int | None = None
     with endpoint.client(timeout_s=2.0) as http:
         while True:
-            busy = in_flight(http)
+            asked = time.monotonic()
+            busy = router_in_flight(http, endpoint) if endpoint.router else in_flight(http)
             now = time.monotonic()
             if busy is not None:
                 last_answer = now
-            if busy == 0:
+            if busy == 0 and (settle_until is None or asked >= settle_until):
                 return Drained(now - started, True, 0, last_answer)
             if busy is None and last_answer is None:
                 # Nothing to wait for: it does not serve, or cannot say what it is doing.

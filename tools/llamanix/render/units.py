@@ -20,7 +20,14 @@ from pathlib import Path
 
 import llamanix
 from llamanix.core.address import connect_url, is_loopback
-from llamanix.core.argv import dialect_warning, flatten, instance_arg_pieces, resolve_variant
+from llamanix.core.argv import (
+    SLOT_SAVE_FLAG,
+    dialect_warning,
+    flatten,
+    instance_arg_pieces,
+    resolve_variant,
+    state_dir_spec,
+)
 from llamanix.core.config import Config, Host, Instance, suggest
 from llamanix.core.errors import Problem, UserError
 from llamanix.core.host_choice import pick_host
@@ -230,9 +237,10 @@ def render_instance(
     pieces = instance_arg_pieces(config, inst.name, None, caps)
     argv = flatten(pieces)
     unit_pieces = instance_arg_pieces(config, inst.name, None, caps, api_key_path=_CREDENTIAL_PATH)
+    # The credential's and the state directory's specifiers are systemd's to expand.
+    unescaped = {_CREDENTIAL_PATH, state_dir_spec(inst.name)}
     words = [
-        token if token == _CREDENTIAL_PATH else systemd_escape_arg(token)
-        for token in flatten(unit_pieces)
+        token if token in unescaped else systemd_escape_arg(token) for token in flatten(unit_pieces)
     ]
     state = f"llamanix-{inst.name}"
     environment = [
@@ -281,7 +289,21 @@ def render_instance(
         port=inst.port,
         alias=inst.alias,
         gpu=gpu,
-        warnings=tuple(w for w in [dialect_warning(config, inst.name, None, caps)] if w),
+        warnings=tuple(
+            w
+            for w in [dialect_warning(config, inst.name, None, caps), _warm_warning(inst, argv)]
+            if w
+        ),
+    )
+
+
+def _warm_warning(inst: Instance, argv: list[str]) -> str | None:
+    """One line when warm_switch is on and the probed build has no slot API."""
+    if not inst.warm_switch or SLOT_SAVE_FLAG in argv:
+        return None
+    return (
+        f"instances.{inst.name}.warm_switch: {argv[0]} has no {SLOT_SAVE_FLAG}, so its "
+        "switches are cold"
     )
 
 
