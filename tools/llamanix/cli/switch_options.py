@@ -114,6 +114,15 @@ _SWITCH: tuple[Decorator, ...] = (
         help="bench gate: what a still-inconclusive comparison after --max-runs ends as.",
     ),
     click.option(
+        "--on-drift",
+        type=OneOf(ACTIONS),
+        default="keep",
+        show_default=True,
+        help="bench gate: a regression is confirmed by measuring the baseline again after the "
+        "rollback; when the candidate matches that second baseline (the machine moved, not the "
+        "change), keep the switch or leave it rolled back.",
+    ),
+    click.option(
         "--gate-prompts",
         metavar="SPEC",
         help="bench gate: the prompts measured, one per run in turn, as bench's --prompts "

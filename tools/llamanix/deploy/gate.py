@@ -24,7 +24,7 @@ when that instance does not answer does the last good bench's stored runs stand 
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from llamanix.core.errors import ExternalCommandError, UserError
@@ -259,6 +259,35 @@ def _bench(target: GateTarget, limits: Thresholds) -> BenchVerdict:
         baseline=baseline,
         prompts=prompts.spec,
     )
+
+
+def confirm_regression(verdict: BenchVerdict, again: Baseline, on_drift: Action) -> BenchVerdict:
+    """A, B, A: ``verdict`` found a regression of the candidate (B) against the baseline (A);
+    ``again`` is the baseline measured again on the previous generation, restored after the
+    rollback. Still a regression against it: confirmed. Otherwise the machine moved between
+    the measurements (another load, a thermal state), not the change: the verdict is
+    inconclusive, with how far the baseline moved, and ``on_drift`` says whether the switch
+    stands (``keep``) or stays rolled back."""
+    threshold = verdict.threshold if verdict.threshold is not None else threshold_of(0.0)
+    interval = ratio_interval(again.samples, verdict.samples)
+    first = statistics.median(verdict.baseline.samples) if verdict.baseline else None
+    second = statistics.median(again.samples)
+    moved = (second / first - 1) * 100 if first else 0.0
+    measured = (
+        f"the baseline measured again after the rollback: decode {second:.1f} tok/s "
+        f"({len(again.samples)} runs; first {first or 0:.1f}), the candidate's "
+        f"{verdict.median:.1f} against it: ratio {interval.ratio:.3f}, {interval.confidence:.0%} "
+        f"interval [{interval.low:.3f}, {interval.high:.3f}]"
+    )
+    found = replace(verdict, baseline_after=again, confirmation=interval, baseline_moved_pct=moved)
+    if decide(interval, threshold) == "regression":
+        return replace(found, note=f"{verdict.note}; confirmed: {measured}")
+    resolved = "kept" if on_drift == "keep" else "rolled back"
+    note = (
+        f"inconclusive: the baseline moved by {moved:+.1f}% ({measured}); {resolved} "
+        f"(--on-drift {on_drift})"
+    )
+    return replace(found, decision="inconclusive", action=on_drift, note=note)
 
 
 def run_gate(

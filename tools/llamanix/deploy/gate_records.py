@@ -153,10 +153,32 @@ class BenchVerdict:
     max_regression_pct: float | None = None
     baseline: Baseline | None = None
     prompts: str | None = None  # the prompts measured (None: recorded before --gate-prompts)
+    # A regression is confirmed before it counts (A, B, A): after the rollback the baseline is
+    # measured again (``baseline_after``) and the candidate compared with it
+    # (``confirmation``). When that second comparison is no regression, the machine moved, not
+    # the change: ``decision`` is then inconclusive and ``baseline_moved_pct`` says how far the
+    # baseline moved between its two measurements.
+    baseline_after: Baseline | None = None
+    confirmation: RatioInterval | None = None
+    baseline_moved_pct: float | None = None
 
     @property
     def median(self) -> float:
         return float(statistics.median(self.samples))
+
+    @property
+    def drifted(self) -> bool:
+        """The regression was not confirmed: the baseline moved."""
+        return self.decision == "inconclusive" and self.baseline_moved_pct is not None
+
+    @property
+    def verdict(self) -> str | None:
+        """The decision as the switch words it."""
+        if self.drifted:
+            return f"inconclusive: the baseline moved by {self.baseline_moved_pct:+.1f}%"
+        if self.decision == "regression" and self.baseline_after is not None:
+            return "regression (confirmed)"
+        return self.decision
 
     # Hand-written: it writes runs, median and max_tokens, which follow from the fields, and
     # leaves the note out (the gate's detail carries it).
@@ -174,6 +196,17 @@ class BenchVerdict:
             "baseline": self.baseline.to_json() if self.baseline else None,
             # Written only where --gate-prompts named them: older records read back the same.
             **({"prompts": self.prompts} if self.prompts is not None else {}),
+            # Written only where a regression was checked again.
+            **(
+                {
+                    "verdict": self.verdict,
+                    "baseline_after": self.baseline_after.to_json(),
+                    "confirmation": self.confirmation.to_json() if self.confirmation else None,
+                    "baseline_moved_pct": self.baseline_moved_pct,
+                }
+                if self.baseline_after is not None
+                else {}
+            ),
         }
 
     @staticmethod
@@ -187,6 +220,7 @@ class BenchVerdict:
         if not samples or action is None:
             return None
         baseline = found.get("baseline")
+        after = found.get("baseline_after")
         return BenchVerdict(
             samples=samples,
             action=action,
@@ -197,6 +231,9 @@ class BenchVerdict:
             max_regression_pct=jf.number(found.get("max_regression_pct")),
             baseline=Baseline.from_json(baseline) if baseline is not None else None,
             prompts=jf.text(found.get("prompts")),
+            baseline_after=Baseline.from_json(after) if after is not None else None,
+            confirmation=_interval_from_json(found.get("confirmation")),
+            baseline_moved_pct=jf.number(found.get("baseline_moved_pct")),
         )
 
 

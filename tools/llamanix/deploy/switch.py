@@ -22,7 +22,7 @@ from llamanix.core.errors import ExternalCommandError
 from llamanix.deploy import gateway_venv
 from llamanix.deploy.crash_point import crash_point
 from llamanix.deploy.gap_records import GapRecord
-from llamanix.deploy.gate import GatePrompts, measure_baseline, run_gate
+from llamanix.deploy.gate import GatePrompts, confirm_regression, measure_baseline, run_gate
 from llamanix.deploy.gate_records import (
     DEFAULT_GATE_PROMPTS,
     Baseline,
@@ -196,6 +196,7 @@ def switch_host(
         # check, `llamanix up`'s wait, nixos-rebuild's switch with its build).
         return replace(_commit(sw, gen, results), previous=previous, out_of_service_s=activated_s)
     outcome = _restore(sw, gen, results, activated_s is not None, restore_config, started)
+    outcome = _confirm(sw, gen, results, outcome, restore_config)
     return replace(outcome, previous=previous)
 
 
@@ -330,25 +331,35 @@ def _activate_and_gate(
         if sw.warm is not None:
             for name, record in sorted(sw.warm.records.items()):
                 sw.echo(f"  {name}: {record.describe()}")
-        if GATEWAY_UNIT in early:
-            # Its unit's start check asked LiteLLM itself; a gateway that did not start fails
-            # the switch as a server would.
-            why = f"did not start: {early[GATEWAY_UNIT]}"
-            results.append(GateResult(GATEWAY_UNIT, sw.gate, False, why))
-        for name in sw.changed:
-            if name == GATEWAY_UNIT and unit_name(GATEWAY_UNIT) in sw.new_files:
-                continue  # no gate of its own: its unit started, or `early` says why not
-            # A member's unit is its router's.
-            unit = ROUTER if router_for(sw.config, name) else name
-            if unit in early:
-                results.append(GateResult(name, sw.gate, False, f"did not start: {early[unit]}"))
-                continue
-            limits = sw.opts.thresholds(baselines.get(name), sw.request.prompts)
-            target = gate_target(sw.config, name)
-            results.append(run_gate(sw.gate, target, sw.opts.timeout_s, limits))
+        results = _gate_changed(sw, early, sw.gate, baselines)
     except ExternalCommandError as err:
         results.append(GateResult(sw.host, sw.gate, False, str(err)))
     return results, activated_s
+
+
+def _gate_changed(
+    sw: _HostSwitch, early: dict[str, str], gate: GateKind, baselines: dict[str, Baseline]
+) -> list[GateResult]:
+    """Gate each changed instance; ``early``: the units that did not start, and why."""
+    results: list[GateResult] = []
+    if GATEWAY_UNIT in early:
+        # Its unit's start check asked LiteLLM itself; a gateway that did not start fails the
+        # switch as a server would.
+        results.append(
+            GateResult(GATEWAY_UNIT, gate, False, f"did not start: {early[GATEWAY_UNIT]}")
+        )
+    for name in sw.changed:
+        if name == GATEWAY_UNIT and unit_name(GATEWAY_UNIT) in sw.new_files:
+            continue  # no gate of its own: its unit started, or `early` says why not
+        # A member's unit is its router's.
+        unit = ROUTER if router_for(sw.config, name) else name
+        if unit in early:
+            results.append(GateResult(name, gate, False, f"did not start: {early[unit]}"))
+            continue
+        limits = sw.opts.thresholds(baselines.get(name), sw.request.prompts)
+        target = gate_target(sw.config, name)
+        results.append(run_gate(gate, target, sw.opts.timeout_s, limits))
+    return results
 
 
 def _draining_restart(sw: _HostSwitch) -> DrainingRestart | None:
@@ -479,3 +490,73 @@ def _restore(
         sw.host, "failed", gen.number, detail, sw.changed, results, None, back_s, dict(sw.gaps),
         restore,
     )  # fmt: skip
+
+
+def _confirm(
+    sw: _HostSwitch,
+    gen: Generation,
+    results: list[GateResult],
+    outcome: HostOutcome,
+    restore_config: bool,
+) -> HostOutcome:
+    """A, B, A: a switch rolled back for a bench regression alone measures the restored
+    baseline again. A candidate that matches that second baseline was judged on a machine that
+    moved: the verdict is inconclusive, and --on-drift says whether the switch stands (the
+    generation is activated again) or stays rolled back."""
+    failed = [r for r in results if not r.passed]
+    regressed = [r for r in failed if r.bench is not None and r.bench.decision == "regression"]
+    old_config = sw.request.old_config
+    if not regressed or len(regressed) != len(failed) or outcome.restore != "serving again":
+        return outcome
+    if old_config is None:
+        return outcome
+    on_drift = sw.opts.drift_action()
+    checked: dict[str, GateResult] = {}
+    for r in regressed:
+        assert r.bench is not None
+        sw.echo(f"  {r.name}: confirming the regression: the baseline measured again")
+        again = measure_baseline(gate_target(old_config, r.name), sw.request.prompts)
+        if again is None:
+            sw.echo(f"  baseline {r.name}: not answering; the rollback stands")
+            return outcome
+        sw.echo(
+            f"  baseline {r.name} again: {len(again.samples)} runs, decode "
+            f"{', '.join(f'{v:.1f}' for v in again.samples)} tok/s"
+        )
+        verdict = confirm_regression(r.bench, again, on_drift)
+        passed = verdict.action == "keep"
+        checked[r.name] = GateResult(r.name, r.gate, passed, verdict.note, r.tok_s, bench=verdict)
+        sw.echo(f"  gate {r.gate} {r.name}: {verdict.verdict}: {verdict.note}")
+    rechecked = [checked.get(r.name, r) for r in results]
+    gate = GateRecord("failed", sw.gate, {r.name: r for r in rechecked})
+    gen.save(replace(gen.record, gate=gate))
+    if not all(r.passed for r in rechecked):
+        first = next(r for r in rechecked if not r.passed)
+        detail = f"{first.name}: {first.detail}; previous generation serving again"
+        return replace(outcome, gates=rechecked, detail=detail)
+    return _reapply(sw, gen, rechecked, restore_config)
+
+
+def _reapply(
+    sw: _HostSwitch, gen: Generation, results: list[GateResult], restore_config: bool
+) -> HostOutcome:
+    """Activate the generation a drifted verdict let stand, once more, and check it serves."""
+    sw.echo(
+        f"{sw.host}: the baseline moved, not the change (--on-drift keep): activating "
+        f"generation {gen.number} again"
+    )
+    if restore_config and sw.new_text != sw.old_text:
+        atomic_write(sw.path, sw.new_text)
+    _reverse_restarts(sw)
+    started = time.monotonic()
+    try:
+        early = sw.manager.activate(sw.runner, sw.new_files, sw.old_files, sw.opts.timeout_s)
+        health = _gate_changed(sw, early, "health", {})
+    except ExternalCommandError as err:
+        health = [GateResult(sw.host, "health", False, str(err))]
+    for r in health:
+        sw.echo(f"  gate health {r.name}: {'passed' if r.passed else 'FAILED'}: {r.detail}")
+    if all(r.passed for r in health):
+        outcome = _commit(sw, gen, results)
+        return replace(outcome, out_of_service_s=time.monotonic() - started)
+    return _restore(sw, gen, health, True, restore_config, started)

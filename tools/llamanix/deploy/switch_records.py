@@ -55,6 +55,9 @@ class SwitchOptions(JsonRecord):
     # bench gate with --max-regression: most candidate runs, and what an inconclusive ends as.
     max_runs: int = DEFAULT_MAX_RUNS
     inconclusive: str = "keep"
+    # A regression the baseline measured again after the rollback does not confirm (the
+    # machine drifted): the switch stands (keep) or stays rolled back.
+    on_drift: str = "keep"
     timeout_s: float = DEFAULT_TIMEOUT_S
     # Most seconds to wait for a server to finish the requests in flight before its restart.
     drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
@@ -118,6 +121,7 @@ class SwitchOptions(JsonRecord):
                 )
             )
         self.inconclusive_action()
+        self.drift_action()
         if self.gate_prompts is not None:
             if gate != "bench":
                 raise UserError(
@@ -132,17 +136,10 @@ class SwitchOptions(JsonRecord):
         return gate
 
     def inconclusive_action(self) -> Action:
-        for action in ACTIONS:
-            if self.inconclusive == action:
-                return action
-        raise UserError(
-            Problem(
-                "llamanix switch",
-                "--inconclusive",
-                f"unknown outcome '{self.inconclusive}'",
-                suggest(self.inconclusive, ACTIONS),
-            )
-        )
+        return _action("--inconclusive", self.inconclusive)
+
+    def drift_action(self) -> Action:
+        return _action("--on-drift", self.on_drift)
 
     def thresholds(self, baseline: Baseline | None, prompts: GatePrompts | None) -> Thresholds:
         """The bench gate's limits; ``prompts``: the --gate-prompts' (``bench_prompts``),
@@ -155,6 +152,15 @@ class SwitchOptions(JsonRecord):
             self.inconclusive_action(),
             prompts,
         )
+
+
+def _action(option: str, value: str) -> Action:
+    for action in ACTIONS:
+        if value == action:
+            return action
+    raise UserError(
+        Problem("llamanix switch", option, f"unknown outcome '{value}'", suggest(value, ACTIONS))
+    )
 
 
 @dataclass(frozen=True)

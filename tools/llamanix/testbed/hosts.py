@@ -63,6 +63,8 @@ PACKAGES = (
     # its own address on a bridge.
     "openssh-server",
     "iproute2",
+    # A switch fences a server's port while it restarts (llamanix.external.nft).
+    "nftables",
 )
 VENV = "/opt/llamanix"
 LLAMANIX = f"{VENV}/bin/llamanix"
@@ -118,9 +120,14 @@ def rootfs_tarball(spec: HostSpec) -> Path:
         with (cache / f"{spec.name}.log").open("w") as log:
             container.mmdebstrap(spec.suite, sorted(PACKAGES), staging, log)
         os.replace(staging, out)
-        for old in cache.glob(f"{spec.name}-*.tar"):
-            if old != out:
-                old.unlink()
+        # Checkouts of other package lists may share the cache: the three newest stay.
+        others = sorted(
+            (p for p in cache.glob(f"{spec.name}-*.tar") if p != out and ".partial" not in p.name),
+            key=lambda p: p.stat().st_mtime,
+            reverse=True,
+        )
+        for old in others[2:]:
+            old.unlink()
     return out
 
 
