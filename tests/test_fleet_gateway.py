@@ -12,11 +12,12 @@ requests), and each replica's gap and load time as the switch measured them.
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -272,6 +273,123 @@ def test_rolling_switches_behind_the_gateway_fail_no_request(bed: Bed) -> None:
     )
     assert failed == [0] * ROLLING_RUNS, [s.failed[:3] for s in seen_runs]
     assert all(s.unavailable_s == 0.0 for s in seen_runs)
+
+
+# Runs on the controller: a client of one replica directly (not through the gateway), as
+# another machine is. Every 20 ms a GET /health on a new connection, and two clients streaming
+# chats, each request on a new connection, until the stop file appears; the times of the
+# answers, and each chat's start, end, whether it got its whole answer, and why not.
+_DIRECT = """
+import json, os, sys, threading, time, httpx
+url, ready, stop, out = sys.argv[1:5]
+health, chats = [], []
+def watch():
+    while not os.path.exists(stop):
+        try:
+            r = httpx.get(url + "/health", headers={"Connection": "close"}, timeout=2)
+            if r.status_code == 200:
+                health.append(time.monotonic())
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.02)
+body = {"stream": True, "max_tokens": 24, "messages": [{"role": "user", "content": "Hi."}]}
+def chat():
+    while not os.path.exists(stop):
+        began, ok, why = time.monotonic(), False, ""
+        try:
+            with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=60,
+                              headers={"Connection": "close"}) as r:
+                lines = [line for line in r.iter_lines() if line]
+                ok = r.status_code == 200 and lines[-1:] == ["data: [DONE]"]
+                why = "" if ok else f"HTTP {r.status_code}: " + " | ".join(lines[-2:])[:200]
+        except httpx.HTTPError as err:
+            why = repr(err)[:200]
+        chats.append([began, time.monotonic(), ok, why])
+threads = [threading.Thread(target=f) for f in (watch, chat, chat)]
+for t in threads:
+    t.start()
+open(ready, "w").close()
+for t in threads:
+    t.join()
+with open(out, "w") as f:
+    json.dump({"health": health, "chats": chats}, f)
+"""
+
+
+@dataclass(frozen=True)
+class Direct:
+    requests: int
+    refused: list[str]
+    silence_s: float  # the longest time in which /health did not answer
+
+
+def direct_load(bed: Bed, name: str, host: str) -> Callable[[float, float], Direct]:
+    """Start ``_DIRECT`` against ``host``'s replica; the function ends it and says what it saw
+    between two times (the controller's monotonic clock is this machine's)."""
+    d = bed.fleet.home / f"direct-{name}"
+    shutil.rmtree(d, ignore_errors=True)
+    d.mkdir()
+    files = {n: d / n for n in ("ready", "stop", "out.json", "log")}
+    log = files["log"].open("w")
+    url = f"http://{bed.fleet.address(host)}:{REPLICAS[host]}"
+    argv = [sys.executable, "-c", _DIRECT, url, *(str(files[n]) for n in ("ready", "stop"))]
+    child = bed.fleet.controller_popen([*argv, str(files["out.json"])], stdout=log)
+    deadline = time.monotonic() + 60
+    while not files["ready"].exists():
+        assert child.poll() is None and time.monotonic() < deadline, files["log"].read_text()
+        time.sleep(0.1)
+
+    def end(start: float, stop: float) -> Direct:
+        time.sleep(2)
+        files["stop"].touch()
+        child.wait(timeout=120)
+        log.close()
+        data = json.loads(files["out.json"].read_text())
+        times = [start, *sorted(t for t in data["health"] if start < t < stop), stop]
+        silence = max(b - a for a, b in itertools.pairwise(times))
+        refused = [c[3] for c in data["chats"] if not c[2]]
+        return Direct(len(data["chats"]), refused, silence)
+
+    return end
+
+
+def test_a_blue_green_switch_leaves_no_gap_for_other_machines(bed: Bed) -> None:
+    """box1 switched with a restart, then blue-green, while a client on another machine (the
+    controller) talks to box1's replica directly, each request on a new connection, and four
+    clients stream through the gateway. The restart refuses that client's requests for the
+    time its port is fenced; blue-green hands the port to a bridge first: no request refused,
+    and /health never silent for longer than its polling."""
+    seen: dict[str, tuple[Direct, Seen, dict[str, object]]] = {}
+    for label, extra, context in (("restart", (), 2048), ("blue-green", ("--blue-green",), 1024)):
+        end = direct_load(bed, label, "box1")
+        load = Load(bed, label)
+        started = time.monotonic()
+        set_ = f"instances.chat-box1.context={context}"
+        code, out, err = llamanix(
+            bed, "switch", CONFIG, "--set", set_, "--hosts", "box1", "--json", *extra
+        )
+        stopped = time.monotonic()
+        gateway = load.end()
+        direct = end(started, stopped)
+        assert code == 0, err[-4000:]
+        (row,) = json.loads(out)
+        gap = row["gaps"]["chat-box1"]
+        seen[label] = (direct, gateway, gap)
+        FIGURES.append(
+            f"{label} of box1: a direct client on another machine: {direct.requests} streamed "
+            f"chats, {len(direct.refused)} refused, /health silent at most "
+            f"{direct.silence_s:.3f} s; through the gateway {gateway.requests} requests, "
+            f"{len(gateway.failed)} failed; the switch: {gap}"
+        )
+        assert gateway.failed == [], gateway.failed[:3]
+    restart, _, _ = seen["restart"]
+    blue_green, _, gap = seen["blue-green"]
+    assert gap.get("bridge_port"), gap
+    assert blue_green.refused == [], blue_green.refused[:3]
+    # Polled every 20 ms on a loaded machine: a silence of a quarter second is none.
+    assert blue_green.silence_s < 0.25, blue_green
+    # Without the bridge the same client is refused while the port is fenced.
+    assert restart.silence_s > blue_green.silence_s
 
 
 def test_a_bad_replica_is_rolled_back_while_the_other_serves(bed: Bed) -> None:

@@ -151,6 +151,13 @@ _SWITCH: tuple[Decorator, ...] = (
         help="warm_switch instances: save at most this much of one server's caches before its "
         "restart (a slot whose file would pass it starts cold).",
     ),
+    click.option(
+        "--blue-green",
+        is_flag=True,
+        help="systemd hosts: start each changed server's new render on a second port, send "
+        "other machines' new requests to it, and only then stop the old server; where two "
+        "copies do not fit (VRAM), restart as usual and say why.",
+    ),
     WAIT,
     *_MANAGER,
     *_REMOTE_RUN,

@@ -28,6 +28,11 @@ class GapRecord(JsonRecord):
     # ``no_fence`` says why (where one was wanted).
     fenced_s: float | None = field(default=None, metadata=OMIT_NONE)
     no_fence: str | None = field(default=None, metadata=OMIT_NONE)
+    # A blue-green switch: the port its bridge served on while the unit restarted; ``gap_s`` is
+    # then the longest time in which neither the port nor the bridge answered.
+    bridge_port: int | None = field(default=None, metadata=OMIT_NONE)
+    # Why a switch asked for blue-green restarted this instance as usual.
+    no_bridge: str | None = field(default=None, metadata=OMIT_NONE)
 
     def describe(self) -> str:
         parts = [
@@ -39,6 +44,10 @@ class GapRecord(JsonRecord):
         elif self.drained is False:
             left = "unknown" if self.in_flight is None else str(self.in_flight)
             parts.append(f"drain gave up after {_s(self.drain_s)} ({left} in flight)")
+        if self.bridge_port is not None:
+            parts.append(f"blue-green through port {self.bridge_port}")
+        elif self.no_bridge is not None:
+            parts.append(f"not blue-green: {self.no_bridge}")
         if self.fenced_s is not None:
             parts.append(f"out of rotation {_s(self.fenced_s)}")
         elif self.no_fence is not None:

@@ -22,12 +22,23 @@ import signal
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
+from llamanix.deploy.blue_green import RUNTIME_UNITS, Bridge
 from llamanix.deploy.gap_records import GapRecord
 from llamanix.deploy.warm import WarmCaches
 from llamanix.external import nft, signals, systemctl
+from llamanix.external.files import atomic_write
 from llamanix.external.process import Runner
-from llamanix.measure.drain import DRAIN_SETTLE_S, AnswerWatch, Drained, Endpoint, drain, gap_of
+from llamanix.measure.drain import (
+    DRAIN_SETTLE_S,
+    AnswerWatch,
+    Drained,
+    Endpoint,
+    drain,
+    gap_of,
+    longest_silence,
+)
 
 # After the manager's start returned (the unit's readiness check passed), how long the watch
 # may take to see the new server's first answer.
@@ -50,11 +61,16 @@ class DrainingRestart:
     fence_old: Mapping[str, int] = field(default_factory=dict)
     fence_new: Mapping[str, int] = field(default_factory=dict)
     warm: WarmCaches | None = None
+    # Blue-green (``deploy.blue_green``): the bridge of each instance that switches so, and
+    # why the others asked to did not.
+    bridges: Mapping[str, Bridge] = field(default_factory=dict)
+    no_bridge: Mapping[str, str] = field(default_factory=dict)
     gaps: dict[str, GapRecord] = field(default_factory=dict)
 
     def reversed(self) -> DrainingRestart:
         """The same restarts the other way (a rollback): the new servers are the running ones.
-        The caches a restart saved and never restored are restored by this one's."""
+        The caches a restart saved and never restored are restored by this one's. A rollback
+        restarts as usual, never blue-green: it is to be back quickly."""
         return DrainingRestart(
             self.new, self.old, self.drain_timeout_s, self.fence_new, self.fence_old, self.warm
         )
@@ -72,11 +88,22 @@ class DrainingRestart:
         if old is None and new is None:
             # Not a server of the config's (the gateway): restarted as it is.
             return systemctl.restart(runner, user, [unit], check=False)
+        bridge = self.bridges.get(name)
+        before = systemctl.show(user, unit)
+        port = self.fence_old.get(name)
+        if (
+            bridge is not None
+            and old is not None
+            and new is not None
+            and port is not None
+            and before.runs
+            and self.fence_new.get(name) == port
+        ):
+            return self._restart_bridged(runner, user, unit, bridge, old, new, port)
         endpoints = [e for e in (old, new) if e is not None]
         endpoints = [e for i, e in enumerate(endpoints) if e not in endpoints[:i]]
         drained: Drained | None = None
-        before = systemctl.show(user, unit)
-        port = self.fence_old.get(name) if before.runs else None
+        port = port if before.runs else None
         fenced_at, no_fence = _put_fence(port)
         try:
             with AnswerWatch(endpoints) as watch:
@@ -108,8 +135,89 @@ class DrainingRestart:
         else:
             gap = gap_of(watch.answers(), started, drained)
             record = _record(gap.gap_s, gap.load_s, drained)
-        self.gaps[name] = replace(record, fenced_s=fenced_s, no_fence=no_fence)
+        self.gaps[name] = replace(
+            record, fenced_s=fenced_s, no_fence=no_fence, no_bridge=self.no_bridge.get(name)
+        )
         return ok
+
+    def _restart_bridged(
+        self,
+        runner: Runner,
+        user: bool,
+        unit: str,
+        bridge: Bridge,
+        old: Endpoint,
+        new: Endpoint,
+        port: int,
+    ) -> bool:
+        """Blue-green (``deploy.blue_green``): the bridge serves other machines while the unit
+        restarts; False when the unit did not start (the bridge is gone either way)."""
+        name = instance_of(unit)
+        why = nft.unavailable()
+        if why is not None:
+            self.no_bridge = {**self.no_bridge, name: why}
+            self.bridges = {k: v for k, v in self.bridges.items() if k != name}
+            return self._restart_one(runner, user, unit)
+        path = Path(RUNTIME_UNITS) / bridge.unit
+        at_bridge = replace(new, url=_with_port(new.url, bridge.port))
+        atomic_write(path, bridge.unit_text)
+        drained: Drained | None = None
+        started_at = time.monotonic()
+        ok = False
+        try:
+            systemctl.daemon_reload(runner, user)
+            if not systemctl.restart(runner, user, [bridge.unit], check=False):
+                self.no_bridge = {**self.no_bridge, name: f"its bridge {bridge.unit} did not start"}
+                self.bridges = {k: v for k, v in self.bridges.items() if k != name}
+                systemctl.stop(runner, user, [bridge.unit])
+                return self._restart_one(runner, user, unit)
+            with AnswerWatch([old, at_bridge]) as watch:
+                handed = time.monotonic()
+                nft.redirect(port, bridge.port)
+                nft.fence(port)
+                before = systemctl.show(user, unit)
+                drained = drain(old, self.drain_timeout_s, settle_until=handed + DRAIN_SETTLE_S)
+                if before.main_pid is not None:
+                    signals.signal_process(before.main_pid, signal.SIGTERM)
+                ok = systemctl.restart(runner, user, [unit], check=False)
+                started = systemctl.show(user, unit).main_started
+                # Back to the unit's own port: new connections go there, and the bridge's
+                # open ones are refused new requests (its fence) while it drains.
+                nft.unredirect(port)
+                nft.unfence(port)
+                back = time.monotonic()
+                nft.fence(bridge.port)
+                drain(at_bridge, self.drain_timeout_s, settle_until=back + DRAIN_SETTLE_S)
+                systemctl.stop(runner, user, [bridge.unit])
+                ended = time.monotonic()
+        finally:
+            nft.unredirect(port)
+            nft.unfence(port)
+            nft.unfence(bridge.port)
+            if path.exists():
+                path.unlink()
+                systemctl.daemon_reload(runner, user)
+        silence = longest_silence(watch.answers(), handed, ended)
+        load = None
+        if started is not None:
+            first = [t for t in watch.answers(0) if t >= started]
+            load = min(first) - started if first else None
+        self.gaps[name] = GapRecord(
+            silence,
+            load,
+            drained.waited_s,
+            drained.idle,
+            drained.in_flight,
+            fenced_s=ended - started_at,
+            bridge_port=bridge.port,
+        )
+        return ok
+
+
+def _with_port(url: str, port: int) -> str:
+    """``url`` (http://HOST:PORT) on another port."""
+    head, _, _ = url.rpartition(":")
+    return f"{head}:{port}"
 
 
 def _put_fence(port: int | None) -> tuple[float | None, str | None]:

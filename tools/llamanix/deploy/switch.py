@@ -20,6 +20,7 @@ from pathlib import Path
 from llamanix.core.config import Config
 from llamanix.core.errors import ExternalCommandError
 from llamanix.deploy import gateway_venv
+from llamanix.deploy.blue_green import Bridge, bridge_for, why_not
 from llamanix.deploy.crash_point import crash_point
 from llamanix.deploy.gap_records import GapRecord
 from llamanix.deploy.gate import GatePrompts, confirm_regression, measure_baseline, run_gate
@@ -370,6 +371,7 @@ def _draining_restart(sw: _HostSwitch) -> DrainingRestart | None:
     for port in lift_stale_fences():
         sw.echo(f"  lifted the fence a killed switch left on port {port}")
     old_config = sw.request.old_config
+    bridges, no_bridge = _bridges(sw, sw.manager.user) if sw.opts.blue_green else ({}, {})
     sw.manager.restarts = DrainingRestart(
         old=endpoints(old_config, sw.host),
         new=endpoints(sw.config, sw.host),
@@ -377,12 +379,34 @@ def _draining_restart(sw: _HostSwitch) -> DrainingRestart | None:
         fence_old=fence_ports(old_config, sw.host),
         fence_new=fence_ports(sw.config, sw.host),
         warm=sw.warm,
+        bridges=bridges,
+        no_bridge=no_bridge,
     )
     return sw.manager.restarts
 
 
+def _bridges(sw: _HostSwitch, user: bool) -> tuple[dict[str, Bridge], dict[str, str]]:
+    """The bridge of each changed server that can switch blue-green, and why the others
+    cannot."""
+    bridges: dict[str, Bridge] = {}
+    no_bridge: dict[str, str] = {}
+    rendered = {r.name: r for r in sw.render.instances}
+    for name in sw.changed:
+        if name not in rendered or name not in sw.config.instances:
+            continue  # the gateway, or a router (its members restart with it)
+        why = why_not(sw.config, name, rendered[name].gpu, user)
+        if why is None:
+            bridges[name] = bridge_for(sw.config, name, user)
+        else:
+            no_bridge[name] = why
+            sw.echo(f"  {name}: not blue-green: {why}")
+    return bridges, no_bridge
+
+
 def _warm_up(sw: _HostSwitch) -> None:
     """``llamanix up`` saves and restores the warm_switch caches around applying a render."""
+    if sw.opts.blue_green and not isinstance(sw.manager, SystemdManager):
+        sw.echo(f"  not blue-green: the {sw.manager.name} manager restarts the servers itself")
     if isinstance(sw.manager, UpManager) and not sw.runner.dry_run:
         sw.manager.warm = sw.warm
         sw.manager.old = endpoints(sw.request.old_config, sw.host)
@@ -505,9 +529,9 @@ def _confirm(
     generation is activated again) or stays rolled back."""
     failed = [r for r in results if not r.passed]
     regressed = [r for r in failed if r.bench is not None and r.bench.decision == "regression"]
-    old_config = sw.request.old_config
     if not regressed or len(regressed) != len(failed) or outcome.restore != "serving again":
         return outcome
+    old_config = sw.request.old_config
     if old_config is None:
         return outcome
     on_drift = sw.opts.drift_action()

@@ -73,6 +73,9 @@ class SwitchOptions(JsonRecord):
     follow_timeout_s: float | None = None
     # A warm switch saves at most this much of an instance's caches (GiB).
     warm_limit_gib: float = DEFAULT_LIMIT_GIB
+    # Systemd hosts: start each changed server's new render beside the old one and hand its
+    # port over (deploy.blue_green), where the host has room for both.
+    blue_green: bool = False
 
     @property
     def follow_s(self) -> float:

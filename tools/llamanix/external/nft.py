@@ -96,6 +96,46 @@ def unfence(port: int) -> None:
         raise ExternalCommandError(f"nft: lift the fence on port {port}: {done.stderr.strip()}")
 
 
+REDIRECT_PREFIX = "llamanix-redirect-"
+_REDIRECT = re.compile(rf"^table inet {re.escape(REDIRECT_PREFIX)}(\d+)$", re.MULTILINE)
+
+
+def redirect_script(port: int, to_port: int) -> str:
+    """New connections from other machines to ``port`` go to ``to_port`` on this machine (a
+    blue-green switch's bridge); connections already open stay where they are (conntrack)."""
+    return (
+        f"table inet {REDIRECT_PREFIX}{port} {{\n"
+        "  chain prerouting {\n"
+        "    type nat hook prerouting priority dstnat; policy accept;\n"
+        f'    iifname != "lo" tcp dport {port} redirect to :{to_port}\n'
+        "  }\n"
+        "}\n"
+    )
+
+
+def redirect(port: int, to_port: int) -> None:
+    unredirect(port)
+    done = run_captured(["nft", "-f", "-"], input_text=redirect_script(port, to_port), timeout_s=30)
+    if done.returncode != 0:
+        raise ExternalCommandError(f"nft: redirect port {port}: {done.stderr.strip()[:300]}")
+
+
+def unredirect(port: int) -> None:
+    if port not in redirected_ports():
+        return
+    table = f"{REDIRECT_PREFIX}{port}"
+    done = run_captured(["nft", "delete", "table", "inet", table], timeout_s=30)
+    if done.returncode != 0:
+        raise ExternalCommandError(f"nft: end the redirect of port {port}: {done.stderr.strip()}")
+
+
+def redirected_ports() -> list[int]:
+    done = run_captured(["nft", "list", "tables", "inet"], timeout_s=30)
+    if done.returncode != 0:
+        return []
+    return sorted(int(m.group(1)) for m in _REDIRECT.finditer(done.stdout))
+
+
 def fenced_ports() -> list[int]:
     """The ports a fence is up on now."""
     done = run_captured(["nft", "list", "tables", "inet"], timeout_s=30)

@@ -18,6 +18,7 @@ left (the old server's stop, the manager's start, one poll) is the switch's own 
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Sequence
@@ -158,6 +159,7 @@ class AnswerWatch:
         self._endpoints = list(endpoints)
         self._poll_s = poll_s
         self._answers: list[float] = []
+        self._by_endpoint: list[list[float]] = [[] for _ in self._endpoints]
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, name="answer-watch", daemon=True)
 
@@ -173,7 +175,10 @@ class AnswerWatch:
         if self._thread.is_alive():
             self._thread.join(timeout=5.0)
 
-    def answers(self) -> list[float]:
+    def answers(self, endpoint: int | None = None) -> list[float]:
+        """The times of the answers: of every endpoint, or of the ``endpoint``-th one."""
+        if endpoint is not None:
+            return list(self._by_endpoint[endpoint])
         return list(self._answers)
 
     def _run(self) -> None:
@@ -182,13 +187,15 @@ class AnswerWatch:
         clients = [e.client(timeout_s=1.0) for e in self._endpoints]
         try:
             while not self._done.is_set():
-                for http in clients:
+                for index, http in enumerate(clients):
                     try:
                         ok = http.get("/health", headers={"Connection": "close"}).status_code
                     except httpx.HTTPError:
                         continue
                     if ok == 200:
-                        self._answers.append(time.monotonic())
+                        now = time.monotonic()
+                        self._answers.append(now)
+                        self._by_endpoint[index].append(now)
                 self._done.wait(self._poll_s)
         finally:
             for http in clients:
@@ -212,6 +219,12 @@ class Gap:
     @property
     def load_s(self) -> float | None:
         return None if self.first_new is None else self.first_new - self.started
+
+
+def longest_silence(answers: Sequence[float], start: float, end: float) -> float:
+    """The longest time between ``start`` and ``end`` in which nothing answered."""
+    times = [start, *sorted(t for t in answers if start < t < end), end]
+    return max(b - a for a, b in itertools.pairwise(times))
 
 
 def gap_of(answers: Sequence[float], started: float, drained: Drained | None = None) -> Gap:

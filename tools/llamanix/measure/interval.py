@@ -120,6 +120,21 @@ def ratio_interval(
     )
 
 
+def median_interval(
+    samples: Sequence[float],
+    *,
+    confidence: float = CONFIDENCE,
+    resamples: int = RESAMPLES,
+    seed: int = SEED,
+) -> tuple[float, float, float]:
+    """(low, median, high): the bootstrap percentile interval of one side's median."""
+    values = _clean(samples, "samples")
+    low, high = _bootstrap(
+        lambda rng: _median(rng.choices(values, k=len(values))), confidence, resamples, seed
+    )
+    return low, _median(values), high
+
+
 def threshold_of(max_regression_pct: float) -> float:
     """The lowest candidate/baseline ratio that is still acceptable."""
     return 1 - max_regression_pct / 100
