@@ -471,3 +471,35 @@ def test_a_switch_drains_the_server_and_reports_its_gap(host: Host) -> None:
         f"{gap['load_s']:.3f} s, drain {gap['drain_s']:.3f} s; {seen['complete']} answers "
         f"complete, {seen['cut']} cut, {seen['not_answered']} not answered (during the gap)"
     )
+
+
+def test_a_warm_switch_keeps_the_cache_in_the_units_state_directory(host: Host) -> None:
+    """warm_switch under systemd: the old server writes its slot's cache into its unit's state
+    directory (with ProtectSystem=strict, the one place it may write), the new server restores
+    it before the switch ends, the file is gone after, and the switch records the token count
+    both sides report."""
+    write_config(host, config_text(PORT, extra="warm_switch = true\n"))
+    assert _switch(host).returncode == 0
+    unit_text = host.path(f"{UNITS}/{UNIT}").read_text()
+    start = next(line for line in unit_text.splitlines() if line.startswith("ExecStart="))
+    assert " --slot-save-path %S/llamanix-chat" in start, start
+    assert "StateDirectory=llamanix-chat\n" in unit_text and "ProtectSystem=strict\n" in unit_text
+    assert "ReadWritePaths" not in unit_text
+    status, _ = complete(host, PORT, " ".join(["word"] * 60))
+    assert status == "200"
+    done = _switch(host, "--set", 'instances.chat.environment.LLAMANIX_ROUND="1"', "--json")
+    assert done.returncode == 0, output(done)
+    (row,) = json.loads(done.stdout)
+    (slot,) = row["warm"]["chat"]["slots"]
+    assert slot["outcome"] == "restored" and slot["restored"] == slot["tokens"] > 60, slot
+    assert "chat: warm: slot 0 restored" in done.stderr
+    # The server wrote there (DynamicUser: /var/lib/private), and the file is gone.
+    state = host.run(["ls", "-A", "/var/lib/private/llamanix-chat"]).stdout.split()
+    assert not [f for f in state if f.startswith("llamanix-warm-")], state
+    recorded = next(r for r in generations(host) if r["current"])
+    assert recorded["warm"]["chat"]["slots"][0]["outcome"] == "restored"
+    HOST_FIGURES.append(
+        f"{host.spec.name}: warm switch under systemd: slot 0 saved and restored, "
+        f"{slot['tokens']} tokens, {slot['bytes'] / 1e6:.1f} MB, save {slot['save_ms']:.0f} ms, "
+        f"restore {slot['restore_ms']:.0f} ms"
+    )

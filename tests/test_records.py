@@ -290,6 +290,7 @@ def test_generations_lists_the_records_as_they_are_on_disk(tmp_path: Path) -> No
             "gate": data["gate"],
             "rollback": data.get("rollback"),
             "gaps": data.get("gaps", {}),
+            "warm": data.get("warm", {}),
             "not_serving_now": {},
         }
         for data in (FOUND, PASSED, FAILED)

@@ -37,6 +37,7 @@ class GenerationRow:
                     "gate": record.gate.to_json() if record.gate else {},
                     "rollback": record.rollback.to_json() if record.rollback else None,
                     "gaps": {n: g.to_json() for n, g in (record.gaps or {}).items()},
+                    "warm": {n: w.to_json() for n, w in (record.warm or {}).items()},
                 },
                 sort_keys=True,
             )
@@ -49,6 +50,7 @@ class GenerationRow:
             "gate": found["gate"],
             "rollback": found["rollback"],
             "gaps": found["gaps"],
+            "warm": found["warm"],
             "not_serving_now": dict(self.not_serving_now),
         }
 
