@@ -16,21 +16,24 @@ import json
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from conftest import ServerFactory
+from recorded_help import B8770, BEE03, IK_NEW, IK_PIN, UPSTREAM, recorded
 
+from llamanix.core.argv import SLOT_SAVE_FLAG
 from llamanix.core.config import load_config
+from llamanix.core.errors import UserError
 from llamanix.deploy.warm import WarmCaches, WarmPlan, cold_reason, model_reason, plan_for
 from llamanix.measure.drain import Endpoint
 from llamanix.measure.prompts import load_prompts
 from llamanix.measure.server_process import free_port
+from llamanix.render.units import render_host
 from llamanix.testbed.up_process import instance_status, running_up
-
-pytestmark = pytest.mark.server
 
 INSTANCE = "chat"
 
@@ -77,6 +80,7 @@ def deploy(tmp_path: Path, real_model: Path, llama_server_bin: Path) -> Iterator
         yield tmp_path
 
 
+@pytest.mark.server
 def test_a_warm_switch_restores_the_cache_on_the_real_model(deploy: Path) -> None:
     units = deploy / ".llamanix-state" / "dev" / "up"
     entry = instance_status(units, INSTANCE)
@@ -127,6 +131,7 @@ def test_a_warm_switch_restores_the_cache_on_the_real_model(deploy: Path) -> Non
     assert f"{INSTANCE}: cold: {reason}" in cold.stderr
 
 
+@pytest.mark.server
 def test_the_cold_reasons(real_model: Path, llama_server_bin: Path, tmp_path: Path) -> None:
     """Why a switch is cold, from the two configs (and the model's header)."""
     text = config_text(real_model, llama_server_bin, 8080)
@@ -165,6 +170,7 @@ def test_the_cold_reasons(real_model: Path, llama_server_bin: Path, tmp_path: Pa
     )
 
 
+@pytest.mark.server
 def test_a_restore_that_did_not_bring_the_cache_back_is_reported(
     server_factory: ServerFactory, llama_server_bin: Path, synth_models: Any, tmp_path: Path
 ) -> None:
@@ -220,3 +226,52 @@ def test_a_restore_that_did_not_bring_the_cache_back_is_reported(
     assert slot.outcome == "restore incomplete", slot
     assert slot.restored == small["n_saved"] < slot.tokens
     assert len(saved) > 0 and list(slots.iterdir()) == []
+
+
+@pytest.mark.parametrize("recording", [UPSTREAM, IK_PIN, IK_NEW, BEE03, B8770])
+def test_every_recorded_dialect_takes_the_slot_save_path(recording: str, tmp_path: Path) -> None:
+    """The probe of each recorded build lists --slot-save-path, so its unit gets the flag
+    (the state directory, a systemd specifier left for systemd to expand)."""
+    caps = recorded(recording)
+    assert SLOT_SAVE_FLAG in caps.flags
+    variant = {UPSTREAM: "upstream", IK_PIN: "ik", IK_NEW: "ik", BEE03: "beellama"}
+    (tmp_path / "l.toml").write_text(
+        config_text(Path("/srv/m.gguf"), Path("/opt/llama-server"), 8080).replace(
+            'extra_args = ["--swa-full"]\n', f'variant = "{variant.get(recording, "nixpkgs")}"\n'
+        )
+    )
+    config = load_config(tmp_path / "l.toml")
+    render = render_host(config, "dev", {"*": caps})
+    (inst,) = render.instances
+    assert inst.argv[inst.argv.index(SLOT_SAVE_FLAG) + 1] == "%S/llamanix-chat"
+    start = next(line for line in inst.unit_text.splitlines() if line.startswith("ExecStart="))
+    assert f"{SLOT_SAVE_FLAG} %S/llamanix-chat" in start
+    assert inst.warnings == ()
+
+
+def test_a_build_without_the_slot_api_renders_without_it_and_says_so(tmp_path: Path) -> None:
+    caps = recorded(UPSTREAM)
+    caps = replace(caps, flags=[f for f in caps.flags if f != SLOT_SAVE_FLAG])
+    (tmp_path / "l.toml").write_text(
+        config_text(Path("/srv/m.gguf"), Path("/opt/llama-server"), 8080)
+    )
+    render = render_host(load_config(tmp_path / "l.toml"), "dev", {"*": caps})
+    (inst,) = render.instances
+    assert SLOT_SAVE_FLAG not in inst.argv
+    assert inst.warnings == (
+        "instances.chat.warm_switch: /opt/llama-server has no --slot-save-path, so its "
+        "switches are cold",
+    )
+
+
+def test_a_routers_member_cannot_ask_for_a_warm_switch(tmp_path: Path) -> None:
+    text = config_text(Path("/srv/m.gguf"), Path("/opt/llama-server"), 8080)
+    text = text.replace(
+        "\n\n[instances.chat]",
+        '\n[hosts.dev.router]\nkind = "llama-server"\nmembers = ["chat"]\nport = 9090\n'
+        "\n[instances.chat]",
+    )
+    (tmp_path / "l.toml").write_text(text)
+    with pytest.raises(UserError) as err:
+        load_config(tmp_path / "l.toml")
+    assert "instances.chat.warm_switch: a router's member cannot keep its caches" in str(err.value)
