@@ -330,6 +330,7 @@ def _activate_and_gate(
             for name, gap in sorted(draining.gaps.items()):
                 sw.echo(f"  restart {name}: {gap.describe()}")
         if sw.warm is not None:
+            sw.warm.settle()
             for name, record in sorted(sw.warm.records.items()):
                 sw.echo(f"  {name}: {record.describe()}")
         results = _gate_changed(sw, early, sw.gate, baselines)
@@ -443,11 +444,14 @@ def _commit(sw: _HostSwitch, gen: Generation, results: list[GateResult]) -> Host
     )
 
 
-def _warm_records(sw: _HostSwitch) -> dict[str, WarmRecord] | None:
-    """What the warm switch kept; files no restart took are deleted now."""
+def _warm_records(sw: _HostSwitch, final: bool = True) -> dict[str, WarmRecord] | None:
+    """What the warm switch kept; at the switch's end (``final``), the files no restart took
+    are deleted. Before a rollback they wait: its restart restores them into the previous
+    generation, whose caches they are."""
     if sw.warm is None:
         return None
-    sw.warm.discard()
+    if final:
+        sw.warm.discard()
     return dict(sw.warm.records) or None
 
 
@@ -464,9 +468,8 @@ def _restore(
     host was out of service: until the restored generation answered (None while it does not)."""
     failed = next(r for r in results if not r.passed)
     failed_gate = GateRecord("failed", sw.gate, {r.name: r for r in results})
-    gen.save(
-        replace(gen.record, gate=failed_gate, gaps=dict(sw.gaps) or None, warm=_warm_records(sw))
-    )
+    warm = _warm_records(sw, final=False)
+    gen.save(replace(gen.record, gate=failed_gate, gaps=dict(sw.gaps) or None, warm=warm))
     restored = sw.state.current()
     sw.echo(
         f"{sw.host}: gate failed; restoring generation "

@@ -293,6 +293,13 @@ class WarmCaches:
         self.records[name] = record
         return record
 
+    def settle(self) -> None:
+        """A record for each cold plan no restart reached (a manager that restarts on its
+        own, as nixos-rebuild does)."""
+        for name, plan in self.plans.items():
+            if plan.cold is not None:
+                self.records.setdefault(name, WarmRecord(plan.cold))
+
     def discard(self) -> None:
         """Delete every file still waiting for its restore (the switch ends without one)."""
         for name in list(self.pending):
