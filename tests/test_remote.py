@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import stat
 import sys
@@ -860,3 +861,38 @@ def test_the_docs_table_after_a_refused_host_is_what_the_command_prints(
     assert done.exit_code == 1, done.output
     assert done.output.splitlines() == shown
     assert config.read_text() == before  # the canary's change undone here too
+
+
+def test_switch_host_all_ends_with_its_table_when_a_host_is_unreachable(
+    tmp_path: Path, ssh: Ssh
+) -> None:
+    """--host all is a rollout: an unreachable host is a row of the table, not the end of the
+    command before any summary."""
+    path = tmp_path / "fleet.toml"
+    path.write_text(
+        '[hosts.box2]\nkind = "systemd"\ntarget = "admin@box2"\n'
+        '[hosts.box3]\nkind = "systemd"\ntarget = "admin@box3"\n'
+        '[instances.a]\nhost = "box2"\nmodel = "/m.gguf"\nport = 8080\n'
+        '[instances.b]\nhost = "box3"\nmodel = "/m.gguf"\nport = 8081\n'
+    )
+    ssh.reply(
+        ([HELLO, RunReport(None).line()], "", 0),
+        ([], "ssh: connect to host box3 port 22: No route to host\n", 255),
+    )
+    done = cli("switch", str(path), "--host", "all", "--set", "instances.a.context=2048")
+    assert done.exit_code == 1, done.output
+    assert len(ssh.calls()) == 2  # the two questions, and no switch
+    table = done.stdout[done.stdout.index("rolling switch") :]
+    assert re.search(r"│ box2 │ -\s+│ untouched\s+│", table), table
+    assert re.search(r"│ box3 │ -\s+│ unreachable │ .*No route to host", table), table
+
+
+def test_the_deadlines_given_reach_the_agent_with_the_options(tmp_path: Path, ssh: Ssh) -> None:
+    path = write_config(tmp_path)
+    ssh.reply(([HELLO, started_line("r1"), outcome_line()], "", 0))
+    done = cli(
+        "switch", str(path), "--host", "box2", "--run-timeout", "300", "--follow-timeout", "30"
+    )
+    assert done.exit_code == 0, done.output
+    sent = SwitchOrder.parse(str(ssh.calls()[0]["stdin"]), "stdin").options
+    assert (sent.run_timeout_s, sent.follow_timeout_s, sent.follow_s) == (300.0, 30.0, 30.0)
