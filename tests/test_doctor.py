@@ -22,6 +22,7 @@ from test_inspect import qwen35_like
 from llamanix.cli import main
 from llamanix.core.argv import instance_argv
 from llamanix.core.config import load_config
+from llamanix.core.variants import VARIANTS
 from llamanix.external.journalctl import journalctl_argv
 from llamanix.external.llama_server import ServerStartError
 from llamanix.external.nvidia import NVIDIA_SMI_ARGV
@@ -35,6 +36,8 @@ DATA = Path(__file__).parent / "data"
 
 
 def toml_value(value: Any) -> str:
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{k} = {toml_value(v)}" for k, v in value.items()) + " }"
     return json.dumps(value)  # TOML strings, numbers, booleans and arrays read the same
 
 
@@ -45,7 +48,9 @@ def write_config(
     **instance: Any,
 ) -> Path:
     lines = ["[hosts.local]", 'kind = "systemd"']
-    lines += [f"{k} = {toml_value(v)}" for k, v in (host or {}).items()]
+    # A binary for every variant, where the test names none (its own, or the instance's).
+    host = {"binaries": {v: f"/opt/{v}/bin/llama-server" for v in VARIANTS}, **(host or {})}
+    lines += [f"{k} = {toml_value(v)}" for k, v in host.items()]
     lines += ["", "[instances.main]", 'host = "local"']
     lines += [f"{k} = {toml_value(v)}" for k, v in instance.items()]
     if spec:

@@ -65,6 +65,7 @@ def test_plan_reports_vram_fit_and_ceiling(tmp_path: Path) -> None:
     cfg = tmp_path / "llamanix.toml"
     cfg.write_text(
         '[hosts.h]\nkind = "systemd"\ngpu = "rtx3090"\n'
+        'binaries = { upstream = "/usr/bin/llama-server" }\n'
         f'[instances.a]\nmodel = "{model}"\ncontext = 2048\n'
         '[instances.a.speculative]\ntype = "draft"\n'
         f'draft_model = "{model}"\n'

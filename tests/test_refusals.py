@@ -188,3 +188,48 @@ def test_render_bad_host_writes_nothing(tmp_path: Path) -> None:
     # In the config's terms: the name may come from anywhere, the table is what is missing.
     assert result.stderr.strip() == f"{cfg}: hosts: no [hosts.gpu9] table (did you mean 'gpu1'?)"
     assert not out.exists()
+
+
+# --- no silent fallback --------------------------------------------------------------------------
+
+DEBIAN = """
+[hosts.box]
+kind = "{kind}"
+binaries = {{ upstream = "/usr/local/bin/llama-server" }}
+
+[instances.chat]
+variant = "{variant}"
+model = "/srv/models/q.gguf"
+port = 8080
+"""
+
+
+@pytest.mark.parametrize("kind", ["systemd", "systemd-user"])
+def test_a_variant_without_a_binary_is_refused_by_every_command(tmp_path: Path, kind: str) -> None:
+    """A host that runs the binaries the config names, and none for the variant: refused with
+    the fix, never rendered as a bare llama-server that PATH resolves to another build."""
+    ik = tmp_path / "ik.toml"
+    ik.write_text(DEBIAN.format(kind=kind, variant="ik"))
+    upstream = tmp_path / "llamanix.toml"
+    upstream.write_text(DEBIAN.format(kind=kind, variant="upstream"))
+    out = tmp_path / "out"
+    line = (
+        "instances.chat.variant: host 'box' (kind {kind}) has no llama-server for variant ik "
+        "(hosts.box.binaries names only upstream) (set hosts.box.binaries.ik = "
+        '"/path/to/ik/llama-server" (or instances.chat.binary), or choose a variant it names)'
+    ).format(kind=kind)
+    for cfg, args in (
+        (ik, ["validate", str(ik)]),
+        (ik, ["plan", "--no-security", str(ik)]),
+        (ik, ["render", str(ik), "--out", str(out)]),
+        (ik, ["argv", str(ik), "chat"]),
+        (upstream, ["argv", str(upstream), "chat", "--variant", "ik"]),
+        (upstream, ["switch", str(upstream), "--set", "instances.chat.variant=ik", "--dry-run"]),
+    ):
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 2, (args, result.output)
+        assert result.stdout == ""
+        assert result.stderr.strip() == f"{cfg}: {line}", args
+    assert not out.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ik.toml", "llamanix.toml"]
+    assert "upstream" in upstream.read_text()

@@ -770,6 +770,9 @@ def check_instance(
     def add(where: str, message: str, fix: str = "") -> None:
         out.append((where, message, fix))
 
+    missing = missing_binary(inst, host, variant)
+    if missing is not None:
+        add("variant", *missing)
     unsupported = [t for t in spec.types if spec.enabled and variant.spec_spelling(t) is None]
     for t in unsupported:
         add(
@@ -846,6 +849,28 @@ def check_instance(
     if inst.jinja is False and d.no_jinja_flag is None and d.jinja_default:
         add("jinja", f"{variant.who} cannot turn jinja off", "remove jinja")
     return out
+
+
+def binary_of(inst: Instance, host: Host, variant: Variant) -> str | None:
+    """The llama-server the instance's unit runs for ``variant``: its own ``binary``, else the
+    host's entry for the variant; None when the config names none (a NixOS host's module
+    names the flake's package for it)."""
+    return inst.binary or host.binaries.get(variant.name)
+
+
+def missing_binary(inst: Instance, host: Host, variant: Variant) -> tuple[str, str] | None:
+    """(message, fix) when a host that runs the binaries the config names (not NixOS) has none
+    for the variant: whatever llama-server the unit's PATH found would serve under its name."""
+    if host.kind == "nixos" or binary_of(inst, host, variant) is not None:
+        return None
+    named = ", ".join(sorted(host.binaries))
+    return (
+        f"host '{host.name}' (kind {host.kind}) has no llama-server for variant "
+        f"{variant.name} (hosts.{host.name}.binaries "
+        + (f"names only {named})" if named else "is empty)"),
+        f'set hosts.{host.name}.binaries.{variant.name} = "/path/to/{variant.name}/llama-server"'
+        f" (or instances.{inst.name}.binary), or choose a variant it names",
+    )
 
 
 def _chain_problems(spec: Speculative, variant: Variant) -> list[tuple[str, str, str]]:

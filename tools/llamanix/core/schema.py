@@ -154,7 +154,8 @@ HOST_FIELDS: tuple[Field, ...] = (
     Field(
         "binaries",
         DICT_STR,
-        "Path of llama-server per variant on systemd hosts (NixOS hosts use the flake's packages).",
+        "Path of llama-server per variant on systemd hosts; an instance whose variant has no "
+        "entry (and no `binary` of its own) is refused. NixOS hosts use the flake's packages.",
         example={"upstream": "/opt/llama.cpp/bin/llama-server"},
     ),
     Field(
