@@ -116,6 +116,42 @@ CASES: list[tuple[str, str, str, str]] = [
         "use api_key_file instead",
     ),
     ("wrong type", H + 'port = "8080"', "instances.a.port", "must be an integer, got '8080'"),
+    (
+        "context past any machine",
+        H + "context = 99999999999999999999999999",
+        "instances.a.context",
+        "99999999999999999999999999 is above the maximum 16777216 (use a value from 1 to 16777216)",
+    ),
+    (
+        "parallel past llama.cpp's slots",
+        H + "parallel = 100000000000",
+        "instances.a.parallel",
+        "100000000000 is above the maximum 256 (use a value from 1 to 256)",
+    ),
+    (
+        "port in integers, not 1e+26",
+        H + "port = 100000000000000000000000000",
+        "instances.a.port",
+        "100000000000000000000000000 is above the maximum 65535 (use a value from 1 to 65535)",
+    ),
+    (
+        "threads past ggml's",
+        H + "threads = 4096",
+        "instances.a.threads",
+        "4096 is above the maximum 512",
+    ),
+    (
+        "gpu_layers past any model",
+        H + "gpu_layers = 100000",
+        "instances.a.gpu_layers",
+        '100000 is above the maximum 9999 (write "all" to offload every layer)',
+    ),
+    (
+        "n_max past any draft",
+        H + '[instances.a.speculative]\ntype = "ngram-mod"\nn_max = 65536',
+        "instances.a.speculative.n_max",
+        "65536 is above the maximum 1024",
+    ),
 ]
 
 
@@ -214,10 +250,10 @@ def test_a_variant_without_a_binary_is_refused_by_every_command(tmp_path: Path, 
     upstream.write_text(DEBIAN.format(kind=kind, variant="upstream"))
     out = tmp_path / "out"
     line = (
-        "instances.chat.variant: host 'box' (kind {kind}) has no llama-server for variant ik "
+        f"instances.chat.variant: host 'box' (kind {kind}) has no llama-server for variant ik "
         "(hosts.box.binaries names only upstream) (set hosts.box.binaries.ik = "
         '"/path/to/ik/llama-server" (or instances.chat.binary), or choose a variant it names)'
-    ).format(kind=kind)
+    )
     for cfg, args in (
         (ik, ["validate", str(ik)]),
         (ik, ["plan", "--no-security", str(ik)]),

@@ -243,6 +243,13 @@ class _Checker:
             return value
         if kind == schema.LAYERS:
             if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+                if f.maximum is not None and value > f.maximum:
+                    self.add(
+                        where,
+                        f"{value} is above the maximum {_number(f.maximum)}",
+                        'write "all" to offload every layer',
+                    )
+                    return None
                 return value
             if value in ("all", "auto"):
                 return value
@@ -283,20 +290,37 @@ class _Checker:
 
     def _bounds(self, where: str, f: Field, value: float) -> Any:
         if f.minimum is not None and value < f.minimum:
-            self.add(where, f"{value:g} is below the minimum {f.minimum:g}", _range_fix(f))
+            self.add(
+                where,
+                f"{_number(value)} is below the minimum {_number(f.minimum)}",
+                _range_fix(f),
+            )
             return None
         if f.maximum is not None and value > f.maximum:
-            self.add(where, f"{value:g} is above the maximum {f.maximum:g}", _range_fix(f))
+            self.add(
+                where,
+                f"{_number(value)} is above the maximum {_number(f.maximum)}",
+                _range_fix(f),
+            )
             return None
         return value
 
 
+def _number(value: float) -> str:
+    """A bound or a value as the user writes it: integers whole (never 1e+26), others short."""
+    if isinstance(value, int):
+        return str(value)
+    return f"{value:g}"
+
+
 def _range_fix(f: Field) -> str:
-    if f.minimum is not None and f.maximum is not None:
-        return f"use a value from {f.minimum:g} to {f.maximum:g}"
-    if f.minimum is not None:
-        return f"use a value of at least {f.minimum:g}"
-    return f"use a value of at most {f.maximum:g}"
+    lo = None if f.minimum is None else _number(f.minimum)
+    hi = None if f.maximum is None else _number(f.maximum)
+    if lo is not None and hi is not None:
+        return f"use a value from {lo} to {hi}"
+    if lo is not None:
+        return f"use a value of at least {lo}"
+    return f"use a value of at most {hi}"
 
 
 def _describe(value: Any) -> str:
