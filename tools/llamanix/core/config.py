@@ -8,7 +8,6 @@ variant (usually: not rendered, so the binary's own default applies).
 
 from __future__ import annotations
 
-import difflib
 import json
 import math
 import re
@@ -175,9 +174,13 @@ class Config:
 
 
 def suggest(word: str, choices: list[str] | tuple[str, ...]) -> str:
-    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    """The closest known name (a typo's fix), else the names there are."""
+    from rapidfuzz import fuzz, process
+
+    close = process.extract(word, list(choices), scorer=fuzz.ratio, score_cutoff=60, limit=None)
     if close:
-        return f"did you mean '{close[0]}'?"
+        # Of equally close names the last in sort order, as difflib chose before.
+        return f"did you mean '{max(close, key=lambda m: (m[1], m[0]))[0]}'?"
     return "known: " + ", ".join(choices)
 
 
@@ -335,15 +338,44 @@ def _describe(value: Any) -> str:
     return repr(value)
 
 
+_BOM = b"\xef\xbb\xbf"
+
+
+def config_text(data: bytes, source: str) -> str:
+    """A config file's bytes as text: UTF-8, with or without the byte order mark some Windows
+    editors write; anything else is refused at its line."""
+    try:
+        return data.removeprefix(_BOM).decode("utf-8")
+    except UnicodeDecodeError as err:
+        start = err.start + (len(_BOM) if data.startswith(_BOM) else 0)
+        line = data.count(b"\n", 0, start) + 1
+        column = start - (data.rfind(b"\n", 0, start) + 1) + 1
+        raise UserError(
+            Problem(
+                source,
+                "",
+                f"line {line}, column {column}: byte 0x{data[start]:02x} is not UTF-8",
+                "save the file as UTF-8, e.g. with iconv -f latin1 -t utf-8",
+            )
+        ) from None
+
+
+def read_config_text(path: Path) -> str:
+    """The config file's text (see config_text); UserError when it cannot be read."""
+    source = str(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise UserError(Problem(source, "", "no such file", "check the path")) from None
+    except (IsADirectoryError, PermissionError) as err:
+        raise UserError(Problem(source, "", f"cannot read: {err}")) from None
+    return config_text(data, source)
+
+
 def load_config(path: Path) -> Config:
     """Read llamanix.toml (or a .json of the same shape, which the NixOS module writes)."""
     source = str(path)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise UserError(Problem(source, "", "no such file", "check the path")) from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as err:
-        raise UserError(Problem(source, "", f"cannot read: {err}")) from None
+    text = read_config_text(path)
     if path.suffix == ".json":
         try:
             data = json.loads(text)

@@ -102,12 +102,13 @@ def fit_and_ceiling(inst: Instance, host: Host) -> Fit | None:
     )
 
 
-def unseen(config: Config, render: Render) -> list[Problem]:
+def unseen(config: Config, render: Render, here: bool = True) -> list[Problem]:
     """Paths the host's units will not see or cannot use (see core.visibility).
 
     Not for a NixOS host (the module builds its units and puts the programs in the store) nor
-    for one that ``llamanix up`` runs here (no sandbox); for a remote host (``target``) only
-    where each path is counts, since its files are not here to read.
+    for one that ``llamanix up`` runs here (no sandbox); for a remote host (``target``), or
+    any host when ``here`` is false (``validate --remote``), only where each path is counts,
+    since its files are not here to read.
     """
     if render.kind == "nixos":
         return []
@@ -118,7 +119,8 @@ def unseen(config: Config, render: Render) -> list[Problem]:
 
         if runs_under_up(config, render.host):
             return []
-    return unseen_paths(config, render, local=config.hosts[render.host].target is None)
+    local = here and config.hosts[render.host].target is None
+    return unseen_paths(config, render, local=local)
 
 
 # Lines that name the instance (its description, command lines, environment and directory
