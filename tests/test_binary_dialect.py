@@ -10,8 +10,8 @@ from click.testing import CliRunner
 from standins import stand_in
 
 from llamanix.cli import main
+from llamanix.core.projects import PROJECTS
 from llamanix.core.variants import DIALECTS
-from llamanix.deploy.binary_dialect import PROJECTS
 
 HELP = Path(__file__).parent / "data" / "help"
 
