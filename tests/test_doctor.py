@@ -270,9 +270,15 @@ def test_hybrid_model_on_a_variant_without_checkpoints(
 
 
 def test_vram_budget_exceeds_the_gpu(synth_models: SynthModels, tmp_path: Path) -> None:
-    # 1 KiB of f16 KV per token x 50M tokens = 51 GB, more than a 24 GiB RTX 3090.
+    # 2 KiB of f32 KV per token x 16M tokens = 33 GB, more than a 24 GiB RTX 3090.
     config = write_config(
-        tmp_path / "c.toml", GPU_HOST, None, model=str(synth_models.target), context=50_000_000
+        tmp_path / "c.toml",
+        GPU_HOST,
+        None,
+        model=str(synth_models.target),
+        context=16_000_000,
+        cache_type_k="f32",
+        cache_type_v="f32",
     )
     result = doctor(str(config), "--json")
     assert result.exit_code == 1

@@ -276,6 +276,22 @@ def test_a_variant_without_a_binary_is_refused_by_every_command(tmp_path: Path, 
     assert "upstream" in upstream.read_text()
 
 
+def test_gpu_layers_on_a_host_that_names_no_gpu_are_refused(tmp_path: Path) -> None:
+    """Its unit gets a private /dev: a CUDA build would find no GPU and serve from the CPU."""
+    cfg = tmp_path / "llamanix.toml"
+    cfg.write_text(DEBIAN.format(kind="systemd", variant="upstream") + 'gpu_layers = "all"\n')
+    result = CliRunner().invoke(main, ["validate", "--remote", str(cfg)])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == (
+        f"{cfg}: instances.chat.gpu_layers: host 'box' names no GPU (gpu or cuda_archs), so its "
+        'units cannot open the NVIDIA devices and gpu_layers = "all" would run on the CPU (set '
+        'hosts.box.gpu = "rtx3090" (llamanix ceiling --list) or hosts.box.cuda_archs, or '
+        "gpu_layers = 0)"
+    )
+    cfg.write_text(cfg.read_text().replace('kind = "systemd"', 'kind = "systemd"\ngpu = "rtx3090"'))
+    assert CliRunner().invoke(main, ["validate", "--remote", str(cfg)]).exit_code == 0
+
+
 # --- config and command-line edges ---------------------------------------------------------------
 
 

@@ -829,6 +829,21 @@ def check_instance(
     missing = missing_binary(inst, host, variant)
     if missing is not None:
         add("variant", *missing)
+    for key, layers in (
+        ("gpu_layers", inst.gpu_layers),
+        ("speculative.draft_gpu_layers", spec.draft_gpu_layers),
+    ):
+        if host.kind != "nixos" and not host.has_gpu and layers not in (None, 0):
+            # The unit of a host without a GPU gets a private /dev: the layers would run on
+            # the CPU. (A NixOS instance's own CUDA build is known from its probe instead.)
+            add(
+                key,
+                f"host '{host.name}' names no GPU (gpu or cuda_archs), so its units cannot open "
+                f"the NVIDIA devices and {key.split('.')[-1]} = {json.dumps(layers)} would run "
+                "on the CPU",
+                f'set hosts.{host.name}.gpu = "rtx3090" (llamanix ceiling --list) or '
+                f"hosts.{host.name}.cuda_archs, or {key.split('.')[-1]} = 0",
+            )
     unsupported = [t for t in spec.types if spec.enabled and variant.spec_spelling(t) is None]
     for t in unsupported:
         add(
