@@ -28,6 +28,7 @@ DRAFT = "/var/lib/llama-models/Qwen3-1.7B-Q4_K_M.gguf"
 BEE_CONFIG = """\
 [hosts.box]
 kind = "systemd"
+gpu = "rtx3090ti"
 
 [instances.coder]
 variant = "beellama"

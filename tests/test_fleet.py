@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from conftest import HOST_FIGURES, REPO
-from hostbed import tiny_fleet
+from hostbed import slow_script, tiny_fleet
 
 from llamanix.external.signals import signal_process
 from llamanix.testbed import hosts
@@ -71,7 +71,7 @@ def bed(
         # A llama-server that cannot start: the bad binary of the scenarios.
         booted.host("box2").write(BROKEN, "#!/bin/sh\nexit 1\n", mode=0o755)
         for name in PORTS:
-            booted.host(name).write(SLOW, f'#!/bin/sh\nsleep 15\nexec {SERVER} "$@"\n', mode=0o755)
+            booted.host(name).write(SLOW, slow_script(SERVER, 15), mode=0o755)
         yield booted
 
 

@@ -59,3 +59,14 @@ def test_examples_keep_every_instance_key(example: Path) -> None:
     for name, inst in nix.items():
         assert inst["model"] == cfg.instances[name].model
         assert "host" not in inst and "binary" not in inst
+
+
+def test_a_byte_order_mark_reads_the_same_in_both(tmp_path: Path) -> None:
+    cfg = tmp_path / "llamanix.toml"
+    cfg.write_bytes(
+        b'\xef\xbb\xbf[hosts.gpu1]\n[instances.a]\nmodel = "/m/a.gguf"\ncontext = 4096\n'
+    )
+    nix = instances_from_toml(cfg, "gpu1")
+    assert nix == {"a": {"model": "/m/a.gguf", "context": 4096, "speculative": {}}}
+    python = load_config(cfg).instances["a"]
+    assert (python.model, python.context) == ("/m/a.gguf", 4096)

@@ -27,6 +27,7 @@ from llamanix.core.host_choice import pick_host
 from llamanix.core.probe import commit_of
 from llamanix.core.variants import VARIANTS
 from llamanix.deploy import gateway_venv
+from llamanix.deploy.binary_dialect import refuse_other_dialect
 from llamanix.deploy.config_edit import (
     ConfigText,
     apply_sets,
@@ -367,6 +368,8 @@ def _prepare(
         refuse_router_under_up(config, host)
     manager.preflight(runner)
     render = with_source_revisions(render_host(config, host), config, manager.runs_flake_packages)
+    if not manager.runs_flake_packages:
+        refuse_other_dialect(config, host)
     new_files = render.files()
     current = state.current()
     old_files = current.files() if current else manager.installed()
