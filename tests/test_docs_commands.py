@@ -1,0 +1,146 @@
+"""Every command block of README.md and docs/*.md runs here, or says in the Markdown why not.
+
+The blocks and their markers: tests/doc_blocks.py; how a block runs: tests/doc_run.py; the
+rules for writers: docs/development.md, "The docs test". Where a block shows output, its
+command must print exactly that (``scripts/regen-doc-output`` rewrites the shown output from a
+run). A block that can run nowhere here carries ``<!-- not run: REASON -->``, one that another
+test runs ``<!-- run by tests/FILE.py::TEST -->``: so every command block counts, by
+construction.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from doc_blocks import NOT_RUN_REASONS, ROOT, Block, all_blocks, files_of, run_by_targets
+from doc_run import Setup, changes_the_machine, make_setup, problems, remove_setup, run_block
+from llamanix.testbed import server_build
+from llamanix.testbed.synth import SynthSpec, synth_model
+
+BLOCKS = all_blocks()
+COMMAND_BLOCKS = [b for b in BLOCKS if b.is_command]
+
+
+def runnable(block: Block) -> bool:
+    return block.is_command and not any(
+        block.marker(kind) for kind in ("not run", "run by", "synopsis")
+    )
+
+
+RUNNABLE = [b for b in COMMAND_BLOCKS if runnable(b)]
+SYNOPSES = [b for b in COMMAND_BLOCKS if b.marker("synopsis")]
+# Blocks whose commands need the test bed's llama-server or real model in the cache first.
+_NEEDS_SERVER = re.compile(r"\bllamanix (build-server|demo|smoke)\b|\bllama-server\b")
+_NEEDS_MODEL = re.compile(r"\bllamanix fetch-model\b")
+
+
+def test_every_block_names_its_language() -> None:
+    bare = [b.id for b in BLOCKS if not b.language]
+    assert not bare, f"fenced blocks without a language (sh, console, toml, text, ...): {bare}"
+    shells = [b.id for b in BLOCKS if b.language in ("bash", "shell", "shell-session", "zsh")]
+    assert not shells, f"write commands as sh (commands) or console ($ and output): {shells}"
+
+
+def test_every_command_block_runs_or_says_why_not() -> None:
+    """Coverage by construction: a command block either runs here, or carries a marker whose
+    reason is one of the known ones, or names the test that runs it."""
+    wrong = []
+    for block in COMMAND_BLOCKS:
+        block.commands()  # parses, or says what is wrong
+        kinds = [m.kind for m in block.markers if m.kind in ("not run", "run by", "synopsis")]
+        if len(kinds) > 1:
+            wrong.append(f"{block.id}: one of not run / run by / synopsis, not {kinds}")
+        not_run = block.marker("not run")
+        if not_run and not not_run.value.startswith(NOT_RUN_REASONS):
+            wrong.append(f"{block.id}: 'not run: {not_run.value}' names none of {NOT_RUN_REASONS}")
+        if runnable(block) and not block.marker("dry run"):
+            for command in block.commands():
+                if changes_the_machine(command):
+                    wrong.append(
+                        f"{block.doc}:{command.line}: `{command.text}` would change this "
+                        "machine: mark the block <!-- dry run --> or <!-- not run: ... -->"
+                    )
+        if block.marker("dry run"):
+            shown = [c.line for c in block.commands() if c.output]
+            if shown:
+                wrong.append(f"{block.id}: a dry-run block shows output (lines {shown})")
+    for block in BLOCKS:
+        if not block.is_command and any(m.kind not in ("file",) for m in block.markers):
+            wrong.append(f"{block.id}: only a command block takes {[m.kind for m in block.markers]}")
+        files = block.marker("files")
+        if files:
+            files_of(files)
+    assert not wrong, "\n".join(wrong)
+
+
+def _test_names(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    return {
+        node.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+    }
+
+
+def test_blocks_run_by_other_tests_name_tests_that_exist() -> None:
+    wrong = []
+    for block in COMMAND_BLOCKS:
+        marker = block.marker("run by")
+        if not marker:
+            continue
+        for path, test in run_by_targets(marker):
+            file = ROOT / path
+            if not file.is_file():
+                wrong.append(f"{block.id}: run by {path}: no such file")
+            elif test and test not in _test_names(file):
+                wrong.append(f"{block.id}: run by {path}::{test}: no such test")
+    assert not wrong, "\n".join(wrong)
+
+
+@pytest.mark.parametrize("block", SYNOPSES, ids=[b.id for b in SYNOPSES])
+def test_a_synopsis_names_only_options_its_command_has(block: Block) -> None:
+    [command] = block.commands()
+    words = command.text.replace("\\\n", " ").split()
+    sub: list[str] = []
+    for word in words[1:]:
+        if not re.fullmatch(r"[a-z][a-z-]*", word):
+            break
+        sub.append(word)
+    proc = subprocess.run(
+        [sys.executable, "-m", "llamanix", *sub, "--help"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    named = set(re.findall(r"(?<![\w-])(--?[a-z][\w-]*)", command.text))
+    missing = sorted(o for o in named if not re.search(rf"(?<![\w-]){re.escape(o)}\b", proc.stdout))
+    assert not missing, f"{block.id}: llamanix {' '.join(sub)} --help has no {missing}"
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
+    model = synth_model(SynthSpec(), tmp_path_factory.mktemp("synthetic") / "model.gguf")
+    made = make_setup(server_build.cache_root(), model)
+    yield made
+    remove_setup(made)
+
+
+@pytest.mark.parametrize("block", RUNNABLE, ids=[b.id for b in RUNNABLE])
+def test_the_block_runs_and_prints_what_it_shows(
+    block: Block, setup: Setup, request: pytest.FixtureRequest
+) -> None:
+    text = "\n".join(c.text for c in block.commands())
+    if _NEEDS_SERVER.search(text):
+        request.getfixturevalue("llama_server_bin")
+    if _NEEDS_MODEL.search(text):
+        request.getfixturevalue("real_model")
+    found = problems(block, run_block(block, setup))
+    assert not found, "\n\n".join(found)
