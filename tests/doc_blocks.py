@@ -10,15 +10,17 @@ A marker is an HTML comment on the line (or lines) right above a block's opening
 - ``<!-- synopsis -->``: a command's usage with its options in brackets; every option it names
   must be one the command's ``--help`` lists.
 - ``<!-- dry run -->``: ``switch``, ``rollback`` and ``pin`` in the block run with
-  ``--dry-run``, so nothing on this machine changes; the block shows no output.
+  ``--dry-run``, so nothing on this machine changes; the block is sh (it shows no output).
 - ``<!-- file: PATH -->``: the block is the file PATH, there for the command blocks of the
   same document to read.
 - ``<!-- files: NAME=SOURCE, ... -->``: the command block runs with these files; SOURCE is a
-  path in the repository, ``synthetic`` (a small generated GGUF) or a document whose
-  ``file:`` block of the same NAME it is.
+  path in the repository, ``synthetic`` (a small generated GGUF), ``probe:STEM`` (the probe
+  of the ``--help`` recorded as tests/data/help/STEM, or of the derived
+  ``beellama-after-v0.3``) or a document whose ``file:`` block of the same NAME it is.
 
-Commands are ``sh`` blocks (one command a line, ``\\`` continues it) and ``console`` blocks
-(``$ `` starts a command; the lines after it are its output, ``...`` alone matching any lines).
+Commands are ``sh`` blocks (one command a line, ``\\`` continues it; each must succeed) and
+``console`` blocks, a transcript: ``$ `` starts a command and the lines after it are all it
+prints (none: it prints nothing), a line ``...`` alone standing for any lines.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, cast
 
 ROOT = Path(__file__).resolve().parent.parent
 COMMAND_LANGUAGES = ("sh", "console")
@@ -37,9 +39,12 @@ NOT_RUN_REASONS = (
     "needs another host",
     "changes this machine",
     "needs a running server",
+    "is interactive",
 )
 MarkerKind = Literal["not run", "run by", "synopsis", "dry run", "file", "files"]
-_MARKER = re.compile(r"\s*<!--\s*(not run|run by|synopsis|dry run|files|file)\b:?\s*(.*?)\s*-->\s*$")
+_MARKER = re.compile(
+    r"\s*<!--\s*(not run|run by|synopsis|dry run|files|file)\b:?\s*(.*?)\s*-->\s*$"
+)
 _FENCE = re.compile(r"^(\s*)```(.*)$")
 
 
@@ -136,8 +141,7 @@ def parse(path: Path) -> list[Block]:
         markers: list[Marker] = []
         j = i - 1
         while j >= 0 and (found := _MARKER.match(lines[j])):
-            kind: MarkerKind = found.group(1)  # type: ignore[assignment]
-            markers.insert(0, Marker(kind, found.group(2)))
+            markers.insert(0, Marker(cast(MarkerKind, found.group(1)), found.group(2)))
             j -= 1
         start = i
         body: list[str] = []

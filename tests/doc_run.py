@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from doc_blocks import ROOT, Block, Command, files_of, parse
+from recorded_help import bee_after_v03, recorded, write_probe
 
 # What a block may not run here: each stand-in exits 97 and writes its argv to the record.
 REFUSED_PROGRAMS = (
@@ -100,7 +101,7 @@ def make_setup(cache: Path, synthetic: Path | None = None) -> Setup:
     shims = base / "shims"
     shims.mkdir()
     (shims / "sudo").write_text(
-        '#!/bin/sh\n# sudo as root: drop its options, run the command\n'
+        "#!/bin/sh\n# sudo as root: drop its options, run the command\n"
         'while [ "${1#-}" != "$1" ]; do shift; done\nexec "$@"\n'
     )
     for name in REFUSED_PROGRAMS:
@@ -135,7 +136,11 @@ def block_files(block: Block, setup: Setup) -> dict[str, bytes]:
     out = {name: text.encode() for name, text in doc_files(block.doc).items()}
     marker = block.marker("files")
     for name, source in (files_of(marker) if marker else {}).items():
-        if source == "synthetic":
+        if source.startswith("probe:"):
+            stem = source.removeprefix("probe:")
+            caps = bee_after_v03() if stem == "beellama-after-v0.3" else recorded(stem)
+            out[name] = write_probe(caps, setup.base / f"{stem}.json").read_bytes()
+        elif source == "synthetic":
             if setup.synthetic is None:
                 raise ValueError(f"{block.id}: {name}=synthetic without a synthetic model")
             out[name] = setup.synthetic.read_bytes()
@@ -262,7 +267,7 @@ def problems(block: Block, run: BlockRun) -> list[str]:
             tail = "\n".join(result.output[-15:])
             out.append(f"{where}: `{result.command.text}` exited {result.rc}:\n{tail}")
         shown = result.command.output
-        if shown and not matches(shown, result.output):
+        if shown is not None and not matches(shown, result.output):
             out.append(
                 f"{where}: `{result.command.text}` printed something else "
                 "(scripts/regen-doc-output writes what it prints):\n"
@@ -274,13 +279,13 @@ def problems(block: Block, run: BlockRun) -> list[str]:
 
 
 def regenerated(block: Block, run: BlockRun) -> list[str] | None:
-    """The block's body with each shown output replaced by what its command printed now, or
+    """A console block's body with each command's output replaced by what it printed now, or
     None when nothing changes. Outputs with a ``...`` line are left as they are."""
     body = list(block.body)
     changed = False
     for result in reversed(run.results):
         shown = result.command.output
-        if not shown or "..." in shown or shown == result.output:
+        if shown is None or "..." in shown or shown == result.output:
             continue
         body[result.command.out_start : result.command.out_end] = list(result.output)
         changed = True
