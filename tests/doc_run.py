@@ -6,9 +6,9 @@ names. Absolute paths a block names as files (``/etc/llamanix/llamanix.toml``) l
 scratch directory and are written back as the document wrote them in what the commands print.
 
 ``llamanix`` is this checkout, installed as docs/debian.md installs it: a venv whose package
-and interpreter a unit's dynamic user could run (under ``/run`` when this process may write
-there), so ``validate`` judges the config and not where the tests happen to run from. The venv
-shows as ``/opt/llamanix``. Programs that would change this machine or reach another one
+and interpreter a unit's dynamic user could run (under ``/run``, so root only), so ``validate``
+judges the config and not where the tests happen to run from. The venv shows as
+``/opt/llamanix``. Programs that would change this machine or reach another one
 (``ssh``, ``systemctl``, ``nixos-rebuild``, ``nix``, ...) are replaced on ``PATH`` by a stand-in
 that refuses and records the call; a block that calls one fails.
 """
@@ -71,18 +71,22 @@ class BlockRun:
     refused: tuple[str, ...]  # the refused programs' command lines
 
 
-def _visible_base() -> Path:
-    """A directory a unit's dynamic user could search: /run where this process may write
-    there (every directory above it is 0755 and none is one a unit hides), else a temporary
-    directory (under /tmp, which a unit does not see: validate then says so)."""
-    run = Path("/run")
-    if os.access(run, os.W_OK):
-        return Path(tempfile.mkdtemp(prefix="llamanix-docs-", dir=run))
-    return Path(tempfile.mkdtemp(prefix="llamanix-docs-"))
+# Where the installed llamanix goes: a directory a unit's dynamic user could search (every
+# directory above it 0755, none of those a unit hides: /tmp, /home, /root, /run/user).
+VISIBLE_PARENT = Path("/run")
+
+
+class CannotInstall(Exception):
+    """This process may not write where a unit could run llamanix from."""
 
 
 def make_setup(cache: Path, synthetic: Path | None = None) -> Setup:
-    base = _visible_base()
+    if not os.access(VISIBLE_PARENT, os.W_OK):
+        raise CannotInstall(
+            f"the docs test installs llamanix under {VISIBLE_PARENT}, where a unit's dynamic "
+            "user could run it, and cannot write there (run it as root, as CI does)"
+        )
+    base = Path(tempfile.mkdtemp(prefix="llamanix-docs-", dir=VISIBLE_PARENT))
     base.chmod(0o755)
     venv = base / "venv"
     subprocess.run(
