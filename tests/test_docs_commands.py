@@ -55,6 +55,8 @@ def test_every_block_names_its_language() -> None:
     assert not bare, f"fenced blocks without a language (sh, console, toml, text, ...): {bare}"
     shells = [b.id for b in BLOCKS if b.language in ("bash", "shell", "shell-session", "zsh")]
     assert not shells, f"write commands as sh (commands) or console ($ and output): {shells}"
+    hidden = [b.id for b in BLOCKS if not b.is_command and any(x.startswith("$ ") for x in b.body)]
+    assert not hidden, f"a block with '$ ' lines is a transcript: make it console: {hidden}"
 
 
 def test_every_command_block_runs_or_says_why_not() -> None:
