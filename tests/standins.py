@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import stat
+import subprocess
 import sys
 from pathlib import Path
 
@@ -58,3 +59,34 @@ def recorded_argv(record: Path) -> list[str]:
     argv = recorded(record)[-1]["argv"]
     assert isinstance(argv, list)
     return [str(a) for a in argv]
+
+
+# A build for another CPU, for real: it hands --help/--version to the real llama-server (the probe
+# passes, as it does for such a build) and otherwise executes an instruction the CPU refuses
+# (ud2, through __builtin_trap), so the kernel sends it a real SIGILL, as on the first batch of
+# AMX code on a VM that advertises AMX and cannot run it.
+_SIGILL_SOURCE = r"""
+#include <string.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "--version")) {
+            argv[0] = REAL;
+            execv(REAL, argv);
+            return 127;
+        }
+    }
+    __builtin_trap();
+}
+"""
+
+
+def build_sigill_server(real: str, out: Path) -> Path:
+    """Compile the SIGILL stand-in at ``out``; ``real`` is the llama-server that answers for it
+    (its path where the stand-in runs: a test host's, or this machine's)."""
+    source = out.with_name(out.name + ".c")
+    source.write_text(_SIGILL_SOURCE)
+    subprocess.run(
+        ["cc", "-O0", f'-DREAL="{real}"', "-o", str(out), str(source)], check=True, timeout=120
+    )
+    return out

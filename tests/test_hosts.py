@@ -38,6 +38,7 @@ from hostbed import (
     wait_chat,
     write_config,
 )
+from standins import build_sigill_server
 
 from llamanix.testbed import hosts
 from llamanix.testbed.hosts import Host
@@ -202,7 +203,7 @@ def test_binary_that_stops_loading_is_given_up_after_the_start_limit(host: Host)
     assert "failed, not restarting" in table
 
 
-def test_gate_failures_roll_back_through_systemctl(host: Host) -> None:
+def test_gate_failures_roll_back_through_systemctl(host: Host, tmp_path: Path) -> None:
     """d: a broken binary and a bench regression are rolled back, the previous generation
     serves, a second switch while one runs refuses in one line, and rollback works."""
     demo = f"{hosts.MODELS}/target.gguf"
@@ -215,6 +216,22 @@ def test_gate_failures_roll_back_through_systemctl(host: Host) -> None:
     assert "previous generation serving again" in output(done)
     assert chat(host, PORT) == "200"
     assert BROKEN not in host.path(CONFIG).read_text()
+
+    # A build for another CPU: it answers the probe and dies of SIGILL on its first batch. The
+    # failure line names it, and doctor finds it in the journal.
+    other_cpu = "/usr/local/bin/llama-server-other-cpu"
+    stand_in = build_sigill_server("/usr/local/bin/llama-server", tmp_path / "other-cpu")
+    host.write(other_cpu, stand_in.read_bytes(), mode=0o755)
+    done = _switch(host, "--set", f"hosts.box.binaries.upstream={other_cpu}")
+    text = output(done)
+    assert done.returncode == 1, text
+    assert f"{UNIT} failed" in text and "SIGILL) — a build for another CPU; rebuild" in text, text
+    assert "not ready after" not in text and "previous generation serving again" in text, text
+    assert chat(host, PORT) == "200"
+    doctor = llamanix(host, "doctor", CONFIG, "chat", "--journal", "--json")
+    assert doctor.returncode == 1, output(doctor)
+    codes = [f["code"] for f in json.loads(doctor.stdout)["findings"]]
+    assert "server-killed" in codes, doctor.stdout
 
     # The demo's bad draft (an unrelated model drafting 16 tokens at p_min 0) against the
     # plain target, gated by bench; a second switch meanwhile is refused at once.

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from llamanix.core.config import Config
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
+from llamanix.core.process_end import FAULT_SIGNALS, died_of
 from llamanix.deploy.generations import HostState, InstanceSummary, ManagerKind, ManagerRecord
 from llamanix.deploy.up_status import read_status
 from llamanix.external import nix, systemctl
@@ -282,6 +283,12 @@ class SystemdManager(_InstallsFiles):
             if state.serving:
                 continue
             why = state.describe()
+            if state.killed_by in FAULT_SIGNALS:
+                # The process's own fault: its last lines say nothing of it, the signal does.
+                found[unit[len("llamanix-") : -len(".service")]] = (
+                    f"{why}: {died_of(state.killed_by)}"
+                )
+                continue
             try:
                 lines = read_journal(unit, self.user, lines=20, own=True).strip().splitlines()
             except ExternalCommandError:

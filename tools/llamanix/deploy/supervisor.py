@@ -34,6 +34,7 @@ from types import FrameType
 from typing import Any
 
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
+from llamanix.core.process_end import describe_returncode
 from llamanix.deploy.up_status import (
     STATUS,
     UpInstance,
@@ -347,7 +348,7 @@ class ServiceRunner:
                 break
             code = server.process.returncode
             server.stop()
-            error = f"exited with code {code}: {tail(server.log_text(), 3)}"
+            error = f"{describe_returncode(code)}: {tail(server.log_text(), 3)}"
             self.log(f"[{name}] {error}")
             if code == 0 and self.spec.restart == "on-failure":
                 self._set(state="exited", pid=None, last_error=error)

@@ -14,6 +14,7 @@ from typing import IO
 
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
 from llamanix.core.probe import Capabilities, parse_capabilities
+from llamanix.core.process_end import died_of
 from llamanix.external.process import Child, spawn
 
 
@@ -43,6 +44,8 @@ def run_binary(binary: str, arg: str, timeout: float = 60) -> str:
         ) from None
     except subprocess.TimeoutExpired:
         raise UserError(Problem(binary, "", f"'{arg}' did not finish in {timeout:g} s")) from None
+    if proc.returncode < 0:
+        raise UserError(Problem(binary, arg, died_of(-proc.returncode)))
     return proc.stdout + proc.stderr
 
 

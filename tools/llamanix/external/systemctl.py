@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from llamanix.core.errors import ExternalCommandError
+from llamanix.core.process_end import signal_name
 from llamanix.external.process import Runner
 
 
@@ -57,11 +58,21 @@ class UnitState:
     sub_state: str  # running, auto-restart (failed, and waiting for RestartSec=) ...
     result: str  # success, exit-code, signal, timeout, start-limit-hit ...
     restarts: int
-    main_status: int | None  # the main process's last exit status
+    main_status: int | None  # the main process's last exit status, or its signal's number
     load_state: str = "unknown"  # loaded, not-found (never started, or collected) ...
     main_pid: int | None = None  # None: no main process now
     # When the main process started, on CLOCK_MONOTONIC (time.monotonic()'s clock), seconds.
     main_started: float | None = None
+    # How the main process last ended: "exited", "killed" or "dumped" (a signal's number is
+    # then ``main_status``), "" where systemd has not seen it end.
+    main_code: str = ""
+
+    @property
+    def killed_by(self) -> int | None:
+        """The signal that ended the main process, or None."""
+        if self.main_code in ("killed", "dumped") and self.main_status:
+            return self.main_status
+        return None
 
     @property
     def serving(self) -> bool:
@@ -77,6 +88,8 @@ class UnitState:
 
     def describe(self) -> str:
         status = f", exit status {self.main_status}" if self.main_status else ""
+        if self.killed_by is not None:
+            status = f", {signal_name(self.killed_by)}"
         restarts = f", {self.restarts} restarts" if self.restarts else ""
         state = self.active_state
         if self.sub_state == "auto-restart":
@@ -93,10 +106,15 @@ SHOW_PROPERTIES = (
     "Result",
     "NRestarts",
     "ExecMainStatus",
+    "ExecMainCode",
     "LoadState",
     "MainPID",
     "ExecMainStartTimestampMonotonic",
 )
+
+
+# systemd's ExecMainCode is the waitid() si_code: CLD_EXITED 1, CLD_KILLED 2, CLD_DUMPED 3.
+EXEC_MAIN_CODES = {"1": "exited", "2": "killed", "3": "dumped"}
 
 
 def show_argv(user: bool, unit: str) -> list[str]:
@@ -124,6 +142,7 @@ def show(user: bool, unit: str) -> UnitState:
         restarts=int(found.get("NRestarts") or 0),
         main_status=int(status) if status.isdigit() else None,
         load_state=found.get("LoadState", "unknown"),
+        main_code=EXEC_MAIN_CODES.get(found.get("ExecMainCode", ""), ""),
         main_pid=int(pid) if (pid := found.get("MainPID", "")).isdigit() and pid != "0" else None,
         main_started=(
             int(started) / 1e6

@@ -22,6 +22,7 @@ from llamanix.core.errors import Problem, UserError
 from llamanix.core.gpus import Gpu
 from llamanix.core.json_codec import JsonRecord
 from llamanix.core.json_value import JsonObject
+from llamanix.core.process_end import FAULT_SIGNALS, died_of
 from llamanix.core.schema import SPEC_DRAFTERS
 from llamanix.core.variants import VARIANTS
 from llamanix.external.nvidia import nvidia_smi_gpus
@@ -37,6 +38,7 @@ from llamanix.measure.workloads import WorkloadFigures
 Severity = Literal["error", "warning", "info"]
 # What each check looks at; a report lists every check that ran under its name.
 CheckName = Literal[
+    "server-exit",
     "vocab",
     "chat-template",
     "vram",
@@ -55,6 +57,7 @@ CheckName = Literal[
 Outcome = Literal["ok", "finding", "skipped"]
 # What a finding is about: stable names for scripts reading --json.
 FindingCode = Literal[
+    "server-killed",
     "vocab-mismatch",
     "no-chat-template",
     "vram",
@@ -486,6 +489,26 @@ def check_cuda_arch(
     report.ran("cuda-arch")
 
 
+def check_server_exit(report: Report, inst: Instance, log: ServerLog | None) -> None:
+    """Did the server die of its own fault (SIGILL, SIGSEGV, ...)? The journal says so."""
+    if log is None:
+        report.skipped("server-exit", "no log (--log or --journal)")
+        return
+    if log.killed_by is None or log.killed_by not in FAULT_SIGNALS:
+        report.ran("server-exit")
+        return
+    report.ran("server-exit", "finding")
+    died = died_of(log.killed_by)
+    message, _, fix = died.partition("; ")
+    report.add(
+        "error",
+        "server-killed",
+        inst.name,
+        message,
+        fix or "read the log's last lines before the signal; report it with the build's commit",
+    )
+
+
 def check_speculation(report: Report, inst: Instance, inputs: Inputs) -> None:
     requested = inst.speculative.enabled
     log = inputs.log
@@ -779,6 +802,7 @@ def diagnose(
         inputs = per_instance.get(name, Inputs())
         local = host.target is None
         gpu = instance_gpu(config, host, gpu_override, smi if local else None)
+        check_server_exit(report, inst, inputs.log)
         check_vocab(report, inst)
         check_chat_template(report, inst)
         check_vram(report, inst, gpu)

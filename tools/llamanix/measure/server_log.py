@@ -58,6 +58,9 @@ _MODEL_BUFFER = re.compile(r"\bmodel buffer size =\s*([0-9.]+) MiB")
 _OFFLOADED = re.compile(r"offloaded (\d+)/(\d+) layers to GPU")
 # master: "build 0 (0c1e570) with GNU 12.2.0 for Linux x86_64"; older: "build: 8770 (abc1234) with"
 _BUILD = re.compile(r"\bbuild:?\s+(\S+)\s+\(([0-9a-fA-F]+|unknown)\)\s+with")
+# systemd's own line in the unit's journal when the main process ends by a signal:
+# "llamanix-chat.service: Main process exited, code=dumped, status=4/ILL"
+_KILLED = re.compile(r"Main process exited, code=(?:killed|dumped), status=(\d+)/")
 
 
 @dataclass(frozen=True)
@@ -115,6 +118,8 @@ class ServerLog:
     build: str | None = None
     spec_generated_tokens: int | None = None
     spec_accepted_tokens: int | None = None
+    # The signal that last ended the server, where the log shows one (the journal does).
+    killed_by: int | None = None
     lines: int = 0
 
     @property
@@ -215,6 +220,8 @@ def parse_line(log: ServerLog, line: str) -> None:
         log.model_buffer_mib += float(match.group(1))
     elif match := _OFFLOADED.search(line):
         log.layers_offloaded = (int(match.group(1)), int(match.group(2)))
+    elif match := _KILLED.search(line):
+        log.killed_by = int(match.group(1))
     elif (match := _BUILD.search(line)) and log.build is None:
         log.build = f"{match.group(1)} ({match.group(2)})"
 

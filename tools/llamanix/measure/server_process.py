@@ -18,6 +18,7 @@ from pathlib import Path
 from types import TracebackType
 
 from llamanix.core.address import connect_host, url_host
+from llamanix.core.process_end import describe_returncode
 from llamanix.external import interrupt
 from llamanix.external.llama_server import ServerStartError, start_server
 from llamanix.external.process import Child, wait_exit
@@ -130,7 +131,7 @@ class LlamaServer:
                 code = process.poll()
                 if code is not None:
                     raise ServerStartError(
-                        f"llama-server exited with code {code} before it was ready "
+                        f"{describe_returncode(code)} before it was ready "
                         f"(log {self.log_path}):\n{tail(self.log_text())}"
                     ) from None
                 raise ServerStartError(
