@@ -161,7 +161,7 @@ def block_files(block: Block, setup: Setup) -> dict[str, bytes]:
     return out
 
 
-def _rewritten(text: str, paths: dict[str, str], dry_run: bool) -> str:
+def rewritten(text: str, paths: dict[str, str], dry_run: bool) -> str:
     for shown, real in sorted(paths.items(), key=lambda kv: -len(kv[0])):
         text = re.sub(rf"(?<![\w./-]){re.escape(shown)}(?=[\s/'\"]|$)", real, text)
     if dry_run and "--dry-run" not in text:
@@ -195,7 +195,7 @@ def run_block(block: Block, setup: Setup, timeout_s: float = 180.0) -> BlockRun:
     dry_run = block.marker("dry run") is not None
     script = ["cd " + _quote(str(work))]
     for k, command in enumerate(commands):
-        text = _rewritten(command.text, paths, dry_run)
+        text = rewritten(command.text, paths, dry_run)
         script.append(
             f"{{ {text}\n}} >{out_dir}/{k}.out 2>&1 </dev/null; "
             f"__rc=$?; echo $__rc >{out_dir}/{k}.rc; (exit $__rc)"

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from doc_blocks import NOT_RUN_REASONS, ROOT, Block, all_blocks, files_of, run_by_targets
+from doc_blocks import NOT_RUN_REASONS, ROOT, Block, Marker, all_blocks, files_of, run_by_targets
 from doc_run import (
     CannotInstall,
     Setup,
@@ -26,6 +26,7 @@ from doc_run import (
     make_setup,
     problems,
     remove_setup,
+    rewritten,
     run_block,
 )
 
@@ -160,3 +161,65 @@ def test_the_block_runs_and_prints_what_it_shows(
         request.getfixturevalue("vocab_dir")
     found = problems(block, run_block(block, setup))
     assert not found, "\n\n".join(found)
+
+
+# --- the runner itself: what it flags ------------------------------------------------------------
+
+
+def _block(language: str, body: str, *markers: Marker) -> Block:
+    """A block as if on line 10 of README.md (which declares no files)."""
+    return Block("README.md", 10, language, "", tuple(body.splitlines()), markers)
+
+
+def test_a_transcript_is_compared_line_for_line(setup: Setup) -> None:
+    ok = _block("console", "$ printf 'a\\nb\\nc\\n'\na\n...\n$ echo done\ndone")
+    assert problems(ok, run_block(ok, setup)) == []
+    wrong = _block("console", "$ echo hi\nho")
+    [found] = problems(wrong, run_block(wrong, setup))
+    assert "README.md:11: `echo hi` printed something else" in found
+    assert "  doc: ho\n  now: hi" in found
+    silent = _block("console", "$ echo unshown")
+    assert problems(silent, run_block(silent, setup)) != []
+
+
+def test_a_command_may_fail_only_when_the_next_shows_its_status(setup: Setup) -> None:
+    shown = _block("console", "$ false\n$ echo $?\n1")
+    assert problems(shown, run_block(shown, setup)) == []
+    failing = _block("sh", "false\ntrue")
+    [found] = problems(failing, run_block(failing, setup))
+    assert found.startswith("README.md:11: `false` exited 1")
+
+
+def test_programs_that_reach_out_are_refused_and_named(setup: Setup) -> None:
+    block = _block("sh", "ssh admin@box2 -- true\nsystemctl restart x.service || true")
+    found = problems(block, run_block(block, setup))
+    assert "README.md:10: ran `ssh admin@box2 -- true`" in found[0]
+    assert any("ran `systemctl restart x.service`" in line for line in found)
+
+
+def test_files_live_in_the_scratch_directory_and_print_as_the_doc_names_them(
+    setup: Setup,
+) -> None:
+    real = Path("/etc/llamanix/llamanix.toml")
+    there = real.exists()
+    block = _block(
+        "console",
+        "$ head -1 /etc/llamanix/llamanix.toml\n# /etc/llamanix/llamanix.toml\n"
+        "$ ls /etc/llamanix/llamanix.toml /opt/llamanix/bin/llamanix\n"
+        "/etc/llamanix/llamanix.toml\n/opt/llamanix/bin/llamanix",
+        Marker("files", "/etc/llamanix/llamanix.toml=docs/debian.md"),
+    )
+    assert problems(block, run_block(block, setup)) == []
+    assert real.exists() == there
+
+
+def test_a_dry_run_block_adds_dry_run_to_what_would_change_the_machine() -> None:
+    paths = {"/etc/llamanix/llamanix.toml": "/s/fs/etc/llamanix/llamanix.toml"}
+    text = "sudo /opt/llamanix/bin/llamanix switch /etc/llamanix/llamanix.toml --set a.b=1  # x"
+    assert rewritten(text, paths, dry_run=True) == (
+        "sudo /opt/llamanix/bin/llamanix switch --dry-run /s/fs/etc/llamanix/llamanix.toml "
+        "--set a.b=1  # x"
+    )
+    assert rewritten("llamanix plan x.toml", paths, dry_run=True) == "llamanix plan x.toml"
+    assert changes_the_machine(_block("sh", "llamanix rollback --host gpu1").commands()[0])
+    assert not changes_the_machine(_block("sh", "llamanix pin ik --latest --dry-run").commands()[0])
