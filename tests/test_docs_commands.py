@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import ast
 import re
+import shlex
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import click
 import pytest
 from doc_blocks import NOT_RUN_REASONS, ROOT, Block, Marker, all_blocks, files_of, run_by_targets
 from doc_run import (
@@ -135,6 +137,45 @@ def test_a_synopsis_names_only_options_its_command_has(block: Block) -> None:
     named = set(re.findall(r"(?<![\w-])(--?[a-z][\w-]*)", command.text))
     missing = sorted(o for o in named if not re.search(rf"(?<![\w-]){re.escape(o)}\b", proc.stdout))
     assert not missing, f"{block.id}: llamanix {' '.join(sub)} --help has no {missing}"
+
+
+def _help_examples() -> list[tuple[str, str]]:
+    from llamanix.cli.examples import EXAMPLES
+
+    return [(path, example) for path, examples in EXAMPLES.items() for example in examples]
+
+
+def _parse(args: list[str]) -> None:
+    """Parse a command line as click would before running it, running nothing."""
+    from llamanix.cli import main
+
+    ctx = main.make_context("llamanix", list(args))
+    command: click.Command = main
+    while isinstance(command, click.Group):
+        rest = [*ctx._protected_args, *ctx.args]
+        if not rest:
+            return
+        name, sub, rest = command.resolve_command(ctx, rest)
+        assert name is not None and sub is not None
+        ctx = sub.make_context(name, rest, parent=ctx)
+        command = sub
+
+
+@pytest.mark.parametrize(("path", "example"), _help_examples(), ids=lambda x: x)
+def test_every_help_example_parses(path: str, example: str) -> None:
+    """What `llamanix COMMAND --help` shows under Examples is a command line the CLI takes,
+    shell globs expanded from the repository (`validate examples/*.toml`) and a redirection cut."""
+    words = shlex.split(example)
+    if ">" in words:
+        words = words[: words.index(">")]
+    args: list[str] = []
+    for word in words[1:]:
+        found = sorted(str(p.relative_to(ROOT)) for p in ROOT.glob(word)) if "*" in word else []
+        args += found or [word]
+    try:
+        _parse(args)
+    except click.UsageError as err:
+        pytest.fail(f"llamanix {path} --help shows `{example}`, which click refuses: {err}")
 
 
 @pytest.fixture(scope="module")
