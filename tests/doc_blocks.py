@@ -157,6 +157,20 @@ def parse(path: Path) -> list[Block]:
     return blocks
 
 
+def stray_markers(path: Path) -> list[int]:
+    """Lines of markers that stand above no fence (1-based): they would be ignored."""
+    lines = path.read_text().splitlines()
+    out = []
+    for i, line in enumerate(lines):
+        if _MARKER.match(line):
+            j = i + 1
+            while j < len(lines) and _MARKER.match(lines[j]):
+                j += 1
+            if j == len(lines) or not _FENCE.match(lines[j]):
+                out.append(i + 1)
+    return out
+
+
 def all_blocks() -> list[Block]:
     return [block for doc in docs() for block in parse(doc)]
 

@@ -20,7 +20,17 @@ from pathlib import Path
 
 import click
 import pytest
-from doc_blocks import NOT_RUN_REASONS, ROOT, Block, Marker, all_blocks, files_of, run_by_targets
+from doc_blocks import (
+    NOT_RUN_REASONS,
+    ROOT,
+    Block,
+    Marker,
+    all_blocks,
+    docs,
+    files_of,
+    run_by_targets,
+    stray_markers,
+)
 from doc_run import (
     CannotInstall,
     Setup,
@@ -83,6 +93,9 @@ def test_every_command_block_runs_or_says_why_not() -> None:
                     )
         if block.marker("dry run") and block.language != "sh":
             wrong.append(f"{block.id}: a dry-run block is sh: what it shows is not a dry run's")
+    for doc in docs():
+        for line in stray_markers(doc):
+            wrong.append(f"{doc.relative_to(ROOT)}:{line}: a marker must stand right above a fence")
     for block in BLOCKS:
         if not block.is_command and any(m.kind not in ("file",) for m in block.markers):
             wrong.append(
