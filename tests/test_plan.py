@@ -27,6 +27,7 @@ UPDATE = os.environ.get("LLAMANIX_UPDATE_GOLDEN") == "1"
 
 def test_the_examples_are_the_ones_the_docs_name() -> None:
     assert [p.name for p in EXAMPLES] == [
+        "fleet-rtx5090-rtx3090-gateway.toml",
         "rtx3090-qwen35b-a3b.toml",
         "rtx3090-router-llama-server.toml",
         "rtx3090ti-qwen27b-dflash.toml",
@@ -41,23 +42,26 @@ def test_examples_plan_cleanly(example: Path) -> None:
     result = CliRunner().invoke(main, ["plan", "--json", str(example)])
     assert result.exit_code == 0, result.output
     plan = json.loads(result.stdout)
-    [host] = plan["hosts"].values()
-    rows = host["instances"]
-    # A routed example serves several members behind one port; the others
-    # serve exactly one instance each.
-    if "router" in example.stem:
-        assert set(host["router"]["members"]) == {row["name"] for row in rows}
-        assert len(rows) >= 2
-    else:
-        assert host["router"] is None and len(rows) == 1
+    # A fleet example has a host per box, the gateway's without instances; the others one host.
+    hosts = [host for host in plan["hosts"].values() if host["instances"]]
+    assert len(hosts) == (2 if "fleet" in example.stem else 1)
     text = CliRunner().invoke(main, ["plan", str(example)])
     assert text.exit_code == 0
-    for row in rows:
-        assert row["warnings"] == []
-        assert row["gpu"] is True
-        if systemd_analyze.available():
-            assert row["security_exposure"] <= 1.5
-        assert row["name"] in text.stdout
+    for host in hosts:
+        rows = host["instances"]
+        # A routed example serves several members behind one port; the others
+        # serve exactly one instance per host.
+        if "router" in example.stem:
+            assert set(host["router"]["members"]) == {row["name"] for row in rows}
+            assert len(rows) >= 2
+        else:
+            assert host["router"] is None and len(rows) == 1
+        for row in rows:
+            assert row["warnings"] == []
+            assert row["gpu"] is True
+            if systemd_analyze.available():
+                assert row["security_exposure"] <= 1.5
+            assert row["name"] in text.stdout
 
 
 def test_plan_reports_vram_fit_and_ceiling(tmp_path: Path) -> None:
