@@ -242,7 +242,7 @@ def test_unrelated_draft_low_acceptance(
 
 
 def test_recorded_refusal(synth_models: SynthModels, tmp_path: Path) -> None:
-    """Field report 000's log line: speculation requested, refused at start-up."""
+    """A user's log line (b8770, hybrid model): speculation requested, refused at start-up."""
     config = write_config(
         tmp_path / "c.toml",
         None,

@@ -148,7 +148,7 @@ def test_a_model_the_server_cannot_load_fails_with_its_reason(
 def test_speculation_that_never_drafts_fails(
     llama_server_bin: Path, synth_models: SynthModels
 ) -> None:
-    """The field reports' silent failure: speculation configured, nothing drafted."""
+    """The silent failure users reported: speculation configured, nothing drafted."""
     proc = smoke_process(
         "--binary",
         str(llama_server_bin),
@@ -395,7 +395,7 @@ def test_a_cpu_log_is_not_a_cuda_build() -> None:
 @pytest.mark.parametrize(
     ("first", "second", "status"),
     [
-        (33.0, 0.2, "fail"),  # the field report's first prefill
+        (33.0, 0.2, "fail"),  # a reported first prefill (PTX JIT)
         (0.3, 0.05, "pass"),  # 6x, but a quarter of a second: first-use costs, not a JIT
         (12.0, 9.0, "pass"),  # a slow model, not a slow first request
     ],
