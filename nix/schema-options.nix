@@ -75,7 +75,7 @@ let
       # One value, or a chain of them: written to the config as the user gave it.
       types.either (types.enum field.values) (types.nonEmptyListOf (types.enum field.values))
     else if kind == "layers" then
-      types.either types.ints.unsigned (
+      types.either (intType field) (
         types.enum [
           "all"
           "auto"

@@ -31,6 +31,15 @@ TINY = f"{hosts.MODELS}/tiny.gguf"
 SUDO = ["sudo", hosts.LLAMANIX]
 
 
+def slow_script(binary: str, seconds: int) -> str:
+    """``binary``, slow to start serving; its --help and --version answer at once, as a real
+    server's do however long its model takes to load (the switch asks them first)."""
+    return (
+        f'#!/bin/sh\ncase "$1" in --help|--version) exec {binary} "$1" ;; esac\n'
+        f'sleep {seconds}\nexec {binary} "$@"\n'
+    )
+
+
 def config_text(
     port: int,
     *,

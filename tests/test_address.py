@@ -85,7 +85,10 @@ def test_url_host_brackets_only_ipv6() -> None:
 
 
 def _config(listen: str, target: str | None = None) -> dict[str, object]:
-    host: dict[str, object] = {"kind": "systemd"}
+    host: dict[str, object] = {
+        "kind": "systemd",
+        "binaries": {"upstream": "/usr/local/bin/llama-server"},
+    }
     if target is not None:
         host["target"] = target
     return {

@@ -115,7 +115,10 @@ def test_json_means_stdout_and_output_means_a_file() -> None:
 
 def test_switch_infers_the_only_host(tmp_path: Path) -> None:
     config = tmp_path / "llamanix.toml"
-    config.write_text('[hosts.box]\nkind = "systemd"\n[instances.a]\nmodel = "/m/a.gguf"\n')
+    config.write_text(
+        '[hosts.box]\nkind = "systemd"\nbinaries = { upstream = "/usr/bin/llama-server" }\n'
+        '[instances.a]\nmodel = "/m/a.gguf"\n'
+    )
     result = CliRunner().invoke(
         main, ["switch", str(config), "--set", "instances.a.port=8081", "--dry-run"]
     )

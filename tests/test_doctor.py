@@ -22,6 +22,7 @@ from test_inspect import qwen35_like
 from llamanix.cli import main
 from llamanix.core.argv import instance_argv
 from llamanix.core.config import load_config
+from llamanix.core.variants import VARIANTS
 from llamanix.external.journalctl import journalctl_argv
 from llamanix.external.llama_server import ServerStartError
 from llamanix.external.nvidia import NVIDIA_SMI_ARGV
@@ -35,6 +36,8 @@ DATA = Path(__file__).parent / "data"
 
 
 def toml_value(value: Any) -> str:
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{k} = {toml_value(v)}" for k, v in value.items()) + " }"
     return json.dumps(value)  # TOML strings, numbers, booleans and arrays read the same
 
 
@@ -45,7 +48,9 @@ def write_config(
     **instance: Any,
 ) -> Path:
     lines = ["[hosts.local]", 'kind = "systemd"']
-    lines += [f"{k} = {toml_value(v)}" for k, v in (host or {}).items()]
+    # A binary for every variant, where the test names none (its own, or the instance's).
+    host = {"binaries": {v: f"/opt/{v}/bin/llama-server" for v in VARIANTS}, **(host or {})}
+    lines += [f"{k} = {toml_value(v)}" for k, v in host.items()]
     lines += ["", "[instances.main]", 'host = "local"']
     lines += [f"{k} = {toml_value(v)}" for k, v in instance.items()]
     if spec:
@@ -237,7 +242,7 @@ def test_unrelated_draft_low_acceptance(
 
 
 def test_recorded_refusal(synth_models: SynthModels, tmp_path: Path) -> None:
-    """Field report 000's log line: speculation requested, refused at start-up."""
+    """A user's log line (b8770, hybrid model): speculation requested, refused at start-up."""
     config = write_config(
         tmp_path / "c.toml",
         None,
@@ -265,9 +270,15 @@ def test_hybrid_model_on_a_variant_without_checkpoints(
 
 
 def test_vram_budget_exceeds_the_gpu(synth_models: SynthModels, tmp_path: Path) -> None:
-    # 1 KiB of f16 KV per token x 50M tokens = 51 GB, more than a 24 GiB RTX 3090.
+    # 2 KiB of f32 KV per token x 16M tokens = 33 GB, more than a 24 GiB RTX 3090.
     config = write_config(
-        tmp_path / "c.toml", GPU_HOST, None, model=str(synth_models.target), context=50_000_000
+        tmp_path / "c.toml",
+        GPU_HOST,
+        None,
+        model=str(synth_models.target),
+        context=16_000_000,
+        cache_type_k="f32",
+        cache_type_v="f32",
     )
     result = doctor(str(config), "--json")
     assert result.exit_code == 1

@@ -1,7 +1,7 @@
 """The flag-drift report (core/drift.py) on real pairs of recorded --help texts: nixpkgs' b8770
-against upstream 0c1e570 (the move seed 000 needed), ik's pinned de55d9e2 against 8337e4cd, and
-BeeLlama v0.3 against the derived after-v0.3 text (NOT a recording, see recorded_help.py); then
-through `plan --previous --capabilities` and `pin --dry-run`.
+against upstream 0c1e570 (the move a b8770 user with a draft model needs), ik's pinned de55d9e2
+against 8337e4cd, and BeeLlama v0.3 against the derived after-v0.3 text (NOT a recording, see
+recorded_help.py); then through `plan --previous --capabilities` and `pin --dry-run`.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ DRAFT = "/var/lib/llama-models/Qwen3-1.7B-Q4_K_M.gguf"
 BEE_CONFIG = """\
 [hosts.box]
 kind = "systemd"
+gpu = "rtx3090ti"
 
 [instances.coder]
 variant = "beellama"
@@ -72,7 +73,7 @@ def test_b8770_to_upstream_respells_the_draft_and_adds_the_type() -> None:
         ("speculative.n_max", "respelled", "--draft-max 12", "--spec-draft-n-max 12"),
         ("speculative.n_min", "respelled", "--draft-min 3", "--spec-draft-n-min 3"),
         ("speculative.p_min", "respelled", "--draft-p-min 0.6", "--spec-draft-p-min 0.6"),
-        # Seed 000: without it the new build loads the draft and never drafts.
+        # Without it the new build loads the draft and never drafts.
         ("speculative.type", "now rendered", "", "--spec-type draft-simple"),
     ]
     assert report.refused == ()

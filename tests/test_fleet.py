@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from conftest import HOST_FIGURES, REPO
-from hostbed import tiny_fleet
+from hostbed import slow_script, tiny_fleet
 
 from llamanix.deploy.fleet.protocol import PROTOCOL
 from llamanix.deploy.fleet.remote import sudoers_line
@@ -77,7 +77,7 @@ def bed(
         # A llama-server that cannot start: the bad binary of the scenarios.
         booted.host("box2").write(BROKEN, "#!/bin/sh\nexit 1\n", mode=0o755)
         for name in PORTS:
-            booted.host(name).write(SLOW, f'#!/bin/sh\nsleep 15\nexec {SERVER} "$@"\n', mode=0o755)
+            booted.host(name).write(SLOW, slow_script(SERVER, 15), mode=0o755)
         listen_on_a_second_ssh_port(booted, "box1")
         yield booted
 

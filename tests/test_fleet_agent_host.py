@@ -14,7 +14,7 @@ import time
 
 import pytest
 from conftest import HOST_FIGURES
-from hostbed import BROKEN, SERVER, chat, config_text, show
+from hostbed import BROKEN, SERVER, chat, config_text, show, slow_script
 
 from llamanix.deploy.fleet.protocol import (
     GENERATIONS,
@@ -118,7 +118,7 @@ def test_a_switch_whose_gate_fails_restores_and_keeps_the_old_copy(host: Host) -
 def test_a_killed_agent_leaves_the_switch_to_finish_and_status_says_how(host: Host) -> None:
     switch(host)
     # Sleeps before it fails, so the agent is killed while the unit's switch is under way.
-    host.write(SLOW_BROKEN, f'#!/bin/sh\nsleep 3\nexec {BROKEN} "$@"\n', mode=0o755)
+    host.write(SLOW_BROKEN, slow_script(BROKEN, 3), mode=0o755)
     host.write("/root/next.json", order(fleet_config(binary=SLOW_BROKEN)), mode=0o600)
     command = (
         f"{hosts.LLAMANIX} fleet-agent switch --protocol {PROTOCOL} --host box "

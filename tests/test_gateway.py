@@ -29,6 +29,7 @@ BASE = """
 [hosts.box1]
 kind = "systemd"
 target = "root@box1.lan:2222"
+binaries = {{ upstream = "/usr/local/bin/llama-server" }}
 
 [hosts.box3]
 kind = "systemd"
@@ -126,7 +127,9 @@ def test_a_loopback_replica_on_the_gateways_own_host_is_reached_on_loopback(
 ) -> None:
     path = _write(tmp_path)
     text = (
-        path.read_text() + '\n[instances.b]\nhost = "box3"\nmodel = "/m/a.gguf"\nalias = "qwen"\n'
+        path.read_text()
+        + '\n[instances.b]\nhost = "box3"\nmodel = "/m/a.gguf"\nalias = "qwen"\n'
+        + 'binary = "/usr/local/bin/llama-server"\n'
     )
     cfg = parse_config(tomllib.loads(text), str(path))
     bases = {d.instance: d.api_base for d in gateway.deployments(cfg)}

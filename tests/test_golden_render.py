@@ -57,7 +57,24 @@ def _outcome(cfg: Config, name: str, variant: str, caps: Capabilities | None) ->
         return {"refused": [str(p) for p in err.problems]}
 
 
+def _every_variant_installed(cfg: Config) -> Config:
+    """The config with a binary for every variant on each host that runs the ones it names
+    (a host without one for a variant refuses it, tests/test_refusals.py): the matrix is about
+    each variant's spelling."""
+    hosts = {
+        name: replace(
+            host,
+            binaries={v: f"/opt/{v}/bin/llama-server" for v in VARIANTS} | host.binaries,
+        )
+        if host.kind != "nixos"
+        else host
+        for name, host in cfg.hosts.items()
+    }
+    return replace(cfg, hosts=hosts)
+
+
 def _matrix(cfg: Config) -> dict[str, object]:
+    cfg = _every_variant_installed(cfg)
     recordings = _recordings()
     out: dict[str, object] = {}
     for name in cfg.instances:

@@ -334,7 +334,7 @@ def test_reboot_brings_the_current_generation_back(host: Host) -> None:
 
 
 def test_user_units_switch_roll_back_and_survive_a_reboot(host: Host) -> None:
-    """f: kind = "systemd-user" for a normal user with lingering, as seed 004 ran them."""
+    """f: kind = "systemd-user" for a normal user with lingering."""
     user = hosts.USER
     uid = host.uid_of(user)
     key = new_key()

@@ -267,6 +267,23 @@ def test_host_keys_are_module_options_or_set_by_the_module(options: dict[str, An
     assert options["moduleHostOptionDefaults"]["gpuSandbox"] == sandbox["default"]
 
 
+def _int_type(lo: int | None, hi: int | None) -> dict[str, Any]:
+    """What nix/schema-options.nix's intType makes of an integer's bounds."""
+    if lo is not None and hi is not None:
+        return {"name": "intBetween", "min": lo, "max": hi}
+    if lo == 0:
+        return {"name": "intUnsigned"}
+    if lo == 1:
+        return {"name": "intPositive"}
+    if lo is not None:
+        return {
+            "name": "addCheck",
+            "elem": {"name": "int"},
+            "description": f"integer, at least {lo}",
+        }
+    return {"name": "int"}
+
+
 def expected_type(field: dict[str, Any]) -> dict[str, Any]:
     """What nix/schema-options.nix must make of a schema field (as the stub lib shows types)."""
     kind = field["type"]
@@ -276,20 +293,7 @@ def expected_type(field: dict[str, Any]) -> dict[str, Any]:
     elif kind == "path":
         t = {"name": "strMatching", "pattern": "/.*", "description": "absolute path (a string)"}
     elif kind == "int":
-        if lo is not None and hi is not None:
-            t = {"name": "intBetween", "min": lo, "max": hi}
-        elif lo == 0:
-            t = {"name": "intUnsigned"}
-        elif lo == 1:
-            t = {"name": "intPositive"}
-        elif lo is not None:
-            t = {
-                "name": "addCheck",
-                "elem": {"name": "int"},
-                "description": f"integer, at least {lo}",
-            }
-        else:
-            t = {"name": "int"}
+        t = _int_type(lo, hi)
     elif kind == "float":
         assert lo is not None and hi is not None, "extend this test for one-sided float bounds"
         t = {"name": "numberBetween", "min": lo, "max": hi}
@@ -303,7 +307,7 @@ def expected_type(field: dict[str, Any]) -> dict[str, Any]:
     elif kind == "layers":
         t = {
             "name": "either",
-            "left": {"name": "intUnsigned"},
+            "left": _int_type(lo, hi),
             "right": {"name": "enum", "values": ["all", "auto"]},
         }
     elif kind == "list_str":

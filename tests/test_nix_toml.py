@@ -53,9 +53,22 @@ def test_defaults_merge_and_host_filter(tmp_path: Path) -> None:
 )
 def test_examples_keep_every_instance_key(example: Path) -> None:
     cfg = load_config(example)
-    [host] = cfg.hosts
-    nix = instances_from_toml(example, host)
-    assert sorted(nix) == sorted(cfg.instances)
-    for name, inst in nix.items():
-        assert inst["model"] == cfg.instances[name].model
-        assert "host" not in inst and "binary" not in inst
+    hosts = [host for host in cfg.hosts if cfg.instances_on(host)]
+    nix = {host: instances_from_toml(example, host) for host in hosts}
+    assert sorted(name for per_host in nix.values() for name in per_host) == sorted(cfg.instances)
+    for host, per_host in nix.items():
+        assert sorted(per_host) == sorted(inst.name for inst in cfg.instances_on(host))
+        for name, inst in per_host.items():
+            assert inst["model"] == cfg.instances[name].model
+            assert "host" not in inst and "binary" not in inst
+
+
+def test_a_byte_order_mark_reads_the_same_in_both(tmp_path: Path) -> None:
+    cfg = tmp_path / "llamanix.toml"
+    cfg.write_bytes(
+        b'\xef\xbb\xbf[hosts.gpu1]\n[instances.a]\nmodel = "/m/a.gguf"\ncontext = 4096\n'
+    )
+    nix = instances_from_toml(cfg, "gpu1")
+    assert nix == {"a": {"model": "/m/a.gguf", "context": 4096, "speculative": {}}}
+    python = load_config(cfg).instances["a"]
+    assert (python.model, python.context) == ("/m/a.gguf", 4096)

@@ -27,6 +27,7 @@ UPDATE = os.environ.get("LLAMANIX_UPDATE_GOLDEN") == "1"
 
 def test_the_examples_are_the_ones_the_docs_name() -> None:
     assert [p.name for p in EXAMPLES] == [
+        "fleet-rtx5090-rtx3090-gateway.toml",
         "rtx3090-qwen35b-a3b.toml",
         "rtx3090-router-llama-server.toml",
         "rtx3090ti-qwen27b-dflash.toml",
@@ -41,23 +42,26 @@ def test_examples_plan_cleanly(example: Path) -> None:
     result = CliRunner().invoke(main, ["plan", "--json", str(example)])
     assert result.exit_code == 0, result.output
     plan = json.loads(result.stdout)
-    [host] = plan["hosts"].values()
-    rows = host["instances"]
-    # A routed example serves several members behind one port; the others
-    # serve exactly one instance each.
-    if "router" in example.stem:
-        assert set(host["router"]["members"]) == {row["name"] for row in rows}
-        assert len(rows) >= 2
-    else:
-        assert host["router"] is None and len(rows) == 1
+    # A fleet example has a host per box, the gateway's without instances; the others one host.
+    hosts = [host for host in plan["hosts"].values() if host["instances"]]
+    assert len(hosts) == (2 if "fleet" in example.stem else 1)
     text = CliRunner().invoke(main, ["plan", str(example)])
     assert text.exit_code == 0
-    for row in rows:
-        assert row["warnings"] == []
-        assert row["gpu"] is True
-        if systemd_analyze.available():
-            assert row["security_exposure"] <= 1.5
-        assert row["name"] in text.stdout
+    for host in hosts:
+        rows = host["instances"]
+        # A routed example serves several members behind one port; the others
+        # serve exactly one instance per host.
+        if "router" in example.stem:
+            assert set(host["router"]["members"]) == {row["name"] for row in rows}
+            assert len(rows) >= 2
+        else:
+            assert host["router"] is None and len(rows) == 1
+        for row in rows:
+            assert row["warnings"] == []
+            assert row["gpu"] is True
+            if systemd_analyze.available():
+                assert row["security_exposure"] <= 1.5
+            assert row["name"] in text.stdout
 
 
 def test_plan_reports_vram_fit_and_ceiling(tmp_path: Path) -> None:
@@ -65,6 +69,7 @@ def test_plan_reports_vram_fit_and_ceiling(tmp_path: Path) -> None:
     cfg = tmp_path / "llamanix.toml"
     cfg.write_text(
         '[hosts.h]\nkind = "systemd"\ngpu = "rtx3090"\n'
+        'binaries = { upstream = "/usr/bin/llama-server" }\n'
         f'[instances.a]\nmodel = "{model}"\ncontext = 2048\n'
         '[instances.a.speculative]\ntype = "draft"\n'
         f'draft_model = "{model}"\n'
@@ -130,13 +135,16 @@ def test_plan_shows_the_pinned_revision_from_flake_lock(tmp_path: Path) -> None:
         "examples/rtx3090-router-llama-server.toml",
         "examples/rtx5090-qwen27b-draft.toml",
         "tests/data/configs/two-hosts-defaults.toml",
+        "tests/data/configs/fleet-gateway.toml",
+        "tests/data/configs/spec-chain.toml",
     ],
     ids=lambda c: Path(c).stem,
 )
 def test_plan_json_is_what_it_was(config: str) -> None:
     """`plan --json` is read by scripts: its keys, their order and their values stay as recorded
     (a router with its members' rows, their models not readable here; a speculative instance
-    with its pin; two hosts, one without a GPU; a readable model's fit is
+    with its pin; two hosts, one without a GPU; a gateway with its model group of two replicas
+    on two hosts; a speculation chain in full; a readable model's fit is
     test_plan_reports_vram_fit_and_ceiling). A change on purpose rewrites the recording
     (``LLAMANIX_UPDATE_GOLDEN=1``) and its diff is reviewed with the change."""
     done = subprocess.run(
@@ -183,3 +191,35 @@ def test_one_unit_per_sandbox_scores_every_unit(path: Path, tmp_path: Path) -> N
         grouped = tmp_path / host / "grouped"
         grouped.mkdir()
         assert _exposures(render, grouped) == each
+
+
+def test_plan_shows_a_chain_in_full(tmp_path: Path) -> None:
+    cfg = tmp_path / "llamanix.toml"
+    cfg.write_text(
+        '[instances.a]\nmodel = "/m/t.gguf"\n'
+        '[instances.a.speculative]\ntype = ["ngram-mod", "mtp"]\nn_max = 16\n'
+    )
+    result = CliRunner().invoke(main, ["plan", "--json", "--no-security", str(cfg)])
+    assert result.exit_code == 0, result.output
+    [row] = json.loads(result.stdout)["hosts"]["local"]["instances"]
+    assert row["speculative"] == "ngram-mod n_max=16 then mtp"
+    assert row["speculative_types"] == ["ngram-mod", "mtp"]
+    text = CliRunner().invoke(main, ["plan", "--no-security", str(cfg)])
+    assert "ngram-mod n_max=16 then mtp" in text.stdout
+
+
+def test_plan_shows_the_gateway_and_its_model_groups() -> None:
+    config = str(ROOT / "tests" / "data" / "configs" / "fleet-gateway.toml")
+    text = CliRunner().invoke(main, ["plan", "--no-security", config])
+    assert text.exit_code == 0, text.output
+    assert text.stdout.splitlines()[-2:] == [
+        "gateway litellm 1.106.12 on host box3, 0.0.0.0:4000 (simple-shuffle, 8 retries, "
+        "health checks every 5 s)",
+        "  qwen3-8b: qwen-a on box1 (http://box1.lan:8080/v1), qwen-b on box2 "
+        "(http://10.0.0.12:8080/v1)",
+    ]
+    # The gateway's own host shows it; another host alone does not.
+    box3 = CliRunner().invoke(main, ["plan", "--json", "--no-security", "--host", "box3", config])
+    assert json.loads(box3.stdout)["gateway"]["host"] == "box3"
+    box1 = CliRunner().invoke(main, ["plan", "--json", "--no-security", "--host", "box1", config])
+    assert json.loads(box1.stdout)["gateway"] is None

@@ -129,7 +129,7 @@ def test_plan_and_doctor_say_the_real_model_has_no_chat_template(
 ) -> None:
     config = tmp_path / "llamanix.toml"
     config.write_text(
-        '[hosts.box]\nkind = "systemd"\n\n'
+        '[hosts.box]\nkind = "systemd"\nbinaries = { upstream = "/usr/local/bin/llama-server" }\n\n'
         f'[instances.gemma]\nvariant = "upstream"\nmodel = "{real_model}"\nport = 8080\n'
     )
     done = llamanix("plan", str(config), "--json")
@@ -238,7 +238,10 @@ def test_doctor_gives_acceptance_and_a_verdict_per_workload(real_servers: RealSe
 
 def test_a_gate_prompt_for_another_gate_is_one_line(tmp_path: Path) -> None:
     config = tmp_path / "llamanix.toml"
-    config.write_text('[hosts.box]\nkind = "systemd"\n\n[instances.a]\nmodel = "/m.gguf"\n')
+    config.write_text(
+        '[hosts.box]\nkind = "systemd"\nbinaries = { upstream = "/usr/local/bin/llama-server" }\n'
+        '\n[instances.a]\nmodel = "/m.gguf"\n'
+    )
     line = one_line(
         llamanix("switch", str(config), "--gate", "health", "--gate-prompts", "realtext:edit")
     )

@@ -33,6 +33,8 @@ def stored(data: object) -> Any:
     return json.loads(json.dumps(data, sort_keys=True))
 
 
+# The llama-server a plain systemd host runs (a host names one per variant it serves).
+BINARIES = 'binaries = { upstream = "/usr/local/bin/llama-server" }\n'
 BENCH_RESULT = {
     "bench": {
         "action": "keep",
@@ -270,7 +272,9 @@ def test_what_is_not_a_manifest_is_refused(text: str) -> None:
 def test_generations_lists_the_records_as_they_are_on_disk(tmp_path: Path) -> None:
     """The listing's JSON is the records' own, key order included."""
     config = tmp_path / "llamanix.toml"
-    config.write_text('[hosts.dev]\nkind = "systemd"\n\n[instances.chat]\nmodel = "/m.gguf"\n')
+    config.write_text(
+        f'[hosts.dev]\nkind = "systemd"\n{BINARIES}\n[instances.chat]\nmodel = "/m.gguf"\n'
+    )
     state = HostState.beside(config, "dev")
     state.root.mkdir(parents=True)
     (state.root / "manager.json").write_text(json.dumps({"manager": "up", "units_dir": "x"}))

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from llamanix.cli import main
+from llamanix.deploy.config_edit import apply_sets
+from llamanix.render import units
 
 BASE = """
 [hosts.gpu1]
@@ -116,6 +121,42 @@ CASES: list[tuple[str, str, str, str]] = [
         "use api_key_file instead",
     ),
     ("wrong type", H + 'port = "8080"', "instances.a.port", "must be an integer, got '8080'"),
+    (
+        "context past any machine",
+        H + "context = 99999999999999999999999999",
+        "instances.a.context",
+        "99999999999999999999999999 is above the maximum 16777216 (use a value from 1 to 16777216)",
+    ),
+    (
+        "parallel past llama.cpp's slots",
+        H + "parallel = 100000000000",
+        "instances.a.parallel",
+        "100000000000 is above the maximum 256 (use a value from 1 to 256)",
+    ),
+    (
+        "port in integers, not 1e+26",
+        H + "port = 100000000000000000000000000",
+        "instances.a.port",
+        "100000000000000000000000000 is above the maximum 65535 (use a value from 1 to 65535)",
+    ),
+    (
+        "threads past ggml's",
+        H + "threads = 4096",
+        "instances.a.threads",
+        "4096 is above the maximum 512",
+    ),
+    (
+        "gpu_layers past any model",
+        H + "gpu_layers = 100000",
+        "instances.a.gpu_layers",
+        '100000 is above the maximum 9999 (write "all" to offload every layer)',
+    ),
+    (
+        "n_max past any draft",
+        H + '[instances.a.speculative]\ntype = "ngram-mod"\nn_max = 65536',
+        "instances.a.speculative.n_max",
+        "65536 is above the maximum 1024",
+    ),
 ]
 
 
@@ -188,3 +229,232 @@ def test_render_bad_host_writes_nothing(tmp_path: Path) -> None:
     # In the config's terms: the name may come from anywhere, the table is what is missing.
     assert result.stderr.strip() == f"{cfg}: hosts: no [hosts.gpu9] table (did you mean 'gpu1'?)"
     assert not out.exists()
+
+
+# --- no silent fallback --------------------------------------------------------------------------
+
+DEBIAN = """
+[hosts.box]
+kind = "{kind}"
+binaries = {{ upstream = "/usr/local/bin/llama-server" }}
+
+[instances.chat]
+variant = "{variant}"
+model = "/srv/models/q.gguf"
+port = 8080
+"""
+
+
+@pytest.mark.parametrize("kind", ["systemd", "systemd-user"])
+def test_a_variant_without_a_binary_is_refused_by_every_command(tmp_path: Path, kind: str) -> None:
+    """A host that runs the binaries the config names, and none for the variant: refused with
+    the fix, never rendered as a bare llama-server that PATH resolves to another build."""
+    ik = tmp_path / "ik.toml"
+    ik.write_text(DEBIAN.format(kind=kind, variant="ik"))
+    upstream = tmp_path / "llamanix.toml"
+    upstream.write_text(DEBIAN.format(kind=kind, variant="upstream"))
+    out = tmp_path / "out"
+    line = (
+        f"instances.chat.variant: host 'box' (kind {kind}) has no llama-server for variant ik "
+        "(hosts.box.binaries names only upstream) (set hosts.box.binaries.ik = "
+        '"/path/to/ik/llama-server" (or instances.chat.binary), or choose a variant it names)'
+    )
+    for cfg, args in (
+        (ik, ["validate", str(ik)]),
+        (ik, ["plan", "--no-security", str(ik)]),
+        (ik, ["render", str(ik), "--out", str(out)]),
+        (ik, ["argv", str(ik), "chat"]),
+        (upstream, ["argv", str(upstream), "chat", "--variant", "ik"]),
+        (upstream, ["switch", str(upstream), "--set", "instances.chat.variant=ik", "--dry-run"]),
+    ):
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 2, (args, result.output)
+        assert result.stdout == ""
+        assert result.stderr.strip() == f"{cfg}: {line}", args
+    assert not out.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ik.toml", "llamanix.toml"]
+    assert "upstream" in upstream.read_text()
+
+
+def test_gpu_layers_on_a_host_that_names_no_gpu_are_refused(tmp_path: Path) -> None:
+    """Its unit gets a private /dev: a CUDA build would find no GPU and serve from the CPU."""
+    cfg = tmp_path / "llamanix.toml"
+    cfg.write_text(DEBIAN.format(kind="systemd", variant="upstream") + 'gpu_layers = "all"\n')
+    result = CliRunner().invoke(main, ["validate", "--remote", str(cfg)])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == (
+        f"{cfg}: instances.chat.gpu_layers: host 'box' names no GPU (gpu or cuda_archs), so its "
+        'units cannot open the NVIDIA devices and gpu_layers = "all" would run on the CPU (set '
+        'hosts.box.gpu = "rtx3090" (llamanix ceiling --list) or hosts.box.cuda_archs, or '
+        "gpu_layers = 0)"
+    )
+    cfg.write_text(cfg.read_text().replace('kind = "systemd"', 'kind = "systemd"\ngpu = "rtx3090"'))
+    assert CliRunner().invoke(main, ["validate", "--remote", str(cfg)]).exit_code == 0
+
+
+# --- config and command-line edges ---------------------------------------------------------------
+
+
+def test_a_byte_order_mark_is_read_as_utf8(tmp_path: Path) -> None:
+    cfg = tmp_path / "llamanix.toml"
+    cfg.write_bytes(b"\xef\xbb\xbf" + DEBIAN.format(kind="systemd", variant="upstream").encode())
+    result = CliRunner().invoke(main, ["validate", "--remote", str(cfg)])
+    assert result.exit_code == 0, result.output
+    switch = ["switch", str(cfg), "--set", "instances.chat.context=4096", "--dry-run"]
+    result = CliRunner().invoke(main, switch)
+    assert result.exit_code == 0, result.output
+
+
+def test_a_byte_that_is_not_utf8_is_named_by_line(tmp_path: Path) -> None:
+    cfg = tmp_path / "llamanix.toml"
+    text = DEBIAN.format(kind="systemd", variant="upstream").replace("port", "# café\nport")
+    cfg.write_bytes(text.encode("latin-1"))
+    before = cfg.read_bytes()
+    line = (
+        f"{cfg}: line 9, column 6: byte 0xe9 is not UTF-8 "
+        "(save the file as UTF-8, e.g. with iconv -f latin1 -t utf-8)"
+    )
+    for args in (
+        ["validate", str(cfg)],
+        ["plan", str(cfg)],
+        ["switch", str(cfg), "--set", "instances.chat.context=4096", "--dry-run"],
+    ):
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 2
+        assert result.stderr.strip() == line, args
+    assert cfg.read_bytes() == before
+
+
+SETS: list[tuple[str, str, str]] = [
+    # (id, --set, the line after "CONFIG: --set: ")
+    (
+        "an instance the config has not",
+        "instances.qwen.variant=ik",
+        "no instance 'qwen' in this config (known: chat, a.b) (name one of its instances, or add "
+        "[instances.qwen] to the file first)",
+    ),
+    (
+        "a misspelt instance",
+        "instances.caht.context=4096",
+        "no instance 'caht' in this config (did you mean 'chat'?) (name one of its instances, "
+        "or add [instances.caht] to the file first)",
+    ),
+    (
+        "a misspelt host",
+        "hosts.bx.gpu=rtx3090",
+        "no host 'bx' in this config (did you mean 'box'?) (name one of its hosts, or add "
+        "[hosts.bx] to the file first)",
+    ),
+    (
+        "a dotted name unquoted",
+        "instances.a.b.variant=ik",
+        "no instance 'a', but one 'a.b' (quote a name with a dot in it: "
+        'instances."a.b".variant=...)',
+    ),
+    (
+        "not a TOML key",
+        "instances..variant=ik",
+        "'instances..variant=ik' is not KEY=VALUE with a TOML key (write e.g. --set "
+        'instances.qwen.variant=ik, and quote a name with a dot: instances."a.b".variant=ik)',
+    ),
+    (
+        "a lone surrogate (bytes argv could not decode)",
+        "instances.chat.alias=caf\udce9",
+        "'instances.chat.alias=caf\\xe9' is not UTF-8 text (pass it as UTF-8 text)",
+    ),
+]
+
+
+def dotted_config(tmp_path: Path) -> Path:
+    cfg = tmp_path / "llamanix.toml"
+    cfg.write_text(
+        DEBIAN.format(kind="systemd", variant="upstream")
+        + '\n[instances."a.b"]\nmodel = "/srv/models/q.gguf"\nport = 8081\n'
+    )
+    return cfg
+
+
+@pytest.mark.parametrize(("case", "item", "line"), SETS, ids=[c[0] for c in SETS])
+def test_a_set_that_names_nothing_is_refused(
+    tmp_path: Path, case: str, item: str, line: str
+) -> None:
+    cfg = dotted_config(tmp_path)
+    before = cfg.read_text()
+    result = CliRunner().invoke(main, ["switch", str(cfg), "--set", item, "--dry-run"])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip() == f"{cfg}: --set: {line}"
+    assert cfg.read_text() == before
+
+
+def test_a_set_addresses_a_dotted_name_quoted(tmp_path: Path) -> None:
+    cfg = dotted_config(tmp_path)
+    text = apply_sets(cfg, cfg.read_text(), ('instances."a.b".port=9000',))
+    assert tomllib.loads(text)["instances"]["a.b"]["port"] == 9000
+    assert '[instances."a.b"]' in text and "a.b.port" not in text
+    result = CliRunner().invoke(
+        main, ["switch", str(cfg), "--set", 'instances."a.b".port=9000', "--dry-run"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "switching a.b, chat via systemd" in result.stdout
+
+
+def test_a_set_of_bytes_that_are_not_utf8_writes_nothing(tmp_path: Path) -> None:
+    """Through a real argv: the bytes reach llamanix as Python decodes them (surrogates)."""
+    cfg = dotted_config(tmp_path)
+    before = cfg.read_text()
+    for dry in ([b"--dry-run"], []):
+        head = map(os.fsencode, (sys.executable, "-m", "llamanix", "switch", cfg))
+        proc = subprocess.run(
+            [*head, *dry, b"--set", b"instances.chat.alias=caf\xe9"],
+            capture_output=True,
+            check=False,
+        )
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.decode().strip() == (
+            f"{cfg}: --set: 'instances.chat.alias=caf\\xe9' is not UTF-8 text "
+            "(pass it as UTF-8 text)"
+        )
+    assert cfg.read_text() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["llamanix.toml"]
+
+
+def test_validate_takes_several_files(tmp_path: Path) -> None:
+    good = tmp_path / "good.toml"
+    good.write_text(DEBIAN.format(kind="systemd", variant="upstream"))
+    bad = write(tmp_path, H + 'variant = "upstrem"')
+    result = CliRunner().invoke(main, ["validate", "--remote", str(good), str(bad)])
+    assert result.exit_code == 2
+    assert result.stdout == f"{good}: ok (1 instances on 1 hosts)\n"
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith(f"{bad}: instances.a.variant: unknown value 'upstrem'")
+    result = CliRunner().invoke(main, ["validate", "--remote", "--json", str(good), str(bad)])
+    assert result.exit_code == 2
+    assert [(r["config"], r["ok"]) for r in json.loads(result.stdout)] == [
+        (str(good), True),
+        (str(bad), False),
+    ]
+
+
+def test_validate_remote_leaves_this_machine_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A config for another machine (an example checked from a checkout whose llamanix lives
+    in a 0700 home): its units will not run this llamanix, so --remote does not check it."""
+    home = tmp_path / "home"
+    (home / "bin").mkdir(parents=True)
+    (home / "bin" / "llamanix").write_text("#!/bin/sh\n")
+    (home / "bin" / "llamanix").chmod(0o755)
+    home.chmod(0o700)
+    monkeypatch.setattr(units, "llamanix_paths", lambda: [str(home / "bin" / "llamanix")])
+    cfg = tmp_path / "llamanix.toml"
+    cfg.write_text(DEBIAN.format(kind="systemd", variant="upstream"))
+    here = CliRunner().invoke(main, ["validate", str(cfg)])
+    assert here.exit_code == 2
+    assert here.stderr.startswith(f"{cfg}: llamanix itself: {home}/bin/llamanix ")
+    there = CliRunner().invoke(main, ["validate", "--remote", str(cfg)])
+    assert there.exit_code == 0, there.output
+    # Where a path lies still counts: no unit sees /tmp's files after a reboot.
+    cfg.write_text(cfg.read_text().replace("/srv/models/q.gguf", "/tmp/q.gguf"))
+    there = CliRunner().invoke(main, ["validate", "--remote", str(cfg)])
+    assert there.exit_code == 2
+    assert there.stderr.startswith(f"{cfg}: instances.chat.model: /tmp/q.gguf ")

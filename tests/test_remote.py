@@ -173,7 +173,9 @@ def test_remote_argv_is_ssh_with_batch_options_and_the_quoted_agent_command(
 def test_only_plain_systemd_hosts_with_a_target_are_remote(tmp_path: Path) -> None:
     path = tmp_path / "c.toml"
     path.write_text(
-        '[hosts.local]\nkind = "systemd"\n[hosts.nix]\nkind = "nixos"\ntarget = "root@n"\n'
+        '[hosts.local]\nkind = "systemd"\n'
+        'binaries = { upstream = "/usr/local/bin/llama-server" }\n'
+        '[hosts.nix]\nkind = "nixos"\ntarget = "root@n"\n'
         '[instances.a]\nhost = "local"\nmodel = "/m.gguf"\nport = 8080\n'
     )
     config = load_config(path)
@@ -522,7 +524,9 @@ def test_dry_run_lists_every_remote_command_and_runs_nothing(tmp_path: Path, ssh
     path = tmp_path / "fleet.toml"
     path.write_text(
         '[hosts.box2]\nkind = "systemd"\ntarget = "admin@box2"\n'
+        'binaries = { upstream = "/usr/local/bin/llama-server" }\n'
         '[hosts.box3]\nkind = "systemd-user"\ntarget = "bob@box3"\n'
+        'binaries = { upstream = "/home/bob/llama.cpp/build/bin/llama-server" }\n'
         '[instances.a]\nhost = "box2"\nmodel = "/m.gguf"\nport = 8080\n'
         '[instances.b]\nhost = "box3"\nmodel = "/m.gguf"\nport = 8081\n'
     )

@@ -209,7 +209,7 @@ def test_exec_start_escaping() -> None:
 
 def test_previous_render_is_kept_and_stale_files_removed(tmp_path: Path) -> None:
     data = host_config("systemd", False)
-    data["instances"]["b"] = {"model": "/srv/models/b.gguf", "port": 8081}
+    data["instances"]["b"] = {"model": "/srv/models/b.gguf", "port": 8081, "binary": "/usr/bin/b"}
     out = render_to(tmp_path, data)
     first = json.loads((out / "manifest.json").read_text())
     del data["instances"]["b"]
@@ -262,7 +262,10 @@ def test_render_cli_single_host_needs_no_host_flag(tmp_path: Path) -> None:
 
 def test_user_flag_renders_user_units(tmp_path: Path) -> None:
     cfg = tmp_path / "llamanix.toml"
-    cfg.write_text('[hosts.h]\nkind = "systemd"\n[instances.a]\nmodel = "/m/t.gguf"\n')
+    cfg.write_text(
+        '[hosts.h]\nkind = "systemd"\nbinaries = { upstream = "/usr/bin/llama-server" }\n'
+        '[instances.a]\nmodel = "/m/t.gguf"\n'
+    )
     out = tmp_path / "units"
     result = CliRunner().invoke(main, ["render", str(cfg), "--out", str(out), "--user"])
     assert result.exit_code == 0, result.output

@@ -23,17 +23,20 @@ from llamanix.core.config import load_config, parse_config
 from llamanix.core.errors import UserError
 from llamanix.core.probe import Capabilities, parse_capabilities, parse_help
 from llamanix.core.residency import GIB, plan_residency
+from llamanix.core.variants import VARIANTS
 from llamanix.external import systemd_analyze
 from llamanix.measure.server_process import free_port
 from llamanix.render import router as r
 from llamanix.render.units import render_host, write_render
 
 HELP = Path(__file__).parent / "data" / "help"
+# A llama-server for every variant: a plain systemd host names the one it runs for each.
+ALL_BINARIES = {v: f"/opt/{v}/bin/llama-server" for v in VARIANTS}
 
 
 def config(instances: dict[str, dict[str, Any]], router: dict[str, Any], **host: Any) -> Any:
     data = {
-        "hosts": {"box": {"kind": "systemd", **host, "router": router}},
+        "hosts": {"box": {"kind": "systemd", "binaries": ALL_BINARIES, **host, "router": router}},
         "instances": {name: {"model": f"/m/{name}.gguf", **i} for name, i in instances.items()},
     }
     return parse_config(data, "r.toml")
@@ -158,7 +161,7 @@ def test_a_member_on_another_host_is_refused() -> None:
     data = {
         "hosts": {
             "a": {"kind": "systemd", "router": {"kind": "llama-swap", "members": ["x"]}},
-            "b": {"kind": "systemd"},
+            "b": {"kind": "systemd", "binaries": ALL_BINARIES},
         },
         "instances": {"x": {"model": "/m/x.gguf", "host": "b"}},
     }
@@ -722,6 +725,7 @@ def test_plan_shows_who_stays_loaded_and_why(synth_models: Any, tmp_path: Path) 
 [hosts.box]
 kind = "systemd"
 gpu = "rtx3090"
+binaries = {{ upstream = "/usr/local/bin/llama-server" }}
 
 [hosts.box.router]
 kind = "llama-server"
@@ -880,7 +884,8 @@ def test_up_refuses_a_routed_host_in_one_line(tmp_path: Path) -> None:
 
     path = tmp_path / "llamanix.toml"
     path.write_text(
-        '[hosts.box]\nkind = "systemd"\n\n[hosts.box.router]\nkind = "llama-server"\n'
+        '[hosts.box]\nkind = "systemd"\nbinaries = { upstream = "/usr/local/bin/llama-server" }\n'
+        '\n[hosts.box.router]\nkind = "llama-server"\n'
         'members = ["a"]\nport = 8090\n\n[instances.a]\nmodel = "/m/a.gguf"\n'
     )
     result = CliRunner().invoke(main, ["up", str(path)])

@@ -55,3 +55,20 @@ def test_gpu_table_entries_are_complete() -> None:
     # Every entry cites where its numbers come from.
     for block in text.split("\n[")[1:]:
         assert "\n# " in block, block.splitlines()[0]
+
+
+def test_every_number_has_both_bounds() -> None:
+    """A value no machine could use (an extra digit, a byte count) is refused, never rendered."""
+    tables = (
+        schema.HOST_FIELDS,
+        schema.ROUTER_FIELDS,
+        schema.GATEWAY_FIELDS,
+        schema.INSTANCE_FIELDS,
+        schema.SPECULATIVE_FIELDS,
+    )
+    numeric = [f for t in tables for f in t if f.kind in (schema.INT, schema.FLOAT, schema.LAYERS)]
+    assert len(numeric) == 21
+    for f in numeric:
+        assert f.minimum is not None and f.maximum is not None, f.name
+        if f.kind != schema.FLOAT:
+            assert isinstance(f.minimum, int) and isinstance(f.maximum, int), f.name

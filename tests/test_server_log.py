@@ -1,4 +1,5 @@
-"""Log-line parsing: recorded logs of the real binary, the field report's lines, a live server."""
+"""Log-line parsing: recorded logs of the real binary, lines quoted from a user's report, a live
+server."""
 
 from __future__ import annotations
 
@@ -58,7 +59,7 @@ def test_other_vocabulary_draft() -> None:
 
 
 def test_field_report_refusal() -> None:
-    """Field report 000, round 1: b8770 on a hybrid model refuses speculation at start-up."""
+    """A user's report: b8770 on a hybrid model refuses speculation at start-up."""
     log = parse_server_log((DATA / "seed000-b8770-refused.log").read_text())
     assert log.spec_refused and not log.spec_initialized
 

@@ -148,7 +148,7 @@ def test_a_model_the_server_cannot_load_fails_with_its_reason(
 def test_speculation_that_never_drafts_fails(
     llama_server_bin: Path, synth_models: SynthModels
 ) -> None:
-    """The field reports' silent failure: speculation configured, nothing drafted."""
+    """The silent failure users reported: speculation configured, nothing drafted."""
     proc = smoke_process(
         "--binary",
         str(llama_server_bin),
@@ -217,6 +217,46 @@ def test_a_binary_that_is_not_llama_server_is_refused(tmp_path: Path) -> None:
     )
     missing = smoke_cli("--binary", str(tmp_path / "nope"))
     assert missing.exit_code == 2 and "not an executable file" in one_line(missing)
+
+
+def help_stand_in(tmp_path: Path, stem: str | None) -> Path:
+    """A llama-server that cannot run here, as its --version and --help answered (``stem``:
+    a recording under tests/data/help), or one whose --help no known dialect matches."""
+    answer = tmp_path / "answer.txt"
+    if stem is None:
+        answer.write_text("usage: llama-server [options]\n  -m,    --model FNAME   model path\n")
+    else:
+        help_dir = Path(__file__).parent / "data" / "help"
+        answer.write_text(
+            (help_dir / f"{stem}.version.txt").read_text()
+            + (help_dir / f"{stem}.help.txt").read_text()
+        )
+    stand_in(tmp_path / "bin", "llama-server", answer)
+    return tmp_path / "bin" / "llama-server"
+
+
+def test_a_binary_of_another_project_than_the_variant_is_refused(tmp_path: Path) -> None:
+    ik = help_stand_in(tmp_path, "ik-8337e4cd")
+    out = tmp_path / "smoke.json"
+    result = smoke_cli("--binary", str(ik), "--variant", "upstream", "-o", str(out))
+    assert result.exit_code == 2
+    line = one_line(result)
+    assert line.startswith(f"{ik}: --variant: {ik} (version ")
+    assert line.endswith(
+        ") answers as a build of ik_llama.cpp (its --help speaks the ik dialect), but variant "
+        "upstream is ggml-org llama.cpp (smoke a build of ggml-org llama.cpp, or pass "
+        "--variant ik)"
+    )
+    assert not out.exists()
+
+
+def test_without_variant_a_binary_no_dialect_matches_is_refused(tmp_path: Path) -> None:
+    other = help_stand_in(tmp_path, None)
+    result = smoke_cli("--binary", str(other))
+    assert result.exit_code == 2
+    line = one_line(result)
+    assert line.startswith(f"{other}: --variant: {other} (version ")
+    assert line.endswith(") speaks no dialect llamanix knows (name its variant with --variant)")
 
 
 # --- stand-ins for what needs a GPU -----------------------------------------------------------
@@ -355,7 +395,7 @@ def test_a_cpu_log_is_not_a_cuda_build() -> None:
 @pytest.mark.parametrize(
     ("first", "second", "status"),
     [
-        (33.0, 0.2, "fail"),  # the field report's first prefill
+        (33.0, 0.2, "fail"),  # a reported first prefill (PTX JIT)
         (0.3, 0.05, "pass"),  # 6x, but a quarter of a second: first-use costs, not a JIT
         (12.0, 9.0, "pass"),  # a slow model, not a slow first request
     ],

@@ -13,6 +13,8 @@ from pathlib import Path
 from llamanix.deploy.up_status import STATUS, UpInstance, UpStatus, read_status, write_status
 from llamanix.testbed.up_process import instance_state, up_units
 
+# The llama-server a plain systemd host runs (a host names one per variant it serves).
+BINARIES = 'binaries = { upstream = "/usr/local/bin/llama-server" }\n'
 RUNNING = UpInstance("k1", "running", 4242, "http://127.0.0.1:9001", 2, None)
 FAILED = UpInstance("k2", "failed", None, None, 5, "exit status 1")
 
@@ -31,7 +33,8 @@ def llamanix(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
 def host_config(tmp_path: Path) -> Path:
     config = tmp_path / "llamanix.toml"
     config.write_text(
-        '[hosts.dev]\nkind = "systemd"\n\n[instances.chat]\nmodel = "/srv/models/chat.gguf"\n'
+        f'[hosts.dev]\nkind = "systemd"\n{BINARIES}\n'
+        '[instances.chat]\nmodel = "/srv/models/chat.gguf"\n'
     )
     return config
 

@@ -356,6 +356,7 @@ def test_llamanix_itself_is_named_once(
     cfg = tmp_path / "llamanix.toml"
     cfg.write_text(
         '[hosts.box]\nkind = "systemd"\n'
+        f'binaries = {{ upstream = "{make(base / "bin" / "llama-server", 0o755)}" }}\n'
         '[instances.a]\nmodel = "/srv/a.gguf"\n[instances.b]\nmodel = "/srv/b.gguf"\nport = 9\n'
     )
     result = CliRunner().invoke(main, ["validate", str(cfg)])
@@ -417,6 +418,7 @@ def test_a_user_units_key_and_home_are_checked_for_the_user(tmp_path: Path, base
     cfg = tmp_path / "llamanix.toml"
     cfg.write_text(
         '[hosts.box]\nkind = "systemd-user"\n'
+        f'binaries = {{ upstream = "{make(base / "bin" / "llama-server", 0o755)}" }}\n'
         f'[instances.a]\nmodel = "{make(base / "m.gguf", 0o600)}"\n'
         'api_key_file = "/tmp/key"\n'
     )

@@ -55,7 +55,7 @@ COMMAND_GROUPS: dict[str, tuple[str, ...]] = {
 # help, which `--help` and completion show without importing that module. tests/test_cli.py
 # checks both against the commands themselves.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "validate": ("core", "Check CONFIG; exit 2 with one line per problem."),
+    "validate": ("core", "Check each CONFIG; exit 2 with one line per problem."),
     "argv": ("core", "Print INSTANCE's exact llama-server argv as a JSON list, program first."),
     "plan": ("core", "Per host: each instance's variant, address, speculation and command line."),
     "render": (

@@ -70,9 +70,8 @@ def summary_line(report: SmokeReport) -> str:
 @click.option(
     "--variant",
     type=OneOf(variant_names()),
-    default="upstream",
-    show_default=True,
-    help="Which variant's command-line dialect the binary speaks.",
+    help="The variant the binary is a build of (default: the one its --help speaks); a "
+    "binary of another project is refused.",
 )
 @click.option(
     "--tokens",
@@ -93,7 +92,7 @@ def smoke(
     model: Path | None,
     spec: str,
     draft_model: Path | None,
-    variant: str,
+    variant: str | None,
     tokens: int,
     keep: Path | None,
     as_json: bool,

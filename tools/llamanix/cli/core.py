@@ -67,40 +67,70 @@ def _echo_json(data: Any) -> None:
 
 
 @click.command()
-@config_argument()
+@click.argument("configs", metavar="CONFIG...", nargs=-1, required=True, type=FILE)
 @_capability_option(multiple=True)
+@click.option(
+    "--remote",
+    is_flag=True,
+    help="The units run on another machine: check only where each path is, as for a host "
+    "with a target, not this machine's files nor this llamanix's install.",
+)
 @json_flag
-def validate(config: Path, capabilities: tuple[str, ...], as_json: bool) -> None:
-    """Check CONFIG; exit 2 with one line per problem."""
-    caps = _load_caps(capabilities)
-    try:
-        cfg = load_config(config)
-        problems: list[Problem] = []
-        for host in cfg.hosts:
-            if not cfg.instances_on(host):
-                continue
-            try:
-                problems += unseen(cfg, render_host(cfg, host, caps))
-            except UserError as err:
-                problems += err.problems
-        if cfg.gateway is not None:
-            from llamanix.render import gateway
+def validate(
+    configs: tuple[Path, ...], capabilities: tuple[str, ...], remote: bool, as_json: bool
+) -> None:
+    """Check each CONFIG; exit 2 with one line per problem.
 
-            found, warnings = gateway.check(cfg)
-            problems += found
-            for line in warnings:
-                click.echo(f"warning: {line}", err=True)
-        if problems:
-            raise UserError(problems)
-    except UserError as err:
-        if as_json:
-            _echo_json({"ok": False, "problems": [str(p) for p in err.problems]})
-            exit_with(2)
-        raise
+    A host without a target is this machine: the paths its units run or read are checked on
+    this machine's files (modes, symlinks, the llamanix the readiness check runs). A config
+    written for another machine (an example, a box you deploy to by hand) is checked with
+    --remote: only where each path is counts there. NixOS hosts get neither check (the module
+    puts the programs in the store)."""
+    caps = _load_caps(capabilities)
+    results: list[dict[str, Any]] = []
+    failed: list[UserError] = []
+    for config in configs:
+        try:
+            cfg = _validate_one(config, caps, remote)
+        except UserError as err:
+            failed.append(err)
+            results.append(
+                {"config": str(config), "ok": False, "problems": [str(p) for p in err.problems]}
+            )
+            continue
+        results.append({"config": str(config), "ok": True, "instances": sorted(cfg.instances)})
+        if not as_json:
+            hosts = len(cfg.hosts)
+            click.echo(f"{config}: ok ({len(cfg.instances)} instances on {hosts} hosts)")
     if as_json:
-        _echo_json({"ok": True, "instances": sorted(cfg.instances)})
-    else:
-        click.echo(f"{config}: ok ({len(cfg.instances)} instances on {len(cfg.hosts)} hosts)")
+        _echo_json(results[0] if len(results) == 1 else results)
+        if failed:
+            exit_with(2)
+        return
+    if failed:
+        raise UserError([p for err in failed for p in err.problems])
+
+
+def _validate_one(config: Path, caps: CapabilityMap, remote: bool) -> Config:
+    cfg = load_config(config)
+    problems: list[Problem] = []
+    for host in cfg.hosts:
+        if not cfg.instances_on(host):
+            continue
+        try:
+            problems += unseen(cfg, render_host(cfg, host, caps), here=not remote)
+        except UserError as err:
+            problems += err.problems
+    if cfg.gateway is not None:
+        from llamanix.render import gateway
+
+        found, warnings = gateway.check(cfg)
+        problems += found
+        for line in warnings:
+            click.echo(f"warning: {line}", err=True)
+    if problems:
+        raise UserError(problems)
+    return cfg
 
 
 @click.command("argv")

@@ -18,6 +18,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "validate": (
         "llamanix validate llamanix.toml",
         "llamanix validate examples/*.toml",
+        "llamanix validate --remote examples/*.toml",
     ),
     "render": (
         "llamanix render llamanix.toml --out ./units",

@@ -13,7 +13,9 @@ from llamanix.core.config import (
     Config,
     Host,
     Instance,
+    binary_of,
     check_instance,
+    missing_binary,
     suggest,
 )
 from llamanix.core.errors import Problem, UserError
@@ -50,9 +52,15 @@ def _number(value: float) -> str:
 
 
 def program_for(inst: Instance, host: Host, variant: Variant) -> str:
-    if inst.binary:
-        return inst.binary
-    return host.binaries.get(variant.name, "llama-server")
+    binary = binary_of(inst, host, variant)
+    if binary is not None:
+        return binary
+    missing = missing_binary(inst, host, variant)
+    if missing is not None:  # check_instance refuses it before rendering
+        raise UserError(Problem("", f"instances.{inst.name}.variant", *missing))
+    # NixOS: the module passes each instance's package as its binary (modules/llamanix.nix);
+    # a render from the TOML alone names the program the package provides.
+    return "llama-server"
 
 
 def instance_args(

@@ -8,7 +8,6 @@ variant (usually: not rendered, so the binary's own default applies).
 
 from __future__ import annotations
 
-import difflib
 import json
 import math
 import re
@@ -183,9 +182,13 @@ class Config:
 
 
 def suggest(word: str, choices: list[str] | tuple[str, ...]) -> str:
-    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    """The closest known name (a typo's fix), else the names there are."""
+    from rapidfuzz import fuzz, process
+
+    close = process.extract(word, list(choices), scorer=fuzz.ratio, score_cutoff=60, limit=None)
     if close:
-        return f"did you mean '{close[0]}'?"
+        # Of equally close names the last in sort order, as difflib chose before.
+        return f"did you mean '{max(close, key=lambda m: (m[1], m[0]))[0]}'?"
     return "known: " + ", ".join(choices)
 
 
@@ -251,6 +254,13 @@ class _Checker:
             return value
         if kind == schema.LAYERS:
             if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+                if f.maximum is not None and value > f.maximum:
+                    self.add(
+                        where,
+                        f"{value} is above the maximum {_number(f.maximum)}",
+                        'write "all" to offload every layer',
+                    )
+                    return None
                 return value
             if value in ("all", "auto"):
                 return value
@@ -291,20 +301,37 @@ class _Checker:
 
     def _bounds(self, where: str, f: Field, value: float) -> Any:
         if f.minimum is not None and value < f.minimum:
-            self.add(where, f"{value:g} is below the minimum {f.minimum:g}", _range_fix(f))
+            self.add(
+                where,
+                f"{_number(value)} is below the minimum {_number(f.minimum)}",
+                _range_fix(f),
+            )
             return None
         if f.maximum is not None and value > f.maximum:
-            self.add(where, f"{value:g} is above the maximum {f.maximum:g}", _range_fix(f))
+            self.add(
+                where,
+                f"{_number(value)} is above the maximum {_number(f.maximum)}",
+                _range_fix(f),
+            )
             return None
         return value
 
 
+def _number(value: float) -> str:
+    """A bound or a value as the user writes it: integers whole (never 1e+26), others short."""
+    if isinstance(value, int):
+        return str(value)
+    return f"{value:g}"
+
+
 def _range_fix(f: Field) -> str:
-    if f.minimum is not None and f.maximum is not None:
-        return f"use a value from {f.minimum:g} to {f.maximum:g}"
-    if f.minimum is not None:
-        return f"use a value of at least {f.minimum:g}"
-    return f"use a value of at most {f.maximum:g}"
+    lo = None if f.minimum is None else _number(f.minimum)
+    hi = None if f.maximum is None else _number(f.maximum)
+    if lo is not None and hi is not None:
+        return f"use a value from {lo} to {hi}"
+    if lo is not None:
+        return f"use a value of at least {lo}"
+    return f"use a value of at most {hi}"
 
 
 def _describe(value: Any) -> str:
@@ -319,15 +346,44 @@ def _describe(value: Any) -> str:
     return repr(value)
 
 
+_BOM = b"\xef\xbb\xbf"
+
+
+def config_text(data: bytes, source: str) -> str:
+    """A config file's bytes as text: UTF-8, with or without the byte order mark some Windows
+    editors write; anything else is refused at its line."""
+    try:
+        return data.removeprefix(_BOM).decode("utf-8")
+    except UnicodeDecodeError as err:
+        start = err.start + (len(_BOM) if data.startswith(_BOM) else 0)
+        line = data.count(b"\n", 0, start) + 1
+        column = start - (data.rfind(b"\n", 0, start) + 1) + 1
+        raise UserError(
+            Problem(
+                source,
+                "",
+                f"line {line}, column {column}: byte 0x{data[start]:02x} is not UTF-8",
+                "save the file as UTF-8, e.g. with iconv -f latin1 -t utf-8",
+            )
+        ) from None
+
+
+def read_config_text(path: Path) -> str:
+    """The config file's text (see config_text); UserError when it cannot be read."""
+    source = str(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise UserError(Problem(source, "", "no such file", "check the path")) from None
+    except (IsADirectoryError, PermissionError) as err:
+        raise UserError(Problem(source, "", f"cannot read: {err}")) from None
+    return config_text(data, source)
+
+
 def load_config(path: Path) -> Config:
     """Read llamanix.toml (or a .json of the same shape, which the NixOS module writes)."""
     source = str(path)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise UserError(Problem(source, "", "no such file", "check the path")) from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as err:
-        raise UserError(Problem(source, "", f"cannot read: {err}")) from None
+    text = read_config_text(path)
     if path.suffix == ".json":
         try:
             data = json.loads(text)
@@ -824,6 +880,24 @@ def check_instance(
     def add(where: str, message: str, fix: str = "") -> None:
         out.append((where, message, fix))
 
+    missing = missing_binary(inst, host, variant)
+    if missing is not None:
+        add("variant", *missing)
+    for key, layers in (
+        ("gpu_layers", inst.gpu_layers),
+        ("speculative.draft_gpu_layers", spec.draft_gpu_layers),
+    ):
+        if host.kind != "nixos" and not host.has_gpu and layers not in (None, 0):
+            # The unit of a host without a GPU gets a private /dev: the layers would run on
+            # the CPU. (A NixOS instance's own CUDA build is known from its probe instead.)
+            add(
+                key,
+                f"host '{host.name}' names no GPU (gpu or cuda_archs), so its units cannot open "
+                f"the NVIDIA devices and {key.split('.')[-1]} = {json.dumps(layers)} would run "
+                "on the CPU",
+                f'set hosts.{host.name}.gpu = "rtx3090" (llamanix ceiling --list) or '
+                f"hosts.{host.name}.cuda_archs, or {key.split('.')[-1]} = 0",
+            )
     unsupported = [t for t in spec.types if spec.enabled and variant.spec_spelling(t) is None]
     for t in unsupported:
         add(
@@ -900,6 +974,28 @@ def check_instance(
     if inst.jinja is False and d.no_jinja_flag is None and d.jinja_default:
         add("jinja", f"{variant.who} cannot turn jinja off", "remove jinja")
     return out
+
+
+def binary_of(inst: Instance, host: Host, variant: Variant) -> str | None:
+    """The llama-server the instance's unit runs for ``variant``: its own ``binary``, else the
+    host's entry for the variant; None when the config names none (a NixOS host's module
+    names the flake's package for it)."""
+    return inst.binary or host.binaries.get(variant.name)
+
+
+def missing_binary(inst: Instance, host: Host, variant: Variant) -> tuple[str, str] | None:
+    """(message, fix) when a host that runs the binaries the config names (not NixOS) has none
+    for the variant: whatever llama-server the unit's PATH found would serve under its name."""
+    if host.kind == "nixos" or binary_of(inst, host, variant) is not None:
+        return None
+    named = ", ".join(sorted(host.binaries))
+    return (
+        f"host '{host.name}' (kind {host.kind}) has no llama-server for variant "
+        f"{variant.name} (hosts.{host.name}.binaries "
+        + (f"names only {named})" if named else "is empty)"),
+        f'set hosts.{host.name}.binaries.{variant.name} = "/path/to/{variant.name}/llama-server"'
+        f" (or instances.{inst.name}.binary), or choose a variant it names",
+    )
 
 
 def _chain_problems(spec: Speculative, variant: Variant) -> list[tuple[str, str, str]]:

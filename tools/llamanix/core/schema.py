@@ -132,6 +132,16 @@ SPEC_TYPES_WITH_DRAFT_MODEL = ("draft", "dflash", "dspark", "eagle3")
 # chain holds at most one, and only they use the drafter's cache types, device and CPU-MoE.
 SPEC_DRAFTERS = ("mtp", *SPEC_TYPES_WITH_DRAFT_MODEL)
 
+# Upper bounds: each above what a real machine uses, so that a slip (an extra digit, a byte count
+# pasted for a token count) is refused here instead of rendered into argv.
+MAX_TOKENS = 2**24  # context, batches, budgets: above the longest trained context (10M tokens)
+MAX_SLOTS = 256  # llama.cpp's LLAMA_MAX_SEQ: it refuses more sequences (slots) than this
+MAX_THREADS = 512  # ggml's GGML_MAX_N_THREADS
+MAX_LAYERS = 9999  # no model has this many layers; "all" offloads every one
+MAX_DRAFT = 1024  # tokens drafted per step
+MAX_PORT = 65535
+MAX_SECONDS = 365 * 24 * 3600  # a year
+
 HOST_FIELDS: tuple[Field, ...] = (
     Field("kind", ENUM, "How units are installed on this host.", "nixos", HOST_KINDS),
     Field(
@@ -155,7 +165,8 @@ HOST_FIELDS: tuple[Field, ...] = (
     Field(
         "binaries",
         DICT_STR,
-        "Path of llama-server per variant on systemd hosts (NixOS hosts use the flake's packages).",
+        "Path of llama-server per variant on systemd hosts; an instance whose variant has no "
+        "entry (and no `binary` of its own) is refused. NixOS hosts use the flake's packages.",
         example={"upstream": "/opt/llama.cpp/bin/llama-server"},
     ),
     Field(
@@ -188,13 +199,14 @@ ROUTER_FIELDS: tuple[Field, ...] = (
         example=["qwen27b", "small"],
     ),
     Field("listen", STR, "Address the router listens on.", "127.0.0.1"),
-    Field("port", INT, "Port of the router's endpoint.", 8080, minimum=1, maximum=65535),
+    Field("port", INT, "Port of the router's endpoint.", 8080, minimum=1, maximum=MAX_PORT),
     Field(
         "idle_ttl",
         INT,
         "Seconds a loaded member may sit idle before it is unloaded; 0 keeps it loaded.",
         0,
         minimum=0,
+        maximum=MAX_SECONDS,
     ),
     Field(
         "max_loaded",
@@ -202,6 +214,7 @@ ROUTER_FIELDS: tuple[Field, ...] = (
         "Members loaded at once; absent: as many as fit together in the host GPU's memory "
         "(`llamanix plan` shows which), or all of them without a GPU table entry.",
         minimum=1,
+        maximum=MAX_SLOTS,
     ),
     Field(
         "api_key_file",
@@ -233,7 +246,7 @@ GATEWAY_FIELDS: tuple[Field, ...] = (
         example="box3",
     ),
     Field("listen", STR, "Address the gateway listens on.", "127.0.0.1"),
-    Field("port", INT, "Port of the gateway's endpoint.", 4000, minimum=1, maximum=65535),
+    Field("port", INT, "Port of the gateway's endpoint.", 4000, minimum=1, maximum=MAX_PORT),
     Field(
         "api_key_file",
         PATH,
@@ -260,6 +273,7 @@ GATEWAY_FIELDS: tuple[Field, ...] = (
         "Retries of a failed request on the group's replicas (router_settings.num_retries).",
         8,
         minimum=0,
+        maximum=100,
     ),
     Field(
         "health_check_interval",
@@ -267,6 +281,7 @@ GATEWAY_FIELDS: tuple[Field, ...] = (
         "Seconds between LiteLLM's background health checks, whose verdicts steer routing.",
         5,
         minimum=1,
+        maximum=MAX_SECONDS,
     ),
 )
 
@@ -287,9 +302,22 @@ INSTANCE_FIELDS: tuple[Field, ...] = (
     Field("model", PATH, "Absolute path of the GGUF model.", required=True),
     Field("alias", STR, "Model name the OpenAI API reports and accepts (-a).", example="qwen"),
     Field("listen", STR, "Address to listen on.", "127.0.0.1"),
-    Field("port", INT, "TCP port.", 8080, minimum=1, maximum=65535),
-    Field("context", INT, "Context size in tokens (-c).", example=131072, minimum=1),
-    Field("gpu_layers", LAYERS, 'Layers offloaded to the GPU (-ngl): integer, "all" or "auto".'),
+    Field("port", INT, "TCP port.", 8080, minimum=1, maximum=MAX_PORT),
+    Field(
+        "context",
+        INT,
+        "Context size in tokens (-c).",
+        example=131072,
+        minimum=1,
+        maximum=MAX_TOKENS,
+    ),
+    Field(
+        "gpu_layers",
+        LAYERS,
+        'Layers offloaded to the GPU (-ngl): integer, "all" or "auto".',
+        minimum=0,
+        maximum=MAX_LAYERS,
+    ),
     Field("flash_attn", ENUM, "Flash attention (-fa).", values=FLASH_ATTN),
     Field("cache_type_k", ENUM, "K cache type (-ctk).", values=ALL_CACHE_TYPES),
     Field(
@@ -298,10 +326,10 @@ INSTANCE_FIELDS: tuple[Field, ...] = (
         "V cache type (-ctv); quantized V needs flash attention.",
         values=ALL_CACHE_TYPES,
     ),
-    Field("parallel", INT, "Server slots (-np).", minimum=1),
-    Field("batch", INT, "Logical batch size (-b).", minimum=1),
-    Field("ubatch", INT, "Physical batch size (-ub).", minimum=1),
-    Field("threads", INT, "CPU threads (-t).", minimum=1),
+    Field("parallel", INT, "Server slots (-np).", minimum=1, maximum=MAX_SLOTS),
+    Field("batch", INT, "Logical batch size (-b).", minimum=1, maximum=MAX_TOKENS),
+    Field("ubatch", INT, "Physical batch size (-ub).", minimum=1, maximum=MAX_TOKENS),
+    Field("threads", INT, "CPU threads (-t).", minimum=1, maximum=MAX_THREADS),
     Field(
         "jinja",
         BOOL,
@@ -309,7 +337,13 @@ INSTANCE_FIELDS: tuple[Field, ...] = (
         "where a variant's default differs (ik defaults to off).",
         True,
     ),
-    Field("reasoning_budget", INT, "Reasoning token budget (-1 unrestricted).", minimum=-1),
+    Field(
+        "reasoning_budget",
+        INT,
+        "Reasoning token budget (-1 unrestricted).",
+        minimum=-1,
+        maximum=MAX_TOKENS,
+    ),
     Field("metrics", BOOL, "Expose Prometheus /metrics.", True),
     Field(
         "warm_switch",
@@ -339,7 +373,13 @@ SPECULATIVE_FIELDS: tuple[Field, ...] = (
         SPEC_TYPES,
     ),
     Field("draft_model", PATH, "Absolute path of the draft GGUF (draft, dflash, dspark, eagle3)."),
-    Field("draft_gpu_layers", LAYERS, 'Draft layers on the GPU: integer, "all" or "auto".'),
+    Field(
+        "draft_gpu_layers",
+        LAYERS,
+        'Draft layers on the GPU: integer, "all" or "auto".',
+        minimum=0,
+        maximum=MAX_LAYERS,
+    ),
     Field(
         "draft_cache_type_k",
         ENUM,
@@ -364,14 +404,15 @@ SPECULATIVE_FIELDS: tuple[Field, ...] = (
         BOOL,
         "Keep the drafter's MoE expert weights on the CPU (-cmoed); not in ik.",
     ),
-    Field("n_max", INT, "Maximum tokens drafted per step.", minimum=0),
-    Field("n_min", INT, "Minimum tokens drafted per step.", minimum=0),
+    Field("n_max", INT, "Maximum tokens drafted per step.", minimum=0, maximum=MAX_DRAFT),
+    Field("n_min", INT, "Minimum tokens drafted per step.", minimum=0, maximum=MAX_DRAFT),
     Field("p_min", FLOAT, "Minimum draft probability to keep drafting.", minimum=0.0, maximum=1.0),
     Field(
         "draft_ctx_size",
         INT,
         "Context of the drafter (beellama: --spec-draft-ctx-size; DFlash defaults to 256).",
         minimum=0,
+        maximum=MAX_TOKENS,
     ),
     Field(
         "dflash_max_slots",
@@ -379,12 +420,14 @@ SPECULATIVE_FIELDS: tuple[Field, ...] = (
         "DFlash only (beellama): slots that keep DFlash state (default 1); parallel may not "
         "exceed it.",
         minimum=1,
+        maximum=MAX_SLOTS,
     ),
     Field(
         "dflash_cross_ctx",
         INT,
         "DFlash only (beellama): target hidden states the drafter attends to (default 512).",
         minimum=1,
+        maximum=MAX_TOKENS,
     ),
 )
 
@@ -426,16 +469,23 @@ def _markdown_type(f: Field) -> str:
         return "one of " + ", ".join(f"`{v}`" for v in f.values) + ", or a list of them"
     if f.kind == ENUM:
         return " \\| ".join(f"`{v}`" for v in f.values) if f.name != "variant" else ("variant name")
+    bounds = ""
+    if f.minimum is not None and f.maximum is not None:
+        bounds = f" {_markdown_number(f.minimum)} to {_markdown_number(f.maximum)}"
     return {
         STR: "string",
-        INT: "integer",
-        FLOAT: "number",
+        INT: "integer" + bounds,
+        FLOAT: "number" + bounds,
         BOOL: "boolean",
         PATH: "absolute path",
-        LAYERS: 'integer, `"all"`, `"auto"`',
+        LAYERS: f'integer{bounds}, `"all"`, `"auto"`',
         LIST_STR: "list of strings",
         DICT_STR: "table of strings",
     }[f.kind]
+
+
+def _markdown_number(value: float) -> str:
+    return str(value) if isinstance(value, int) else f"{value:g}"
 
 
 def schema_markdown() -> str:

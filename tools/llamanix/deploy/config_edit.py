@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ from typing import Any
 import tomlkit
 import tomlkit.exceptions
 
-from llamanix.core.config import Config, parse_config
+from llamanix.core.config import Config, parse_config, read_config_text, suggest
 from llamanix.core.errors import Problem, UserError
 
 
@@ -26,27 +27,97 @@ def _parse_value(text: str) -> Any:
         return text
 
 
+_SET_EXAMPLE = "write e.g. --set instances.qwen.variant=ik"
+# Tables of named entries: --set edits an entry that is there, never makes one up from a typo.
+_NAMED = {"instances": "instance", "hosts": "host"}
+
+
+def _key_parts(path: Path, item: str, key: str) -> list[str]:
+    """KEY as TOML reads a dotted key: a name with a dot in it is quoted
+    (``instances."a.b".variant``)."""
+    parts: list[str] = []
+    try:
+        node: Any = tomllib.loads(f"{key} = 0")
+    except tomllib.TOMLDecodeError:
+        node = None
+    while isinstance(node, dict) and len(node) == 1:
+        [(name, node)] = node.items()
+        parts.append(name)
+    if node != 0 or not parts:
+        raise UserError(
+            Problem(
+                str(path),
+                "--set",
+                f"'{item}' is not KEY=VALUE with a TOML key",
+                _SET_EXAMPLE + ', and quote a name with a dot: instances."a.b".variant=ik',
+            )
+        )
+    return parts
+
+
+def _as_text(path: Path, item: str) -> None:
+    """Refuse what is not text: bytes that are not UTF-8 reach argv as lone surrogates, which
+    the config file cannot hold (its write would fail after the dry run said yes)."""
+    try:
+        item.encode("utf-8")
+    except UnicodeEncodeError:
+        shown = item.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        raise UserError(
+            Problem(
+                str(path),
+                "--set",
+                f"'{shown}' is not UTF-8 text",
+                "pass it as UTF-8 text",
+            )
+        ) from None
+
+
+def _check_named(path: Path, data: Any, parts: list[str]) -> None:
+    """``instances.NAME.KEY`` and ``hosts.NAME.KEY`` name an entry the config has."""
+    kind = _NAMED.get(parts[0])
+    if kind is None or len(parts) < 3:
+        return
+    table = data.get(parts[0]) if isinstance(data, Mapping) else None
+    names: tuple[str, ...] = tuple(table) if isinstance(table, Mapping) else ()
+    if parts[1] in names:
+        return
+    for end in range(len(parts) - 1, 2, -1):
+        dotted = ".".join(parts[1:end])
+        if dotted in names:
+            quoted = ".".join([parts[0], json.dumps(dotted), *parts[end:]])
+            fix = f"quote a name with a dot in it: {quoted}=..."
+            raise UserError(
+                Problem(str(path), "--set", f"no {kind} '{parts[1]}', but one '{dotted}'", fix)
+            )
+    known = suggest(parts[1], names) if names else f"the config has no {kind}"
+    raise UserError(
+        Problem(
+            str(path),
+            "--set",
+            f"no {kind} '{parts[1]}' in this config ({known})",
+            f"name one of its {parts[0]}, or add [{parts[0]}.{parts[1]}] to the file first",
+        )
+    )
+
+
 def apply_sets(path: Path, text: str, sets: tuple[str, ...]) -> str:
     """The config text with each ``KEY.PATH=VALUE`` applied (comments and layout kept)."""
     if not sets:
         return text
     edits: list[tuple[list[str], Any]] = []
     for item in sets:
+        _as_text(path, item)
         key, sep, value = item.partition("=")
-        parts = key.strip().split(".")
-        if not sep or not all(parts):
-            raise UserError(
-                Problem(
-                    str(path),
-                    "--set",
-                    f"'{item}' is not KEY=VALUE",
-                    "write e.g. --set instances.qwen.variant=ik",
-                )
-            )
-        edits.append((parts, _parse_value(value.strip())))
+        if not sep or not key.strip():
+            raise UserError(Problem(str(path), "--set", f"'{item}' is not KEY=VALUE", _SET_EXAMPLE))
+        edits.append((_key_parts(path, item, key.strip()), _parse_value(value.strip())))
     if path.suffix == ".json":
-        data = json.loads(text)
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise UserError(Problem(str(path), "", f"JSON syntax error: {err}")) from None
         for parts, value in edits:
+            _check_named(path, data, parts)
             _assign(data, parts, value, path)
         return json.dumps(data, indent=2) + "\n"
     try:
@@ -54,6 +125,7 @@ def apply_sets(path: Path, text: str, sets: tuple[str, ...]) -> str:
     except tomlkit.exceptions.ParseError as err:
         raise UserError(Problem(str(path), "", f"TOML syntax error: {err}")) from None
     for parts, value in edits:
+        _check_named(path, doc, parts)
         _assign(doc, parts, value, path)
     return tomlkit.dumps(doc)
 
@@ -120,12 +192,9 @@ def read_config(path: Path) -> ConfigText:
         # The stamp first: a write between the two then reads as a change (a second read),
         # never as a text that is not the file's.
         stamp = _stamp(path)
-        text = path.read_text()
     except FileNotFoundError:
         raise UserError(Problem(str(path), "", "no such file", "check the path")) from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as err:
-        raise UserError(Problem(str(path), "", f"cannot read: {err}")) from None
-    return ConfigText(path, text, stamp)
+    return ConfigText(path, read_config_text(path), stamp)
 
 
 def lenient_parse(path: Path, text: str) -> Config | None:

@@ -13,7 +13,7 @@ from typing import TextIO
 from llamanix.core.drift import FieldDrift
 from llamanix.core.json_codec import JsonRecord
 from llamanix.core.json_value import JsonObject
-from llamanix.core.schema import HostKind, RouterKind
+from llamanix.core.schema import GatewayKind, HostKind, RouterKind
 from llamanix.core.text_table import box_table, print_lines, style, styled
 
 GIB = 2**30
@@ -75,7 +75,8 @@ class InstanceRow:
     variant: str
     pinned_revision: str | None  # the flake.lock pin of the variant's source, when there is one
     address: str  # where clients reach it: its own address, or its router's and its name there
-    speculative: str  # one line, "none" when off
+    speculative: str  # one line, the whole chain ("ngram-mod n_max=16 then mtp"); "none" when off
+    speculative_types: tuple[str, ...]  # the chain's types in order; ("none",) when off
     argv: tuple[str, ...]
     unit: str
     gpu: bool
@@ -92,6 +93,7 @@ class InstanceRow:
             "pinned_revision": self.pinned_revision,
             "address": self.address,
             "speculative": self.speculative,
+            "speculative_types": list(self.speculative_types),
             "argv": list(self.argv),
             "unit": self.unit,
             "gpu": self.gpu,
@@ -116,6 +118,56 @@ class RouterPlan(JsonRecord):
     max_loaded: int
     reason: str
     too_big: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Replica:
+    """One instance as the gateway reaches it."""
+
+    instance: str
+    host: str
+    api_base: str
+
+    def to_json(self) -> JsonObject:
+        return {"instance": self.instance, "host": self.host, "api_base": self.api_base}
+
+
+@dataclass(frozen=True)
+class GatewayPlan:
+    """The one endpoint in front of every host: where it runs and listens, how it routes, and
+    each model group (the name clients ask for) with its replicas."""
+
+    kind: GatewayKind
+    host: str
+    address: str  # listen:port
+    version: str
+    routing_strategy: str
+    retries: int
+    health_check_interval: int
+    groups: Mapping[str, tuple[Replica, ...]]
+
+    def to_json(self) -> JsonObject:
+        return {
+            "kind": self.kind,
+            "host": self.host,
+            "address": self.address,
+            "version": self.version,
+            "routing_strategy": self.routing_strategy,
+            "retries": self.retries,
+            "health_check_interval": self.health_check_interval,
+            "groups": {g: [r.to_json() for r in rs] for g, rs in self.groups.items()},
+        }
+
+    def lines(self) -> list[str]:
+        out = [
+            f"gateway {self.kind} {self.version} on host {self.host}, {self.address} "
+            f"({self.routing_strategy}, {self.retries} retries, health checks every "
+            f"{self.health_check_interval} s)"
+        ]
+        for group, replicas in self.groups.items():
+            shown = ", ".join(f"{r.instance} on {r.host} ({r.api_base})" for r in replicas)
+            out.append(f"  {group}: {shown}")
+        return out
 
 
 @dataclass(frozen=True)
@@ -147,10 +199,15 @@ class HostPlan:
 class Plan:
     config: str  # the config file, as given
     hosts: tuple[HostPlan, ...]
+    gateway: GatewayPlan | None = None  # None: no gateway, or not on the host asked for
 
     # Hand-written: the hosts are an object by name.
     def to_json(self) -> JsonObject:
-        return {"config": self.config, "hosts": {h.name: h.to_json() for h in self.hosts}}
+        return {
+            "config": self.config,
+            "hosts": {h.name: h.to_json() for h in self.hosts},
+            "gateway": None if self.gateway is None else self.gateway.to_json(),
+        }
 
 
 def print_plan(plan: Plan, out: TextIO | None = None) -> None:
@@ -159,6 +216,8 @@ def print_plan(plan: Plan, out: TextIO | None = None) -> None:
     colour = styled(out)
     for host in plan.hosts:
         print_lines(host_lines(host, colour), out)
+    if plan.gateway is not None:
+        print_lines(plan.gateway.lines(), out)
 
 
 def host_lines(host: HostPlan, colour: bool = False) -> list[str]:

@@ -6,18 +6,21 @@ import tempfile
 from pathlib import Path
 
 from llamanix.core.address import is_loopback
-from llamanix.core.config import Config, Host, Instance
+from llamanix.core.config import SPEC_PARAMS, Config, Host, Instance
 from llamanix.core.drift import WHOLE, FieldDrift, drift_report
 from llamanix.core.errors import Problem, UserError
 from llamanix.core.host_choice import pick_host
 from llamanix.core.probe_diff import flip_warning, probe_diff
 from llamanix.core.residency import plan_residency
+from llamanix.core.schema import SPEC_TYPES_WITH_DRAFT_MODEL
 from llamanix.core.variants import VARIANTS
 from llamanix.deploy.host_plan import (
     Fit,
+    GatewayPlan,
     HostPlan,
     InstanceRow,
     Plan,
+    Replica,
     RouterPlan,
     UnreadableModel,
     VramFit,
@@ -34,17 +37,23 @@ from llamanix.render.units import CapabilityMap, capabilities_for, member_entrie
 
 
 def speculative_summary(inst: Instance) -> str:
+    """The whole chain, each type with what belongs to it: the parameters to the first, the
+    draft model to the type that loads it ("ngram-mod n_max=16 then mtp")."""
     spec = inst.speculative
     if not spec.enabled:
         return "none"
-    parts = [spec.type]
-    for key in ("n_max", "n_min", "p_min"):
-        value = getattr(spec, key)
-        if value is not None:
-            parts.append(f"{key}={value:g}")
-    if spec.draft_model:
-        parts.append(f"draft={Path(spec.draft_model).name}")
-    return " ".join(parts)
+    stages = []
+    for i, spec_type in enumerate(spec.types):
+        parts = [spec_type]
+        if i == 0:
+            for key in SPEC_PARAMS:
+                value = getattr(spec, key)
+                if value is not None:
+                    parts.append(f"{key}={value:g}")
+        if spec.draft_model and (spec_type in SPEC_TYPES_WITH_DRAFT_MODEL or not spec.chain):
+            parts.append(f"draft={Path(spec.draft_model).name}")
+        stages.append(" ".join(parts))
+    return " then ".join(stages)
 
 
 def warnings_for(inst: Instance) -> list[str]:
@@ -102,12 +111,13 @@ def fit_and_ceiling(inst: Instance, host: Host) -> Fit | None:
     )
 
 
-def unseen(config: Config, render: Render) -> list[Problem]:
+def unseen(config: Config, render: Render, here: bool = True) -> list[Problem]:
     """Paths the host's units will not see or cannot use (see core.visibility).
 
     Not for a NixOS host (the module builds its units and puts the programs in the store) nor
-    for one that ``llamanix up`` runs here (no sandbox); for a remote host (``target``) only
-    where each path is counts, since its files are not here to read.
+    for one that ``llamanix up`` runs here (no sandbox); for a remote host (``target``), or
+    any host when ``here`` is false (``validate --remote``), only where each path is counts,
+    since its files are not here to read.
     """
     if render.kind == "nixos":
         return []
@@ -118,7 +128,8 @@ def unseen(config: Config, render: Render) -> list[Problem]:
 
         if runs_under_up(config, render.host):
             return []
-    return unseen_paths(config, render, local=config.hosts[render.host].target is None)
+    local = here and config.hosts[render.host].target is None
+    return unseen_paths(config, render, local=local)
 
 
 # Lines that name the instance (its description, command lines, environment and directory
@@ -202,6 +213,29 @@ def _router_plan(config: Config, host: str) -> RouterPlan | None:
     )
 
 
+def _gateway_plan(config: Config, host: str | None) -> GatewayPlan | None:
+    """The gateway, when the config has one and the plan is not of another host alone."""
+    gateway = config.gateway
+    if gateway is None or (host is not None and pick_host(config, host) != gateway.host):
+        return None
+    from llamanix.render.gateway import deployments
+
+    groups: dict[str, list[Replica]] = {}
+    for d in deployments(config):
+        host_of = config.instances[d.instance].host
+        groups.setdefault(d.group, []).append(Replica(d.instance, host_of, d.api_base))
+    return GatewayPlan(
+        kind=gateway.kind,
+        host=gateway.host,
+        address=f"{gateway.listen}:{gateway.port}",
+        version=gateway.version,
+        routing_strategy=gateway.routing_strategy,
+        retries=gateway.retries,
+        health_check_interval=gateway.health_check_interval,
+        groups={g: tuple(rs) for g, rs in groups.items()},
+    )
+
+
 def _address(config: Config, host: str, name: str, own: str) -> str:
     """Where clients reach the instance: its own address, or its router's and its name there."""
     router = config.hosts[host].router
@@ -270,6 +304,7 @@ def plan_config(
                         pinned_revision=pins.get(VARIANTS[r.variant].flake_input or "nixpkgs"),
                         address=_address(config, name, r.name, f"{r.listen}:{r.port}"),
                         speculative=speculative_summary(inst),
+                        speculative_types=inst.speculative.types,
                         argv=r.argv,
                         unit=r.unit,
                         gpu=r.gpu,
@@ -293,4 +328,4 @@ def plan_config(
                     router=_router_plan(config, name),
                 )
             )
-    return Plan(config.source, tuple(plans))
+    return Plan(config.source, tuple(plans), _gateway_plan(config, host))

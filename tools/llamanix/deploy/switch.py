@@ -20,6 +20,7 @@ from pathlib import Path
 from llamanix.core.config import Config
 from llamanix.core.errors import ExternalCommandError
 from llamanix.deploy import gateway_venv
+from llamanix.deploy.binary_dialect import refuse_other_dialect
 from llamanix.deploy.blue_green import Bridge, bridge_for, why_not
 from llamanix.deploy.crash_point import crash_point
 from llamanix.deploy.gap_records import GapRecord
@@ -212,6 +213,8 @@ def _prepare(
         refuse_router_under_up(config, host)
     manager.preflight(runner)
     render = with_source_revisions(request.renders[host], config, manager.runs_flake_packages)
+    if not manager.runs_flake_packages:
+        refuse_other_dialect(config, host)
     new_files = render.files()
     current = state.current()
     old_files = current.files() if current else manager.installed()

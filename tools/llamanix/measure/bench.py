@@ -1,11 +1,11 @@
-"""Benchmark a running llama-server the way the seeds learned to: streamed, warmed up, repeated.
+"""Benchmark a running llama-server the way that does not mislead: streamed, warmed up, repeated.
 
 This module runs the benchmark and summarises it; the prompts are in ``prompts``, the timed
 request in ``streaming``, the records and their file format in ``bench_results``. /metrics is
 read before and after every run so its counters can be compared with what the requests
 reported.
 
-Defaults follow the lessons of the field reports: two warm-ups (CUDA JIT and first-use costs),
+Defaults: two warm-ups (CUDA JIT and first-use costs),
 five runs (one run lies), temperature 0 with a fixed seed, prompt caching off (a repeated
 prompt would otherwise be served from the KV cache and prefill would look free), and
 ``ignore_eos`` so every run generates exactly the requested length.

@@ -6,8 +6,8 @@ says about itself:
 - The card is not used: no ``ggml_cuda_init`` device line, or ``offloaded N/M layers`` with
   N < M (the rest runs on the CPU).
 - The CUDA library carries no SASS (machine code) for the card's compute capability, only PTX:
-  the driver JIT-compiles every kernel on first use. One field report saw a first prefill of
-  33 s for 24 tokens on an RTX 5090 with a build that stopped at sm_90.
+  the driver JIT-compiles every kernel on first use: an RTX 5090 user reported a first prefill
+  of 33 s for 24 tokens with a build that stopped at sm_90.
   ``cuobjdump --list-elf`` names every cubin in the library (``ELF file    1:
   libggml-cuda.1.sm_86.cubin``).
 - The JIT tell: the first request far slower than the same request repeated.

@@ -75,8 +75,8 @@ FindingCode = Literal[
     "spec-workload-pays",
     "spec-workload-unclear",
 ]
-# Below this share of drafted tokens kept, drafting costs more than it saves (the seeds saw 12%
-# on ik and 50% with a draft spending 78% of the time).
+# Below this share of drafted tokens kept, drafting costs more than it saves (users of a 27B
+# model reported 12% on ik, and 50% with a draft spending 78% of the time: both slower).
 MIN_ACCEPTANCE = 0.5
 # A budget above this share of the card's memory leaves no room for fragmentation.
 VRAM_WARN_SHARE = 0.95
@@ -729,7 +729,8 @@ def check_crossover(
 ) -> None:
     """The output length from which speculation wins on wall clock, against the length the
     requests average: speculation that decodes faster but costs more up front loses on short
-    answers (the seeds: MTP beat plain decoding only above about 900 output tokens)."""
+    answers (MTP on a 27B model was reported to beat plain decoding only above about 900 output
+    tokens)."""
     spec = [b for b in benches if _drafted(b)]
     base = [b for b in benches if not _drafted(b)]
     found = [c for s in spec for b in base for c in prompt_crossovers(b, s)]

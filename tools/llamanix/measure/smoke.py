@@ -25,6 +25,9 @@ from llamanix.core.argv import instance_argv
 from llamanix.core.config import Config, parse_config
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
 from llamanix.core.json_value import JsonObject
+from llamanix.core.probe import Capabilities
+from llamanix.core.projects import other_project, variant_of
+from llamanix.core.variants import VARIANTS
 from llamanix.external.files import work_dir
 from llamanix.external.llama_server import ServerStartError, probe_binary, run_binary
 from llamanix.measure import cuda_check
@@ -82,7 +85,7 @@ class SmokeSettings:
     binary: Path
     model: Path | None = None
     spec: str = "none"
-    variant: str = "upstream"
+    variant: str | None = None  # None: the one the binary's --help speaks (core.projects)
     draft_model: Path | None = None
     tokens: int = DEFAULT_TOKENS
     keep: Path | None = None
@@ -196,6 +199,40 @@ def check_inputs(settings: SmokeSettings) -> None:
         read_gguf(settings.draft_model)
 
 
+def smoke_variant(settings: SmokeSettings, caps: Capabilities) -> str:
+    """The variant the smoke renders for: the one named, if the binary is a build of its
+    project; else the one the binary's --help speaks. Never a guess."""
+    source = str(settings.binary)
+    if settings.variant is None:
+        found = variant_of(caps)
+        if found is None:
+            raise UserError(
+                Problem(
+                    source,
+                    "--variant",
+                    f"{caps.describe()} speaks no dialect llamanix knows",
+                    "name its variant with --variant",
+                )
+            )
+        return found.name
+    other = other_project(VARIANTS[settings.variant], caps)
+    if other is not None:
+        raise UserError(
+            Problem(
+                source,
+                "--variant",
+                other.message(caps, settings.variant),
+                f"smoke a build of {other.wanted}, or pass --variant "
+                + (
+                    other.variants[0]
+                    if len(other.variants) == 1
+                    else "with one of: " + ", ".join(other.variants)
+                ),
+            )
+        )
+    return settings.variant
+
+
 def smoke_config(
     settings: SmokeSettings, model: Path, port: int, extra_args: tuple[str, ...]
 ) -> Config:
@@ -260,6 +297,7 @@ def run_smoke(settings: SmokeSettings, progress: Progress | None = None) -> Smok
                 "give the path of a llama-server binary",
             )
         )
+    settings = replace(settings, variant=smoke_variant(settings, caps))
     extra = VERBOSE_ARGS if VERBOSE_ARGS[0] in caps.flags else ()
     with work_dir(settings.keep, "llamanix-smoke.") as work:
         if settings.model is None:
@@ -276,7 +314,7 @@ def run_smoke(settings: SmokeSettings, progress: Progress | None = None) -> Smok
         argv = instance_argv(config, INSTANCE, capabilities=caps)
         report = SmokeReport(
             binary=str(binary),
-            variant=settings.variant,
+            variant=str(settings.variant),
             spec=settings.spec,
             model=str(model.absolute()),
             synthetic_model=settings.model is None,

@@ -47,7 +47,8 @@ PACKAGES = (
     "systemd",
     "systemd-sysv",
     "dbus",
-    # A user manager's bus, and logind's lingering: what `systemctl --user` needs (seed 004).
+    # A user manager's bus, and logind's lingering: what `systemctl --user` needs for a
+    # normal user's units.
     "dbus-user-session",
     "libpam-systemd",
     "python3",
