@@ -788,7 +788,7 @@ def doc_section(name: str) -> str:
 def doc_console(section: str) -> tuple[list[str], list[str]]:
     """The command of the section's console block (its ``\\`` continuations joined), and the
     lines it shows."""
-    block = "$ " + section.split("```\n$ ", 1)[1].split("\n```", 1)[0]
+    block = "$ " + section.split("```console\n$ ", 1)[1].split("\n```", 1)[0]
     lines = block.splitlines()
     command = lines[0].removeprefix("$ ")
     while command.endswith("\\"):
@@ -814,7 +814,8 @@ def test_the_docs_dry_run_is_what_the_command_prints(
     assert argv[:2] == ["llamanix", "switch"]
     done = cli(*argv[1:])
     assert done.exit_code == 0, done.output
-    assert done.output.replace(str(tmp_path), "/root/fleet").splitlines() == shown
+    # The flake directory as the docs test shows it: the directory the command runs in.
+    assert done.output.replace(str(tmp_path), ".").splitlines() == shown
     assert ssh.calls() == []
 
 
