@@ -29,8 +29,10 @@ of one model file (mmap), so only the KV cache and buffers are doubled.
 
 from __future__ import annotations
 
+import shutil
 import socket
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from llamanix.core.address import is_loopback
 from llamanix.core.config import Config
@@ -100,3 +102,16 @@ def bridge_for(config: Config, name: str, user: bool) -> Bridge:
     twinned = replace(config, instances={**config.instances, twin.name: twin})
     rendered = render_instance(twinned, twin, None, user, config_hash(config))
     return Bridge(name, rendered.unit, rendered.unit_text, port)
+
+
+def remove_bridge_directories(bridge: Bridge) -> None:
+    """The bridge's own state and cache directories, which systemd keeps after its unit is
+    gone (with DynamicUser=, under private/ behind a link)."""
+    name = bridge.unit.removesuffix(".service")
+    for base in (Path("/var/lib"), Path("/var/cache")):
+        link = base / name
+        if link.is_symlink():
+            link.unlink()
+        for directory in (base / "private" / name, base / name):
+            if directory.is_dir() and not directory.is_symlink():
+                shutil.rmtree(directory, ignore_errors=True)

@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from llamanix.deploy.blue_green import RUNTIME_UNITS, Bridge
+from llamanix.deploy.blue_green import RUNTIME_UNITS, Bridge, remove_bridge_directories
 from llamanix.deploy.gap_records import GapRecord
 from llamanix.deploy.warm import WarmCaches
 from llamanix.external import nft, signals, systemctl
@@ -197,6 +197,7 @@ class DrainingRestart:
             if path.exists():
                 path.unlink()
                 systemctl.daemon_reload(runner, user)
+            remove_bridge_directories(bridge)
         silence = longest_silence(watch.answers(), handed, ended)
         load = None
         if started is not None:
