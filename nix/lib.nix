@@ -751,6 +751,8 @@ rec {
         # Retry on another replica at once: a replica that is down stays down for seconds.
         retry_after = 0;
         enable_health_check_routing = true;
+        # A replica restarting behind its fence must not be cooled down (docs/gateway.md).
+        disable_cooldowns = true;
       };
       general_settings = {
         master_key = "os.environ/LITELLM_MASTER_KEY";

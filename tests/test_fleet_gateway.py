@@ -267,6 +267,8 @@ def test_rolling_switches_behind_the_gateway_fail_no_request(bed: Bed) -> None:
             assert gap["gap_s"] <= gap["load_s"] + 0.5, gap
         assert "restart chat-box1: gap " in err
     failed = [len(s.failed) for s in seen_runs]
+    for run, s in enumerate(seen_runs, start=1):
+        FIGURES.extend(f"  run {run} failed: {why[:300]}" for why in s.failed[:3])
     FIGURES.append(
         f"{ROLLING_RUNS} rolling switches behind the gateway: failed requests per run {failed}, "
         f"of {[s.requests for s in seen_runs]} streamed"
@@ -347,7 +349,10 @@ def direct_load(bed: Bed, name: str, host: str) -> Callable[[float, float], Dire
         data = json.loads(files["out.json"].read_text())
         times = [start, *sorted(t for t in data["health"] if start < t < stop), stop]
         silence = max(b - a for a, b in itertools.pairwise(times))
-        refused = [c[3] for c in data["chats"] if not c[2]]
+        # Each refusal with when it began and ended, from the switch's start.
+        refused = [
+            f"{c[0] - start:+.2f}..{c[1] - start:+.2f} s: {c[3]}" for c in data["chats"] if not c[2]
+        ]
         return Direct(len(data["chats"]), refused, silence)
 
     return end
@@ -379,7 +384,8 @@ def test_a_blue_green_switch_leaves_no_gap_for_other_machines(bed: Bed) -> None:
             f"{label} of box1: a direct client on another machine: {direct.requests} streamed "
             f"chats, {len(direct.refused)} refused, /health silent at most "
             f"{direct.silence_s:.3f} s; through the gateway {gateway.requests} requests, "
-            f"{len(gateway.failed)} failed; the switch: {gap}"
+            f"{len(gateway.failed)} failed; the switch ({stopped - started:.1f} s): {gap}"
+            + "".join(f"\n  refused {r}" for r in direct.refused[:6])
         )
         assert gateway.failed == [], gateway.failed[:3]
     restart, _, _ = seen["restart"]

@@ -145,6 +145,7 @@ def test_the_example_renders_the_measured_settings() -> None:
         "num_retries": 8,
         "retry_after": 0,
         "enable_health_check_routing": True,
+        "disable_cooldowns": True,
     }
     general = settings["general_settings"]
     assert isinstance(general, dict)

@@ -183,16 +183,17 @@ class DrainingRestart:
                 started = systemctl.show(user, unit).main_started
                 # Back to the unit's own port: new connections go there, and the bridge's
                 # open ones are refused new requests (its fence) while it drains.
-                nft.unredirect(port)
+                # The fence first: without the redirect, a new connection would meet it.
                 nft.unfence(port)
+                nft.unredirect(port)
                 back = time.monotonic()
                 nft.fence(bridge.port)
                 drain(at_bridge, self.drain_timeout_s, settle_until=back + DRAIN_SETTLE_S)
                 systemctl.stop(runner, user, [bridge.unit])
                 ended = time.monotonic()
         finally:
-            nft.unredirect(port)
             nft.unfence(port)
+            nft.unredirect(port)
             nft.unfence(bridge.port)
             if path.exists():
                 path.unlink()
