@@ -47,7 +47,9 @@ FIGURES = HOST_FIGURES
 CONTROLLER_ENV = {"PYTHONPATH": str(REPO / "tools")}
 
 
-def fleet_config(context: int, broken: str | None = None) -> str:
+def fleet_config(context: int | dict[str, int], broken: str | None = None) -> str:
+    """Both replicas and the gateway; ``context``: both replicas', or each one's by host."""
+    contexts = context if isinstance(context, dict) else dict.fromkeys(REPLICAS, context)
     text = ""
     for name in (*REPLICAS, "box3"):
         binary = BROKEN if name == broken else SERVER
@@ -62,7 +64,7 @@ def fleet_config(context: int, broken: str | None = None) -> str:
     for name, port in REPLICAS.items():
         text += (
             f'[instances.chat-{name}]\nhost = "{name}"\nvariant = "upstream"\nalias = "chat"\n'
-            f'model = "{MODEL}"\nlisten = "0.0.0.0"\nport = {port}\ncontext = {context}\n'
+            f'model = "{MODEL}"\nlisten = "0.0.0.0"\nport = {port}\ncontext = {contexts[name]}\n'
             "parallel = 2\n\n"
         )
     return text
@@ -235,48 +237,6 @@ def test_the_fleet_and_its_gateway_come_up(bed: Bed) -> None:
     )
 
 
-# Consecutive rolling switches under load: a request that lands in a restart's window fails only
-# now and then, so one passing run proves little.
-ROLLING_RUNS = 10
-
-
-def test_rolling_switches_behind_the_gateway_fail_no_request(bed: Bed) -> None:
-    """ROLLING_RUNS rolling switches of both replicas, each under its own four streaming
-    clients: every run's count is printed, and every one must be 0. Each replica's port is
-    fenced (refusing new requests from other machines) before its drain, and opened after the
-    new server serves, so no request can arrive between the drain's last look and the stop."""
-    seen_runs: list[Seen] = []
-    for run in range(1, ROLLING_RUNS + 1):
-        context = 2048 if run % 2 else 1024
-        load = Load(bed, f"rolling-{run}")
-        sets = [a for n in REPLICAS for a in ("--set", f"instances.chat-{n}.context={context}")]
-        code, out, err = llamanix(bed, "switch", CONFIG, *sets, "--hosts", "box1,box2", "--json")
-        seen = load.end()
-        seen_runs.append(seen)
-        rows = {r["host"]: r for r in json.loads(out)} if out else {}
-        report(f"rolling switch {run}/{ROLLING_RUNS} of both replicas", seen, rows)
-        assert code == 0, err[-4000:]
-        assert {h: r["verdict"] for h, r in rows.items()} == {"box1": "passed", "box2": "passed"}
-        for host in REPLICAS:
-            gap = rows[host]["gaps"][f"chat-{host}"]  # type: ignore[index]
-            # Each replica was fenced and drained (no answer cut), and its own gap measured.
-            assert gap["drained"] is True, gap
-            assert gap.get("fenced_s") is not None, gap
-            assert gap["gap_s"] is not None and gap["load_s"] is not None, gap
-            # The goal on the CPU bed: the gap is at most the load time plus 0.5 s.
-            assert gap["gap_s"] <= gap["load_s"] + 0.5, gap
-        assert "restart chat-box1: gap " in err
-    failed = [len(s.failed) for s in seen_runs]
-    for run, s in enumerate(seen_runs, start=1):
-        FIGURES.extend(f"  run {run} failed: {why[:300]}" for why in s.failed[:3])
-    FIGURES.append(
-        f"{ROLLING_RUNS} rolling switches behind the gateway: failed requests per run {failed}, "
-        f"of {[s.requests for s in seen_runs]} streamed"
-    )
-    assert failed == [0] * ROLLING_RUNS, [s.failed[:3] for s in seen_runs]
-    assert all(s.unavailable_s == 0.0 for s in seen_runs)
-
-
 # Runs on the controller: a client of one replica directly (not through the gateway), as
 # another machine is. Every 20 ms a GET /health on a new connection, and two clients streaming
 # chats, each request on a new connection, until the stop file appears; the times of the
@@ -358,48 +318,100 @@ def direct_load(bed: Bed, name: str, host: str) -> Callable[[float, float], Dire
     return end
 
 
-def test_a_blue_green_switch_leaves_no_gap_for_other_machines(bed: Bed) -> None:
-    """box1 switched with a restart, then blue-green, while a client on another machine (the
-    controller) talks to box1's replica directly, each request on a new connection, and four
-    clients stream through the gateway. The restart refuses that client's requests for the
-    time its port is fenced; blue-green hands the port to a bridge first: no request refused,
-    and /health never silent for longer than its polling."""
-    seen: dict[str, tuple[Direct, Seen, dict[str, object]]] = {}
-    for label, extra, context in (("restart", (), 2048), ("blue-green", ("--blue-green",), 1024)):
-        end = direct_load(bed, label, "box1")
-        load = Load(bed, label)
+# Consecutive rolling switches under load: a request that lands in a restart's window fails only
+# now and then, so one passing run proves little.
+ROLLING_RUNS = 10
+
+
+def test_rolling_switches_behind_the_gateway_fail_no_request(bed: Bed) -> None:
+    """ROLLING_RUNS rolling switches of both replicas, each under its own four streaming
+    clients: every run's count is printed, and every one must be 0. Each replica's port is
+    fenced (refusing new requests from other machines) before its drain, and opened after the
+    new server serves, so no request can arrive between the drain's last look and the stop."""
+    seen_runs: list[Seen] = []
+    for run in range(1, ROLLING_RUNS + 1):
+        context = 2048 if run % 2 else 1024
+        # The last run also has a client of box1 on another machine, talking to it directly:
+        # what a restart costs a replica's own clients, for the blue-green test to compare.
+        end_direct = direct_load(bed, "restart", "box1") if run == ROLLING_RUNS else None
+        load = Load(bed, f"rolling-{run}")
         started = time.monotonic()
-        set_ = f"instances.chat-box1.context={context}"
-        code, out, err = llamanix(
-            bed, "switch", CONFIG, "--set", set_, "--hosts", "box1", "--json", *extra
-        )
+        sets = [a for n in REPLICAS for a in ("--set", f"instances.chat-{n}.context={context}")]
+        code, out, err = llamanix(bed, "switch", CONFIG, *sets, "--hosts", "box1,box2", "--json")
         stopped = time.monotonic()
-        gateway = load.end()
-        direct = end(started, stopped)
+        seen = load.end()
+        seen_runs.append(seen)
+        if end_direct is not None:
+            direct = end_direct(started, stopped)
+            FIGURES.append(
+                f"restart of box1 (rolling switch {run}): a direct client on another machine: "
+                f"{direct.requests} streamed chats, {len(direct.refused)} refused, /health "
+                f"silent at most {direct.silence_s:.3f} s"
+            )
+        rows = {r["host"]: r for r in json.loads(out)} if out else {}
+        report(f"rolling switch {run}/{ROLLING_RUNS} of both replicas", seen, rows)
         assert code == 0, err[-4000:]
-        (row,) = json.loads(out)
-        gap = row["gaps"]["chat-box1"]
-        seen[label] = (direct, gateway, gap)
-        FIGURES.append(
-            f"{label} of box1: a direct client on another machine: {direct.requests} streamed "
-            f"chats, {len(direct.refused)} refused, /health silent at most "
-            f"{direct.silence_s:.3f} s; through the gateway {gateway.requests} requests, "
-            f"{len(gateway.failed)} failed; the switch ({stopped - started:.1f} s): {gap}"
-            + "".join(f"\n  refused {r}" for r in direct.refused[:6])
-        )
-        assert gateway.failed == [], gateway.failed[:3]
-    restart, _, _ = seen["restart"]
-    blue_green, _, gap = seen["blue-green"]
+        assert {h: r["verdict"] for h, r in rows.items()} == {"box1": "passed", "box2": "passed"}
+        for host in REPLICAS:
+            gap = rows[host]["gaps"][f"chat-{host}"]  # type: ignore[index]
+            # Each replica was fenced and drained (no answer cut), and its own gap measured.
+            assert gap["drained"] is True, gap
+            assert gap.get("fenced_s") is not None, gap
+            assert gap["gap_s"] is not None and gap["load_s"] is not None, gap
+            # The goal on the CPU bed: the gap is at most the load time plus 0.5 s.
+            assert gap["gap_s"] <= gap["load_s"] + 0.5, gap
+        assert "restart chat-box1: gap " in err
+    failed = [len(s.failed) for s in seen_runs]
+    for run, s in enumerate(seen_runs, start=1):
+        FIGURES.extend(f"  run {run} failed: {why[:300]}" for why in s.failed[:3])
+    FIGURES.append(
+        f"{ROLLING_RUNS} rolling switches behind the gateway: failed requests per run {failed}, "
+        f"of {[s.requests for s in seen_runs]} streamed"
+    )
+    assert failed == [0] * ROLLING_RUNS, [s.failed[:3] for s in seen_runs]
+    assert all(s.unavailable_s == 0.0 for s in seen_runs)
+
+
+def test_a_blue_green_switch_leaves_no_gap_for_other_machines(bed: Bed) -> None:
+    """box1 switched blue-green while a client on another machine (the controller) talks to
+    box1's replica directly, each request on a new connection, and four clients stream through
+    the gateway. A restart refuses that client's requests while the port is fenced (the rolling
+    runs above print how many); blue-green hands the port to a bridge first: no request
+    refused, and /health never silent for longer than its polling."""
+    end = direct_load(bed, "blue-green", "box1")
+    load = Load(bed, "blue-green")
+    started = time.monotonic()
+    code, out, err = llamanix(
+        bed, "switch", CONFIG, "--set", "instances.chat-box1.context=2048", "--hosts", "box1",
+        "--json", "--blue-green",
+    )  # fmt: skip
+    stopped = time.monotonic()
+    gateway = load.end()
+    direct = end(started, stopped)
+    assert code == 0, err[-4000:]
+    (row,) = json.loads(out)
+    gap = row["gaps"]["chat-box1"]
+    FIGURES.append(
+        f"blue-green of box1: a direct client on another machine: {direct.requests} streamed "
+        f"chats, {len(direct.refused)} refused, /health silent at most {direct.silence_s:.3f} s; "
+        f"through the gateway {gateway.requests} requests, {len(gateway.failed)} failed; the "
+        f"switch ({stopped - started:.1f} s): {gap}"
+        + "".join(f"\n  refused {r}" for r in direct.refused[:6])
+    )
     assert gap.get("bridge_port"), gap
-    assert blue_green.refused == [], blue_green.refused[:3]
+    assert "blue-green through port" in err
+    assert gateway.failed == [], gateway.failed[:3]
+    assert direct.refused == [], direct.refused[:3]
     # Polled every 20 ms on a loaded machine: a silence of a quarter second is none.
-    assert blue_green.silence_s < 0.25, blue_green
-    # Without the bridge the same client is refused while the port is fenced.
-    assert restart.silence_s > blue_green.silence_s
+    assert direct.silence_s < 0.25, direct
+    # The bridge and its unit are gone.
+    units = bed.fleet.host("box1").run(["systemctl", "list-units", "--all", "llamanix-*"]).stdout
+    assert "bridge" not in units, units
 
 
 def test_a_bad_replica_is_rolled_back_while_the_other_serves(bed: Bed) -> None:
-    write_config(bed, fleet_config(1024, broken="box2"))
+    # box1 as the blue-green test left it.
+    write_config(bed, fleet_config({"box1": 2048, "box2": 1024}, broken="box2"))
     load = Load(bed, "bad")
     code, out, err = llamanix(bed, "switch", CONFIG, "--hosts", "box2", "--json")
     seen = load.end()
