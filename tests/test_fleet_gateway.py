@@ -283,6 +283,7 @@ class Direct:
     requests: int
     refused: list[str]
     silence_s: float  # the longest time in which /health did not answer
+    silence_at: float  # when it began, from the switch's start
 
 
 def direct_load(bed: Bed, name: str, host: str) -> Callable[[float, float], Direct]:
@@ -308,12 +309,12 @@ def direct_load(bed: Bed, name: str, host: str) -> Callable[[float, float], Dire
         log.close()
         data = json.loads(files["out.json"].read_text())
         times = [start, *sorted(t for t in data["health"] if start < t < stop), stop]
-        silence = max(b - a for a, b in itertools.pairwise(times))
+        silence, at = max((b - a, a - start) for a, b in itertools.pairwise(times))
         # Each refusal with when it began and ended, from the switch's start.
         refused = [
             f"{c[0] - start:+.2f}..{c[1] - start:+.2f} s: {c[3]}" for c in data["chats"] if not c[2]
         ]
-        return Direct(len(data["chats"]), refused, silence)
+        return Direct(len(data["chats"]), refused, silence, at)
 
     return end
 
@@ -393,10 +394,12 @@ def test_a_blue_green_switch_leaves_no_gap_for_other_machines(bed: Bed) -> None:
     gap = row["gaps"]["chat-box1"]
     FIGURES.append(
         f"blue-green of box1: a direct client on another machine: {direct.requests} streamed "
-        f"chats, {len(direct.refused)} refused, /health silent at most {direct.silence_s:.3f} s; "
+        f"chats, {len(direct.refused)} refused, /health silent at most {direct.silence_s:.3f} s "
+        f"(from {direct.silence_at:+.2f} s); "
         f"through the gateway {gateway.requests} requests, {len(gateway.failed)} failed; the "
         f"switch ({stopped - started:.1f} s): {gap}"
         + "".join(f"\n  refused {r}" for r in direct.refused[:6])
+        + "".join(f"\n  {k} at {v - started:+.2f} s" for k, v in (gap.get("steps") or {}).items())
     )
     assert gap.get("bridge_port"), gap
     assert "blue-green through port" in err

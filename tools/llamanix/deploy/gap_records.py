@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from llamanix.core.json_codec import OMIT_NONE, JsonRecord
@@ -33,6 +34,10 @@ class GapRecord(JsonRecord):
     bridge_port: int | None = field(default=None, metadata=OMIT_NONE)
     # Why a switch asked for blue-green restarted this instance as usual.
     no_bridge: str | None = field(default=None, metadata=OMIT_NONE)
+    # A blue-green switch's steps, when each ended (time.monotonic() of the host): the bridge
+    # served, the port was handed to it, the unit served again, the port came back, the
+    # bridge stopped.
+    steps: Mapping[str, float] | None = field(default=None, metadata=OMIT_NONE)
 
     def describe(self) -> str:
         parts = [

@@ -171,26 +171,31 @@ class DrainingRestart:
                 self.bridges = {k: v for k, v in self.bridges.items() if k != name}
                 systemctl.stop(runner, user, [bridge.unit])
                 return self._restart_one(runner, user, unit)
+            steps = {"bridge served": time.monotonic()}
             with AnswerWatch([old, at_bridge]) as watch:
                 handed = time.monotonic()
                 nft.redirect(port, bridge.port)
                 nft.fence(port)
+                steps["port handed over"] = time.monotonic()
                 before = systemctl.show(user, unit)
                 drained = drain(old, self.drain_timeout_s, settle_until=handed + DRAIN_SETTLE_S)
                 if before.main_pid is not None:
                     signals.signal_process(before.main_pid, signal.SIGTERM)
                 ok = systemctl.restart(runner, user, [unit], check=False)
                 started = systemctl.show(user, unit).main_started
+                steps["unit served"] = time.monotonic()
                 # Back to the unit's own port: new connections go there, and the bridge's
                 # open ones are refused new requests (its fence) while it drains.
                 # The fence first: without the redirect, a new connection would meet it.
                 nft.unfence(port)
                 nft.unredirect(port)
                 back = time.monotonic()
+                steps["port back"] = back
                 nft.fence(bridge.port)
                 drain(at_bridge, self.drain_timeout_s, settle_until=back + DRAIN_SETTLE_S)
                 systemctl.stop(runner, user, [bridge.unit])
                 ended = time.monotonic()
+                steps["bridge stopped"] = ended
         finally:
             nft.unfence(port)
             nft.unredirect(port)
@@ -212,6 +217,7 @@ class DrainingRestart:
             drained.in_flight,
             fenced_s=ended - started_at,
             bridge_port=bridge.port,
+            steps=steps,
         )
         return ok
 
