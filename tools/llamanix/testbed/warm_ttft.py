@@ -112,7 +112,7 @@ def switch(command: Sequence[str], instance: str, round_: int, cold: bool) -> tu
     """Run the switch: an environment variable of the instance changes (nothing else); the
     seconds it took, and what it said of the caches."""
     value = f'"{round_}{"c" if cold else "w"}"'
-    argv = [*command, "--set", f"instances.{instance}.environment.LLAMANIX_ROUND={value}"]
+    argv = [*command, "--json", "--set", f"instances.{instance}.environment.LLAMANIX_ROUND={value}"]
     if cold:
         argv += ["--warm-limit", "0"]
     started = time.monotonic()
@@ -120,9 +120,19 @@ def switch(command: Sequence[str], instance: str, round_: int, cold: bool) -> tu
     took = time.monotonic() - started
     if done.returncode != 0:
         raise SystemExit(f"warm_ttft: the switch failed ({done.returncode}): {done.stderr[-2000:]}")
-    lines = (done.stdout + done.stderr).splitlines()
-    said = [line.strip() for line in lines if line.strip().startswith(f"{instance}: ")]
-    return took, "; ".join(said)
+    try:
+        rows = json.loads(done.stdout)
+        warm = next(r["warm"][instance] for r in rows if instance in r.get("warm", {}))
+    except (ValueError, StopIteration, KeyError, TypeError):
+        return took, f"no warm record: {done.stderr[-1500:]}"
+    if warm.get("cold"):
+        return took, f"cold: {warm['cold']}"
+    said = [
+        f"slot {s['slot']} {s['outcome']} ({s.get('restored') or s['tokens']} tokens)"
+        + (f": {s['why']}" if s.get("why") else "")
+        for s in warm.get("slots", [])
+    ]
+    return took, "; ".join(said) or "no slot held a cache"
 
 
 def _figure(samples: list[float]) -> str:
