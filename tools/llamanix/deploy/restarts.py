@@ -43,6 +43,10 @@ from llamanix.measure.drain import (
 # After the manager's start returned (the unit's readiness check passed), how long the watch
 # may take to see the new server's first answer.
 FIRST_ANSWER_WAIT_S = 2.0
+# Blue-green: once new connections go to the bridge, how long a connection the old server
+# already has may take to deliver its request before the old port's fence refuses new ones (a
+# client that connected just before the redirect sends its request a moment later).
+HANDOVER_GRACE_S = 1.0
 
 
 def instance_of(unit: str) -> str:
@@ -175,10 +179,12 @@ class DrainingRestart:
             with AnswerWatch([old, at_bridge]) as watch:
                 handed = time.monotonic()
                 nft.redirect(port, bridge.port)
-                nft.fence(port)
                 steps["port handed over"] = time.monotonic()
+                time.sleep(HANDOVER_GRACE_S)
+                nft.fence(port)
+                fenced = time.monotonic()
                 before = systemctl.show(user, unit)
-                drained = drain(old, self.drain_timeout_s, settle_until=handed + DRAIN_SETTLE_S)
+                drained = drain(old, self.drain_timeout_s, settle_until=fenced + DRAIN_SETTLE_S)
                 if before.main_pid is not None:
                     signals.signal_process(before.main_pid, signal.SIGTERM)
                 ok = systemctl.restart(runner, user, [unit], check=False)
