@@ -556,7 +556,8 @@ def _confirm(
         verdict = confirm_regression(r.bench, again, on_drift)
         passed = verdict.action == "keep"
         checked[r.name] = GateResult(r.name, r.gate, passed, verdict.note, r.tok_s, bench=verdict)
-        sw.echo(f"  gate {r.gate} {r.name}: {verdict.verdict}: {verdict.note}")
+        said = verdict.note if verdict.drifted else f"{verdict.verdict}: {verdict.note}"
+        sw.echo(f"  gate {r.gate} {r.name}: {said}")
     rechecked = [checked.get(r.name, r) for r in results]
     gate = GateRecord("failed", sw.gate, {r.name: r for r in rechecked})
     gen.save(replace(gen.record, gate=gate))
