@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from llamanix.deploy.blue_green import RUNTIME_UNITS, Bridge, remove_bridge_directories
+from llamanix.deploy.blue_green import RUNTIME_UNITS, SUFFIX, Bridge, remove_bridge_directories
 from llamanix.deploy.gap_records import GapRecord
 from llamanix.deploy.warm import WarmCaches
 from llamanix.external import nft, signals, systemctl
@@ -245,14 +245,27 @@ def _put_fence(port: int | None) -> tuple[float | None, str | None]:
     return time.monotonic(), None
 
 
-def lift_stale_fences() -> list[int]:
-    """Lift the fences a killed switch left (this machine's ports); the ports lifted."""
-    if nft.unavailable() is not None:
-        return []
-    ports = nft.fenced_ports()
-    for port in ports:
-        nft.unfence(port)
-    return ports
+def tidy_after_a_killed_switch(runner: Runner, user: bool) -> list[str]:
+    """Undo what a switch killed mid-restart left on this machine: fences, redirects, and a
+    blue-green bridge still running; one line for each thing undone."""
+    done: list[str] = []
+    if nft.unavailable() is None:
+        for port in nft.fenced_ports():
+            nft.unfence(port)
+            done.append(f"lifted the fence a killed switch left on port {port}")
+        for port in nft.redirected_ports():
+            nft.unredirect(port)
+            done.append(f"ended the redirect a killed switch left on port {port}")
+    if user:
+        return done
+    bridges = sorted(Path(RUNTIME_UNITS).glob(f"llamanix-*{SUFFIX}.service"))
+    for path in bridges:
+        systemctl.stop(runner, user, [path.name])
+        path.unlink()
+        done.append(f"stopped the blue-green bridge a killed switch left ({path.name})")
+    if bridges:
+        systemctl.daemon_reload(runner, user)
+    return done
 
 
 def _record(gap_s: float | None, load_s: float | None, drained: Drained | None) -> GapRecord:

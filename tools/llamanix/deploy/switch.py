@@ -52,7 +52,7 @@ from llamanix.deploy.managers import (
     summary_of,
 )
 from llamanix.deploy.request import SwitchRequest
-from llamanix.deploy.restarts import DrainingRestart, lift_stale_fences
+from llamanix.deploy.restarts import DrainingRestart, tidy_after_a_killed_switch
 from llamanix.deploy.serving import (
     check_serving,
     endpoints,
@@ -372,8 +372,8 @@ def _draining_restart(sw: _HostSwitch) -> DrainingRestart | None:
     first (deploy.restarts)."""
     if not isinstance(sw.manager, SystemdManager) or sw.runner.dry_run:
         return None
-    for port in lift_stale_fences():
-        sw.echo(f"  lifted the fence a killed switch left on port {port}")
+    for line in tidy_after_a_killed_switch(sw.runner, sw.manager.user):
+        sw.echo(f"  {line}")
     old_config = sw.request.old_config
     bridges, no_bridge = _bridges(sw, sw.manager.user) if sw.opts.blue_green else ({}, {})
     sw.manager.restarts = DrainingRestart(
