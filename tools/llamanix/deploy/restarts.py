@@ -113,7 +113,7 @@ class DrainingRestart:
             with AnswerWatch(endpoints) as watch:
                 if old is not None and before.runs:
                     settle = fenced_at + DRAIN_SETTLE_S if fenced_at is not None else None
-                    drained = drain(old, self.drain_timeout_s, settle_until=settle)
+                    drained = drain(old, self.drain_timeout_s, settle_until=settle, port=port)
                     if self.warm is not None:
                         self.warm.save(name, old)
                     if before.main_pid is not None:
@@ -184,7 +184,9 @@ class DrainingRestart:
                 nft.fence(port)
                 fenced = time.monotonic()
                 before = systemctl.show(user, unit)
-                drained = drain(old, self.drain_timeout_s, settle_until=fenced + DRAIN_SETTLE_S)
+                drained = drain(
+                    old, self.drain_timeout_s, settle_until=fenced + DRAIN_SETTLE_S, port=port
+                )
                 if before.main_pid is not None:
                     signals.signal_process(before.main_pid, signal.SIGTERM)
                 ok = systemctl.restart(runner, user, [unit], check=False)
@@ -195,10 +197,18 @@ class DrainingRestart:
                 # The fence first: without the redirect, a new connection would meet it.
                 nft.unfence(port)
                 nft.unredirect(port)
-                back = time.monotonic()
-                steps["port back"] = back
+                steps["port back"] = time.monotonic()
+                # As at the handover: a connection made to the bridge just before delivers its
+                # request, then the bridge's own fence refuses new ones.
+                time.sleep(HANDOVER_GRACE_S)
                 nft.fence(bridge.port)
-                drain(at_bridge, self.drain_timeout_s, settle_until=back + DRAIN_SETTLE_S)
+                back = time.monotonic()
+                drain(
+                    at_bridge,
+                    self.drain_timeout_s,
+                    settle_until=back + DRAIN_SETTLE_S,
+                    port=bridge.port,
+                )
                 systemctl.stop(runner, user, [bridge.unit])
                 ended = time.monotonic()
                 steps["bridge stopped"] = ended

@@ -4,12 +4,16 @@ A restart cuts whatever the server is answering, and a response cut in mid-body 
 retried by anyone, a gateway included. Draining alone leaves a window: the drain finds the
 server idle, and a request that arrives before the stop is begun and then cut. So before the
 drain, a *fence* is put on the port: one nftables table per port (``inet llamanix-fence-PORT``)
-whose input chain answers, for packets from any interface but loopback,
+whose input chain, for packets from any interface but loopback,
 
-- a new connection (SYN) with a TCP reset: the client sees "connection refused", which a
-  gateway retries on another replica;
-- a segment that carries data on a connection already open (a new request on a kept-alive
-  connection) with a TCP reset: the request never reaches the server;
+- drops a new connection's SYN: the client's TCP sends it again (after 1 s, then 2 s more, ...)
+  and is answered once the fence is lifted, by the new server. A refused connection would be
+  retried by a gateway on a replica picked at random, maybe this one again: LiteLLM, whose
+  retries do not leave out the replica that failed, used up its eight retries on the fenced
+  replica now and then (one request in about a thousand that met a fence);
+- answers a segment that carries data on a connection already open (a new request on a
+  kept-alive connection) with a TCP reset: the request never reaches the server, and the
+  client, which got no byte of an answer, sends it again on a new connection;
 
 while the acknowledgements of the answers in flight (segments without data) pass, so the
 requests the server already has finish. Loopback passes untouched: the drain, the readiness
@@ -47,7 +51,7 @@ def fence_script(port: int) -> str:
     """The nft script that puts the fence on ``port`` (one table, made in one transaction)."""
     rules = [
         'iifname "lo" accept',
-        f"tcp dport {port} ct state new reject with tcp reset",
+        f"tcp dport {port} ct state new drop",
     ]
     for doff in _DOFF:
         header = 4 * doff

@@ -23,6 +23,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 
@@ -99,6 +100,45 @@ def in_flight(
     return None
 
 
+_LISTEN = "0A"
+
+
+def _loopback(address: str) -> bool:
+    """A /proc/net/tcp{,6} address (hex, host byte order per 32-bit word) on loopback."""
+    host = address.split(":", 1)[0]
+    if len(host) == 8:
+        return int(host[6:8], 16) == 127
+    words = [host[i : i + 8] for i in range(0, 32, 8)]
+    if words[:3] == ["00000000"] * 3:
+        return words[3] == "01000000"  # ::1
+    if words[:2] == ["00000000"] * 2 and words[2] == "FFFF0000":
+        return int(words[3][6:8], 16) == 127  # ::ffff:127.x.x.x
+    return False
+
+
+def queued_bytes(port: int) -> int:
+    """Bytes on the way on this machine's connections to local ``port`` from other machines:
+    an answer not yet acknowledged by its client, or a request not yet read by the server.
+    A server whose last answer is still being written has finished its task (its slots are
+    idle) and must not be stopped yet."""
+    total = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) < 5 or fields[3] == _LISTEN:
+                continue
+            local, remote, queues = fields[1], fields[2], fields[4]
+            if int(local.rsplit(":", 1)[1], 16) != port or _loopback(remote):
+                continue
+            tx, rx = queues.split(":")
+            total += int(tx, 16) + int(rx, 16)
+    return total
+
+
 def router_in_flight(http: httpx.Client, endpoint: Endpoint) -> int | None:
     """The requests a router's loaded members have (a member that is not loaded has none);
     None when the router answers for none of them."""
@@ -127,10 +167,12 @@ def drain(
     timeout_s: float,
     poll_s: float = DRAIN_POLL_S,
     settle_until: float | None = None,
+    port: int | None = None,
 ) -> Drained:
     """Wait until the server at ``endpoint`` has no request in flight, at most ``timeout_s``.
     ``settle_until`` (time.monotonic()): an idle look counts only from then on (a fence went
-    up just before)."""
+    up just before). ``port``: the server's port on this machine, whose connections from other
+    machines must have nothing on the way either (``queued_bytes``)."""
     started = time.monotonic()
     last_answer: float | None = None
     busy: int | None = None
@@ -138,6 +180,8 @@ def drain(
         while True:
             asked = time.monotonic()
             busy = router_in_flight(http, endpoint) if endpoint.router else in_flight(http)
+            if busy == 0 and port is not None and queued_bytes(port):
+                busy = 1  # an answer still being written, or a request not yet read
             now = time.monotonic()
             if busy is not None:
                 last_answer = now
