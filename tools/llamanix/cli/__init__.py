@@ -40,6 +40,7 @@ COMMAND_GROUPS: dict[str, tuple[str, ...]] = {
         "up",
         "readiness",
     ),
+    "Observe": ("top", "metrics"),
     "Measure and diagnose": (
         "bench",
         "lossless",
@@ -128,6 +129,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "smoke": (
         "checks",
         "Start a llama-server with all layers offloaded and check that it really serves.",
+    ),
+    "metrics": (
+        "observe",
+        "Serve a host's Prometheus exporter: every local llama-server's /metrics, labelled.",
+    ),
+    "top": (
+        "observe",
+        "A live view of every instance: in flight, decode tok/s, TTFT, acceptance, ceiling share.",
     ),
     "fleet-agent": (
         "fleet_agent",

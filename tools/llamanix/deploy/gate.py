@@ -100,8 +100,10 @@ def chat(client: LlamaClient, target: GateTarget, max_tokens: int) -> dict[str, 
     return dict(data)
 
 
-def _smoke(client: LlamaClient, target: GateTarget) -> str:
+def _smoke(client: LlamaClient, target: GateTarget) -> tuple[str, float | None]:
+    """The smoke gate's checks, and the acceptance of its speculative completion."""
     notes = []
+    acceptance = None
     if target.metrics:
         resp = client.metrics_response()
         if resp.status_code != 200:
@@ -111,14 +113,22 @@ def _smoke(client: LlamaClient, target: GateTarget) -> str:
             raise GateFailed("/metrics has no llamacpp:prompt_tokens_total")
         notes.append("/metrics ok")
     if target.speculative:
-        data = chat(client, target, 64)
-        draft_n = (data.get("timings") or {}).get("draft_n") or 0
-        if draft_n <= 0:
-            raise GateFailed(
-                "speculation is configured but the server drafted nothing (timings.draft_n = 0)"
-            )
+        draft_n, acceptance = _drafted(client, target)
         notes.append(f"draft_n {draft_n}")
-    return ", ".join(notes)
+    return ", ".join(notes), acceptance
+
+
+def _drafted(client: LlamaClient, target: GateTarget) -> tuple[int, float | None]:
+    """One 64-token completion of a speculative instance: its drafted tokens (GateFailed when
+    none) and the share of them accepted."""
+    timings = chat(client, target, 64).get("timings") or {}
+    draft_n = timings.get("draft_n") or 0
+    if draft_n <= 0:
+        raise GateFailed(
+            "speculation is configured but the server drafted nothing (timings.draft_n = 0)"
+        )
+    accepted = timings.get("draft_n_accepted")
+    return draft_n, accepted / draft_n if isinstance(accepted, int | float) else None
 
 
 @dataclass(frozen=True)
@@ -273,6 +283,7 @@ def run_gate(
     notes: list[str] = []
     tok_s: float | None = None
     verdict: BenchVerdict | None = None
+    acceptance: float | None = None
     try:
         with LlamaClient(
             target.url,
@@ -288,9 +299,13 @@ def run_gate(
             chat(client, target, 8)
             notes.append("health ok, chat ok")
             if gate == "smoke":
-                extra = _smoke(client, target)
+                extra, acceptance = _smoke(client, target)
                 if extra:
                     notes.append(extra)
+            elif gate == "bench" and target.speculative:
+                # The acceptance the generation is kept at, as the smoke gate records it (the
+                # exporter's alert compares the serving acceptance with it).
+                acceptance = _drafted(client, target)[1]
         if gate == "bench":
             verdict = _bench(target, limits)
             tok_s = verdict.median
@@ -301,4 +316,6 @@ def run_gate(
         return GateResult(target.name, gate, False, str(err), err.tok_s)
     except httpx.HTTPError as err:
         return GateResult(target.name, gate, False, f"{err.__class__.__name__}: {err}", tok_s)
-    return GateResult(target.name, gate, True, "; ".join(notes), tok_s, bench=verdict)
+    return GateResult(
+        target.name, gate, True, "; ".join(notes), tok_s, bench=verdict, acceptance=acceptance
+    )
