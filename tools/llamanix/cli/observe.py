@@ -53,7 +53,7 @@ def metrics_cmd(
         return
     address, number = listen or settings.listen, port or settings.port
     try:
-        server, _ = serve(registry, address, number)
+        server = serve(registry, address, number)
     except OSError as err:
         reader.close()
         raise UserError(
@@ -77,7 +77,7 @@ def metrics_cmd(
         # systemctl stop (SIGTERM) is how this service ends: a clean exit, not a failure.
         pass
     finally:
-        server.shutdown()  # type: ignore[attr-defined]
+        server.shutdown()
         reader.close()
 
 

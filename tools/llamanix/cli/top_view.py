@@ -64,7 +64,7 @@ class _Fleet:
                 if name not in self.pending:
                     self.pending[name] = self.pool.submit(self._remote, name, window)
         out: dict[str, TopHost] = {
-            name: top_host(reader.read(slots=True)) for name, reader in self.readers.items()
+            name: top_host(reader.read()) for name, reader in self.readers.items()
         }
         for name, future in list(self.pending.items()):
             if wait or future.done():
@@ -130,9 +130,23 @@ def _pct(value: float | None) -> str:
 
 
 _STATE_STYLE = {"ok": "green", "unloaded": "yellow"}
+COLUMNS = (
+    ("host", "left", 4),
+    ("instance", "left", 8),
+    ("state", "left", 12),
+    ("variant / spec", "left", 8),
+    ("build", "left", 7),
+    ("in flight", "right", 4),
+    ("decode tok/s", "right", 7),
+    ("TTFT/1k", "right", 6),
+    ("accept (gate)", "right", 6),
+    ("of ceiling", "right", 5),
+    ("cache", "right", 5),
+    ("last restart", "left", 8),
+)
 
 
-def _switch(host: TopHost, row: TopRow) -> str:
+def _restart(row: TopRow) -> str:
     parts = []
     if row.last_switch_generation is not None:
         parts.append(f"gen {row.last_switch_generation}")
@@ -143,59 +157,69 @@ def _switch(host: TopHost, row: TopRow) -> str:
     return ", ".join(parts) or "-"
 
 
+def _host_summary(host: TopHost) -> str:
+    if host.newest_generation is None:
+        return ""
+    serving = f"serving gen {host.generation}" if host.generation is not None else "none serving"
+    rollbacks = host.rollbacks or 0
+    return (
+        f"{serving}; newest gen {host.newest_generation}: {host.newest_verdict}; "
+        f"{host.switches} switch(es), {rollbacks} rollback(s)"
+    )
+
+
+def _cells(row: TopRow) -> list[str | Text]:
+    state = Text(row.state, style=_STATE_STYLE.get(row.state, "bold red"))
+    if row.state != "ok":
+        state.append(f": {row.detail}", style="red")
+    deferred = f" (+{row.deferred:.0f})" if row.deferred else ""
+    decode = _num(row.decode_tok_s, ".1f")
+    if row.decode_basis == "since start":
+        decode += "*"
+    accept = _pct(row.acceptance)
+    if row.gate_acceptance is not None:
+        accept += f" ({_pct(row.gate_acceptance)})"
+    return [
+        row.instance,
+        state,
+        f"{row.variant} / {row.spec_type}",
+        row.build or "-",
+        _num(row.in_flight, ".0f") + deferred,
+        decode,
+        _num(row.ttft_1k_s, ".2f", "s"),
+        accept,
+        _pct(row.ceiling_share),
+        _pct(row.cache_reuse),
+        _restart(row),
+    ]
+
+
 def top_table(hosts: list[TopHost]) -> Table:
     table = Table(title="llamanix top", title_justify="left", expand=False)
-    for name, justify in (
-        ("host", "left"),
-        ("instance", "left"),
-        ("state", "left"),
-        ("variant / spec", "left"),
-        ("build", "left"),
-        ("in flight", "right"),
-        ("decode tok/s", "right"),
-        ("TTFT", "right"),
-        ("accept", "right"),
-        ("of ceiling", "right"),
-        ("cache", "right"),
-        ("last switch", "left"),
-    ):
-        table.add_column(name, justify=justify, no_wrap=name != "state")  # type: ignore[arg-type]
+    for name, justify, width in COLUMNS:
+        table.add_column(name, justify=justify, min_width=width)  # type: ignore[arg-type]
+    blank = [""] * (len(COLUMNS) - 1)
+    since_start = False
+    summaries = []
     for host in hosts:
-        verdict = (
-            f"gen {host.generation} ({host.newest_verdict}, {host.rollbacks} rollbacks)"
-            if host.newest_generation is not None
-            else ""
-        )
         if host.state != "ok":
-            table.add_row(
-                host.host, "-", Text(f"{host.state}: {host.detail}", style="bold red"), *[""] * 9
-            )
+            failed = Text(f"{host.state}: {host.detail}", style="bold red")
+            table.add_row(host.host, "-", failed, *blank[2:])
             continue
         if not host.rows:
             table.add_row(host.host, "-", Text(host.detail or "no instances", style="dim"))
         for i, row in enumerate(host.rows):
-            state = Text(row.state, style=_STATE_STYLE.get(row.state, "bold red"))
-            if row.state != "ok":
-                state.append(f": {row.detail}", style="red")
-            deferred = f" (+{row.deferred:.0f})" if row.deferred else ""
-            decode = _num(row.decode_tok_s, ".1f")
-            if row.decode_basis == "since start":
-                decode += "*"
-            table.add_row(
-                host.host if i == 0 else "",
-                row.instance,
-                state,
-                f"{row.variant} / {row.spec_type}",
-                row.build or "-",
-                _num(row.in_flight, ".0f") + deferred,
-                decode,
-                _num(row.ttft_s, ".2f", "s"),
-                _pct(row.acceptance),
-                _pct(row.ceiling_share),
-                _pct(row.cache_reuse),
-                _switch(host, row),
-            )
-        if verdict:
-            table.add_row("", Text(verdict, style="dim"), *[""] * 10)
-    table.caption = "* no decoding since the last redraw: the rate since the server started"
+            table.add_row(host.host if i == 0 else "", *_cells(row))
+            since_start = since_start or row.decode_basis == "since start"
+        summary = _host_summary(host)
+        if summary:
+            summaries.append(f"{host.host}: {summary}")
+    notes = [
+        *summaries,
+        "TTFT/1k: to the first token of a 1,000-token prompt, at the prefill rate",
+    ]
+    if since_start:
+        notes.append("* nothing decoded since the last look: the rate since the server started")
+    table.caption = "\n".join(notes)
+    table.caption_justify = "left"
     return table

@@ -213,4 +213,5 @@ LLAMACPP_SERIES = (
     "llamacpp:spec_decode_num_draft_tokens_total",
     "llamacpp:spec_decode_num_accepted_tokens_total",
     "llamacpp:spec_decode_num_drafts_total",
+    "llamacpp:spec_decode_num_accepted_tokens_per_pos_total",
 )

@@ -10,11 +10,14 @@ nothing.
 
 from __future__ import annotations
 
+import socket
 import threading
 from collections.abc import Iterable, Iterator, Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING
 
 from llamanix.core import observability as obs
+from llamanix.core.address import bare
 from llamanix.core.observability import Series
 from llamanix.deploy.generations import GATE_OUTCOMES
 from llamanix.deploy.host_reading import HostReader, HostReading, InstanceReading
@@ -137,9 +140,46 @@ def exposition(registry: CollectorRegistry) -> str:
     return generate_latest(registry).decode()
 
 
-def serve(registry: CollectorRegistry, listen: str, port: int) -> tuple[object, threading.Thread]:
-    """Serve ``/metrics`` on ``listen:port`` in a thread of this process; (server, thread)."""
-    from prometheus_client import start_http_server
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
 
-    server, thread = start_http_server(port, addr=listen, registry=registry)
-    return server, thread
+    def __init__(self, address: tuple[str, int], registry: CollectorRegistry) -> None:
+        self.registry = registry
+        super().__init__(address, _Handler)
+
+
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+
+    def do_GET(self) -> None:
+        from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
+
+        if self.path.split("?", 1)[0] not in ("/metrics", "/"):
+            self.send_error(404, "the exporter serves /metrics")
+            return
+        body = generate_latest(self.server.registry)
+        self.send_response(200)
+        self.send_header("Content-Type", CONTENT_TYPE_PLAIN_0_0_4)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass  # a line per scrape would fill the journal
+
+
+def serve(registry: CollectorRegistry, listen: str, port: int) -> ThreadingHTTPServer:
+    """Serve ``/metrics`` on ``listen:port`` from a thread of this process; OSError when the
+    address cannot be bound.
+
+    Always Prometheus' text format 0.0.4, whatever the scraper's Accept header asks: the
+    OpenMetrics writer of prometheus-client turns the ':' of llama-server's names into '_' in
+    the samples (but not in their HELP lines), so the names would depend on who scrapes."""
+    server_class = _Server6 if ":" in bare(listen) else _Server
+    server = server_class((bare(listen), port), registry)
+    threading.Thread(target=server.serve_forever, name="exporter", daemon=True).start()
+    return server

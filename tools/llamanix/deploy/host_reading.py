@@ -150,16 +150,14 @@ class HostReader:
             client = self._clients[key] = http_client(api_key)
         return client
 
-    def _read_one(
-        self, target: MetricsTarget, client: httpx.Client | str, slots: bool
-    ) -> InstanceReading:
+    def _read_one(self, target: MetricsTarget, client: httpx.Client | str) -> InstanceReading:
         seen = self._seen[target.instance]
         if isinstance(client, str):
             found = Scrape("refused", f"the key cannot be read: {client}")
             return InstanceReading(target, found, self._build(target, seen), None)
         now = time.monotonic()
         want_props = seen.build is None or now - seen.props_at > PROPS_EVERY_S
-        found = scrape(client, target.endpoint, props=want_props, slots=slots)
+        found = scrape(client, target.endpoint, props=want_props)
         if not found.ok or found.snapshot is None:
             return InstanceReading(target, found, self._build(target, seen), None)
         counters = Counters.of(found.snapshot)
@@ -176,7 +174,7 @@ class HostReader:
             target,
             found,
             self._build(target, seen),
-            figures(counters, before, found.last_prompt_tokens),
+            figures(counters, before),
         )
 
     @staticmethod
@@ -198,9 +196,8 @@ class HostReader:
             self._records_stamp = stamp
         return self._switches
 
-    def read(self, *, slots: bool = False) -> HostReading:
-        """Every instance of the host, now. ``slots``: also read /slots, for the estimate of
-        the time to first token (top shows it; the exporter does not need it)."""
+    def read(self) -> HostReading:
+        """Every instance of the host, now."""
         self._reload_if_changed()
         started = time.perf_counter()
         targets = self._loaded.targets
@@ -209,12 +206,12 @@ class HostReader:
         for t in targets:
             self._seen.setdefault(t.instance, _Seen())
         if len(targets) <= 1:
-            readings = [self._read_one(t, c, slots) for t, c in zip(targets, clients, strict=True)]
+            readings = [self._read_one(t, c) for t, c in zip(targets, clients, strict=True)]
         else:
             with ThreadPoolExecutor(max_workers=min(WORKERS, len(targets))) as pool:
                 readings = list(
                     pool.map(
-                        lambda tc: self._read_one(tc[0], tc[1], slots),
+                        lambda tc: self._read_one(tc[0], tc[1]),
                         zip(targets, clients, strict=True),
                     )
                 )

@@ -43,7 +43,7 @@ class TopRow(JsonRecord):
     decode_tok_s: float | None = None
     decode_basis: str | None = None
     prefill_tok_s: float | None = None
-    ttft_s: float | None = None
+    ttft_1k_s: float | None = None
     acceptance: float | None = None
     ceiling_tok_s: float | None = None
     ceiling_share: float | None = None
@@ -85,7 +85,7 @@ def _row(reading: InstanceReading, switches: SwitchFigures) -> TopRow:
         decode_tok_s=fig.decode_tok_s if fig else None,
         decode_basis=fig.decode_basis if fig else None,
         prefill_tok_s=fig.prefill_tok_s if fig else None,
-        ttft_s=fig.ttft_s if fig else None,
+        ttft_1k_s=fig.ttft_1k_s if fig else None,
         acceptance=fig.acceptance if fig else None,
         ceiling_tok_s=reading.target.ceiling_tok_s,
         ceiling_share=reading.ceiling_share,

@@ -1,5 +1,5 @@
 """The figures a live view wants, from llama-server's own counters: decode and prefill rates,
-draft acceptance, cache reuse, and an estimate of the time to the first token.
+draft acceptance, cache reuse, and the time to the first token of a 1,000-token prompt.
 
 Each rate is a ratio of two counters' increments between two scrapes, so any number of readers
 may scrape the same server: the gauges llama-server computes itself
@@ -75,7 +75,7 @@ class Figures:
     acceptance_basis: Basis | None
     cache_reuse: float | None  # share of prompt tokens taken from the cache
     tokens_predicted: float | None  # since the server started
-    ttft_s: float | None  # estimated: see ttft_estimate
+    ttft_1k_s: float | None  # see ttft_1k
 
     def ceiling_share(self, ceiling_tok_s: float | None) -> float | None:
         if ceiling_tok_s is None or ceiling_tok_s <= 0 or self.decode_tok_s is None:
@@ -102,9 +102,7 @@ def _ratio(
     return None, None
 
 
-def figures(
-    after: Counters, before: Counters | None = None, last_prompt_tokens: int | None = None
-) -> Figures:
+def figures(after: Counters, before: Counters | None = None) -> Figures:
     """The figures of ``after``, over the window since ``before`` where there is one."""
     windowed = before is not None and not after.restarted_since(before)
     b = before if before is not None else after
@@ -135,15 +133,15 @@ def figures(
         acceptance_basis=acceptance_basis,
         cache_reuse=reuse,
         tokens_predicted=after.predicted_tokens,
-        ttft_s=ttft_estimate(last_prompt_tokens, prefill),
+        ttft_1k_s=ttft_1k(prefill),
     )
 
 
-def ttft_estimate(prompt_tokens: int | None, prefill_tok_s: float | None) -> float | None:
-    """The newest request's time to first token, as the server spent it: its processed prompt
-    tokens at the prefill rate (llama-server counts no requests, so a mean per request cannot
-    be taken from /metrics). It leaves out queueing and HTTP, as bench's server prompt time
-    does."""
-    if prompt_tokens is None or prefill_tok_s is None or prefill_tok_s <= 0:
+def ttft_1k(prefill_tok_s: float | None) -> float | None:
+    """Seconds the server takes to the first token of a 1,000-token prompt it has not cached,
+    at the prefill rate. llama-server counts prompt tokens and prompt seconds but not requests,
+    so a mean time per request cannot be taken from /metrics; a prompt of a fixed length can.
+    Queueing and HTTP are left out, as in bench's server prompt time."""
+    if prefill_tok_s is None or prefill_tok_s <= 0:
         return None
-    return prompt_tokens / prefill_tok_s
+    return 1000 / prefill_tok_s

@@ -59,13 +59,6 @@ class Endpoint:
             return "/props", {}
         return f"/upstream/{quote(self.member, safe='')}/props", {}
 
-    def slots_path(self) -> tuple[str, dict[str, str]]:
-        if self.member is None:
-            return "/slots", {}
-        if self.router == "llama-swap":
-            return f"/upstream/{quote(self.member, safe='')}/slots", {}
-        return "/slots", {"model": self.member, "autoload": "false"}
-
 
 @dataclass(frozen=True)
 class Sample:
@@ -94,9 +87,6 @@ class Scrape:
     snapshot: MetricsSnapshot | None = None
     seconds: float = 0.0
     build: str | None = None  # the commit of /props' build_info, when asked for
-    # The newest request's prompt tokens that were processed (not taken from the cache), from
-    # /slots, when asked for: what the time to first token is estimated from.
-    last_prompt_tokens: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -118,7 +108,8 @@ def parse_families(text: str) -> tuple[Family, ...]:
             "counter" if family.type == "counter" and short not in NOT_COUNTERS else "gauge"
         )
         samples = tuple(
-            Sample(s.name, dict(s.labels), float(s.value))
+            # The parser names a counter's samples NAME_total; a gauge's sample is the family.
+            Sample(s.name if kind == "counter" else family.name, dict(s.labels), float(s.value))
             for s in family.samples
             if not s.name.endswith("_created")
         )
@@ -163,10 +154,9 @@ def scrape(
     ep: Endpoint,
     *,
     props: bool = False,
-    slots: bool = False,
 ) -> Scrape:
-    """Read one instance's /metrics (and its build from /props, its newest request from
-    /slots, when asked); never raises for the server's fault."""
+    """Read one instance's /metrics (and its build from /props, when asked); never raises
+    for the server's fault."""
     import httpx
 
     started = time.perf_counter()
@@ -196,14 +186,12 @@ def scrape(
     except ValueError as err:
         return done("garbage", f"/metrics is not Prometheus text: {err}")
     build = _build(client, ep) if props else None
-    last_prompt = _last_prompt_tokens(client, ep) if slots else None
     return Scrape(
         "ok",
         families=families,
         snapshot=snapshot,
         seconds=time.perf_counter() - started,
         build=build,
-        last_prompt_tokens=last_prompt,
     )
 
 
@@ -216,27 +204,6 @@ def _build(client: httpx.Client, ep: Endpoint) -> str | None:
     except (httpx.HTTPError, ValueError):
         return None
     return build_commit(data.get("build_info")) if isinstance(data, dict) else None
-
-
-def _last_prompt_tokens(client: httpx.Client, ep: Endpoint) -> int | None:
-    """The prompt tokens processed for the newest request any slot served (the highest task
-    id), from /slots; None where /slots is off or says nothing."""
-    import httpx
-
-    try:
-        resp = _get(client, ep.url, ep.slots_path())
-        data = resp.json() if resp.status_code == 200 else None
-    except (httpx.HTTPError, ValueError):
-        return None
-    newest: tuple[int, int] | None = None
-    for slot in data if isinstance(data, list) else []:
-        if not isinstance(slot, dict):
-            continue
-        task, processed = slot.get("id_task"), slot.get("n_prompt_tokens_processed")
-        fresh = isinstance(task, int) and (newest is None or task > newest[0])
-        if fresh and isinstance(task, int) and isinstance(processed, int) and task >= 0:
-            newest = (task, processed)
-    return None if newest is None else newest[1]
 
 
 def http_client(api_key: str | None = None) -> httpx.Client:
