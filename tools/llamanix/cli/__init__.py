@@ -40,8 +40,9 @@ COMMAND_GROUPS: dict[str, tuple[str, ...]] = {
         "up",
         "readiness",
     ),
-    "Observe": ("top", "metrics"),
     "Measure and diagnose": (
+        "top",
+        "metrics",
         "bench",
         "lossless",
         "ceiling",
