@@ -4,7 +4,7 @@ second with the rendered config and rules, and ``llamanix top`` against the same
 
 Beside the server the config has two instances that cannot be read: ``gone`` (nothing listens)
 and ``junk`` (an HTTP server whose /metrics answers HTML). The generation records are written
-through ``deploy.generations`` as a switch writes them: a kept generation, gated by a real smoke
+through ``deploy.generations`` as a switch writes them: a kept generation, gated by a real bench
 gate against the server, and a newer one that failed its gate and was rolled back.
 
 Everything is started once, by one module-scoped fixture; the tests read what it left.
@@ -164,7 +164,7 @@ def _write_records(config: Path, gate: GateResult) -> None:
         config.read_text(),
         ".toml",
         GenerationRecord(
-            gate=GateRecord("passed", "smoke", {"chat": gate}),
+            gate=GateRecord("passed", "bench", {"chat": gate}),
             changed=("chat",),
             gaps={"chat": GapRecord(gap_s=0.42, load_s=1.7, drain_s=0.05, drained=True)},
         ),
@@ -223,7 +223,7 @@ def bed(
         top_once = json.loads(out) if code == 0 else {}
         seconds["bench+top"] = time.monotonic() - started - seconds["server"]
 
-        gate = run_gate("smoke", GateTarget("chat", server.url, speculative=True), 60)
+        gate = run_gate("bench", GateTarget("chat", server.url, speculative=True), 60)
         assert gate.passed, gate.detail
         _write_records(config, gate)
         props = httpx.get(f"{server.url}/props").json()

@@ -117,8 +117,8 @@ GATE_ACCEPTANCE = Series(
     "llamanix_gate_acceptance_ratio",
     "gauge",
     "instance",
-    "The acceptance the gate measured when it kept the serving generation (a smoke or bench "
-    "gate of a speculative instance records it).",
+    "The draft acceptance a bench gate measured over its runs (its prompts, at temperature 0) "
+    "when it kept the serving generation; absent after a health or smoke gate.",
 )
 SWITCH_GAP = Series(
     "llamanix_last_switch_gap_seconds",

@@ -301,7 +301,7 @@ METRICS_FIELDS: tuple[Field, ...] = (
         "min_acceptance_share",
         FLOAT,
         "Alert when an instance's draft acceptance falls below this share of the acceptance its "
-        "gate measured when it kept the generation.",
+        "bench gate measured when it kept the generation.",
         0.8,
         minimum=0.0,
         maximum=1.0,
