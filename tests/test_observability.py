@@ -30,6 +30,7 @@ import pytest
 
 from llamanix.core.argv import instance_argv
 from llamanix.core.config import load_config
+from llamanix.core.gpus import load_gpus
 from llamanix.core.observability import LLAMACPP_SERIES, SERIES
 from llamanix.deploy.gap_records import GapRecord
 from llamanix.deploy.gate import GateTarget, run_gate
@@ -41,6 +42,7 @@ from llamanix.external.process import Child, run_captured, spawn
 from llamanix.external.signals import signal_group
 from llamanix.measure.bench import run_bench
 from llamanix.measure.bench_results import BenchResult, BenchSettings
+from llamanix.measure.gguf_info import read_gguf
 from llamanix.measure.prompts import load_prompts
 from llamanix.measure.scrape import build_commit
 from llamanix.measure.server_process import LlamaServer, free_port
@@ -313,6 +315,11 @@ def test_prometheus_holds_the_labelled_series(bed: Bed) -> None:
     # The exporter's own figures, with the same labels.
     [decode] = bed.query('llamanix_decode_tokens_per_second{instance="chat"}')
     assert decode["metric"]["build"] == bed.build and float(decode["value"][1]) > 0
+    # The ceiling from the header alone (measure.gguf_weights) is the gguf library's figure.
+    [ceiling] = bed.query('llamanix_decode_ceiling_tokens_per_second{instance="chat"}')
+    model = read_gguf(Path(load_config(bed.config).instances["chat"].model))
+    expected = load_gpus()["rtx3090"].bandwidth_gb_s * 1e9 / model.weight_bytes_per_token()
+    assert float(ceiling["value"][1]) == pytest.approx(expected, rel=1e-9)
 
 
 def _filled(expr: str) -> str:

@@ -51,14 +51,14 @@ def _ceiling(config: Config, inst: Instance) -> tuple[float | None, str | None]:
     if gpu is None:
         return None, None
     from llamanix.measure.ceiling import decode_ceiling_tok_s
-    from llamanix.measure.gguf_info import read_gguf
+    from llamanix.measure.gguf_weights import weight_table
 
     try:
-        info = read_gguf(Path(inst.model))
+        table = weight_table(Path(inst.model))
     except UserError as err:
         return None, f"no ceiling for {inst.name}: {err}"
     bandwidth = load_gpus()[gpu].bandwidth_gb_s
-    return decode_ceiling_tok_s(bandwidth, info.weight_bytes_per_token()), None
+    return decode_ceiling_tok_s(bandwidth, table.weight_bytes_per_token()), None
 
 
 def serving_builds(config: Path, host: str) -> dict[str, str]:
