@@ -323,3 +323,22 @@ def test_the_exporter_refuses_a_port_in_use(tmp_path: Path) -> None:
         holder.server_close()
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert f"cannot listen on 127.0.0.1:{port}" in proc.stderr
+
+
+# --- docs/observability.md ------------------------------------------------------------------
+
+
+def _between(text: str, name: str) -> str:
+    begin, end = f"<!-- {name}:begin -->\n", f"<!-- {name}:end -->"
+    return text[text.index(begin) + len(begin) : text.index(end)]
+
+
+def test_the_docs_tables_are_the_code_s() -> None:
+    """The series and alerts tables of docs/observability.md are what the code serves and
+    renders (with the default thresholds)."""
+    from llamanix.core.observability import series_markdown
+    from llamanix.render.prometheus import alerts_markdown
+
+    text = (Path(__file__).resolve().parent.parent / "docs/observability.md").read_text()
+    assert _between(text, "series") == series_markdown()
+    assert _between(text, "alerts") == alerts_markdown(Metrics())

@@ -197,7 +197,14 @@ def _cells(row: TopRow) -> list[str | Text]:
 def top_table(hosts: list[TopHost]) -> Table:
     table = Table(title="llamanix top", title_justify="left", expand=False)
     for name, justify, width in COLUMNS:
-        table.add_column(name, justify=justify, min_width=width)  # type: ignore[arg-type]
+        # Only the state wraps (its detail says why a row is marked); the figures stay whole.
+        table.add_column(
+            name,
+            justify=justify,  # type: ignore[arg-type]
+            min_width=width,
+            no_wrap=name != "state",
+            overflow="fold" if name == "state" else "ellipsis",
+        )
     blank = [""] * (len(COLUMNS) - 1)
     since_start = False
     summaries = []

@@ -215,3 +215,8 @@ LLAMACPP_SERIES = (
     "llamacpp:spec_decode_num_drafts_total",
     "llamacpp:spec_decode_num_accepted_tokens_per_pos_total",
 )
+
+
+def series_markdown() -> str:
+    """The series table of docs/observability.md (a test keeps the two equal)."""
+    return "".join(f"| `{s.exposed}` | {', '.join(s.labels)} | {s.doc} |\n" for s in SERIES)

@@ -237,3 +237,15 @@ def rules_config(metrics: Metrics) -> JsonObject:
 def text(data: JsonObject) -> str:
     """JSON, which YAML reads as it is."""
     return json.dumps(data, indent=2) + "\n"
+
+
+def alerts_markdown(metrics: Metrics) -> str:
+    """The alerts table of docs/observability.md (a test keeps the two equal)."""
+    out = ["| alert | fires when | what it means | what to do |", "|---|---|---|---|"]
+    for rule in alert_rules(metrics):
+        held = f" for {rule.for_s} s" if rule.for_s else ""
+        out.append(
+            f"| `{rule.alert}` ({rule.severity}) | `{rule.expr}`{held} | {rule.means} | "
+            f"{rule.action} |"
+        )
+    return "\n".join(out) + "\n"
