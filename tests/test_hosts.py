@@ -484,9 +484,13 @@ def test_the_exporter_unit_reads_a_keyed_instance_hardened(host: Host) -> None:
     host.run(["chmod", "0700", "/etc/llamanix"])
     host.run(["systemctl", "daemon-reload"])
     host.run(["systemctl", "start", "llamanix-exporter.service"])
-    scraped = host.run(
-        [f"{hosts.VENV}/bin/python", "-c", _SCRAPE, "http://127.0.0.1:9465/metrics"]
-    ).stdout
+    done = host.run(
+        [f"{hosts.VENV}/bin/python", "-c", _SCRAPE, "http://127.0.0.1:9465/metrics"],
+        check=False,
+    )
+    status = host.run(["systemctl", "status", "llamanix-exporter"], check=False).stdout
+    assert done.returncode == 0, status + host.journal("llamanix-exporter.service")[-3000:]
+    scraped = done.stdout
     assert 'llamanix_up{build="' in scraped
     assert 'instance="chat",model="tiny",reason="ok",spec_type="none",variant="upstream"} 1.0' in (
         scraped
