@@ -342,3 +342,30 @@ def test_the_docs_tables_are_the_code_s() -> None:
     text = (Path(__file__).resolve().parent.parent / "docs/observability.md").read_text()
     assert _between(text, "series") == series_markdown()
     assert _between(text, "alerts") == alerts_markdown(Metrics())
+
+
+def test_top_reads_the_fleet_agents_copy_as_a_remote_host_does(tmp_path: Path) -> None:
+    """What `ssh TARGET -- llamanix top --fleet-config ...` runs there: the fleet agent's copy
+    of the config (LLAMANIX_FLEET_DIR stands for /var/lib/llamanix/fleet), read back by the
+    controller's parser; without a copy, one line."""
+    import os
+
+    from llamanix.deploy.top_rows import parse_top_json
+
+    fleet = tmp_path / "fleet"
+    fleet.mkdir()
+    argv = [sys.executable, "-m", "llamanix", "top", "--fleet-config", "--host", "box"]
+    argv += ["--once", "--json"]
+    env = {**os.environ, "LLAMANIX_FLEET_DIR": str(fleet)}
+    missing = subprocess.run(argv, capture_output=True, text=True, env=env)
+    assert missing.returncode == 2
+    assert missing.stderr.strip() == (
+        f"{fleet}: no fleet copy of the config on this host (switch this host once from the "
+        "controller with llamanix switch)"
+    )
+    (fleet / "llamanix.toml").write_text(BASE)
+    done = subprocess.run(argv, capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    [host] = parse_top_json(done.stdout)
+    assert host.host == "box" and [r.instance for r in host.rows] == ["chat"]
+    assert host.rows[0].state == "down"

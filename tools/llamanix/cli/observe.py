@@ -144,7 +144,7 @@ def _top_config(config: Path | None, fleet_config: bool) -> Path:
                     str(FleetDir.here().root),
                     "",
                     "no fleet copy of the config on this host",
-                    "switch this host once from the controller (llamanix switch)",
+                    "switch this host once from the controller with llamanix switch",
                 )
             )
         return found
