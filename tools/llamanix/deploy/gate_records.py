@@ -220,8 +220,8 @@ class GateResult:
     detail: str
     tok_s: float | None = None
     bench: BenchVerdict | None = None
-    # Accepted / drafted tokens of the gate's speculative completion (smoke and bench gates of a
-    # speculative instance): what the exporter's acceptance alert compares with.
+    # Accepted / drafted tokens over a bench gate's runs of a speculative instance: what the
+    # exporter's acceptance alert compares the serving acceptance with.
     acceptance: float | None = None
 
     def to_json(self) -> dict[str, object]:

@@ -58,7 +58,7 @@ def prometheus_argv(config: Path, storage: Path, listen: str) -> list[str]:
         f"--config.file={config}",
         f"--storage.tsdb.path={storage}",
         f"--web.listen-address={listen}",
-        # Rendered rules hold for 60 s and more; a test reads their state, not their firing.
+        # Warnings and errors only: its log is read when something failed.
         "--log.level=warn",
     ]
 
