@@ -12,6 +12,11 @@ from llamanix.core.config import Metrics, load_config
 from llamanix.core.errors import Problem, UserError
 from llamanix.external import interrupt
 
+# The exporter unit reads a config that only root may read through CAP_DAC_READ_SEARCH, which
+# access(2) (click's readable check) ignores for a process that is not root: opening the file
+# is the check (load_config says in one line why it cannot).
+CONFIG = click.Path(path_type=Path, dir_okay=False, readable=False)
+
 
 def _metrics_settings(config: Path) -> Metrics:
     found = load_config(config).metrics
@@ -19,7 +24,7 @@ def _metrics_settings(config: Path) -> Metrics:
 
 
 @click.command("metrics")
-@click.argument("config", type=FILE)
+@click.argument("config", type=CONFIG)
 @host_option("The host whose instances to read (may be left out when the config has one).")
 @click.option("--listen", help="Address to serve /metrics on (default: [metrics] listen).")
 @click.option("--port", type=int, help="Port to serve /metrics on (default: [metrics] port).")
