@@ -24,7 +24,8 @@ from llamanix.deploy.top_rows import TopHost, TopRow, is_remote, remote_top, top
 from llamanix.external import interrupt
 from llamanix.external.process import Runner
 
-# With --once, how long a remote host is given to read its instances twice (live view).
+# In the live view, the window over which a remote host's own llamanix takes its rates (it reads
+# its instances twice, this far apart, for each redraw its row gets).
 REMOTE_WINDOW_S = 1.0
 
 
