@@ -111,6 +111,10 @@ let
           instance = inst;
         }) cfg.instances;
       }
+      # The exporter's unit and rules are rendered with the instances (modules/prometheus.nix).
+      // lib.optionalAttrs cfg.prometheus.enable {
+        metrics = llamanixLib.schemaValues llamanixLib.schema.metrics cfg.prometheus;
+      }
     )
   );
 
@@ -184,6 +188,8 @@ let
   };
 in
 {
+  imports = [ ./prometheus.nix ];
+
   options.services.llamanix = {
     enable = mkEnableOption "llama-server instances managed by llamanix";
 

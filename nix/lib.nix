@@ -550,6 +550,10 @@ rec {
         { }
     )
     // (
+      # [metrics] is services.llamanix.prometheus (whose `enable` the configuration sets).
+      if config ? metrics then { prometheus = config.metrics; } else { }
+    )
+    // (
       # [gateway] on this host is services.llamanix.gateway: its keys less kind and host, and
       # the replicas, which only the whole file knows (every host's instances).
       if (config.gateway.host or null) == host then

@@ -256,6 +256,7 @@ def test_host_keys_are_module_options_or_set_by_the_module(options: dict[str, An
         "gateway",
         "useSystemNixpkgs",
         "packageSet",
+        "prometheus",  # modules/prometheus.nix: the [metrics] table (tests/test_prometheus_nix.py)
     }
     assert options["moduleHostOptionTypes"]["gpu"] == {"name": "nullOr", "elem": {"name": "str"}}
     assert options["moduleHostOptionTypes"]["cudaArchs"]["name"] == "listOf"

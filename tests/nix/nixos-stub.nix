@@ -22,6 +22,8 @@ in
     system.build = loose;
     # nixpkgs' services.litellm, which the gateway configures (its unit is systemd.services).
     services.litellm = loose;
+    # nixpkgs' services.prometheus, which services.llamanix.prometheus configures.
+    services.prometheus = loose;
     # As nixpkgs' usual module declares them (its readOnlyPkgs module has no localSystem).
     nixpkgs.overlays = mkOption {
       type = types.listOf types.raw;

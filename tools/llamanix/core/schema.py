@@ -284,6 +284,45 @@ GATEWAY_FIELDS: tuple[Field, ...] = (
     ),
 )
 
+# Each host's exporter (llamanix-exporter.service) and what Prometheus is told about it
+# (docs/observability.md). The default port is one no other llamanix service takes.
+METRICS_FIELDS: tuple[Field, ...] = (
+    Field(
+        "listen",
+        STR,
+        "Address each host's exporter (llamanix-exporter.service) listens on; loopback keeps it "
+        "to a Prometheus on the same machine.",
+        "127.0.0.1",
+    ),
+    Field("port", INT, "Port of each host's exporter.", 9465, minimum=1, maximum=65535),
+    Field(
+        "scrape_interval",
+        INT,
+        "Seconds between Prometheus scrapes of the exporters (the rendered scrape config).",
+        15,
+        minimum=1,
+        maximum=3600,
+    ),
+    Field(
+        "min_ceiling_share",
+        FLOAT,
+        "Alert when a busy instance decodes below this share of its bandwidth ceiling (the "
+        "host's `gpu` and the model file give the ceiling).",
+        0.25,
+        minimum=0.0,
+        maximum=1.0,
+    ),
+    Field(
+        "min_acceptance_share",
+        FLOAT,
+        "Alert when an instance's draft acceptance falls below this share of the acceptance its "
+        "bench gate measured when it kept the generation.",
+        0.8,
+        minimum=0.0,
+        maximum=1.0,
+    ),
+)
+
 INSTANCE_FIELDS: tuple[Field, ...] = (
     Field("host", STR, "Name of the host (a [hosts.NAME] table) this instance runs on."),
     Field(
@@ -425,13 +464,14 @@ SPECULATIVE_FIELDS: tuple[Field, ...] = (
 HOSTS = {f.name: f for f in HOST_FIELDS}
 ROUTER = {f.name: f for f in ROUTER_FIELDS}
 GATEWAY = {f.name: f for f in GATEWAY_FIELDS}
+METRICS = {f.name: f for f in METRICS_FIELDS}
 # Keys a host table may hold besides its fields.
 HOST_TABLES = ("router",)
 INSTANCE = {f.name: f for f in INSTANCE_FIELDS}
 SPECULATIVE = {f.name: f for f in SPECULATIVE_FIELDS}
 # Keys an instance table may hold besides its fields.
 INSTANCE_TABLES = ("speculative",)
-TOP_LEVEL = ("defaults", "hosts", "instances", "gateway")
+TOP_LEVEL = ("defaults", "hosts", "instances", "gateway", "metrics")
 
 
 def schema_json() -> JsonObject:
@@ -440,6 +480,7 @@ def schema_json() -> JsonObject:
         "hosts": {f.name: f.to_json() for f in HOST_FIELDS},
         "router": {f.name: f.to_json() for f in ROUTER_FIELDS},
         "gateway": {f.name: f.to_json() for f in GATEWAY_FIELDS},
+        "metrics": {f.name: f.to_json() for f in METRICS_FIELDS},
         "instances": {f.name: f.to_json() for f in INSTANCE_FIELDS},
         "speculative": {f.name: f.to_json() for f in SPECULATIVE_FIELDS},
     }
@@ -486,6 +527,7 @@ def schema_markdown() -> str:
         ("`[hosts.NAME]`", HOST_FIELDS),
         ("`[hosts.NAME.router]`", ROUTER_FIELDS),
         ("`[gateway]`", GATEWAY_FIELDS),
+        ("`[metrics]`", METRICS_FIELDS),
         ("`[instances.NAME]` (and `[defaults]`)", INSTANCE_FIELDS),
         ("`[instances.NAME.speculative]`", SPECULATIVE_FIELDS),
     ):

@@ -220,15 +220,21 @@ class GateResult:
     detail: str
     tok_s: float | None = None
     bench: BenchVerdict | None = None
+    # Accepted / drafted tokens over a bench gate's runs of a speculative instance: what the
+    # exporter's acceptance alert compares the serving acceptance with.
+    acceptance: float | None = None
 
     def to_json(self) -> dict[str, object]:
-        return {
+        found: dict[str, object] = {
             "gate": self.gate,
             "passed": self.passed,
             "detail": self.detail,
             "tok_s": self.tok_s,
             "bench": self.bench.to_json() if self.bench else None,
         }
+        if self.acceptance is not None:
+            found["acceptance"] = self.acceptance
+        return found
 
     @staticmethod
     def from_json(name: str, data: object) -> GateResult | None:
@@ -245,4 +251,5 @@ class GateResult:
             jf.text(found.get("detail")) or "",
             jf.number(found.get("tok_s")),
             BenchVerdict.from_json(found.get("bench")) if found.get("bench") else None,
+            jf.number(found.get("acceptance")),
         )
