@@ -550,8 +550,9 @@ rec {
         { }
     )
     // (
-      # [metrics] is services.llamanix.prometheus (whose `enable` the configuration sets).
-      if config ? metrics then { prometheus = config.metrics; } else { }
+      # [metrics] is services.llamanix.prometheus, enabled: the TOML asks for the exporter, as
+      # `llamanix render` reads it.
+      if config ? metrics then { prometheus = config.metrics // { enable = true; }; } else { }
     )
     // (
       # [gateway] on this host is services.llamanix.gateway: its keys less kind and host, and

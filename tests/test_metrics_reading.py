@@ -40,7 +40,10 @@ def config_with(tmp_path: Path, text: str) -> Path:
     return path
 
 
-BASE = '[hosts.box]\nkind = "systemd"\n[instances.chat]\nmodel = "/srv/m.gguf"\nport = 8080\n'
+BASE = (
+    '[hosts.box]\nkind = "systemd"\nbinaries = { upstream = "/usr/local/bin/llama-server" }\n'
+    '[instances.chat]\nmodel = "/srv/m.gguf"\nport = 8080\n'
+)
 
 
 def test_metrics_table_takes_the_schema_defaults(tmp_path: Path) -> None:

@@ -135,6 +135,11 @@ def normalised(files: dict[str, str]) -> dict[str, Any]:
         text = re.sub(r'cmd: "\S+ ', 'cmd: "BINARY ', text)
         if name.endswith((".yaml", ".ini")):
             out[name] = text
+        elif name == "llamanix-exporter.service":
+            # No llama-server in it; line 1 names the source, as for the instances, and the
+            # command reads the config it was rendered from (the TOML, or the module's JSON).
+            body = text.split("\n", 1)[1]
+            out[name] = re.sub(r" metrics \S+ ", " metrics CONFIG ", body)
         elif name.endswith(".service"):
             instance = name.removeprefix("llamanix-").removesuffix(".service")
             body = text.split("\n", 1)[
@@ -192,6 +197,7 @@ def test_toml_and_module_render_the_same_units(
     assert sorted(n for n in direct_files if n.endswith(".service")) == sorted(
         [f"llamanix-{name}.service" for name in names if name not in members]
         + (["llamanix-router.service"] if router else [])
+        + (["llamanix-exporter.service"] if cfg.metrics is not None else [])
     )
     assert normalised(direct_files) == normalised(module_files)
 

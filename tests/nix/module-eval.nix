@@ -103,7 +103,18 @@ let
           binary = "${packages.${name}}/bin/llama-server";
           instance = instance values;
         }) settings.instances;
-      };
+      }
+      # As modules/llamanix.nix: the exporter and rules are rendered when prometheus is enabled.
+      // (
+        if (settings.prometheus.enable or false) then
+          {
+            metrics = llamanixLib.schemaValues llamanixLib.schema.metrics (
+              withDefaults schemaOptions.metricsOptions settings.prometheus
+            );
+          }
+        else
+          { }
+      );
       cudaArchs = builtins.mapAttrs (_: p: p.cudaArchs) packages;
       gateway =
         if !(settings ? gateway) then
