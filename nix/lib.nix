@@ -356,15 +356,43 @@ rec {
     || hasPrefix "127." listen;
 
   # Firewall settings that open nothing useful: a port opened for a loopback listener (an
-  # instance's or the router's), and openFirewall on a router's member, whose port is internal.
-  # instances: NAME -> { listen; port; openFirewall; }; router: services.llamanix.router or null.
+  # instance's, the router's or the gateway's), and openFirewall on a router's member, whose port
+  # is internal. And the opposite: a listener beyond loopback whose port the firewall keeps
+  # closed, so that no other machine (another host's gateway, say) reaches it.
+  # instances: NAME -> { listen; port; openFirewall; }; router: services.llamanix.router or
+  # null; gateway: services.llamanix.gateway or null; firewall: networking.firewall (null:
+  # unknown, nothing is said of closed ports).
   firewallWarnings =
-    { instances, router }:
+    {
+      instances,
+      router,
+      gateway ? null,
+      firewall ? null,
+    }:
     let
       members = if router == null then [ ] else router.members;
       opened = filterAttrs (_: inst: inst.openFirewall or false) instances;
       routed = builtins.filter (name: builtins.elem name members) (builtins.attrNames opened);
       exposed = builtins.filter (name: !(builtins.elem name members)) (builtins.attrNames opened);
+      # Whether another machine can reach `port` through the firewall.
+      open =
+        port:
+        firewall == null
+        || !(firewall.enable or true)
+        || builtins.elem port (firewall.allowedTCPPorts or [ ])
+        || builtins.any (r: r.from <= port && port <= r.to) (firewall.allowedTCPPortRanges or [ ])
+        || builtins.any (i: builtins.elem port (i.allowedTCPPorts or [ ])) (
+          builtins.attrValues (firewall.interfaces or { })
+        );
+      closed =
+        option: what: listen: port:
+        if isLoopback listen || open port then
+          [ ]
+        else
+          [
+            "${option}: ${what} listens on ${listen}, but the firewall keeps port ${toString port} closed, so no other machine reaches it (set ${option}.openFirewall = true, or listen on 127.0.0.1)."
+          ];
+      served = builtins.filter (name: !(builtins.elem name members)) (builtins.attrNames instances);
     in
     map (
       name:
@@ -381,6 +409,31 @@ rec {
         ]
       else
         [ ]
+    )
+    ++ (
+      if gateway != null && (gateway.openFirewall or false) && isLoopback gateway.listen then
+        [
+          "services.llamanix: port ${toString gateway.port} is opened in the firewall but the gateway listens on ${gateway.listen} only (set services.llamanix.gateway.listen)."
+        ]
+      else
+        [ ]
+    )
+    ++ builtins.concatMap (
+      name:
+      closed "services.llamanix.instances.${name}" "the instance" instances.${name}.listen
+        instances.${name}.port
+    ) served
+    ++ (
+      if router == null then
+        [ ]
+      else
+        closed "services.llamanix.router" "the router" router.listen router.port
+    )
+    ++ (
+      if gateway == null then
+        [ ]
+      else
+        closed "services.llamanix.gateway" "LiteLLM" gateway.listen gateway.port
     );
 
   # --- Python dependencies: pyproject.toml is the only list ----------------------------------
@@ -428,13 +481,16 @@ rec {
     "host"
     "binary"
   ];
-  # Host keys: kind is always "nixos", target is this machine, binaries come from `package`.
+  # Host keys: kind is always "nixos", target is this machine, binaries come from `package`,
+  # and build_host and sudo say how `llamanix switch` runs nixos-rebuild for it, from elsewhere.
   # `gpu`, `cuda_archs` and `gpu_sandbox` are services.llamanix.gpu, services.llamanix.cudaArchs
   # and services.llamanix.gpuSandbox.
   hostKeysSetByModule = [
     "kind"
     "target"
     "binaries"
+    "build_host"
+    "sudo"
   ];
   hostKeyOptions = {
     gpu = "gpu";
@@ -515,6 +571,27 @@ rec {
         }
       ) instances;
     };
+
+  # The files a render of one host writes under share/llamanix (modules/render-units.sh),
+  # which the module links into /etc/llamanix one by one: /etc/llamanix stays a directory of
+  # its own, where a key file may live beside them. instanceNames: the instances' names;
+  # router: services.llamanix.router or null.
+  renderedFiles =
+    { instanceNames, router }:
+    let
+      members = if router == null then [ ] else router.members;
+    in
+    [ "manifest.json" ]
+    ++ map (name: "${name}.argv.json") (builtins.filter (name: !(builtins.elem name members)) instanceNames)
+    ++ (
+      if router == null then
+        [ ]
+      else
+        [
+          "router.argv.json"
+          (if router.kind == "llama-swap" then "llama-swap.yaml" else "router-presets.ini")
+        ]
+    );
 
   # llamanix.toml -> `services.llamanix` settings for one host, so the file `llamanix switch`
   # edits is the one the NixOS configuration is built from:
@@ -753,45 +830,89 @@ rec {
       litellm_settings.request_timeout = 600;
     };
 
-  # The keys as systemd credentials: the master key, and each replica's key once.
-  gatewayCredentials =
+  # The keys' way into LiteLLM on NixOS. nixpkgs' services.litellm (its
+  # nixos/modules/services/misc/litellm.nix) runs its own ExecStart and takes secrets through
+  # `environmentFile`; the keys live in files of their own (`api_key_file`, as on Debian, and
+  # as agenix and sops-nix write them). So a oneshot unit loads the key files as credentials
+  # and writes that environment file into its runtime directory (tmpfs, mode 0600, root's),
+  # before LiteLLM starts; restarting LiteLLM restarts it (PartOf) and reads the files again.
+  gatewayKeysUnit = "llamanix-gateway-keys";
+  gatewayEnvironmentFile = "/run/${gatewayKeysUnit}/litellm.env";
+
+  # [ { variable; credential; file; } ]: the master key, then each replica's key once.
+  gatewayKeys =
     { gateway, replicas }:
     let
       keyed = builtins.filter (r: r.apiKeyFile != null) replicas;
-      instances = builtins.foldl' (
+      once = builtins.foldl' (
         acc: r: if builtins.elem r.instance (map (x: x.instance) acc) then acc else acc ++ [ r ]
       ) [ ] keyed;
     in
-    [ "master-key:${gateway.api_key_file}" ] ++ map (r: "key-${r.instance}:${r.apiKeyFile}") instances;
+    [
+      {
+        variable = "LITELLM_MASTER_KEY";
+        credential = "master-key";
+        file = gateway.api_key_file;
+      }
+    ]
+    ++ map (r: {
+      variable = gatewayKeyEnv r.instance;
+      credential = "key-${r.instance}";
+      file = r.apiKeyFile;
+    }) once;
 
-  # What the unit's shell runs: each key from its credential into the variable the config
-  # names, then LiteLLM (exec: it is the unit's main process). No key is in this text.
-  # program, configFile: store paths; shellArg: lib.escapeShellArg.
-  gatewayStartScript =
-    {
-      gateway,
-      replicas,
-      program,
-      configFile,
-      shellArg,
-    }:
+  # The keys unit's LoadCredential= lines: each key file under the name its script reads.
+  gatewayCredentials = args: map (k: "${k.credential}:${k.file}") (gatewayKeys args);
+
+  # What the keys unit runs: one `NAME='key'` line per key (systemd reads a single-quoted value
+  # as it is), written whole or not at all. A key that is empty, or holds a quote or a line
+  # break (which that line cannot carry), fails the unit, and with it LiteLLM's start, naming
+  # the file. No key is in this text; the files' paths are (as in LoadCredential=).
+  # shellArg: lib.escapeShellArg.
+  gatewayKeysScript =
+    args@{ shellArg, ... }:
     let
-      keyed = builtins.filter (r: r.apiKeyFile != null) replicas;
-      names = builtins.foldl' (acc: r: if builtins.elem r.instance acc then acc else acc ++ [ r.instance ]) [ ] keyed;
-      read = variable: credential: ''${variable}=$(cat "$CREDENTIALS_DIRECTORY/${credential}")'';
+      keys = gatewayKeys (builtins.removeAttrs args [ "shellArg" ]);
     in
     builtins.concatStringsSep "\n" (
       [
-        "set -e"
-        (read "LITELLM_MASTER_KEY" "master-key")
+        "set -eu"
+        "umask 077"
+        "nl='"
+        "'"
+        "entry() {"
+        ("  " + ''key=$(cat "$CREDENTIALS_DIRECTORY/$2")'')
+        ("  " + ''case "$key" in'')
+        ("    " + ''"") echo "${gatewayKeysUnit}: $3 is empty (write the key into it)" >&2; exit 1 ;;'')
+        ("    " + ''*"'"* | *"$nl"*) echo "${gatewayKeysUnit}: the key in $3 holds a quote or a line break, which LiteLLM's environment file cannot carry (use a key of letters, digits, - and _)" >&2; exit 1 ;;'')
+        "  esac"
+        ("  " + ''printf "%s='%s'\n" "$1" "$key"'')
+        "}"
+        "{"
       ]
-      ++ map (name: read (gatewayKeyEnv name) "key-${name}") names
+      ++ map (k: "  entry ${k.variable} ${k.credential} ${shellArg k.file}") keys
       ++ [
-        "export LITELLM_MASTER_KEY ${builtins.concatStringsSep " " (map gatewayKeyEnv names)}"
-        "exec ${program} --host ${shellArg gateway.listen} --port ${toString gateway.port} --config ${configFile}"
+        ''} > "$RUNTIME_DIRECTORY/litellm.env.tmp"''
+        ''mv "$RUNTIME_DIRECTORY/litellm.env.tmp" "$RUNTIME_DIRECTORY/litellm.env"''
       ]
     )
     + "\n";
+
+  # LiteLLM's liveliness endpoint as the gateway's own host reaches it.
+  gatewayLivelinessUrl =
+    gateway: "http://${urlHost (connectHost gateway.listen)}:${toString gateway.port}/health/liveliness";
+
+  # ExecStartPost=: started means serving, as on Debian (render/gateway.py's ready_script): wait
+  # until the liveliness endpoint answers, and fail as soon as LiteLLM has exited. So
+  # `nixos-rebuild switch` fails for a gateway that does not serve. curl: its program.
+  gatewayReadyScript =
+    { gateway, curl }:
+    ''
+      until ${curl} --silent --fail --max-time 2 --output /dev/null ${gatewayLivelinessUrl gateway}; do
+        kill -0 "$MAINPID" 2>/dev/null || exit 1
+        sleep 0.5
+      done
+    '';
 
   # The module's one line for a LiteLLM package that must not run, or null.
   litellmRefusal =

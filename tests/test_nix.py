@@ -9,6 +9,7 @@ CI has Nix (nix-instantiate) but no nixpkgs: Nix expressions are evaluated with 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -669,12 +670,21 @@ def test_variant_builds_are_named_by_arch_and_never_run_the_binary(tmp_path: Pat
 NIX_REAL_LIB = ROOT / "scripts/nix-real-lib"
 
 
-def nix_real_lib(tmp_path: Path, env: dict[str, str], *pytest_args: str) -> str:
-    """scripts/nix-real-lib on a stand-in lib directory, for tests that do not evaluate it."""
+def stand_in_lib(tmp_path: Path) -> Path:
+    """A directory that looks like a nixpkgs lib to scripts/nix-real-lib, and a stand-in for
+    nixpkgs' litellm module beside it, for tests that evaluate neither."""
     lib = tmp_path / "lib"
     lib.mkdir(parents=True)
     for name in ("default.nix", "modules.nix"):
         (lib / name).write_text("{ }\n")
+    (tmp_path / "litellm.nix").write_text("{ }\n")
+    return lib
+
+
+def nix_real_lib(tmp_path: Path, env: dict[str, str], *pytest_args: str) -> str:
+    """scripts/nix-real-lib on a stand-in lib directory, for tests that do not evaluate it."""
+    lib = stand_in_lib(tmp_path)
+    env = {**env, "LLAMANIX_NIXPKGS_LITELLM": str(tmp_path / "litellm.nix")}
     proc = subprocess.run(
         [str(NIX_REAL_LIB), str(lib), "-q", *pytest_args],
         capture_output=True,
@@ -726,12 +736,62 @@ def test_nix_real_lib_probes_a_built_llama_server(tmp_path: Path, llama_server_b
     )
 
 
+def test_nix_real_lib_needs_nixpkgs_litellm_module(tmp_path: Path) -> None:
+    """The gateway's checks load nixpkgs' own litellm.nix: without it the script stops in one
+    line rather than checking against a stand-in; a nixpkgs checkout brings its own."""
+    lib = stand_in_lib(tmp_path)
+    env = {k: v for k, v in os.environ.items() if k != "LLAMANIX_NIXPKGS_LITELLM"}
+    proc = subprocess.run(
+        [str(NIX_REAL_LIB), str(lib)], capture_output=True, text=True, check=False, env=env
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == [
+        f"{NIX_REAL_LIB}: nixpkgs' nixos/modules/services/misc/litellm.nix is needed (the "
+        "gateway's checks load it); pass a nixpkgs checkout, or set LLAMANIX_NIXPKGS_LITELLM to "
+        "that file of NixOS/nixpkgs"
+    ]
+    module = tmp_path / "nixos/modules/services/misc/litellm.nix"
+    module.parent.mkdir(parents=True)
+    module.write_text("{ }\n")
+    proc = subprocess.run(
+        [str(NIX_REAL_LIB), str(tmp_path), "-q", "-k", "test_render_command_usage"],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**env, "LLAMANIX_RECORDED_PROBE": "upstream-0c1e570"},
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    digest = hashlib.sha256(module.read_bytes()).hexdigest()
+    assert proc.stdout.splitlines()[0].endswith(
+        f"with nixpkgs' litellm module {module} (sha256 {digest})"
+    )
+
+
+@pytest.mark.skipif(not REAL_LIB, reason="set LLAMANIX_NIXPKGS_LIB to a nixpkgs lib/ directory")
+def test_the_litellm_module_checked_against_is_recorded() -> None:
+    """The nixpkgs litellm.nix the real evaluation loaded is one tests/data names, with its
+    source: a newer one is recorded before its results are trusted."""
+    record = json.loads((ROOT / "tests/data/nixpkgs-litellm.json").read_text())
+    assert (record["repo"], record["path"], record["license"]) == (
+        "NixOS/nixpkgs",
+        "nixos/modules/services/misc/litellm.nix",
+        "MIT",
+    )
+    module = Path(os.environ["LLAMANIX_NIXPKGS_LITELLM"])
+    digest = hashlib.sha256(module.read_bytes()).hexdigest()
+    assert digest in [c["sha256"] for c in record["checked"]], (
+        f"{module} (sha256 {digest}) is not in tests/data/nixpkgs-litellm.json: record its "
+        "commit there once the tests pass with it"
+    )
+
+
 def test_nix_real_lib_refuses_a_bad_llama_server_in_one_line(tmp_path: Path) -> None:
-    lib = tmp_path / "lib"
-    lib.mkdir()
-    for name in ("default.nix", "modules.nix"):
-        (lib / name).write_text("{ }\n")
-    env = {**os.environ, "LLAMANIX_LLAMA_SERVER": str(tmp_path / "missing")}
+    lib = stand_in_lib(tmp_path)
+    env = {
+        **os.environ,
+        "LLAMANIX_LLAMA_SERVER": str(tmp_path / "missing"),
+        "LLAMANIX_NIXPKGS_LITELLM": str(tmp_path / "litellm.nix"),
+    }
     proc = subprocess.run(
         [str(NIX_REAL_LIB), str(lib)], capture_output=True, text=True, check=False, env=env
     )
@@ -905,8 +965,15 @@ def test_a_sound_router_asserts_nothing() -> None:
     assert lib_call("l.routerProblems { router = null; instanceNames = [ ]; }") == []
 
 
-def firewall_warnings(instances: dict[str, Any], router: dict[str, Any] | None) -> list[str]:
-    spec = json.dumps({"instances": instances, "router": router})
+def firewall_warnings(
+    instances: dict[str, Any],
+    router: dict[str, Any] | None,
+    gateway: dict[str, Any] | None = None,
+    firewall: dict[str, Any] | None = None,
+) -> list[str]:
+    spec = json.dumps(
+        {"instances": instances, "router": router, "gateway": gateway, "firewall": firewall}
+    )
     found: list[str] = lib_call(f"l.firewallWarnings (builtins.fromJSON ''{spec}'')")
     return found
 
@@ -939,6 +1006,43 @@ def test_firewall_settings_that_open_nothing_warn() -> None:
     ]
     # A router others can reach, opened: nothing to say.
     assert firewall_warnings({"any": inst("0.0.0.0", 8083)}, router | {"listen": "0.0.0.0"}) == []
+
+
+def test_a_listener_the_firewall_keeps_closed_warns() -> None:
+    """The opposite: an instance, router or gateway beyond loopback whose port no firewall rule
+    opens cannot be reached from another machine (another host's gateway, say)."""
+
+    def inst(listen: str, port: int) -> dict[str, Any]:
+        return {"listen": listen, "port": port, "openFirewall": False}
+
+    instances = {"any": inst("0.0.0.0", 8083), "lo": inst("127.0.0.1", 8084), "m": inst("::", 1)}
+    router = {"members": ["m"], "listen": "10.0.0.5", "port": 8080, "openFirewall": False}
+    gateway = {"listen": "::", "port": 4000, "openFirewall": False}
+    firewall: dict[str, Any] = {"enable": True, "allowedTCPPorts": [22]}
+    assert firewall_warnings(instances, router, gateway, firewall) == [
+        "services.llamanix.instances.any: the instance listens on 0.0.0.0, but the firewall keeps "
+        "port 8083 closed, so no other machine reaches it (set "
+        "services.llamanix.instances.any.openFirewall = true, or listen on 127.0.0.1).",
+        "services.llamanix.router: the router listens on 10.0.0.5, but the firewall keeps port "
+        "8080 closed, so no other machine reaches it (set services.llamanix.router.openFirewall "
+        "= true, or listen on 127.0.0.1).",
+        "services.llamanix.gateway: LiteLLM listens on ::, but the firewall keeps port 4000 "
+        "closed, so no other machine reaches it (set services.llamanix.gateway.openFirewall = "
+        "true, or listen on 127.0.0.1).",
+    ]
+    # Opened by any rule, or no firewall at all: nothing to say.
+    for opened in (
+        {"enable": False},
+        {"allowedTCPPorts": [8083, 8080, 4000]},
+        {"allowedTCPPortRanges": [{"from": 4000, "to": 9000}]},
+        {"interfaces": {"eth0": {"allowedTCPPorts": [8083, 8080, 4000]}}},
+    ):
+        assert firewall_warnings(instances, router, gateway, firewall | opened) == [], opened
+    # A gateway opened on loopback opens nothing, as an instance's port.
+    assert firewall_warnings({}, None, gateway | {"listen": "::1", "openFirewall": True}) == [
+        "services.llamanix: port 4000 is opened in the firewall but the gateway listens on ::1 "
+        "only (set services.llamanix.gateway.listen)."
+    ]
 
 
 def test_the_flake_module_is_one_module_however_often_imported() -> None:
