@@ -150,121 +150,127 @@ rec {
     lastModifiedDate:
     "0-unstable-${builtins.substring 0 4 lastModifiedDate}-${builtins.substring 4 2 lastModifiedDate}-${builtins.substring 6 2 lastModifiedDate}";
 
-  # nixpkgs `config.allowUnfreePredicate` that admits the NVIDIA CUDA licenses and nothing else
-  # unfree (the same list the llama.cpp flake uses).
-  cudaLicenseNames = [
-    "CUDA EULA"
-    "cuDNN EULA"
-    "cuSPARSELt EULA"
-    "cuTENSOR EULA"
-    "NVidia OptiX EULA"
-  ];
-  allowCudaUnfree =
-    pkg:
+  # --- CUDA capabilities and the CUDA releases that compile them ---------------------------
+  #
+  # nixpkgs' own CUDA database is the source: `pkgs._cuda.db.cudaCapabilityToInfo`
+  # (pkgs/development/cuda-modules/_cuda/db/bootstrap/cuda.nix), which the package builder reads
+  # wherever the nixpkgs it is built with has one. This copy of its values is for a nixpkgs
+  # without it (an older one, through the overlay) and for CI, which has no nixpkgs;
+  # tests/data/nixpkgs-cuda-capabilities.json records the nixpkgs file it was taken from, and
+  # tests/test_nix.py keeps the two equal. Capability -> { archName; minCudaMajorMinorVersion;
+  # maxCudaMajorMinorVersion (the last release that compiles it, or null); isJetson; }.
+  cudaCapabilities =
     let
-      license = pkg.meta.license or [ ];
-    in
-    builtins.all (l: (l.free or true) || builtins.elem (l.shortName or "") cudaLicenseNames) (
-      if builtins.isList license then license else [ license ]
-    );
-
-  # --- CUDA architectures and the CUDA release that compiles them ----------------------------
-
-  # Compute capability -> { name; since; until ? }: the first CUDA release whose nvcc compiles
-  # it, and for one that a later release dropped or renamed, the last one that still does.
-  # Without this, an architecture the cudaPackages at hand cannot compile evaluates fine and
-  # fails later inside nvcc. The releases follow NVIDIA's CUDA release notes, as nixpkgs' own
-  # capability table (its cuda-modules database) records them: Blackwell came with 12.8 (10.0,
-  # 10.1, 12.0), 10.3, 12.1 and the family-specific `f` targets with 12.9; the
-  # architecture-specific `a` targets exist from Hopper on; CUDA 13.0 renamed 10.1 (Jetson Thor)
-  # to 11.0 and dropped everything before Turing (7.5), as 12.0 had dropped Kepler.
-  cudaArchReleases =
-    let
-      blackwell = name: since: {
-        "" = {
-          inherit name since;
-        };
-        a = {
-          inherit name since;
-        };
-        f = {
-          inherit name;
-          since = "12.9";
-        };
+      cap = archName: min: max: isJetson: {
+        inherit archName isJetson;
+        minCudaMajorMinorVersion = min;
+        maxCudaMajorMinorVersion = max;
       };
-      plain = name: since: until: { "" = { inherit name since until; }; };
-      suffixed =
-        base: variants:
-        builtins.listToAttrs (
-          map (suffix: {
-            name = base + suffix;
-            value = variants.${suffix};
-          }) (builtins.attrNames variants)
-        );
+      blackwell = min: cap "Blackwell" min null false;
+      thor = min: max: cap "Blackwell" min max true;
     in
-    suffixed "3.5" (plain "Kepler" "10.0" "11.8")
-    // suffixed "3.7" (plain "Kepler" "10.0" "11.8")
-    // suffixed "5.0" (plain "Maxwell" "10.0" "12.9")
-    // suffixed "5.2" (plain "Maxwell" "10.0" "12.9")
-    // suffixed "5.3" (plain "Jetson Nano" "10.0" "12.9")
-    // suffixed "6.0" (plain "Pascal" "10.0" "12.9")
-    // suffixed "6.1" (plain "Pascal" "10.0" "12.9")
-    // suffixed "6.2" (plain "Jetson TX2" "10.0" "12.9")
-    // suffixed "7.0" (plain "Volta" "10.0" "12.9")
-    // suffixed "7.2" (plain "Jetson Xavier" "10.0" "12.9")
-    // suffixed "7.5" (plain "Turing" "10.0" null)
-    // suffixed "8.0" (plain "A100" "11.0" null)
-    // suffixed "8.6" (plain "RTX 30xx" "11.1" null)
-    // suffixed "8.7" (plain "Jetson Orin" "11.4" null)
-    // suffixed "8.9" (plain "RTX 40xx" "11.8" null)
-    // suffixed "9.0" (
-      plain "Hopper" "11.8" null
-      // {
-        a = {
-          name = "Hopper";
-          since = "12.0";
-        };
-      }
-    )
-    // suffixed "10.0" (blackwell "B200" "12.8")
-    // suffixed "10.1" (
-      builtins.mapAttrs (_: v: v // { until = "12.9"; }) (blackwell "Jetson Thor" "12.8")
-    )
-    // suffixed "10.3" (blackwell "B300" "12.9")
-    // suffixed "11.0" (blackwell "Jetson Thor" "13.0")
-    // suffixed "12.0" (blackwell "RTX 50xx" "12.8")
-    // suffixed "12.1" (blackwell "DGX Spark's GB10" "12.9");
+    {
+      "3.5" = cap "Kepler" "10.0" "11.8" false;
+      "3.7" = cap "Kepler" "10.0" "11.8" false;
+      "5.0" = cap "Maxwell" "10.0" "12.9" false;
+      "5.2" = cap "Maxwell" "10.0" "12.9" false;
+      "6.0" = cap "Pascal" "10.0" "12.9" false;
+      "6.1" = cap "Pascal" "10.0" "12.9" false;
+      "7.0" = cap "Volta" "10.0" "12.9" false;
+      "7.2" = cap "Volta" "10.0" "12.2" true;
+      "7.5" = cap "Turing" "10.0" null false;
+      "8.0" = cap "Ampere" "11.2" null false;
+      "8.6" = cap "Ampere" "11.2" null false;
+      "8.7" = cap "Ampere" "11.4" null true;
+      "8.9" = cap "Ada" "11.8" null false;
+      "9.0" = cap "Hopper" "11.8" null false;
+      "9.0a" = cap "Hopper" "12.0" null false;
+      "10.0" = blackwell "12.7";
+      "10.0a" = blackwell "12.7";
+      "10.0f" = blackwell "12.9";
+      "10.1" = thor "12.7" "12.9";
+      "10.1a" = thor "12.7" "12.9";
+      "10.1f" = thor "12.9" "12.9";
+      "10.3" = blackwell "12.9";
+      "10.3a" = blackwell "12.9";
+      "10.3f" = blackwell "12.9";
+      "11.0" = thor "13.0" null;
+      "11.0a" = thor "13.0" null;
+      "11.0f" = thor "13.0" null;
+      "12.0" = blackwell "12.8";
+      "12.0a" = blackwell "12.8";
+      "12.0f" = blackwell "12.9";
+      "12.1" = blackwell "12.9";
+      "12.1a" = blackwell "12.9";
+      "12.1f" = blackwell "12.9";
+    };
 
   # "cudaPackages_12_9" for "12.9".
   cudaPackagesAttr = release: "cudaPackages_" + builtins.replaceStrings [ "." ] [ "_" ] release;
 
-  # Why `cudaVersion` (cudaPackages' major.minor) cannot compile `cudaArchs`: one sentence per
-  # architecture it cannot, naming the release to use; [ ] when it can compile them all.
+  # Why a package of `cudaArchs` cannot be built: [ ] when it can, else one sentence per problem,
+  # each naming the fix, so a mismatch stops the evaluation rather than nvcc hours later.
+  #   capabilities: nixpkgs' cudaCapabilityToInfo (or cudaCapabilities above);
+  #   cudaVersion: cudaPackages' major.minor; system: the host platform's;
+  #   jetsonPackages: whether these cudaPackages are Jetson's (nixpkgs picks them only from its
+  #   global config.cudaCapabilities).
+  # The rules are nixpkgs' own: a capability is supported from its first release to its last,
+  # inclusive (_cuda.lib._cudaCapabilityIsSupported), and Jetson capabilities are built only on
+  # aarch64-linux and never beside others (_cuda/lib/flags.nix).
   cudaArchProblems =
-    cudaVersion: cudaArchs:
+    {
+      capabilities,
+      cudaVersion,
+      cudaArchs,
+      system,
+      jetsonPackages ? false,
+    }:
     let
       older = a: b: builtins.compareVersions a b < 0;
-      known = builtins.sort (a: b: older a b) (builtins.attrNames cudaArchReleases);
-      problem =
+      known = builtins.sort older (builtins.attrNames capabilities);
+      info = arch: capabilities.${arch} or null;
+      isJetson = arch: (info arch).isJetson or false;
+      jetson = builtins.filter isJetson cudaArchs;
+      others = builtins.filter (arch: !(isJetson arch)) cudaArchs;
+      list = builtins.concatStringsSep ", ";
+      release =
         arch:
         let
-          info = cudaArchReleases.${arch} or null;
-          until = if info == null then null else info.until or null;
+          i = info arch;
+          max = i.maxCudaMajorMinorVersion or null;
           isThor = builtins.substring 0 4 arch == "10.1";
         in
-        if info == null then
-          "compute capability ${arch} is not in llamanix's table of CUDA architectures (known: ${builtins.concatStringsSep ", " known})"
-        else if older cudaVersion info.since then
-          "compute capability ${arch} (${info.name}) needs CUDA ${info.since} or newer, this nixpkgs has cudaPackages ${cudaVersion}; use .override { cudaPackages = ${cudaPackagesAttr info.since}; } (or newer)"
-        else if until != null && older until cudaVersion then
+        if i == null then
+          "compute capability ${arch} is not one nixpkgs' CUDA packages know (known: ${list known})"
+        else if older cudaVersion i.minCudaMajorMinorVersion then
+          "compute capability ${arch} (${i.archName}) needs CUDA ${i.minCudaMajorMinorVersion} or newer, this nixpkgs has cudaPackages ${cudaVersion}; use .override { cudaPackages = ${cudaPackagesAttr i.minCudaMajorMinorVersion}; } (or newer)"
+        else if max != null && older max cudaVersion then
           if isThor then
-            "compute capability ${arch} (${info.name}) is called 11.0${builtins.substring 4 1 arch} from CUDA 13.0 on, and this nixpkgs has cudaPackages ${cudaVersion}; write \"11.0${builtins.substring 4 1 arch}\" instead"
+            "compute capability ${arch} (${i.archName}, Jetson Thor) is called 11.0${builtins.substring 4 1 arch} from CUDA 13.0 on, and this nixpkgs has cudaPackages ${cudaVersion}; write \"11.0${builtins.substring 4 1 arch}\" instead"
           else
-            "compute capability ${arch} (${info.name}) was dropped after CUDA ${until}, and this nixpkgs has cudaPackages ${cudaVersion}; use .override { cudaPackages = ${cudaPackagesAttr until}; }"
+            "compute capability ${arch} (${i.archName}) was dropped after CUDA ${max}, and this nixpkgs has cudaPackages ${cudaVersion}; use .override { cudaPackages = ${cudaPackagesAttr max}; }"
         else
           null;
+      quoted = builtins.concatStringsSep " " (map (a: "\"${a}\"") jetson);
+      jetsonProblems =
+        if jetson == [ ] then
+          [ ]
+        else if system != "aarch64-linux" then
+          [
+            "Jetson compute capabilities (${list jetson}) are built only for aarch64-linux, and this is ${system}; build them for the Jetson"
+          ]
+        else if others != [ ] then
+          [
+            "Jetson compute capabilities (${list jetson}) cannot be built together with others (${list others}): nixpkgs' CUDA packages for Jetson are not those of other GPUs; build them as separate packages"
+          ]
+        else if !jetsonPackages then
+          [
+            "Jetson compute capabilities (${list jetson}) need nixpkgs' Jetson CUDA packages, which it picks only when its own config.cudaCapabilities names Jetson capabilities; set nixpkgs.config.cudaCapabilities = [ ${quoted} ] and services.llamanix.useSystemNixpkgs = true"
+          ]
+        else
+          [ ];
     in
-    builtins.filter (p: p != null) (map problem cudaArchs);
+    builtins.filter (p: p != null) (map release cudaArchs) ++ jetsonProblems;
 
   # --- The NixOS module's checks that need no build ------------------------------------------
 

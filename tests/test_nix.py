@@ -178,17 +178,24 @@ def test_smoke_app_arch_words_name_packages() -> None:
         assert all(f"llama-cpp-{variant}-{arch}" in packages for arch in archs)
 
 
-def test_cuda_unfree_predicate_admits_only_cuda_licenses() -> None:
-    verdicts = lib_call(
-        "map l.allowCudaUnfree ["
-        ' { meta.license = { free = false; shortName = "CUDA EULA"; }; }'
-        ' { meta.license = [ { free = true; shortName = "mit"; }'
-        '   { free = false; shortName = "cuDNN EULA"; } ]; }'
-        ' { meta.license = { free = false; shortName = "unfree"; }; }'
-        " { }"
-        " ]"
-    )
-    assert verdicts == [True, True, False, True]
+def test_the_flake_allows_the_cuda_licenses_by_nixpkgs_own_predicate() -> None:
+    """CUDA is unfree: the pinned nixpkgs is imported with nixpkgs' own
+    `_cuda.lib.allowUnfreeCudaPredicate`, not a list of licence names of llamanix's."""
+    proc = flake_outputs("nixpkgsImport")
+    assert proc.returncode != 0
+    assert (
+        "nixpkgs imported with config.allowUnfreePredicate = nixpkgs' "
+        "_cuda.lib.allowUnfreeCudaPredicate"
+    ) in proc.stderr
+    assert "allowCudaUnfree" not in lib_call("builtins.attrNames l")
+
+
+def test_the_overlay_adds_only_the_llamanix_package_set() -> None:
+    """The variants live in pkgs.llamanixPackages.variants, not as some twenty top-level
+    llama-cpp-* attributes of every nixpkgs the overlay is applied to."""
+    proc = flake_outputs("overlayAttrs")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == ["llamanix", "llamanixPackages"]
 
 
 # --- the module's options are the schema's keys --------------------------------------------
@@ -647,9 +654,23 @@ def test_variant_builds_are_named_by_arch_and_never_run_the_binary(tmp_path: Pat
         "beellamaCpu": "llama-cpp-beellama-cpu",
         "sparkOnCuda129": "llama-cpp-upstream-cuda-sm121",
         "familyOnCuda129": "llama-cpp-upstream-cuda-sm120f",
+        "dbOnlyCapabilityWithDb": "llama-cpp-upstream-cuda-sm88",
+        "orinOnAarch64": "llama-cpp-upstream-cuda-sm87",
     }
-    # Only nixpkgs' own CPU build keeps its postInstall, which runs the binary for completions.
+    # Only nixpkgs' own CPU build keeps the line of its postInstall that runs the binary for
+    # completions; every build keeps the rest of it (the header, the `llama` link).
     assert [n for n, d in built.items() if d["completionAtBuild"]] == ["nixpkgsCpu"]
+    assert all(d["keepsNixpkgsPostInstall"] for d in built.values())
+    # nixpkgs' CUDA database decides where it is there (8.8 is only in the test's); Jetson's
+    # capabilities need aarch64-linux, nixpkgs' Jetson packages, and no other GPU beside them.
+    for case in ("dbOnlyCapabilityWithoutDb", "orinWithoutJetsonPackages", "orinBesideAnRtx3090"):
+        assert found[case] == {"evaluates": False}, case
+    jetson = subprocess.run(
+        [*argv, "-A", "jetsonOnX86"], capture_output=True, text=True, check=False
+    )
+    assert "llama-cpp-upstream: Jetson compute capabilities (8.7) are built only for " in (
+        " ".join(jetson.stderr.split())
+    )
     # BeeLlama embeds its UI from its own tree; the others' UI needs npm or a download.
     assert [n for n, d in built.items() if d["webui"]] == ["beellamaCpu"]
     # 12.1 (DGX Spark) and 10.3 (B300) need CUDA 12.9; CUDA 13 calls 10.1 11.0 and builds no
@@ -659,7 +680,7 @@ def test_variant_builds_are_named_by_arch_and_never_run_the_binary(tmp_path: Pat
     refused = subprocess.run([*argv, "-A", "refused"], capture_output=True, text=True, check=False)
     assert refused.returncode != 0
     assert (
-        "llama-cpp-upstream: compute capability 10.3 (B300) needs CUDA 12.9 or newer, this "
+        "llama-cpp-upstream: compute capability 10.3 (Blackwell) needs CUDA 12.9 or newer, this "
         "nixpkgs has cudaPackages 12.8; use .override { cudaPackages = cudaPackages_12_9; } (or "
         "newer)."
     ) in " ".join(refused.stderr.split())
@@ -805,45 +826,51 @@ def test_nix_real_lib_refuses_a_bad_llama_server_in_one_line(tmp_path: Path) -> 
 # --- CUDA architectures against the CUDA release ----------------------------------------------
 
 
+def cuda_problems(
+    cuda: str, archs: list[str], system: str = "x86_64-linux", jetson: bool = False
+) -> list[str]:
+    spec = json.dumps({"cudaVersion": cuda, "cudaArchs": archs, "system": system})
+    found: list[str] = lib_call(
+        f"l.cudaArchProblems (builtins.fromJSON ''{spec}'' // "
+        f"{{ capabilities = l.cudaCapabilities; jetsonPackages = {str(jetson).lower()}; }})"
+    )
+    return found
+
+
 @pytest.mark.parametrize(
     ("cuda", "archs", "problem"),
     [
         ("12.8", ["8.6", "12.0"], None),
         ("12.8", ["12.0a", "10.0", "9.0a", "8.9"], None),
+        # Ampere from 11.2, Blackwell's 10.0 from 12.7, as nixpkgs' database has them.
+        ("11.2", ["8.0", "8.6"], None),
+        (
+            "11.1",
+            ["8.6"],
+            "compute capability 8.6 (Ampere) needs CUDA 11.2 or newer, this nixpkgs has "
+            "cudaPackages 11.1; use .override { cudaPackages = cudaPackages_11_2; } (or newer)",
+        ),
+        ("12.7", ["10.0"], None),
         # B300 and the family-specific targets came with 12.9.
         (
             "12.8",
             ["8.6", "10.3"],
-            "compute capability 10.3 (B300) needs CUDA 12.9 or newer, this nixpkgs has "
+            "compute capability 10.3 (Blackwell) needs CUDA 12.9 or newer, this nixpkgs has "
             "cudaPackages 12.8; use .override { cudaPackages = cudaPackages_12_9; } (or newer)",
         ),
         (
             "12.8",
             ["12.0f"],
-            "compute capability 12.0f (RTX 50xx) needs CUDA 12.9 or newer, this nixpkgs has "
+            "compute capability 12.0f (Blackwell) needs CUDA 12.9 or newer, this nixpkgs has "
             "cudaPackages 12.8; use .override { cudaPackages = cudaPackages_12_9; } (or newer)",
         ),
-        ("12.9", ["10.3", "12.0f", "12.1", "10.1"], None),
+        ("12.9", ["10.3", "12.0f", "12.1"], None),
         (
             "12.8",
             ["12.1"],
-            "compute capability 12.1 (DGX Spark's GB10) needs CUDA 12.9 or newer, this nixpkgs "
-            "has cudaPackages 12.8; use .override { cudaPackages = cudaPackages_12_9; } (or newer)",
+            "compute capability 12.1 (Blackwell) needs CUDA 12.9 or newer, this nixpkgs has "
+            "cudaPackages 12.8; use .override { cudaPackages = cudaPackages_12_9; } (or newer)",
         ),
-        # CUDA 13.0 renamed Jetson Thor's 10.1 to 11.0, which older releases do not know.
-        (
-            "13.0",
-            ["10.1a"],
-            "compute capability 10.1a (Jetson Thor) is called 11.0a from CUDA 13.0 on, and this "
-            'nixpkgs has cudaPackages 13.0; write "11.0a" instead',
-        ),
-        (
-            "12.9",
-            ["11.0"],
-            "compute capability 11.0 (Jetson Thor) needs CUDA 13.0 or newer, this nixpkgs has "
-            "cudaPackages 12.9; use .override { cudaPackages = cudaPackages_13_0; } (or newer)",
-        ),
-        ("13.0", ["11.0", "12.0", "7.5"], None),
         # ... and dropped everything before Turing.
         (
             "13.0",
@@ -857,14 +884,15 @@ def test_nix_real_lib_refuses_a_bad_llama_server_in_one_line(tmp_path: Path) -> 
             "compute capability 3.7 (Kepler) was dropped after CUDA 11.8, and this nixpkgs has "
             "cudaPackages 12.0; use .override { cudaPackages = cudaPackages_11_8; }",
         ),
+        ("13.0", ["12.0", "7.5"], None),
         # `a` targets exist from Hopper on.
-        ("12.8", ["8.6a"], "compute capability 8.6a is not in llamanix's table of CUDA "),
+        ("12.8", ["8.6a"], "compute capability 8.6a is not one nixpkgs' CUDA packages know "),
     ],
 )
 def test_cuda_archs_are_checked_against_the_cuda_release(
     cuda: str, archs: list[str], problem: str | None
 ) -> None:
-    found = lib_call(f"l.cudaArchProblems \"{cuda}\" (builtins.fromJSON ''{json.dumps(archs)}'')")
+    found = cuda_problems(cuda, archs)
     if problem is None:
         assert found == []
     else:
@@ -872,16 +900,105 @@ def test_cuda_archs_are_checked_against_the_cuda_release(
         assert message.startswith(problem), message
 
 
+@pytest.mark.parametrize(
+    ("cuda", "archs", "problem"),
+    [
+        # Xavier (7.2) went with CUDA 12.2.
+        ("12.2", ["7.2"], None),
+        (
+            "12.3",
+            ["7.2"],
+            "compute capability 7.2 (Volta) was dropped after CUDA 12.2, and this nixpkgs has "
+            "cudaPackages 12.3; use .override { cudaPackages = cudaPackages_12_2; }",
+        ),
+        ("12.9", ["10.1"], None),
+        # CUDA 13.0 renamed Jetson Thor's 10.1 to 11.0, which older releases do not know.
+        (
+            "13.0",
+            ["10.1a"],
+            "compute capability 10.1a (Blackwell, Jetson Thor) is called 11.0a from CUDA 13.0 on, "
+            'and this nixpkgs has cudaPackages 13.0; write "11.0a" instead',
+        ),
+        (
+            "12.9",
+            ["11.0"],
+            "compute capability 11.0 (Blackwell) needs CUDA 13.0 or newer, this nixpkgs has "
+            "cudaPackages 12.9; use .override { cudaPackages = cudaPackages_13_0; } (or newer)",
+        ),
+        ("13.0", ["11.0", "11.0a"], None),
+        (
+            "12.8",
+            ["8.7", "8.6"],
+            "Jetson compute capabilities (8.7) cannot be built together with others (8.6): "
+            "nixpkgs' CUDA packages for Jetson are not those of other GPUs; build them as "
+            "separate packages",
+        ),
+    ],
+)
+def test_jetson_capabilities_on_aarch64_with_jetson_packages(
+    cuda: str, archs: list[str], problem: str | None
+) -> None:
+    found = cuda_problems(cuda, archs, "aarch64-linux", jetson=True)
+    assert found == ([] if problem is None else [problem])
+
+
+def test_jetson_capabilities_follow_nixpkgs_rules() -> None:
+    """nixpkgs' _cuda/lib/flags.nix: Jetson capabilities only on aarch64-linux, and the Jetson
+    CUDA packages only when nixpkgs' own config names them."""
+    assert cuda_problems("12.8", ["8.7"], "x86_64-linux", jetson=True) == [
+        "Jetson compute capabilities (8.7) are built only for aarch64-linux, and this is "
+        "x86_64-linux; build them for the Jetson"
+    ]
+    assert cuda_problems("12.8", ["8.7"], "aarch64-linux", jetson=False) == [
+        "Jetson compute capabilities (8.7) need nixpkgs' Jetson CUDA packages, which it picks "
+        "only when its own config.cudaCapabilities names Jetson capabilities; set "
+        'nixpkgs.config.cudaCapabilities = [ "8.7" ] and services.llamanix.useSystemNixpkgs = '
+        "true"
+    ]
+    # GH200 and DGX Spark are not Jetsons.
+    assert cuda_problems("12.9", ["9.0"], "aarch64-linux") == []
+    assert cuda_problems("12.9", ["12.1"], "aarch64-linux") == []
+
+
+NIXPKGS_CUDA = ROOT / "tests/data/nixpkgs-cuda-capabilities.json"
+
+
+def test_the_cuda_table_is_nixpkgs_database() -> None:
+    """nix/lib.nix's copy (for a nixpkgs without _cuda.db) has exactly the capabilities, CUDA
+    ranges and Jetson flags of nixpkgs' cudaCapabilityToInfo, as recorded from its file."""
+    record = json.loads(NIXPKGS_CUDA.read_text())
+    assert (record["repo"], record["path"], record["license"]) == (
+        "NixOS/nixpkgs",
+        "pkgs/development/cuda-modules/_cuda/db/bootstrap/cuda.nix",
+        "MIT",
+    )
+    assert lib_call("l.cudaCapabilities") == record["cudaCapabilityToInfo"]
+
+
+NIXPKGS_CUDA_DB = os.environ.get("LLAMANIX_NIXPKGS_CUDA_DB", "")
+
+
+@pytest.mark.skipif(
+    not (REAL_LIB and NIXPKGS_CUDA_DB),
+    reason="set LLAMANIX_NIXPKGS_LIB and LLAMANIX_NIXPKGS_CUDA_DB (nixpkgs' "
+    "pkgs/development/cuda-modules/_cuda/db/bootstrap/cuda.nix)",
+)
+def test_the_recorded_cuda_database_is_nixpkgs_file() -> None:
+    """The record is what nixpkgs' file evaluates to (with the real lib)."""
+    expr = (
+        f"let lib = import {REAL_LIB}; in builtins.mapAttrs (_: i: {{ inherit (i) archName "
+        "minCudaMajorMinorVersion maxCudaMajorMinorVersion isJetson; }) "
+        f"(import {NIXPKGS_CUDA_DB} {{ inherit lib; }}).cudaCapabilityToInfo"
+    )
+    argv = ["nix-instantiate", "--readonly-mode", "--eval", "--strict", "--json", "--expr", expr]
+    found = json.loads(subprocess.run(argv, capture_output=True, text=True, check=True).stdout)
+    assert found == json.loads(NIXPKGS_CUDA.read_text())["cudaCapabilityToInfo"]
+
+
 def test_every_arch_set_the_flake_builds_compiles_with_cuda_12_8() -> None:
     """The pinned nixpkgs has CUDA 12.8 or newer (docs/nixos.md): every package builds there."""
     for name, archs in lib_call("l.archSets").items():
-        assert (
-            lib_call(f"l.cudaArchProblems \"12.8\" (builtins.fromJSON ''{json.dumps(archs)}'')")
-            == []
-        ), name
-
-
-# --- the module's checks at evaluation ---------------------------------------------------------
+        assert cuda_problems("12.8", archs) == [], name
 
 
 def test_the_router_package_is_nixpkgs_llama_swap_by_mk_package_option(
