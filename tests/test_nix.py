@@ -15,11 +15,13 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from recorded_help import RECORDED_PROBE, probe_of, recorded, write_probe
+from standins import recorded_argv, stand_in
 
 from llamanix.core.config import parse_config, suggest
 from llamanix.core.errors import UserError
@@ -376,8 +378,9 @@ def test_flake_inputs_are_the_registry_variants() -> None:
 # Inputs pinned by revision without a narHash, each with the reason (docs/pins.md): no hash is
 # recorded that could not be verified.
 WITHOUT_NARHASH = {
-    "beellama-cpp": "one blob of its tree (the web UI bundle) was missing from every snapshot "
-    "available offline, so its NAR hash could not be computed",
+    "beellama-cpp": "one blob of its tree (the web UI bundle, over 4 MiB) is missing from every "
+    "snapshot available offline, so its NAR hash could not be computed (docs/pins.md: the "
+    "command that adds it keeps the pin)",
 }
 
 
@@ -413,6 +416,59 @@ def test_flake_lock_pins_every_input_completely() -> None:
             assert locked["rev"] in build_numbers, (
                 f"{name}: record the build number of {locked['rev']} in nix/lib.nix buildNumbers"
             )
+
+
+PINS = ROOT / "docs/pins.md"
+
+
+def locked_nodes() -> dict[str, dict[str, Any]]:
+    lock = json.loads((ROOT / "flake.lock").read_text())
+    root = lock["nodes"][lock["root"]]["inputs"]
+    return {name: lock["nodes"][node] for name, node in root.items()}
+
+
+def test_pins_md_names_every_input_nix_flake_update_moves() -> None:
+    """Every input whose URL names no commit moves with `nix flake update`; docs/pins.md says
+    which, in its first paragraph."""
+    moving = {name for name, node in locked_nodes().items() if "rev" not in node["original"]}
+    assert "beellama-cpp" in moving
+    text = " ".join(PINS.read_text().split())
+    m = re.search(
+        r"`nix flake update` \(and `llamanix pin VARIANT --latest`\) moves (.+?) to", text
+    )
+    assert m, "docs/pins.md no longer says what `nix flake update` moves"
+    assert set(re.findall(r"`([a-z-]+)`", m.group(1))) == moving
+
+
+def test_pins_md_adds_a_missing_narhash_without_moving_the_pin(tmp_path: Path) -> None:
+    """The command docs/pins.md gives for an input locked without a narHash names the locked
+    commit, and runs `nix flake lock --override-input` at that commit: Nix records the hash and
+    the same rev (its `original` stays flake.nix's URL). `nix flake update` would move it."""
+    text = PINS.read_text()
+    commands = re.findall(r"^\s*\$ (llamanix pin .+)$", text, re.M)
+    assert len(commands) == len(WITHOUT_NARHASH) == 1
+    [command] = commands
+    variant, rev = command.split()[2:]
+    name = {"beellama": "beellama-cpp"}[variant]
+    assert name in WITHOUT_NARHASH
+    locked = locked_nodes()[name]["locked"]
+    assert rev == locked["rev"]
+    bin_dir = tmp_path / "bin"
+    record = stand_in(bin_dir, "nix")
+    (tmp_path / "flake.nix").write_text("{ }\n")
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "llamanix", *command.split()[1:], "--flake", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert recorded_argv(record) == [
+        "nix", "flake", "lock", "--override-input", name,
+        f"github:{locked['owner']}/{locked['repo']}/{locked['rev']}",
+    ]  # fmt: skip
 
 
 # --- the module's render command --------------------------------------------------------------
