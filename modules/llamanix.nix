@@ -448,14 +448,15 @@ in
           inherit (config.networking) firewall;
         }
         ++ lib.optional (gw.version != null && gatewayVersion != gw.version) (
-        "services.llamanix.gateway.version: llamanix.toml names LiteLLM ${gw.version}, but this "
-        + "NixOS runs nixpkgs' LiteLLM ${gatewayVersion} (services.llamanix.gateway.package), "
-        + "which validate did not check the config against (set version = \"${gatewayVersion}\" "
-        + "in [gateway], or pick a package of ${gw.version})"
-      );
+          "services.llamanix.gateway.version: llamanix.toml names LiteLLM ${gw.version}, but this "
+          + "NixOS runs nixpkgs' LiteLLM ${gatewayVersion} (services.llamanix.gateway.package), "
+          + "which validate did not check the config against (set version = \"${gatewayVersion}\" "
+          + "in [gateway], or pick a package of ${gw.version})"
+        );
 
       systemd.services.litellm = {
-        # The replicas are on other hosts, as on Debian (render/templates/gateway.service.j2).
+        # The replicas are on other hosts: ordered after the network is online, as the Debian
+        # unit is (render/templates/gateway.service.j2), and after the keys are written.
         after = [
           "network-online.target"
           "${keysUnit}.service"

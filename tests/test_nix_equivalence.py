@@ -579,6 +579,8 @@ def test_a_gateway_the_firewall_closes_warns_and_open_firewall_opens_it() -> Non
     fromToml, opens it through nixpkgs' services.litellm.openFirewall."""
     closed = gateway_eval(REAL_LIB)
     assert closed["warnings"] == [FIREWALL_WARNING]
+    # docs/gateway.md shows this very line.
+    assert FIREWALL_WARNING in (ROOT / "docs/gateway.md").read_text()
     assert module_eval(GATEWAY_TOML, "box3", REAL_LIB, attr="firewall") == []
     extra = {"gateway": {"openFirewall": True}}
     opened = gateway_eval(REAL_LIB, extra=extra)
