@@ -16,7 +16,7 @@
 # In front of the router, the gateway: nixpkgs' services.litellm as the module runs it, one
 # model group per member. Its master key is made at boot into /run/secrets, where sops-nix
 # would put it. The script checks the unit's restart and ordering, a chat through the gateway
-# with the key, and 401 without it.
+# with the key, and a refusal without it.
 #
 # Needs KVM (the builder's system-features must include kvm and nixos-test).
 {
