@@ -148,7 +148,7 @@ in
     cudaArchs = [ "12.1" ];
     cuda = "12.9";
   };
-  # The builder's table of CUDA releases per architecture (nix/lib.nix cudaArchReleases).
+  # The CUDA releases per capability (nix/lib.nix cudaCapabilities, without a nixpkgs database).
   cases.b300OnCuda128 = describe {
     variant = "upstream";
     cudaArchs = [
