@@ -730,7 +730,8 @@ def test_variant_builds_are_named_by_arch_and_never_run_the_binary(tmp_path: Pat
     # BeeLlama embeds its UI from its own tree; the others' UI needs npm or a download.
     assert [n for n, d in built.items() if d["webui"]] == ["beellamaCpu"]
     # 12.1 (DGX Spark) and 10.3 (B300) need CUDA 12.9; CUDA 13 calls 10.1 11.0 and builds no
-    # Pascal: each stops the evaluation (nixpkgs' CUDA database, or nix/lib.nix cudaCapabilities) rather than nvcc.
+    # Pascal: each stops the evaluation (nixpkgs' CUDA database, or nix/lib.nix
+    # cudaCapabilities) rather than nvcc.
     for case in ("sparkOnCuda128", "b300OnCuda128", "thorOnCuda130", "pascalOnCuda130"):
         assert found[case] == {"evaluates": False}, case
     refused = subprocess.run([*argv, "-A", "refused"], capture_output=True, text=True, check=False)
