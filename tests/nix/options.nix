@@ -51,6 +51,7 @@ let
   # The real module file, evaluated only as far as its option declarations.
   module = import ../../modules/llamanix.nix {
     inherit lib;
+    options = { };
     pkgs = { };
     config = {
       services.llamanix = { };

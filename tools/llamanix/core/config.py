@@ -28,6 +28,7 @@ from llamanix.core.schema import (
     GatewayKind,
     GpuSandbox,
     HostKind,
+    NixosSudo,
     RouterKind,
     RoutingStrategy,
     VariantName,
@@ -136,6 +137,9 @@ class Host:
     binaries: dict[str, str] = field(default_factory=dict)
     gpu_sandbox: GpuSandbox = "device-allow"
     router: Router | None = None
+    # NixOS hosts: where nixos-rebuild builds, and how it gets root on the target.
+    build_host: str | None = None
+    sudo: NixosSudo = "auto"
 
     @property
     def has_gpu(self) -> bool:
@@ -518,7 +522,18 @@ def _parse_hosts(c: _Checker, raw: dict[str, Any]) -> dict[str, Host]:
             # checked against the enum
             gpu_sandbox=cast(GpuSandbox, values.get("gpu_sandbox") or "device-allow"),
             router=_parse_router(c, where, table["router"]) if "router" in table else None,
+            build_host=values.get("build_host"),
+            sudo=cast(NixosSudo, values.get("sudo") or "auto"),  # checked against the enum
         )
+        if hosts[name].kind != "nixos":
+            for key in ("build_host", "sudo"):
+                if key in table:
+                    c.add(
+                        f"{where}.{key}",
+                        f"only a NixOS host is switched by nixos-rebuild, and '{name}' is "
+                        f"of kind {hosts[name].kind}",
+                        f"remove {key}",
+                    )
     return hosts
 
 

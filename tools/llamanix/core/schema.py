@@ -88,6 +88,9 @@ ROUTING_STRATEGIES: tuple[RoutingStrategy, ...] = get_args(RoutingStrategy)
 # "private-dev" has not yet run CUDA on a real GPU.
 GpuSandbox = Literal["device-allow", "private-dev"]
 GPU_SANDBOXES: tuple[GpuSandbox, ...] = get_args(GpuSandbox)
+# How nixos-rebuild gets root on a NixOS host's target (external/nix.py's sudo_flag).
+NixosSudo = Literal["auto", "sudo", "use-remote-sudo", "none"]
+NIXOS_SUDO: tuple[NixosSudo, ...] = get_args(NixosSudo)
 FLASH_ATTN = ("on", "off", "auto")
 # The cache types every variant shares; a variant may add more (ik: q6_0, q8_KV; BeeLlama: the
 # TurboQuant types). The config accepts all of them; the variant check narrows it down.
@@ -177,6 +180,24 @@ HOST_FIELDS: tuple[Field, ...] = (
         "on a real GPU). User units and CPU units ignore it.",
         "device-allow",
         GPU_SANDBOXES,
+    ),
+    Field(
+        "build_host",
+        STR,
+        "NixOS hosts: the ssh target whose Nix builds the system (nixos-rebuild --build-host), "
+        "so CUDA builds run there rather than on the machine running llamanix; absent: this "
+        "machine builds.",
+        example="root@builder",
+    ),
+    Field(
+        "sudo",
+        ENUM,
+        "NixOS hosts: how nixos-rebuild gets root on `target`. `auto`: nothing for a `root@` "
+        "target or this machine, else `--sudo` (nixos-rebuild-ng, NixOS 25.11 on); `sudo`: "
+        "always `--sudo`; `use-remote-sudo`: the older nixos-rebuild's `--use-remote-sudo`; "
+        "`none`: nothing.",
+        "auto",
+        NIXOS_SUDO,
     ),
 )
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Protocol
 from llamanix.core.config import Config
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
 from llamanix.core.process_end import FAULT_SIGNALS, died_of
+from llamanix.core.schema import NixosSudo
 from llamanix.deploy.generations import HostState, InstanceSummary, ManagerKind, ManagerRecord
 from llamanix.deploy.up_status import read_status
 from llamanix.external import nix, systemctl
@@ -397,6 +398,8 @@ class NixosManager:
     flake_dir: Path
     host: str
     target: str | None
+    build_host: str | None = None
+    sudo: NixosSudo = "auto"
 
     @property
     def name(self) -> ManagerKind:
@@ -440,13 +443,15 @@ class NixosManager:
     def activate(
         self, runner: Runner, new: dict[str, str], old: dict[str, str], timeout_s: float
     ) -> dict[str, str]:
-        nix.nixos_rebuild_switch(runner, self.flake_dir, self.host, self.target)
+        nix.nixos_rebuild_switch(
+            runner, self.flake_dir, self.host, self.target, self.build_host, self.sudo
+        )
         return {}
 
     def restore(
         self, runner: Runner, old: dict[str, str], new: dict[str, str], timeout_s: float
     ) -> None:
-        nix.nixos_rebuild_rollback(runner, self.flake_dir, self.target)
+        nix.nixos_rebuild_rollback(runner, self.flake_dir, self.target, self.sudo)
 
 
 def user_units_dir() -> Path:
@@ -477,7 +482,10 @@ def make_manager(
         units_dir = Path(recorded.units_dir)
     target = config.hosts[host].target
     if kind == "nixos":
-        return NixosManager(Path(config.source).resolve().parent, host, target)
+        table = config.hosts[host]
+        return NixosManager(
+            Path(config.source).resolve().parent, host, target, table.build_host, table.sudo
+        )
     if target:
         raise UserError(
             Problem(
