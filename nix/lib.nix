@@ -731,11 +731,18 @@ rec {
       host = bareHost address;
     in
     if hasInfix ":" host then "[${host}]" else host;
-  # "root@gpu1:2222" -> "gpu1", "[fd00::1]:22" -> "fd00::1".
+  # "root@gpu1:2222" -> "gpu1", "ssh://root@gpu1:2222" -> "gpu1", "[fd00::1]:22" -> "fd00::1"
+  # (core/address.py's parse_target, which validate runs first).
   targetHost =
     target:
     let
-      parts = builtins.split "@" target;
+      scheme = "ssh://";
+      unschemed =
+        if hasPrefix scheme target then
+          builtins.substring (builtins.stringLength scheme) (-1) target
+        else
+          target;
+      parts = builtins.split "@" unschemed;
       machine = builtins.elemAt parts (builtins.length parts - 1);
       colons = (builtins.length (builtins.split ":" machine) - 1) / 2;
     in

@@ -8,10 +8,20 @@ import sys
 
 import pytest
 
-from llamanix.core.address import connect_host, connect_url, is_loopback, is_wildcard, url_host
+from llamanix.core.address import (
+    SshTarget,
+    connect_host,
+    connect_url,
+    is_loopback,
+    is_wildcard,
+    parse_target,
+    url_host,
+)
 from llamanix.core.config import parse_config
-from llamanix.deploy.switch import gate_url
+from llamanix.core.errors import UserError
+from llamanix.deploy.serving import gate_url
 from llamanix.external.process import alive
+from llamanix.external.ssh import ssh_argv
 from llamanix.render.units import ip_allow_list
 
 
@@ -100,6 +110,11 @@ def _config(listen: str, target: str | None = None) -> dict[str, object]:
         ("0.0.0.0", "root@gpu1", "http://gpu1:8080"),
         ("::1", "gpu1", "http://gpu1:8080"),
         ("192.168.1.5", "gpu1", "http://192.168.1.5:8080"),
+        # The ssh port is ssh's: the gate asks the machine alone.
+        ("0.0.0.0", "root@10.0.0.12:2222", "http://10.0.0.12:8080"),
+        ("0.0.0.0", "ssh://admin@gpu1.lan:2222", "http://gpu1.lan:8080"),
+        ("0.0.0.0", "admin@[fd00::1]:2222", "http://[fd00::1]:8080"),
+        ("0.0.0.0", "fd00::1", "http://[fd00::1]:8080"),
     ],
 )
 def test_the_gate_reaches_the_instance(listen: str, target: str | None, url: str) -> None:
@@ -132,3 +147,66 @@ def test_alive_sees_a_running_process_and_not_a_zombie() -> None:
 def test_alive_refuses_what_is_not_a_process_number() -> None:
     assert not alive(0)
     assert not alive(-1)
+
+
+@pytest.mark.parametrize(
+    ("text", "user", "host", "port"),
+    [
+        ("box1", None, "box1", None),
+        ("admin@box1", "admin", "box1", None),
+        ("root@10.0.0.12:2222", "root", "10.0.0.12", 2222),
+        ("ssh://admin@box1.lan:2222", "admin", "box1.lan", 2222),
+        ("ssh://box1", None, "box1", None),
+        ("[fd00::1]:22", None, "fd00::1", 22),
+        ("admin@[fd00::1]:2222", "admin", "fd00::1", 2222),
+        ("root@fd00::1", "root", "fd00::1", None),  # no brackets: no port
+        ("[fd00::1]", None, "fd00::1", None),
+    ],
+)
+def test_an_ssh_target_is_read_once_into_user_host_and_port(
+    text: str, user: str | None, host: str, port: int | None
+) -> None:
+    target = parse_target(text)
+    assert target == SshTarget(user, host, port, text)
+    assert str(target) == text  # messages name it as the config wrote it
+    argv = ssh_argv(target, ["true"])
+    # ssh gets the port as -p and the machine without it (ssh -G read "host:2222" as a name).
+    where = argv.index("--") - 1
+    assert argv[where] == (f"{user}@{host}" if user else host)
+    assert argv[where - 2 : where] == (["-p", str(port)] if port else argv[where - 2 : where])
+    assert ("-p" in argv) is (port is not None)
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("-oProxyCommand=evil", "starts with '-', which ssh would take for an option"),
+        ("admin@box1:99999", "port '99999' is not a number from 1 to 65535"),
+        ("admin@box1:ssh", "port 'ssh' is not a number from 1 to 65535"),
+        ("admin@box 1", "is empty or holds a space"),
+        ("root@host:22:33", "'host:22:33' is neither a host name nor an address"),
+        ("[fd00::1", "'[fd00::1' is not [IPv6 address] or [IPv6 address]:port"),
+        ("admin@", "'' is neither a host name nor an address"),
+        ("ssh://box1/path", "'box1/path' is neither a host name nor an address"),
+        ("x;reboot", "'x;reboot' is neither a host name nor an address"),
+    ],
+)
+def test_validate_refuses_a_target_ssh_could_not_read(text: str, why: str) -> None:
+    with pytest.raises(UserError) as err:
+        parse_config(_config("0.0.0.0", text), "t.toml")
+    assert str(err.value) == (
+        f"t.toml: hosts.h.target: '{text}' {why} (write USER@HOST, USER@HOST:PORT, "
+        "ssh://USER@HOST:PORT, [IPv6]:PORT or a Host of your ssh config)"
+    )
+
+
+def test_a_nixos_target_with_a_port_is_refused_with_the_ssh_config_fix() -> None:
+    data = _config("0.0.0.0", "root@gpu1:2222")
+    data["hosts"] = {"h": {"kind": "nixos", "target": "root@gpu1:2222"}}
+    with pytest.raises(UserError) as err:
+        parse_config(data, "t.toml")
+    assert str(err.value) == (
+        "t.toml: hosts.h.target: 'root@gpu1:2222' names a port, which nixos-rebuild "
+        "--target-host does not take (put the port in a Host entry of ~/.ssh/config (Port) and "
+        "name that Host here)"
+    )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tomllib
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from standins import recorded, stand_in
 
 from llamanix.cli import main
 from llamanix.deploy.config_edit import apply_sets
+from llamanix.deploy.generations import GenerationRecord, HostState
 from llamanix.measure.server_process import free_port
 
 
@@ -339,7 +341,10 @@ def test_switch_all_stops_at_the_first_failed_host(tmp_path: Path, recorder: Pat
         ["nixos-rebuild", "switch", "--flake", ".#a"],
         ["nixos-rebuild", "switch", "--rollback"],
     ]
-    assert "switch summary" in result.output
+    # --host all is a rollout of every host, one at a time: it ends with its table.
+    table = result.output[result.output.index("rolling switch") :]
+    assert re.search(r"│ a\s+│ - -> -\s+│ failed", table), table
+    assert re.search(r"│ b\s+│ -\s+│ untouched", table), table
 
 
 def test_state_dir_that_cannot_be_made_is_one_line(tmp_path: Path, recorder: Path) -> None:
@@ -382,4 +387,25 @@ def test_a_switch_restarts_only_the_instance_it_changes(tmp_path: Path, recorder
     # b's unit is rewritten (its header names the new config) but not restarted.
     assert f"# write {units / 'llamanix-b.service'}" in result.output
     assert (units / "llamanix-b.service").read_text() == before
+    assert recorded(recorder) == []
+
+
+def test_a_recorded_manifest_that_does_not_read_is_one_line_naming_it(
+    tmp_path: Path, recorder: Path
+) -> None:
+    """What a switch compares with must be what it says: a current generation whose manifest
+    does not read stops the switch in one line, never a traceback or units taken for none."""
+    config = write_config(tmp_path, "nixos", free_port())
+    state = HostState.beside(config, "gpu1")
+    files = {"manifest.json": "{}\n", "llamanix-qwen.service": "[Service]\n"}
+    gen = state.create(files, config.read_text(), ".toml", GenerationRecord())
+    state.set_current(gen)
+    manifest = gen.path / "files" / "manifest.json"
+    manifest.write_text('{"instances": {"qwen": ')  # cut short, as a full disk leaves it
+    result = CliRunner().invoke(main, ["switch", str(config), "--dry-run"])
+    assert result.exit_code == 2, result.output
+    assert result.output.strip().splitlines() == [
+        f"{manifest}: not a llamanix manifest: Expecting value: line 1 column 24 (char 23) "
+        "(restore it from a backup, or remove this generation's directory)"
+    ]
     assert recorded(recorder) == []

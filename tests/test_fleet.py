@@ -21,6 +21,8 @@ import pytest
 from conftest import HOST_FIGURES, REPO
 from hostbed import slow_script, tiny_fleet
 
+from llamanix.deploy.fleet.protocol import PROTOCOL
+from llamanix.deploy.fleet.remote import sudoers_line
 from llamanix.external.signals import signal_process
 from llamanix.testbed import hosts
 from llamanix.testbed.fleet import Fleet
@@ -36,6 +38,10 @@ BROKEN = "/usr/local/bin/llama-server-broken"
 SLOW = "/usr/local/bin/llama-server-slow"
 MODEL = f"{hosts.MODELS}/tiny.gguf"
 PORTS = {"box1": 18081, "box2": 18082, "box3": 18083}
+# box1's sshd listens on this port too, and the config reaches box1 there: every scenario
+# goes through `ssh -p`.
+SSH_PORT = 2222
+TARGETS = {"box1": f"admin@box1:{SSH_PORT}", "box2": "admin@box2", "box3": "admin@box3"}
 # Printed by pytest's end-of-run summary (conftest.HOST_FIGURES), also where output is captured.
 FLEET_FIGURES = HOST_FIGURES
 
@@ -47,7 +53,7 @@ def fleet_config(context: int, broken: str | None = None) -> str:
     for name in PORTS:
         binary = BROKEN if name == broken else SERVER
         text += (
-            f'[hosts.{name}]\nkind = "systemd"\ntarget = "admin@{name}"\n'
+            f'[hosts.{name}]\nkind = "systemd"\ntarget = "{TARGETS[name]}"\n'
             f'binaries = {{ upstream = "{binary}" }}\n\n'
         )
     for name, port in PORTS.items():
@@ -72,7 +78,19 @@ def bed(
         booted.host("box2").write(BROKEN, "#!/bin/sh\nexit 1\n", mode=0o755)
         for name in PORTS:
             booted.host(name).write(SLOW, slow_script(SERVER, 15), mode=0o755)
+        listen_on_a_second_ssh_port(booted, "box1")
         yield booted
+
+
+def listen_on_a_second_ssh_port(bed: Fleet, name: str) -> None:
+    """sshd of ``name`` on SSH_PORT as well, and the controller's known_hosts with its key
+    there (ssh names a host on another port [host]:port)."""
+    host = bed.host(name)
+    host.write("/etc/ssh/sshd_config.d/second-port.conf", f"Port 22\nPort {SSH_PORT}\n")
+    host.run(["systemctl", "restart", "ssh"])
+    member = bed.members[name]
+    with (bed.home / ".ssh" / "known_hosts").open("a") as known:
+        known.write(f"[{name}]:{SSH_PORT},[{member.address}]:{SSH_PORT} {member.host_key}\n")
 
 
 def write_config(bed: Fleet, text: str) -> None:
@@ -156,9 +174,14 @@ def test_a_bad_binary_on_the_second_host_stops_the_rollout(bed: Fleet) -> None:
     timed("bad binary on box2: canary kept, box2 rolled back, box3 untouched", started)
 
 
-def test_rollback_all_restores_the_canary(bed: Fleet) -> None:
+def test_a_batch_of_two_with_a_failing_gate_and_rollback_all(bed: Fleet) -> None:
+    """box1 the canary, then box2 and box3 at once: box2's gate fails (its own switch rolls it
+    back) while box3's passes; rollback-all then puts box3 and box1 back, and the controller's
+    config file gets back the text it had: every host and the file as they were."""
     started = time.monotonic()
-    write_config(bed, fleet_config(4096))
+    text = fleet_config(4096)
+    write_config(bed, text)
+    before = [serving_context(bed, h) for h in PORTS]
     sets = [a for n in PORTS for a in ("--set", f"instances.chat-{n}.context=8192")]
     sets += ["--set", f"hosts.box2.binaries.upstream={BROKEN}"]
     code, out, err = llamanix(
@@ -168,18 +191,70 @@ def test_rollback_all_restores_the_canary(bed: Fleet) -> None:
         *sets,
         "--hosts",
         "box1,box2,box3",
+        "--batch",
+        "2",
         "--on-failure",
         "rollback-all",
         "--json",
     )
     assert code == 1, err
+    assert "rollout: batch 1: box2, box3" in err
     found = rows(out)
-    assert found["box1"]["verdict"] == "restored"
-    assert found["box2"]["verdict"] == "rolled back"
-    assert found["box3"]["verdict"] == "untouched"
-    # box1 runs what it ran before the rollout.
-    assert serving_context(bed, "box1") == 4096
-    timed("rollback-all after box2 failed", started)
+    assert {h: r["verdict"] for h, r in found.items()} == {
+        "box1": "restored",
+        "box2": "rolled back",
+        "box3": "restored",
+    }, err
+    assert [serving_context(bed, h) for h in PORTS] == before
+    assert (bed.home / "fleet" / "llamanix.toml").read_text() == text
+    timed("batch of 2, box2's gate failed, rollback-all (hosts and config back)", started)
+
+
+def test_a_second_ctrl_c_stops_a_batch_of_two_at_once(bed: Fleet, tmp_path: Path) -> None:
+    """Real SIGINTs to the controller while box2 and box3 switch at once (to a server that
+    takes 15 s to start): the first asks to stop after them, the second ends the batch at
+    once, its ssh connections closed; their switches go on there by themselves."""
+    started = time.monotonic()
+    write_config(bed, fleet_config(4096))
+    sets = [a for n in PORTS for a in ("--set", f"instances.chat-{n}.context=3072")]
+    sets += [a for n in ("box2", "box3") for a in ("--set", f"hosts.{n}.binaries.upstream={SLOW}")]
+    argv = [sys.executable, "-m", "llamanix", "switch", CONFIG, *sets]
+    argv += ["--hosts", "box1,box2,box3", "--batch", "2", "--json"]
+    log = tmp_path / "out.txt"
+    with log.open("w") as out:
+        child = bed.controller_popen(argv, stdout=out, env=CONTROLLER_ENV)
+        _wait_running(bed, "box2", log)
+        _wait_running(bed, "box3", log)
+        signal_process(child.pid, signal.SIGINT)
+        _wait_for_line(log, "stopping after the hosts under way")
+        second = time.monotonic()
+        signal_process(child.pid, signal.SIGINT)
+        code = child.wait(60)
+        took = time.monotonic() - second
+    text = log.read_text()
+    assert code == 130, text
+    # It did not wait for them: both still switch there.
+    assert [_sub_state(bed, h) for h in ("box2", "box3")] == ["running", "running"], text
+    found = rows(text[text.index("[\n") :])
+    assert {h: r["verdict"] for h, r in found.items()} == {
+        "box1": "passed",
+        "box2": "interrupted",
+        "box3": "interrupted",
+    }, text
+    for name in ("box2", "box3"):  # the next scenarios start from switches that ended
+        deadline = time.monotonic() + 180
+        while _sub_state(bed, name) == "running":
+            assert time.monotonic() < deadline, f"the switch of {name} never ended"
+            time.sleep(0.5)
+    FLEET_FIGURES.append(f"second Ctrl-C to exit, batch of 2 under way: {took:.1f}s")
+    timed("second Ctrl-C during a batch of 2", started)
+
+
+def _wait_for_line(log: Path, words: str, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while words not in log.read_text():
+        assert time.monotonic() < deadline, f"no {words!r}:\n{log.read_text()}"
+        time.sleep(0.05)
 
 
 def descendants(pid: int) -> list[int]:
@@ -255,7 +330,8 @@ def test_a_host_rebooted_in_the_middle_of_a_rollout(bed: Fleet, tmp_path: Path) 
     assert code == 1, text
     found = rows(text[text.index("[\n") :])
     assert found["box1"]["verdict"] == "passed"
-    assert found["box2"]["verdict"] in ("unreachable", "failed")
+    # ssh lost box2 during its switch: followed again while it reboots, or found gone.
+    assert found["box2"]["verdict"] in ("lost", "failed"), text
     assert found["box3"]["verdict"] == "untouched"
     assert serving_context(bed, "box3") != 5120
     # box2 is back, with its address (the bed's address unit is no llamanix-* unit a switch
@@ -280,11 +356,29 @@ def test_dry_run_shows_the_order_and_every_remote_command(bed: Fleet) -> None:
     text = out + err
     for name in PORTS:
         assert f"admin@{name}" in text
+    assert f"-p {SSH_PORT} admin@box1 " in text  # the port goes to ssh as -p
     assert "ssh " in text and "fleet-agent" in text
 
 
+def test_the_suggested_sudoers_line_runs_the_agent_and_nothing_else(bed: Fleet) -> None:
+    """The line a password prompt's error suggests, for a user of its own: sudo -n runs the
+    fleet agent for it, and refuses every other llamanix command."""
+    host = bed.host("box1")
+    host.run(["useradd", "--create-home", "--shell", "/bin/sh", "deployer"])
+    host.write("/etc/sudoers.d/deployer", sudoers_line("deployer") + "\n", mode=0o440)
+    assert host.run(["visudo", "-c"], check=False).returncode == 0
+    agent = ["llamanix", "fleet-agent", "status", "--protocol", str(PROTOCOL), "--host", "box1"]
+    done = host.run(["sudo", "-n", *agent], user="deployer", check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.startswith("llamanix-fleet-agent: ")
+    for other in (["llamanix", "--version"], ["llamanix", "up", "/root/x.toml"], ["id"]):
+        refused = host.run(["sudo", "-n", *other], user="deployer", check=False)
+        assert refused.returncode != 0 and "password is required" in refused.stderr, other
+
+
 def test_an_unreachable_host_stops_the_rollout_before_any_host(bed: Fleet) -> None:
-    """box3 powered off: the rollout refuses in one line before it touches any host."""
+    """box3 powered off: the rollout ends with its table before it touches any host, box3's
+    row saying why."""
     started = time.monotonic()
     write_config(bed, fleet_config(4096))
     before = serving_context(bed, "box1")
@@ -293,13 +387,18 @@ def test_an_unreachable_host_stops_the_rollout_before_any_host(bed: Fleet) -> No
         sets = [a for n in PORTS for a in ("--set", f"instances.chat-{n}.context=3072")]
         # box2 rebooted earlier in the module, and a restarted host is not always reachable
         # again here: the rollout names box1 and box3 only.
-        code, out, err = llamanix(bed, "switch", CONFIG, *sets, "--hosts", "box1,box3")
-        lines = [ln for ln in err.strip().splitlines() if ln.strip()]
-        assert code == 2, out + err
-        assert "box3" in lines[-1] and "no host was switched" in lines[-1]
+        code, out, err = llamanix(bed, "switch", CONFIG, *sets, "--hosts", "box1,box3", "--json")
+        assert code == 1, out + err
+        found = rows(out)
+        assert {h: r["verdict"] for h, r in found.items()} == {
+            "box1": "untouched",
+            "box3": "unreachable",
+        }, err
+        assert "cannot reach admin@box3 over ssh" in str(found["box3"]["detail"])
+        assert "rollout: not started: box3 cannot be switched now" in err
         assert serving_context(bed, "box1") == before
     finally:
         # Last in the module, so nothing after it needs box3: a host started again here was
         # not always reachable within a minute (its neighbour entry on the bridge).
         bed.start("box3")
-    timed("unreachable box3: refused before any host, in one line", started)
+    timed("unreachable box3: the table before any host", started)

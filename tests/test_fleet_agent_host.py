@@ -1,6 +1,6 @@
 """The fleet agent on real hosts (systemd as PID 1, Debian 12 and 13): what runs at the far end
 of ``ssh TARGET -- sudo -n llamanix fleet-agent ...``, run here as root inside the host with the
-config on stdin (ssh itself is the fleet bed's: tests/test_fleet*.py).
+config and options on stdin (ssh itself is the fleet bed's: tests/test_fleet*.py).
 
 A switch that passes, one whose gate fails and restores, and one whose agent is killed while
 its transient unit runs: the unit finishes (here: restores) by itself, and the next ``status``
@@ -16,7 +16,14 @@ import pytest
 from conftest import HOST_FIGURES
 from hostbed import BROKEN, SERVER, chat, config_text, show, slow_script
 
-from llamanix.deploy.fleet_protocol import GENERATIONS, PROTOCOL, RunReport, parse_started
+from llamanix.deploy.fleet.protocol import (
+    GENERATIONS,
+    PROTOCOL,
+    RunReport,
+    SwitchOrder,
+    parse_started,
+)
+from llamanix.deploy.switch_records import SwitchOptions
 from llamanix.testbed import hosts
 from llamanix.testbed.hosts import Host
 
@@ -26,6 +33,8 @@ PORT = 8090
 FLEET = "/var/lib/llamanix/fleet"
 UNIT = "llamanix-fleet.service"
 SLOW_BROKEN = "/usr/local/bin/llama-server-slow-broken"
+# A llama-server that takes a minute to start: a switch to it outlives short deadlines.
+SLEEPY = "/usr/local/bin/llama-server-sleepy"
 
 
 def fleet_config(binary: str = SERVER, kind: str = "systemd", port: int = PORT) -> str:
@@ -47,8 +56,13 @@ def agent(
     return done, report
 
 
+def order(config: str, opts: SwitchOptions | None = None) -> str:
+    """What the controller hands the agent's switch on stdin: the config and the options."""
+    return SwitchOrder("toml", config, opts or SwitchOptions()).text()
+
+
 def switch(host: Host, binary: str = SERVER) -> tuple[subprocess.CompletedProcess[str], RunReport]:
-    done, report = agent(host, "switch", "--format", "toml", config=fleet_config(binary))
+    done, report = agent(host, "switch", config=order(fleet_config(binary)))
     assert report is not None and report.outcome is not None, done.stdout + done.stderr
     return done, report
 
@@ -105,10 +119,10 @@ def test_a_killed_agent_leaves_the_switch_to_finish_and_status_says_how(host: Ho
     switch(host)
     # Sleeps before it fails, so the agent is killed while the unit's switch is under way.
     host.write(SLOW_BROKEN, slow_script(BROKEN, 3), mode=0o755)
-    host.write("/root/next.toml", fleet_config(binary=SLOW_BROKEN), mode=0o600)
+    host.write("/root/next.json", order(fleet_config(binary=SLOW_BROKEN)), mode=0o600)
     command = (
-        f"{hosts.LLAMANIX} fleet-agent switch --protocol {PROTOCOL} --host box --format toml "
-        "< /root/next.toml > /root/agent.out 2>&1 & echo $!"
+        f"{hosts.LLAMANIX} fleet-agent switch --protocol {PROTOCOL} --host box "
+        "< /root/next.json > /root/agent.out 2>&1 & echo $!"
     )
     pid = host.sh(command).stdout.strip()
     deadline = time.monotonic() + 60
@@ -118,7 +132,7 @@ def test_a_killed_agent_leaves_the_switch_to_finish_and_status_says_how(host: Ho
     host.run(["kill", "-9", pid])
     killed_at = time.monotonic()
     # While the unit runs, another switch is refused in one line.
-    done, report = agent(host, "switch", "--format", "toml", config=fleet_config())
+    done, report = agent(host, "switch", config=order(fleet_config()))
     assert done.returncode == 2 and report is None
     assert "still runs" in done.stderr and "fleet-agent status follows it" in done.stderr
     # status follows the run that still goes on to its end (what a controller does after it
@@ -143,12 +157,40 @@ def test_a_killed_agent_leaves_the_switch_to_finish_and_status_says_how(host: Ho
     )
 
 
+def test_a_run_past_its_deadlines_is_left_to_go_on_then_stopped(host: Host) -> None:
+    """--follow-timeout: the agent stops following a run that still goes on, and says so (the
+    run goes on); --run-timeout: the run's unit is stopped once it ran that long, and status
+    says why. The next switch tidies what it left and serves again."""
+    switch(host)
+    host.write(SLEEPY, f'#!/bin/sh\nsleep 60\nexec {SERVER} "$@"\n', mode=0o755)
+    opts = SwitchOptions(run_timeout_s=10.0, follow_timeout_s=2.0)
+    started = time.monotonic()
+    done, report = agent(host, "switch", config=order(fleet_config(binary=SLEEPY), opts))
+    followed = time.monotonic() - started
+    assert report is not None and report.running and report.outcome is None, done.stdout
+    assert "still runs after 2 s of following; it goes on by itself" in done.stdout
+    assert show(host, UNIT, "SubState")["SubState"] == "running"
+    deadline = time.monotonic() + 90
+    while show(host, UNIT, "SubState")["SubState"] == "running":
+        assert time.monotonic() < deadline, "the run was not stopped at its --run-timeout"
+        time.sleep(0.2)
+    _, ended = agent(host, "status")
+    assert ended is not None and ended.run == report.run and ended.outcome is None
+    assert ended.unit == "stopped: it ran past its --run-timeout", ended
+    done, again = switch(host)
+    assert done.returncode == 0 and again.outcome is not None, done.stdout + done.stderr
+    assert chat(host, PORT) == "200"
+    HOST_FIGURES.append(
+        f"{host.spec.name}: the agent left a run after {followed:.1f}s of following (2 s asked)"
+    )
+
+
 def test_a_users_agent_switches_its_user_units(host: Host) -> None:
     """systemd-user: no sudo; the agent's directory is the user's, the unit the user's
     manager's."""
     port = PORT + 1
     config = fleet_config(kind="systemd-user", port=port)
-    done, report = agent(host, "switch", "--format", "toml", config=config, user=hosts.USER)
+    done, report = agent(host, "switch", config=order(config), user=hosts.USER)
     assert done.returncode == 0, done.stdout + done.stderr
     assert report is not None and report.outcome is not None
     assert (report.outcome.result, report.outcome.generation) == ("passed", 1)

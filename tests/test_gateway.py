@@ -84,6 +84,18 @@ def _write(tmp_path: Path, gateway_text: str = GATEWAY, listen: str = "0.0.0.0")
             "gateway.api_key_file: missing (name the file holding its master key, e.g. "
             '"/etc/llamanix/gateway.key")',
         ),
+        (
+            GATEWAY
+            + "".join(
+                f'\n[instances.{name}]\nhost = "box1"\nmodel = "/m/q.gguf"\n'
+                f'listen = "0.0.0.0"\nport = {port}\napi_key_file = "/etc/llamanix/{name}.key"\n'
+                for name, port in (("qwen-a", 8081), ("qwen_a", 8082))
+            ),
+            "0.0.0.0",
+            "instances.qwen_a: its key would reach the gateway through LLAMANIX_KEY_QWEN_A, "
+            "which instance 'qwen-a' takes already (rename one of them: names that differ only "
+            "in case or in characters other than letters and digits share that variable)",
+        ),
     ],
     ids=[
         "compromised version",
@@ -91,6 +103,7 @@ def _write(tmp_path: Path, gateway_text: str = GATEWAY, listen: str = "0.0.0.0")
         "unreachable loopback replica",
         "bad kind",
         "no key",
+        "key variables collide",
     ],
 )
 def test_refusals_are_one_line_and_exit_2(
@@ -289,7 +302,7 @@ def test_recorded_keys_are_what_the_script_prints() -> None:
 
 
 def test_a_change_of_the_gateway_alone_is_a_change_to_switch() -> None:
-    from llamanix.deploy.switch import _gateway_changes
+    from llamanix.render.changes import gateway_changes as _gateway_changes
 
     render = render_host(load_config(EXAMPLE), "box3")
     files = render.files()

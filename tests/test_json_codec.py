@@ -6,13 +6,14 @@ import enum
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 import pytest
 from recorded_help import UPSTREAM, recorded
 
 from llamanix.core import json_codec
-from llamanix.core.json_codec import OMIT_NONE, JsonRecord, json_key
+from llamanix.core.json_codec import OMIT_NONE, JsonRecord, json_key, json_via
 from llamanix.core.probe import Capabilities
 from llamanix.render.manifest import Manifest, ManifestInstance, unit_name
 
@@ -177,3 +178,41 @@ def test_a_manifest_entry_reads_leniently_and_writes_back_as_it_was() -> None:
         indent=2,
     )
     assert Manifest.from_json(text).text() == text + "\n"
+
+
+def _named_json(points: tuple[Point, ...]) -> dict[str, object]:
+    return {p.label or "?": {"x": p.x, "y": p.y} for p in points}
+
+
+def _named_from_json(data: object) -> tuple[Point, ...]:
+    if not isinstance(data, dict):
+        raise ValueError("expected an object of points by name")
+    return tuple(Point.from_json({**v, "label": k}, k) for k, v in data.items())
+
+
+@dataclass(frozen=True)
+class Drawing(JsonRecord):
+    where: Path
+    # Kept as an object by label: its JSON has another shape than its type.
+    marks: tuple[Point, ...] = field(
+        default=(), metadata=json_via(_named_json, _named_from_json, key="by_label")
+    )
+    spare: Path | None = None
+
+
+def test_a_path_and_a_field_with_its_own_shape_go_round() -> None:
+    drawing = Drawing(Path("/srv/x"), (Point(1, 2.0, "a"), Point(3, 4.0, "b")))
+    written = drawing.to_json()
+    assert written == {
+        "where": "/srv/x",
+        "by_label": {"a": {"x": 1, "y": 2.0}, "b": {"x": 3, "y": 4.0}},
+        "spare": None,
+    }
+    assert Drawing.from_json(json.loads(json.dumps(written)), "d") == drawing
+    with pytest.raises(ValueError, match=r"^d\.by_label: expected an object of points by name$"):
+        Drawing.from_json({"where": "/x", "by_label": [1]}, "d")
+    with pytest.raises(ValueError, match=r"^d\.where: expected a path$"):
+        Drawing.from_json({"where": 3}, "d")
+    # Leniently, a field its reader refuses takes its default.
+    lenient = json_codec.from_json_lenient(Drawing, {"where": "/x", "by_label": [1]})
+    assert lenient == Drawing(Path("/x"))

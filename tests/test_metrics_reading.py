@@ -348,17 +348,19 @@ def test_the_docs_tables_are_the_code_s() -> None:
 
 
 def test_top_reads_the_fleet_agents_copy_as_a_remote_host_does(tmp_path: Path) -> None:
-    """What `ssh TARGET -- llamanix top --fleet-config ...` runs there: the fleet agent's copy
-    of the config (LLAMANIX_FLEET_DIR stands for /var/lib/llamanix/fleet), read back by the
-    controller's parser; without a copy, one line."""
+    """What `ssh TARGET -- sudo -n llamanix fleet-agent top ...` runs there (the command the
+    host's sudoers line allows): the fleet agent's copy of the config (LLAMANIX_FLEET_DIR
+    stands for /var/lib/llamanix/fleet), read back by the controller's parser; without a copy,
+    one line."""
     import os
 
+    from llamanix.deploy.fleet.protocol import HELLO, PROTOCOL
     from llamanix.deploy.top_rows import parse_top_json
 
     fleet = tmp_path / "fleet"
     fleet.mkdir()
-    argv = [sys.executable, "-m", "llamanix", "top", "--fleet-config", "--host", "box"]
-    argv += ["--once", "--json"]
+    argv = [sys.executable, "-m", "llamanix", "fleet-agent", "top", "--protocol", str(PROTOCOL)]
+    argv += ["--host", "box"]
     env = {**os.environ, "LLAMANIX_FLEET_DIR": str(fleet)}
     missing = subprocess.run(argv, capture_output=True, text=True, env=env)
     assert missing.returncode == 2
@@ -369,6 +371,8 @@ def test_top_reads_the_fleet_agents_copy_as_a_remote_host_does(tmp_path: Path) -
     (fleet / "llamanix.toml").write_text(BASE)
     done = subprocess.run(argv, capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stderr
-    [host] = parse_top_json(done.stdout)
+    hello, *rest = done.stdout.splitlines()
+    assert hello.startswith(HELLO)
+    [host] = parse_top_json("\n".join(rest))
     assert host.host == "box" and [r.instance for r in host.rows] == ["chat"]
     assert host.rows[0].state == "down"

@@ -704,6 +704,9 @@ ADDRESSES = [
     ("0.0.0.0", "root@10.0.0.12:2222", "box2"),
     ("0.0.0.0", "[fd00::1]:22", "box2"),
     ("0.0.0.0", "root@fd00::1", "box2"),
+    ("0.0.0.0", "ssh://admin@box5.lan:2222", "box5"),
+    ("0.0.0.0", "ssh://box6", "box6"),
+    ("0.0.0.0", "admin@[fd00::7]:2222", "box7"),
     ("0.0.0.0", None, "box4"),
     ("::", "gpu1", "gpu1"),
     ("[::]", None, "gpu1"),
@@ -729,7 +732,7 @@ def test_nix_reaches_replicas_at_the_addresses_python_does() -> None:
     got = nix_lib_value("[ " + " ".join(f"({e})" for e in exprs) + " ]")
     assert got == [url_host(remote_host(*case)) for case in ADDRESSES]
     names = ["qwen-b", "a.b c", "x9"]
-    from llamanix.render.gateway import key_env
+    from llamanix.core.api_key import key_env
 
     assert nix_lib_value(f"map lib.gatewayKeyEnv {json.dumps(names).replace(',', ' ')}") == [
         key_env(n) for n in names

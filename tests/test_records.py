@@ -116,20 +116,20 @@ FAILED = {
 
 @pytest.mark.parametrize("data", [PASSED, FOUND, FAILED], ids=["passed", "found", "failed"])
 def test_a_generation_record_reads_back_as_written(data: dict[str, Any]) -> None:
-    record = GenerationRecord.from_json(data)
+    record = GenerationRecord.read(data)
     assert stored(record.to_json()) == data
-    assert stored(GenerationRecord.from_json(stored(record.to_json())).to_json()) == data
+    assert stored(GenerationRecord.read(stored(record.to_json())).to_json()) == data
 
 
 def test_a_generation_record_is_typed() -> None:
-    record = GenerationRecord.from_json(PASSED)
+    record = GenerationRecord.read(PASSED)
     assert record.outcome == "passed" and record.gate is not None
     assert record.instances["chat"] == InstanceSummary("upstream", "abc123", 8080)
     assert record.manager == ManagerRecord("up", units_dir="/srv/up")
     chat = (record.gate.instances or {})["chat"]
     assert chat.passed and chat.bench is not None and chat.bench.decision == "pass"
     assert chat.bench.interval == RatioInterval(0.98, 1.01, 1.05)
-    assert GenerationRecord.from_json(FAILED).rollback == RollbackRecord(serving_again=True)
+    assert GenerationRecord.read(FAILED).rollback == RollbackRecord(serving_again=True)
 
 
 def test_what_the_gate_writes_is_what_a_generation_reads() -> None:
@@ -164,7 +164,7 @@ def test_what_the_gate_writes_is_what_a_generation_reads() -> None:
     ],
 )
 def test_an_unreadable_record_reads_as_what_it_holds(data: object) -> None:
-    record = GenerationRecord.from_json(data)
+    record = GenerationRecord.read(data)
     assert record.outcome in (None, "passed")
     assert record.number is None and record.instances == {}
     assert record.gate is None or record.gate.instances == {}
@@ -177,12 +177,12 @@ def test_a_gate_result_from_before_bench_verdicts_reads() -> None:
 
 
 def test_manager_records() -> None:
-    assert ManagerRecord.from_json({"manager": "up", "units_dir": "x"}) == ManagerRecord(
+    assert ManagerRecord.read({"manager": "up", "units_dir": "x"}) == ManagerRecord(
         "up", units_dir="x"
     )
     assert ManagerRecord("nixos", flake="/f").to_json() == {"manager": "nixos", "flake": "/f"}
-    assert ManagerRecord.from_json({"manager": "docker"}) is None
-    assert ManagerRecord.from_json(None) is None
+    assert ManagerRecord.read({"manager": "docker"}) is None
+    assert ManagerRecord.read(None) is None
 
 
 def test_baseline_records(tmp_path: Path) -> None:

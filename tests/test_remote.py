@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import stat
 import sys
 import tomllib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -27,19 +28,21 @@ from click.testing import CliRunner, Result
 
 from llamanix import __version__
 from llamanix.cli import main
+from llamanix.core.address import parse_target
 from llamanix.core.config import load_config
 from llamanix.core.errors import UserError
-from llamanix.deploy import fleet_agent, remote
-from llamanix.deploy.fleet_protocol import (
+from llamanix.deploy.fleet import agent as fleet_agent
+from llamanix.deploy.fleet import remote
+from llamanix.deploy.fleet.protocol import (
     GENERATIONS,
     PROTOCOL,
     Hello,
     RunReport,
-    gate_args,
+    SwitchOrder,
     started_line,
 )
 from llamanix.deploy.gate_records import BenchVerdict, GateResult
-from llamanix.deploy.switch import HostOutcome, SwitchOptions
+from llamanix.deploy.switch_records import HostOutcome, RollbackOptions, SwitchOptions
 from llamanix.external.process import Runner
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -157,9 +160,10 @@ def test_remote_argv_is_ssh_with_batch_options_and_the_quoted_agent_command(
     for kind, head in (("systemd", ["sudo", "-n", "llamanix"]), ("systemd-user", ["llamanix"])):
         config = load_config(write_config(tmp_path, kind))
         rh = remote.remote_host(config, "box2")
-        assert rh == remote.RemoteHost("box2", "admin@box2", kind, "toml", str(config.source))  # type: ignore[arg-type]
+        target = parse_target("admin@box2")
+        assert rh == remote.RemoteHost("box2", target, kind, "toml", str(config.source))  # type: ignore[arg-type]
         argv = remote.remote_argv(rh, "switch", ["--gate-prompts", "realtext:edit text"])
-        agent = [*head, "fleet-agent", "switch", "--protocol", "1", "--host", "box2"]
+        agent = [*head, "fleet-agent", "switch", "--protocol", str(PROTOCOL), "--host", "box2"]
         agent += ["--gate-prompts", "realtext:edit text"]
         assert argv == ["ssh", *SSH_OPTS, "admin@box2", "--", shlex.join(agent)]
         # The login shell on the other side splits it back into the same words.
@@ -179,18 +183,22 @@ def test_only_plain_systemd_hosts_with_a_target_are_remote(tmp_path: Path) -> No
     assert remote.remote_host(config, "nix") is None
 
 
-def test_a_target_that_ssh_would_read_as_an_option_is_refused(tmp_path: Path) -> None:
-    config = load_config(write_config(tmp_path, target="-oProxyCommand=evil"))
-    with pytest.raises(UserError) as err:
-        remote.remote_host(config, "box2")
-    assert str(err.value) == (
-        f"{config.source}: hosts.box2.target: '-oProxyCommand=evil' starts with '-', which ssh "
-        "would take for an option (write USER@HOST, or a Host name of your ssh config)"
-    )
+def test_a_target_with_a_port_reaches_ssh_as_p(tmp_path: Path, ssh: Ssh) -> None:
+    for target in ("admin@box2:2222", "ssh://admin@box2:2222"):
+        path = write_config(tmp_path, target=target)
+        ssh.reply(([HELLO, started_line("r1"), outcome_line()], "", 0))
+        done = cli("switch", str(path), "--host", "box2")
+        assert done.exit_code == 0, done.output
+        [call] = ssh.calls()
+        assert call["argv"] == [
+            "ssh", *SSH_OPTS, "-p", "2222", "admin@box2", "--", agent_command("switch")
+        ]  # fmt: skip
+        ssh.record.unlink()
 
 
-def test_gate_options_travel_in_switchs_own_spelling() -> None:
+def test_the_switch_options_travel_as_one_record_on_stdin(tmp_path: Path) -> None:
     opts = SwitchOptions(
+        sets=("instances.chat.context=2048",),
         gate="bench",
         max_regression=5.0,
         max_runs=12,
@@ -199,12 +207,20 @@ def test_gate_options_travel_in_switchs_own_spelling() -> None:
         timeout_s=300.0,
         wait_s=10.0,
     )
-    assert gate_args(opts) == [
-        "--gate", "bench", "--max-regression", "5.0", "--max-runs", "12",
-        "--inconclusive", "rollback", "--gate-prompts", "realtext:edit", "--timeout", "300.0",
-        "--wait", "10.0",
-    ]  # fmt: skip
-    assert gate_args(SwitchOptions()) == ["--timeout", "120.0"]
+    rh = remote.remote_host(load_config(write_config(tmp_path)), "box2")
+    assert rh is not None
+    order = remote.switch_order(rh, "the config", opts)
+    # --set is applied already: the text is the config to switch to.
+    assert order == SwitchOrder("toml", "the config", replace(opts, sets=()))
+    back = SwitchOrder.parse(order.text(), "stdin")
+    assert back == order and back.options.to_json() == {
+        "sets": [], "gate": "bench", "min_tok_s": None, "max_regression": 5.0, "max_runs": 12,
+        "inconclusive": "rollback", "timeout_s": 300.0, "drain_timeout_s": 30.0,
+        "wait_s": 10.0, "manager": None, "units_dir": None, "gate_prompts": "realtext:edit",
+        "run_timeout_s": 900.0, "follow_timeout_s": None,
+    }  # fmt: skip
+    with pytest.raises(ValueError, match=r"^stdin\.options\.gate: unknown gate 'fast'"):
+        SwitchOrder.parse(json.dumps({**order.to_json(), "options": {"gate": "fast"}}), "stdin")
 
 
 # --- a switch ------------------------------------------------------------------------------------
@@ -236,9 +252,12 @@ def test_switch_hands_the_config_on_stdin_and_echoes_each_line_with_the_host(
     argv = call["argv"]
     assert argv == [
         "ssh", *SSH_OPTS, "admin@box2", "--",
-        agent_command("switch", "--format", "toml", "--timeout", "120.0"),
+        agent_command("switch"),
     ]  # fmt: skip
-    assert call["stdin"] == new_text  # the whole config, --set applied, on stdin only
+    # The whole config, --set applied, and the options, on stdin only.
+    assert SwitchOrder.parse(str(call["stdin"]), "stdin") == SwitchOrder(
+        "toml", new_text, SwitchOptions()
+    )
     assert not any("context" in a or "[hosts" in a for a in argv)  # type: ignore[attr-defined]
     lines = done.stdout.splitlines()
     assert lines[0] == "box2: switching over ssh (admin@box2)"
@@ -293,10 +312,11 @@ def test_host_outcome_json_round_trip() -> None:
         previous=3,
         out_of_service_s=12.25,
     )
-    back = HostOutcome.from_json(json.loads(json.dumps(outcome.to_json())))
+    back = HostOutcome.from_json(json.loads(json.dumps(outcome.to_json())), "outcome")
     assert back == outcome
-    assert HostOutcome.from_json({"host": "box2", "result": "exploded"}) is None
-    bare = HostOutcome.from_json({"host": "box2", "result": "unchanged"})
+    with pytest.raises(ValueError, match=r"outcome\.result: unknown result 'exploded'"):
+        HostOutcome.from_json({"host": "box2", "result": "exploded"}, "outcome")
+    bare = HostOutcome.from_json({"host": "box2", "result": "unchanged"}, "outcome")
     assert bare == HostOutcome("box2", "unchanged")
 
 
@@ -325,7 +345,7 @@ def test_unreachable_is_its_own_error_for_the_rolling_switch(tmp_path: Path, ssh
     assert rh is not None
     ssh.reply(([], "Permission denied (publickey).\n", 255))
     with pytest.raises(remote.RemoteUnreachable) as err:
-        remote.remote_status(rh, Runner(echo=lambda _: None), lambda _: None)
+        remote.remote_status(rh, 120.0, Runner(echo=lambda _: None), lambda _: None)
     assert str(err.value) == (
         "box2: cannot reach admin@box2 over ssh: Permission denied (publickey)."
     )
@@ -360,19 +380,26 @@ def test_sudo_that_wants_a_password_is_one_line(tmp_path: Path, ssh: Ssh) -> Non
     assert done.exit_code == 2
     assert one_line_error(done) == (
         "box2: sudo on admin@box2 asks admin for a password, and a fleet switch cannot answer "
-        "it; allow it there: echo 'admin ALL=(root) NOPASSWD: /usr/local/bin/llamanix' | "
-        "sudo tee /etc/sudoers.d/llamanix"
+        "it; allow it there: echo 'admin ALL=(root) NOPASSWD: /usr/local/bin/llamanix "
+        "fleet-agent *' | sudo tee /etc/sudoers.d/llamanix"
     )
 
 
 def test_an_agent_of_another_protocol_is_one_line(tmp_path: Path, ssh: Ssh) -> None:
     path = write_config(tmp_path)
-    ssh.reply(([Hello(2, "0.9.0").line()], "", 3))
+    ssh.reply(([Hello(PROTOCOL + 1, "9.0.0").line()], "", 3))
     done = cli("switch", str(path), "--host", "box2")
     assert done.exit_code == 2
     assert one_line_error(done) == (
-        f"box2: llamanix 0.9.0 on admin@box2 speaks fleet protocol 2, this one 1; "
-        f"upgrade llamanix here ({__version__})"
+        f"box2: llamanix 9.0.0 on admin@box2 speaks fleet protocol {PROTOCOL + 1}, this one "
+        f"{PROTOCOL}; upgrade llamanix here ({__version__})"
+    )
+    ssh.record.unlink()
+    ssh.reply(([Hello(1, "0.9.0").line()], "", 3))
+    done = cli("switch", str(path), "--host", "box2")
+    assert one_line_error(done) == (
+        f"box2: llamanix 0.9.0 on admin@box2 speaks fleet protocol 1, this one {PROTOCOL}; "
+        "upgrade it there: sudo /opt/llamanix/bin/pip install --upgrade ./llamanix"
     )
 
 
@@ -388,7 +415,7 @@ def test_an_older_llamanix_without_the_agent_is_one_line_with_its_version(
     done = cli("switch", str(path), "--host", "box2")
     assert done.exit_code == 2
     assert one_line_error(done) == (
-        "box2: llamanix 0.0.9 on admin@box2 speaks no fleet protocol, this one 1; "
+        f"box2: llamanix 0.0.9 on admin@box2 speaks no fleet protocol, this one {PROTOCOL}; "
         "upgrade it there: sudo /opt/llamanix/bin/pip install --upgrade ./llamanix"
     )
     assert ssh.argvs()[1][-1] == "sudo -n llamanix --version"
@@ -416,11 +443,53 @@ def test_a_connection_lost_mid_switch_is_followed_again(tmp_path: Path, ssh: Ssh
     done = cli("switch", str(path), "--host", "box2", "--set", "instances.chat.context=2048")
     assert done.exit_code == 0, done.output
     assert "context = 2048" in path.read_text()
-    assert ssh.argvs()[1][-1] == agent_command("status")
+    # Followed again for as long as the switch's own follow (--run-timeout and a minute).
+    assert ssh.argvs()[1][-1] == agent_command("status", "--follow-timeout", "960.0")
     assert (
         "box2: lost the ssh connection (Timeout, server box2 not responding.); following the "
         "switch there again"
     ) in done.stdout
+
+
+def still_runs_line(run: str = "r7") -> str:
+    report = RunReport("switch", run, "box2", "2025-01-01T00:00:00+00:00", "running", True)
+    return replace(report, running=True).line()
+
+
+def test_a_switch_still_running_when_its_agent_stops_following_is_lost(
+    tmp_path: Path, ssh: Ssh
+) -> None:
+    rh = remote.remote_host(load_config(write_config(tmp_path)), "box2")
+    assert rh is not None
+    ssh.reply(([HELLO, started_line("r7"), still_runs_line()], "", 1))
+    opts = SwitchOptions(run_timeout_s=300.0, follow_timeout_s=30.0)
+    with pytest.raises(remote.RemoteLost) as err:
+        remote.remote_switch(rh, "x", opts, Runner(echo=lambda _: None), lambda _: None)
+    assert str(err.value) == (
+        "box2: the fleet switch of box2 started 2025-01-01T00:00:00+00:00 still runs on "
+        "admin@box2 after 30 s (--follow-timeout); it goes on there by itself: `llamanix "
+        f"generations {rh.source} --host box2` shows how it ended"
+    )
+    # The unit's own limit went with the options.
+    order = SwitchOrder.parse(str(ssh.calls()[0]["stdin"]), "stdin")
+    assert order.options.run_timeout_s == 300.0 and order.options.follow_s == 30.0
+
+
+def test_a_run_still_going_on_refuses_the_rollout_before_any_host(tmp_path: Path, ssh: Ssh) -> None:
+    path = write_config(tmp_path)
+    ssh.reply(([HELLO, still_runs_line()], "", 1))
+    done = cli("switch", str(path), "--hosts", "box2", "--preflight-timeout", "5")
+    assert done.exit_code == 1, done.output
+    [call] = ssh.calls()  # the status alone: no switch
+    assert call["argv"][-1] == agent_command("status", "--follow-timeout", "5.0")
+    table = done.stdout[done.stdout.index("rolling switch") :]
+    assert "refused" in table and "still runs" in table, table
+    assert done.stdout.splitlines()[:2] == [
+        "box2: the fleet switch of box2 started 2025-01-01T00:00:00+00:00 still runs there "
+        "after 5 s (--preflight-timeout) (let it end (`llamanix fleet-agent status` on "
+        "admin@box2 follows it), or raise --preflight-timeout)",
+        "rollout: not started: box2 cannot be switched now",
+    ]
 
 
 def test_a_connection_lost_for_good_is_unreachable(tmp_path: Path, ssh: Ssh) -> None:
@@ -431,7 +500,7 @@ def test_a_connection_lost_for_good_is_unreachable(tmp_path: Path, ssh: Ssh) -> 
         ([HELLO, started_line("r7")], lost, 255),
         ([], "ssh: connect to host box2 port 22: No route to host\n", 255),
     )
-    with pytest.raises(remote.RemoteUnreachable) as err:
+    with pytest.raises(remote.RemoteLost) as err:
         remote.remote_switch(rh, "x", SwitchOptions(), Runner(echo=lambda _: None), print)
     assert str(err.value) == (
         "box2: lost admin@box2 over ssh during the switch (Timeout, server box2 not "
@@ -467,23 +536,28 @@ def test_dry_run_lists_every_remote_command_and_runs_nothing(tmp_path: Path, ssh
     )
     assert done.exit_code == 0, done.output
     ssh_lines = [line for line in done.stdout.splitlines() if line.startswith("ssh ")]
+    hosts = (("box2", "admin@box2", "sudo -n llamanix"), ("box3", "bob@box3", "llamanix"))
+    # --host all is a rollout: every host asked how its last run ended, then each switched.
     assert ssh_lines == [
         shlex.join(
-            ["ssh", *SSH_OPTS, target, "--", f"{agent} fleet-agent switch --protocol 1 --host "
-             f"{host} --format toml --timeout 120.0"]
+            ["ssh", *SSH_OPTS, target, "--", f"{agent} fleet-agent {op} --protocol "
+             f"{PROTOCOL} --host {host}{extra}"]
         )
-        for host, target, agent in (
-            ("box2", "admin@box2", "sudo -n llamanix"), ("box3", "bob@box3", "llamanix")
-        )
+        for op, extra in (("status", " --follow-timeout 120.0"), ("switch", ""))
+        for host, target, agent in hosts
     ]  # fmt: skip
     assert f"# write {path} once box2 passes" in done.stdout
     assert ssh.calls() == [] and path.read_text() == before
     done = cli("rollback", str(path), "--host", "box3", "--to", "2", "--dry-run")
     assert done.exit_code == 0, done.output
+    lines = done.stdout.splitlines()
     assert shlex.join(
         ["ssh", *SSH_OPTS, "bob@box3", "--",
-         "llamanix fleet-agent rollback --protocol 1 --host box3 --timeout 120.0 --to 2"]
-    ) in done.stdout.splitlines()  # fmt: skip
+         f"llamanix fleet-agent rollback --protocol {PROTOCOL} --host box3"]
+    ) in lines  # fmt: skip
+    note = next(line for line in lines if line.startswith("# the options go on ssh's stdin: "))
+    sent = json.loads(note.removeprefix("# the options go on ssh's stdin: "))
+    assert RollbackOptions.from_json(sent, "stdin") == RollbackOptions(to=2)
     assert ssh.calls() == []
 
 
@@ -501,8 +575,25 @@ def test_rollback_of_a_remote_host(tmp_path: Path, ssh: Ssh) -> None:
     assert done.exit_code == 0, done.output
     assert done.stdout.splitlines()[-1] == "now serving generation 2"
     assert "box2: rolling back to generation 2" in done.stdout
-    assert ssh.argvs()[0][-1] == agent_command("rollback", "--timeout", "120.0", "--to", "2")
+    assert ssh.argvs()[0][-1] == agent_command("rollback")
+    sent = RollbackOptions.from_json(json.loads(str(ssh.calls()[0]["stdin"])), "stdin")
+    assert sent == RollbackOptions(to=2)
     assert path.read_text() == before  # the file here names every host: left as it is
+
+
+def test_rollback_of_several_hosts_waits_as_asked(tmp_path: Path, ssh: Ssh) -> None:
+    """--wait reaches each host's agent: a run still going on there is waited for, not
+    refused at once."""
+    path = write_config(tmp_path)
+    report = RunReport(
+        "rollback", "r2", "box2", "2025-01-01T00:00:00+00:00", "active", False,
+        HostOutcome("box2", "passed", 2, previous=3),
+    )  # fmt: skip
+    ssh.reply(([HELLO, started_line("r2"), report.line()], "", 0))
+    done = cli("rollback", str(path), "--hosts", "box2", "--to", "2", "--wait", "45")
+    assert done.exit_code == 0, done.output
+    sent = RollbackOptions.from_json(json.loads(str(ssh.calls()[0]["stdin"])), "stdin")
+    assert (sent.to, sent.wait_s) == (2, 45.0)
 
 
 def test_generations_of_a_remote_host_come_from_it(tmp_path: Path, ssh: Ssh) -> None:
@@ -615,16 +706,22 @@ def test_the_real_agent_keeps_its_copy_and_starts_the_unit(
         "--",
     ]
     assert unit[unit.index("--") + 1 :] == [
+        # Stopped once it ran --run-timeout (SIGTERM, then SIGKILL 30 s later).
+        "timeout", "--kill-after=30", "900",
         sys.executable, "-m", "llamanix", "fleet-agent", "unit-switch", "--format", "toml",
-        "--timeout", "120.0", "--host", "box2", "--dir", str(far_end),
+        "--host", "box2", "--dir", str(far_end),
     ]  # fmt: skip
+    # The options the unit's switch runs with, kept beside the copy for it.
+    kept = json.loads((far_end / "switch-options.json").read_text())
+    assert SwitchOptions.from_json(kept, "options") == SwitchOptions()
     # The next call finds the last run's unit ended: reported already, so only stopped and
     # forgotten before the next one starts.
     status = remote.remote_status(
         remote.remote_host(load_config(path), "box2"),  # type: ignore[arg-type]
+        120.0,
         Runner(echo=lambda _: None),
         lambda _: None,
-    )
+    ).summary()
     assert status.startswith("fleet switch of box2 started ") and status.endswith(
         ": passed, generation 1"
     )
@@ -633,12 +730,13 @@ def test_the_real_agent_keeps_its_copy_and_starts_the_unit(
 def test_the_real_agent_refuses_another_protocol(
     tmp_path: Path, ssh: Ssh, far_end: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(remote, "PROTOCOL", 2)
+    monkeypatch.setattr(remote, "PROTOCOL", PROTOCOL + 1)
     path = write_config(tmp_path)
     done = cli("generations", str(path), "--host", "box2")
     assert done.exit_code == 2
     assert one_line_error(done) == (
-        f"box2: llamanix {__version__} on admin@box2 speaks fleet protocol 1, this one 2; "
+        f"box2: llamanix {__version__} on admin@box2 speaks fleet protocol {PROTOCOL}, this "
+        f"one {PROTOCOL + 1}; "
         "upgrade it there: sudo /opt/llamanix/bin/pip install --upgrade ./llamanix"
     )
 
@@ -648,8 +746,8 @@ def test_the_real_agent_with_no_runs_yet(tmp_path: Path, ssh: Ssh, far_end: Path
     assert rh is not None
     runner = Runner(echo=lambda _: None)
     assert remote.remote_generations(rh, runner) == []
-    status = remote.remote_status(rh, runner, lambda _: None)
-    assert status == "no fleet switch or rollback has run there yet"
+    status = remote.remote_status(rh, 120.0, runner, lambda _: None)
+    assert status.summary() == "no fleet switch or rollback has run there yet"
 
 
 def test_the_agent_drops_the_target_from_a_json_config_too(tmp_path: Path) -> None:
@@ -658,3 +756,147 @@ def test_the_agent_drops_the_target_from_a_json_config_too(tmp_path: Path) -> No
     )
     local = fleet_agent.local_text(text, "box2", "json", tmp_path / "llamanix.json")
     assert json.loads(local)["hosts"] == {"box2": {"kind": "systemd"}, "box3": {"target": "c@d"}}
+
+
+def test_a_run_record_that_does_not_read_is_one_line_naming_it(
+    tmp_path: Path, ssh: Ssh, far_end: Path
+) -> None:
+    """Never "no run yet": a record the agent cannot read might hide a run that goes on."""
+    rh = remote.remote_host(load_config(write_config(tmp_path)), "box2")
+    assert rh is not None
+    far_end.mkdir()
+    (far_end / "run.json").write_text('{"op": "switch", "run": ')
+    with pytest.raises(UserError) as err:
+        remote.remote_status(rh, 120.0, Runner(echo=lambda _: None), lambda _: None)
+    assert str(err.value) == (
+        f"box2: admin@box2: {far_end / 'run.json'}: not a fleet run's record: Expecting value: "
+        "line 1 column 25 (char 24) (see `systemctl status llamanix-fleet` there, then remove "
+        "the file)"
+    )
+
+
+# --- docs/fleet.md's examples, run ----------------------------------------------------------------
+
+DOC = ROOT / "docs" / "fleet.md"
+
+
+def doc_section(name: str) -> str:
+    text = DOC.read_text()
+    return text[text.index(f"<!-- {name}:begin -->") : text.index(f"<!-- {name}:end -->")]
+
+
+def doc_console(section: str) -> tuple[list[str], list[str]]:
+    """The command of the section's console block (its ``\\`` continuations joined), and the
+    lines it shows."""
+    block = "$ " + section.split("```\n$ ", 1)[1].split("\n```", 1)[0]
+    lines = block.splitlines()
+    command = lines[0].removeprefix("$ ")
+    while command.endswith("\\"):
+        lines.pop(0)
+        command = command[:-1] + lines[0].strip()
+    return shlex.split(command), lines[1:]
+
+
+def doc_fleet(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The doc's fleet.toml, in a flake directory that is the current one."""
+    toml = doc_section("dry-run").split("```toml\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "fleet.toml").write_text(toml)
+    (tmp_path / "flake.nix").write_text("{ }\n")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path / "fleet.toml"
+
+
+def test_the_docs_dry_run_is_what_the_command_prints(
+    tmp_path: Path, ssh: Ssh, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    doc_fleet(tmp_path, monkeypatch)
+    argv, shown = doc_console(doc_section("dry-run"))
+    assert argv[:2] == ["llamanix", "switch"]
+    done = cli(*argv[1:])
+    assert done.exit_code == 0, done.output
+    assert done.output.replace(str(tmp_path), "/root/fleet").splitlines() == shown
+    assert ssh.calls() == []
+
+
+def refused_replies() -> list[tuple[list[str], str, int]]:
+    """What box2 and box3 answer in the doc's refused example: no runs yet; box2's switch
+    passes (generation 3 to 4); box3's sudo asks for a password; box2's rollback to 3."""
+    none = RunReport(None).line()
+    passed = HostOutcome(
+        "box2", "passed", 4, changed=["chat2"],
+        gates=[GateResult("chat2", "health", True, "health ok")], previous=3,
+        out_of_service_s=6.2,
+    )  # fmt: skip
+    switched = RunReport("switch", "6f1c", "box2", "2025-06-01T10:00:00+00:00", "active", True)
+    back = RunReport(
+        "rollback", "9a2e", "box2", "2025-06-01T10:00:09+00:00", "active", True,
+        HostOutcome("box2", "passed", 3, previous=4, out_of_service_s=5.8),
+    )  # fmt: skip
+    return [
+        ([HELLO, none], "", 0),
+        ([HELLO, none], "", 0),
+        (
+            [
+                HELLO, started_line("6f1c"), "box2: switching chat2 via systemd",
+                "  restart chat2: gap 5.71 s, load 5.64 s, drained in 0.01 s",
+                "  gate health chat2: passed: health ok", replace(switched, outcome=passed).line(),
+            ],
+            "", 0,
+        ),
+        ([], "sudo: a password is required\n", 1),
+        (
+            [
+                HELLO, started_line("9a2e"), "box2: rolling back to generation 3 via systemd",
+                back.line(),
+            ],
+            "", 0,
+        ),
+    ]  # fmt: skip
+
+
+def test_the_docs_table_after_a_refused_host_is_what_the_command_prints(
+    tmp_path: Path, ssh: Ssh, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = doc_fleet(tmp_path, monkeypatch)
+    before = config.read_text()
+    argv, shown = doc_console(doc_section("refused"))
+    ssh.reply(*refused_replies())
+    done = cli(*argv[1:])
+    assert done.exit_code == 1, done.output
+    assert done.output.splitlines() == shown
+    assert config.read_text() == before  # the canary's change undone here too
+
+
+def test_switch_host_all_ends_with_its_table_when_a_host_is_unreachable(
+    tmp_path: Path, ssh: Ssh
+) -> None:
+    """--host all is a rollout: an unreachable host is a row of the table, not the end of the
+    command before any summary."""
+    path = tmp_path / "fleet.toml"
+    path.write_text(
+        '[hosts.box2]\nkind = "systemd"\ntarget = "admin@box2"\n'
+        '[hosts.box3]\nkind = "systemd"\ntarget = "admin@box3"\n'
+        '[instances.a]\nhost = "box2"\nmodel = "/m.gguf"\nport = 8080\n'
+        '[instances.b]\nhost = "box3"\nmodel = "/m.gguf"\nport = 8081\n'
+    )
+    ssh.reply(
+        ([HELLO, RunReport(None).line()], "", 0),
+        ([], "ssh: connect to host box3 port 22: No route to host\n", 255),
+    )
+    done = cli("switch", str(path), "--host", "all", "--set", "instances.a.context=2048")
+    assert done.exit_code == 1, done.output
+    assert len(ssh.calls()) == 2  # the two questions, and no switch
+    table = done.stdout[done.stdout.index("rolling switch") :]
+    assert re.search(r"│ box2 │ -\s+│ untouched\s+│", table), table
+    assert re.search(r"│ box3 │ -\s+│ unreachable │ .*No route to host", table), table
+
+
+def test_the_deadlines_given_reach_the_agent_with_the_options(tmp_path: Path, ssh: Ssh) -> None:
+    path = write_config(tmp_path)
+    ssh.reply(([HELLO, started_line("r1"), outcome_line()], "", 0))
+    done = cli(
+        "switch", str(path), "--host", "box2", "--run-timeout", "300", "--follow-timeout", "30"
+    )
+    assert done.exit_code == 0, done.output
+    sent = SwitchOrder.parse(str(ssh.calls()[0]["stdin"]), "stdin").options
+    assert (sent.run_timeout_s, sent.follow_timeout_s, sent.follow_s) == (300.0, 30.0, 30.0)

@@ -1,4 +1,5 @@
-"""The rolling switch's rules (deploy.rollout): order, canary, batches, stopping, rollback-all.
+"""The rolling switch's rules (deploy.fleet.rollout): order, canary, batches, stopping,
+rollback-all.
 
 The hosts here are a recording of calls: what each host does is the one-host switch, tested
 on real hosts in test_fleet.py; these tests pin down which host is asked what, in which order.
@@ -19,14 +20,15 @@ from standins import recorded, stand_in
 
 from llamanix.cli import main
 from llamanix.core.errors import Problem, UserError
-from llamanix.deploy.rollout import (
+from llamanix.deploy.fleet.rollout import (
+    Lost,
     RolloutOptions,
     Unreachable,
-    parse_hosts,
     plan_batches,
     run_rollout,
 )
-from llamanix.deploy.switch import HostOutcome
+from llamanix.deploy.request import parse_hosts
+from llamanix.deploy.switch_records import HostOutcome
 from llamanix.measure.server_process import free_port
 
 
@@ -36,7 +38,11 @@ class Recorded:
 
     fails: set[str] = field(default_factory=set)
     unreachable: set[str] = field(default_factory=set)
+    refused: set[str] = field(default_factory=set)
+    lost: set[str] = field(default_factory=set)
     preflight_fails: set[str] = field(default_factory=set)
+    preflight_unreachable: set[str] = field(default_factory=set)
+    rollback_fails: set[str] = field(default_factory=set)
     calls: list[str] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -44,23 +50,36 @@ class Recorded:
         with self.lock:
             self.calls.append(call)
 
-    def preflight(self, host: str) -> None:
+    def last_run(self, host: str) -> None:
         self._log(f"preflight {host}")
         if host in self.preflight_fails:
-            raise UserError(Problem("fleet.toml", f"hosts.{host}.target", "cannot reach", "fix"))
+            raise UserError(Problem("fleet.toml", f"hosts.{host}.target", "still runs", "wait"))
+        if host in self.preflight_unreachable:
+            raise Unreachable(f"cannot reach admin@{host} over ssh")
 
     def switch(self, host: str, first: bool) -> HostOutcome:
         self._log(f"switch {host}{' first' if first else ''}")
         if host in self.unreachable:
             raise Unreachable(f"cannot reach admin@{host} over ssh")
+        if host in self.lost:
+            raise Lost(f"lost admin@{host} over ssh during the switch")
+        if host in self.refused:
+            raise UserError(Problem(host, "", "sudo asks for a password"))
         if host in self.fails:
             detail = "chat: gate failed; previous generation serving again"
-            return HostOutcome(host, "failed", 2, detail, previous=1, out_of_service_s=3.0)
+            return HostOutcome(
+                host, "failed", 2, detail, previous=1, out_of_service_s=3.0, restore="serving again"
+            )
         return HostOutcome(host, "passed", 2, previous=1, out_of_service_s=1.5)
 
     def rollback(self, host: str, to: int) -> HostOutcome:
         self._log(f"rollback {host} to {to}")
+        if host in self.rollback_fails:
+            return HostOutcome(host, "failed", detail="did not start")
         return HostOutcome(host, "passed", to, out_of_service_s=1.0)
+
+    def config_back(self) -> None:
+        self._log("config back")
 
 
 def test_canary_alone_then_batches() -> None:
@@ -104,18 +123,140 @@ def test_rollback_all_restores_the_switched_hosts_newest_first() -> None:
     ops = Recorded(fails={"c"})
     opts = RolloutOptions(on_failure="rollback-all")
     rollout = run_rollout(["a", "b", "c", "d"], opts, ops, lambda _: None)
-    assert ops.calls[-2:] == ["rollback b to 1", "rollback a to 1"]
+    assert ops.calls[-3:] == ["rollback b to 1", "rollback a to 1", "config back"]
     verdicts = {r.host: r.verdict for r in rollout.ordered()}
     assert verdicts == {"a": "restored", "b": "restored", "c": "rolled back", "d": "untouched"}
     # Out of service: the switch's and the restore's.
     assert rollout.rows["a"].out_of_service_s == pytest.approx(2.5)
 
 
-def test_a_host_that_cannot_be_reached_before_the_start_touches_none() -> None:
-    ops = Recorded(preflight_fails={"b"})
-    with pytest.raises(UserError):
-        run_rollout(["a", "b", "c"], RolloutOptions(), ops, lambda _: None)
-    assert not any(c.startswith("switch") for c in ops.calls)
+def test_a_host_that_cannot_be_switched_now_gets_its_row_and_none_is_touched() -> None:
+    ops = Recorded(preflight_fails={"b"}, preflight_unreachable={"c"})
+    opts = RolloutOptions(on_failure="rollback-all")
+    rollout = run_rollout(["a", "b", "c", "d"], opts, ops, lambda _: None)
+    assert not any(c.startswith(("switch", "rollback")) for c in ops.calls)
+    # Every host was asked: each that cannot be switched is named, not only the first.
+    assert [(r.host, r.verdict) for r in rollout.ordered()] == [
+        ("a", "untouched"),
+        ("b", "refused"),
+        ("c", "unreachable"),
+        ("d", "untouched"),
+    ]
+    assert "still runs" in rollout.rows["b"].detail and not rollout.ok
+
+
+def test_a_refused_host_ends_the_rollout_with_its_row_and_rollback_all_runs() -> None:
+    """sudo's password prompt, no llamanix there, another protocol: one line each, raised as
+    a UserError by the one-host switch of a host after the canary."""
+    ops = Recorded(refused={"b"})
+    opts = RolloutOptions(on_failure="rollback-all")
+    rollout = run_rollout(["a", "b", "c"], opts, ops, lambda _: None)
+    assert [(r.host, r.verdict) for r in rollout.ordered()] == [
+        ("a", "restored"),
+        ("b", "refused"),
+        ("c", "untouched"),
+    ]
+    assert rollout.rows["b"].detail == "sudo asks for a password"  # the row names the host
+    assert ops.calls[-2:] == ["rollback a to 1", "config back"]
+
+
+def test_the_verdict_is_what_the_outcome_says_not_its_words() -> None:
+    words = "chat: did not start; previous generation serving again"
+    for restore, verdict in (
+        ("serving again", "rolled back"),
+        ("not answering", "failed"),
+        ("nothing before", "failed"),
+        (None, "failed"),
+    ):
+
+        @dataclass
+        class One(Recorded):
+            def switch(self, host: str, first: bool) -> HostOutcome:
+                return HostOutcome(host, "failed", 2, words, previous=1, restore=restore)  # noqa: B023
+
+        rollout = run_rollout(["a"], RolloutOptions(), One(), lambda _: None)
+        assert rollout.rows["a"].verdict == verdict, restore
+
+
+def test_a_lost_host_is_left_as_it_goes_and_so_is_the_config() -> None:
+    ops = Recorded(lost={"c"})
+    opts = RolloutOptions(batch=2, on_failure="rollback-all")
+    rollout = run_rollout(["a", "b", "c"], opts, ops, lambda _: None)
+    assert [(r.host, r.verdict) for r in rollout.ordered()] == [
+        ("a", "restored"),
+        ("b", "restored"),
+        ("c", "lost"),
+    ]
+    # c's switch goes on there and may pass: the config keeps the change it may run.
+    assert "config back" not in ops.calls
+
+
+def test_a_restore_that_fails_is_not_restored_and_keeps_the_config() -> None:
+    ops = Recorded(fails={"c"}, rollback_fails={"a"})
+    opts = RolloutOptions(on_failure="rollback-all")
+    rollout = run_rollout(["a", "b", "c"], opts, ops, lambda _: None)
+    assert {r.host: r.verdict for r in rollout.ordered()} == {
+        "a": "passed",
+        "b": "restored",
+        "c": "rolled back",
+    }
+    assert rollout.rows["a"].detail == "rollback-all failed: did not start"
+    assert "config back" not in ops.calls
+
+
+def test_rollback_all_follows_a_stop_signal_too() -> None:
+    ops = Recorded()
+    asked = iter([False, True, True])
+    opts = RolloutOptions(on_failure="rollback-all")
+    rollout = run_rollout(["a", "b", "c"], opts, ops, lambda _: None, lambda: next(asked))
+    assert [(r.host, r.verdict) for r in rollout.ordered()] == [
+        ("a", "restored"),
+        ("b", "interrupted"),
+        ("c", "interrupted"),
+    ]
+    assert ops.calls[-2:] == ["rollback a to 1", "config back"] and not rollout.aborted
+
+
+def test_a_second_stop_signal_ends_the_batch_under_way() -> None:
+    """A KeyboardInterrupt (what the second signal raises) while a batch runs: the hosts of
+    the batch are interrupted, the rest too, and nothing is rolled back."""
+    started = threading.Barrier(3)
+
+    @dataclass
+    class Slow(Recorded):
+        def switch(self, host: str, first: bool) -> HostOutcome:
+            if first:
+                return super().switch(host, first)
+            started.wait(10)
+            release.wait(10)
+            return super().switch(host, first)
+
+    release = threading.Event()
+
+    def interrupt_once_both_run() -> None:
+        started.wait(10)
+        # What the second signal does: KeyboardInterrupt on the main thread, and the hosts'
+        # ssh ended (here: their switches let go).
+        import _thread
+
+        _thread.interrupt_main()
+        release.set()
+
+    ops = Slow()
+    threading.Thread(target=interrupt_once_both_run, daemon=True).start()
+    opts = RolloutOptions(batch=2, on_failure="rollback-all")
+    try:
+        rollout = run_rollout(["a", "b", "c", "d"], opts, ops, lambda _: None)
+    finally:
+        release.set()
+    assert rollout.aborted and not rollout.ok
+    assert [(r.host, r.verdict) for r in rollout.ordered()] == [
+        ("a", "passed"),
+        ("b", "interrupted"),
+        ("c", "interrupted"),
+        ("d", "interrupted"),
+    ]
+    assert not any(c.startswith("rollback") for c in ops.calls)
 
 
 def test_a_host_lost_during_the_rollout_stops_it() -> None:

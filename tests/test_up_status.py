@@ -97,9 +97,10 @@ def test_a_live_status_this_version_cannot_read_is_one_line(tmp_path: Path) -> N
     data["instances"] = {"chat": {**RUNNING.to_json(), "state": "paused"}}
     (units / STATUS).write_text(json.dumps(data))
     expected = [
-        f"{units / STATUS}: instances.chat.state: expected one of starting, running, restarting, "
-        f"failed, exited, stopped: not a status this llamanix reads (stop that llamanix up "
-        f"(pid {os.getpid()}) and start it with this version)"
+        f"{units / STATUS}: instances.chat.state: unknown state 'paused' (expected one of "
+        "'starting', 'running', 'restarting', 'failed', 'exited', 'stopped'): not a status this "
+        f"llamanix reads (stop that llamanix up (pid {os.getpid()}) and start it with this "
+        "version)"
     ]
     # The supervisor's claim, and the managers' reader behind `plan`.
     for args in (("up", "llamanix.toml", "--host", "dev"), ("plan", "llamanix.toml")):

@@ -12,7 +12,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from llamanix.cli.fleet import one_of_host_flags, print_rollout
+from llamanix.cli.fleet import EXIT_INTERRUPTED, one_of_host_flags, print_rollout
 from llamanix.cli.options import (
     DIRECTORY,
     FILE,
@@ -27,19 +27,24 @@ from llamanix.cli.options import (
     json_flag,
     timeout_option,
 )
+from llamanix.cli.switch_options import WAIT, rollback_options, switch_options
 from llamanix.core.config import load_config
 from llamanix.core.errors import UserError
 from llamanix.core.host_choice import HostChoiceError, pick_host
-from llamanix.deploy import listing, managers, remote
+from llamanix.deploy import listing, managers
 from llamanix.deploy import pin as pin_module
-from llamanix.deploy import switch as deploy
-from llamanix.deploy.gate import DEFAULT_MAX_RUNS
-from llamanix.deploy.gate_records import ACTIONS, GATES, GateKind
-from llamanix.deploy.generations import MANAGERS, GenerationRecord, HostState, ManagerKind
-from llamanix.deploy.host_render import render_host
-from llamanix.deploy.rollout import ON_FAILURE, OnFailure, RolloutOptions
+from llamanix.deploy.fleet import commands, remote
+from llamanix.deploy.fleet.rollout import (
+    DEFAULT_PREFLIGHT_TIMEOUT_S,
+    ON_FAILURE,
+    OnFailure,
+    RolloutOptions,
+)
+from llamanix.deploy.generations import GenerationRecord, HostState
+from llamanix.deploy.host_render import render_host, with_source_revisions
+from llamanix.deploy.request import ALL_HOSTS, parse_hosts
 from llamanix.deploy.supervisor import DEFAULT_START_TIMEOUT_S, Supervisor
-from llamanix.deploy.switch_records import DEFAULT_DRAIN_TIMEOUT_S
+from llamanix.deploy.switch_records import RollbackOptions, SwitchOptions
 from llamanix.external.process import Runner
 
 
@@ -61,37 +66,6 @@ def _host_flag(host: str | None) -> Iterator[None]:
         if host is not None:
             raise
         raise UserError([replace(p, fix=f"{p.fix} with --host") for p in err.problems]) from None
-
-
-# switch and rollback: how long each instance may take to become healthy.
-DEFAULT_TIMEOUT_S = 120.0
-TIMEOUT_HELP = "Seconds each instance may take to become healthy."
-
-# switch, rollback and pin: how long to wait for the host's lock.
-_WAIT = click.option(
-    "--wait",
-    "wait_s",
-    type=click.FloatRange(min=0),
-    default=0.0,
-    show_default=True,
-    metavar="SECONDS",
-    help="Wait this long for another switch, rollback or pin of the same host to finish.",
-)
-
-
-def _manager_options(f: click.decorators.FC) -> click.decorators.FC:
-    f = click.option(
-        "--units-dir",
-        type=DIRECTORY,
-        help="Where units are installed (default: /etc/systemd/system, "
-        "~/.config/systemd/user, or .llamanix-state/HOST/up for --manager up).",
-    )(f)
-    return click.option(
-        "--manager",
-        type=OneOf(MANAGERS),
-        help="Override the host's kind: 'up' installs into the directory a running "
-        "`llamanix up` watches (no systemd needed).",
-    )(f)
 
 
 @click.command()
@@ -128,7 +102,7 @@ def up(
     timeout_s = deprecated(timeout_s, start_timeout, "--start-timeout", "--timeout")
     supervisor = Supervisor(directory, start_timeout_s=timeout_s, log=_echo)
     supervisor.claim()
-    render = deploy.with_source_revisions(render_host(cfg, name), cfg, from_flake=False)
+    render = with_source_revisions(render_host(cfg, name), cfg, from_flake=False)
     manager = managers.UpManager(directory)
     managers.install_files(
         Runner(echo=_echo), directory, render.files(), manager.installed(), managers.is_render_file
@@ -164,65 +138,23 @@ _ALL_HOSTS = click.option(
     type=OneOf(ON_FAILURE),
     default="stop",
     show_default=True,
-    help="Rolling switch: on the first failing host, stop (that host rolls itself back), or "
-    "also put the hosts already switched back (rollback-all).",
+    help="Rolling switch: on the first host that fails (or whatever else ends the rollout: a "
+    "host refused or lost, a Ctrl-C), stop (that host rolls itself back), or also put the "
+    "hosts already switched, and the config file, back (rollback-all).",
 )
 @click.option(
-    "--set",
-    "sets",
-    multiple=True,
-    metavar="KEY=VALUE",
-    help="Change the config first, e.g. instances.qwen.variant=ik (repeatable).",
-)
-@click.option(
-    "--gate",
-    type=OneOf(GATES),
-    help="What a changed instance must pass (default: health; bench with a threshold).",
-)
-@click.option("--min-tok-s", type=float, help="bench gate: minimum decode tok/s.")
-@click.option(
-    "--max-regression",
-    type=float,
-    metavar="PCT",
-    help="bench gate: the largest tolerated drop in %, judged by a 95% interval of "
-    "candidate/baseline decode speed (the baseline measured just before the switch).",
-)
-@click.option(
-    "--max-runs",
-    type=int,
-    default=DEFAULT_MAX_RUNS,
-    show_default=True,
-    help="bench gate: most candidate runs while the interval straddles the threshold.",
-)
-@click.option(
-    "--inconclusive",
-    type=OneOf(ACTIONS),
-    default="keep",
-    show_default=True,
-    help="bench gate: what a still-inconclusive comparison after --max-runs ends as.",
-)
-@click.option(
-    "--gate-prompts",
-    metavar="SPEC",
-    help="bench gate: the prompts measured, one per run in turn, as bench's --prompts names "
-    "them (default builtin:fibonacci; e.g. realtext:edit, raw text for a base model): "
-    "speculation pays on some text and costs on other text.",
-)
-@timeout_option(DEFAULT_TIMEOUT_S, TIMEOUT_HELP)
-@click.option(
-    "--drain-timeout",
-    "drain_timeout_s",
+    "--preflight-timeout",
+    "preflight_timeout_s",
     type=click.FloatRange(min=0),
-    default=DEFAULT_DRAIN_TIMEOUT_S,
+    default=DEFAULT_PREFLIGHT_TIMEOUT_S,
     show_default=True,
     metavar="SECONDS",
-    help="Before a server restarts, wait at most this long for it to finish the requests in "
-    "flight (systemd hosts; 0: restart at once). Each restart's gap is printed and recorded.",
+    help="Rolling switch: follow a run that still goes on on a remote host this long at most "
+    "before that host is refused (and no host switched).",
 )
-@_WAIT
 @click.option("--dry-run", is_flag=True, help="Print the commands a real run would execute.")
 @json_flag
-@_manager_options
+@switch_options
 def switch(
     config: Path,
     host: str | None,
@@ -230,20 +162,10 @@ def switch(
     all_hosts: bool,
     batch: int,
     on_failure: OnFailure,
-    sets: tuple[str, ...],
-    gate: GateKind | None,
-    min_tok_s: float | None,
-    max_regression: float | None,
-    max_runs: int,
-    inconclusive: str,
-    gate_prompts: str | None,
-    timeout_s: float,
-    drain_timeout_s: float,
-    wait_s: float,
+    preflight_timeout_s: float,
     dry_run: bool,
     as_json: bool,
-    manager: ManagerKind | None,
-    units_dir: Path | None,
+    opts: SwitchOptions,
 ) -> None:
     """Change what a host runs, gate it, and roll back when the gate fails (exit 1).
 
@@ -257,81 +179,36 @@ def switch(
     generation, and each gated instance's result (the bench gate's runs, baseline, interval,
     threshold and decision included).
     """
-    opts = deploy.SwitchOptions(
-        sets=sets,
-        gate=gate,
-        min_tok_s=min_tok_s,
-        max_regression=max_regression,
-        max_runs=max_runs,
-        inconclusive=inconclusive,
-        timeout_s=timeout_s,
-        drain_timeout_s=drain_timeout_s,
-        wait_s=wait_s,
-        manager=manager,
-        units_dir=units_dir,
-        gate_prompts=gate_prompts,
-    )
     echo = _echo_err if as_json else _echo
-    if hosts is not None or all_hosts:
-        # Only a rolling switch loads ssh and the rollout's thread pool.
-        from llamanix.deploy import fleet
-
+    runner = Runner(dry_run=dry_run, echo=echo)
+    if hosts is not None or all_hosts or host == ALL_HOSTS:
+        # --host all: a rollout of every host in config order, one at a time, stopping at
+        # the first failure (its own --batch and --on-failure apply).
         one_of_host_flags(host, hosts, all_hosts)
-        rollout = fleet.rolling_switch(
-            config,
-            hosts,
-            opts,
-            RolloutOptions(batch, on_failure),
-            Runner(dry_run=dry_run, echo=echo),
-            echo,
-        )
+        rollout_opts = RolloutOptions(batch, on_failure, preflight_timeout_s)
+        rollout = commands.rolling_switch(config, hosts, opts, rollout_opts, runner, echo)
         print_rollout(rollout, as_json)
+        if rollout.aborted:
+            exit_with(EXIT_INTERRUPTED)
         if not rollout.ok:
             exit_with(1)
         return
     with _host_flag(host):
-        outcomes = deploy.switch(config, host, opts, Runner(dry_run=dry_run, echo=echo), echo)
+        outcome = commands.switch(config, host, opts, runner, echo)
     if as_json:
-        click.echo(json.dumps([o.to_json() for o in outcomes], indent=2))
-    elif len(outcomes) > 1 or host == deploy.ALL_HOSTS:
-        table = Table(title="switch summary")
-        for column in ("host", "result", "generation", "changed", "detail"):
-            table.add_column(column)
-        for o in outcomes:
-            table.add_row(
-                o.host, o.result, str(o.generation or "-"), ", ".join(o.changed), o.detail
-            )
-        Console().print(table)
-    for o in outcomes:
-        if not o.ok:
-            fail(f"llamanix: switch of {o.host} failed: {o.detail}")
+        click.echo(json.dumps([outcome.to_json()], indent=2))
+    if not outcome.ok:
+        fail(f"llamanix: switch of {outcome.host} failed: {outcome.detail}")
 
 
 @click.command()
 @config_argument(default="llamanix.toml")
 @host_option("Host to roll back (may be left out when the config has one).")
 @_HOSTS
-@click.option(
-    "--to",
-    "to",
-    type=int,
-    metavar="N",
-    help="Generation number (default: the newest good one before the current).",
-)
-@timeout_option(DEFAULT_TIMEOUT_S, TIMEOUT_HELP)
-@_WAIT
 @click.option("--dry-run", is_flag=True, help="Print the commands a real run would execute.")
-@_manager_options
+@rollback_options
 def rollback(
-    config: Path,
-    host: str | None,
-    hosts: str | None,
-    to: int | None,
-    timeout_s: float,
-    wait_s: float,
-    dry_run: bool,
-    manager: ManagerKind | None,
-    units_dir: Path | None,
+    config: Path, host: str | None, hosts: str | None, dry_run: bool, opts: RollbackOptions
 ) -> None:
     """Serve an earlier generation again (and put its config back).
 
@@ -339,14 +216,9 @@ def rollback(
     (exit 1); remote plain-systemd hosts roll back with their own llamanix over ssh.
     """
     if hosts is not None:
-        from llamanix.deploy import fleet
-
         one_of_host_flags(host, hosts, False)
-        opts = deploy.SwitchOptions(
-            timeout_s=timeout_s, wait_s=wait_s, manager=manager, units_dir=units_dir
-        )
-        outcomes = fleet.fleet_rollback(
-            config, hosts, to, opts, Runner(dry_run=dry_run, echo=_echo), _echo
+        outcomes = commands.fleet_rollback(
+            config, hosts, opts, Runner(dry_run=dry_run, echo=_echo), _echo
         )
         for o in outcomes:
             now = f"generation {o.generation}" if o.generation is not None else "unknown"
@@ -355,17 +227,7 @@ def rollback(
             exit_with(1)
         return
     with _host_flag(host):
-        number = deploy.rollback(
-            config,
-            host,
-            to,
-            Runner(dry_run=dry_run, echo=_echo),
-            _echo,
-            manager,
-            units_dir,
-            timeout_s,
-            wait_s,
-        )
+        number = commands.rollback(config, host, opts, Runner(dry_run=dry_run, echo=_echo), _echo)
     if number is not None and not dry_run:
         click.echo(f"now serving generation {number}")
 
@@ -384,8 +246,6 @@ def generations(config: Path, host: str | None, hosts: str | None, as_json: bool
     cfg = load_config(config)
     one_of_host_flags(host, hosts, False)
     if hosts is not None:
-        from llamanix.deploy.rollout import parse_hosts
-
         names = parse_hosts(hosts, tuple(cfg.hosts), str(config))
     else:
         with _host_flag(host):
@@ -475,7 +335,7 @@ def _verdict_cell(record: GenerationRecord, not_serving: dict[str, str]) -> str:
     show_default=True,
     help="The llamanix flake (with flake.lock).",
 )
-@_WAIT
+@WAIT
 @click.option("--dry-run", is_flag=True, help="Print the command instead of running it.")
 @config_option("Config whose instances of VARIANT the drift report covers.")
 @click.option(

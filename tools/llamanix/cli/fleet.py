@@ -8,7 +8,11 @@ import click
 
 from llamanix.core.errors import Problem, UserError
 from llamanix.core.text_table import box_table, print_lines
-from llamanix.deploy.rollout import Rollout
+from llamanix.deploy.fleet.rollout import Rollout
+
+# A rollout ended at once by a second stop signal (as a shell reports a command killed by
+# SIGINT).
+EXIT_INTERRUPTED = 130
 
 
 def one_of_host_flags(host: str | None, hosts: str | None, all_hosts: bool) -> None:
@@ -41,4 +45,4 @@ def print_rollout(rollout: Rollout, as_json: bool) -> None:
     print_lines(box_table("rolling switch", headers, cells))
 
 
-__all__ = ["one_of_host_flags", "print_rollout"]
+__all__ = ["EXIT_INTERRUPTED", "one_of_host_flags", "print_rollout"]

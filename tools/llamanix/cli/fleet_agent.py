@@ -1,5 +1,5 @@
 """llamanix CLI: ``fleet-agent``, hidden: the remote side of a fleet switch, which llamanix on
-another machine runs over ssh (deploy/remote.py); deploy/fleet_agent.py does the work.
+another machine runs over ssh (deploy/fleet/remote.py); deploy/fleet/agent.py does the work.
 
 Each command prints the protocol it speaks first, before it checks ``--protocol``, so a
 controller of another protocol can name both; options it does not know are refused only after
@@ -18,25 +18,25 @@ import click
 
 from llamanix.cli.options import OneOf, exit_with
 from llamanix.core.errors import Problem, UserError
-from llamanix.deploy import fleet_agent as agent
-from llamanix.deploy.fleet_protocol import (
+from llamanix.deploy.fleet import agent
+from llamanix.deploy.fleet.protocol import (
     EXIT_FAILED,
     EXIT_INCOMPATIBLE,
+    FORMATS,
     GENERATIONS,
     PROTOCOL,
+    ConfigFormat,
     RunReport,
-    gate_args,
+    SwitchOrder,
     started_line,
 )
-from llamanix.deploy.gate import DEFAULT_MAX_RUNS
-from llamanix.deploy.gate_records import ACTIONS, GATES, GateKind
-from llamanix.deploy.switch_records import DEFAULT_DRAIN_TIMEOUT_S, SwitchOptions
+from llamanix.deploy.fleet.rollout import DEFAULT_PREFLIGHT_TIMEOUT_S
+from llamanix.deploy.switch_records import DEFAULT_TIMEOUT_S, RollbackOptions
 from llamanix.external.process import Runner
 
 F = TypeVar("F", bound=Callable[..., Any])
 # Options of a newer controller reach the callback, which checks the protocol first.
 _LENIENT = {"ignore_unknown_options": True, "allow_extra_args": True}
-DEFAULT_TIMEOUT_S = 120.0
 
 
 def _echo(line: str) -> None:
@@ -83,104 +83,57 @@ def _finish(d: agent.FleetDir, report: RunReport) -> None:
     exit_with(EXIT_FAILED if report.op is not None and not report.ok else 0)
 
 
-def _gate_options(f: F) -> F:
-    """switch's gate options, spelled as switch spells them (fleet_protocol.gate_args)."""
-    for option in reversed(
-        (
-            click.option("--gate", type=OneOf(GATES)),
-            click.option("--min-tok-s", type=float),
-            click.option("--max-regression", type=float),
-            click.option("--max-runs", type=int, default=DEFAULT_MAX_RUNS),
-            click.option("--inconclusive", type=OneOf(ACTIONS), default="keep"),
-            click.option("--gate-prompts"),
-            click.option(
-                "--timeout", "timeout_s", type=click.FloatRange(min=0), default=DEFAULT_TIMEOUT_S
-            ),
-            click.option(
-                "--drain-timeout",
-                "drain_timeout_s",
-                type=click.FloatRange(min=0),
-                default=DEFAULT_DRAIN_TIMEOUT_S,
-            ),
-            click.option("--wait", "wait_s", type=click.FloatRange(min=0), default=0.0),
-        )
-    ):
-        f = option(f)
-    return f
-
-
-def _switch_options(
-    gate: GateKind | None,
-    min_tok_s: float | None,
-    max_regression: float | None,
-    max_runs: int,
-    inconclusive: str,
-    gate_prompts: str | None,
-    timeout_s: float,
-    drain_timeout_s: float,
-    wait_s: float,
-) -> SwitchOptions:
-    opts = SwitchOptions(
-        gate=gate,
-        min_tok_s=min_tok_s,
-        max_regression=max_regression,
-        max_runs=max_runs,
-        inconclusive=inconclusive,
-        timeout_s=timeout_s,
-        drain_timeout_s=drain_timeout_s,
-        wait_s=wait_s,
-        gate_prompts=gate_prompts,
-    )
-    opts.gate_kind("llamanix fleet-agent switch")
-    return opts
-
-
-_FORMAT = click.option("--format", "fmt", type=OneOf(agent.FORMATS), default="toml")
+_FORMAT = click.option("--format", "fmt", type=OneOf(FORMATS), default="toml")
 
 
 @fleet_agent.command("switch", context_settings=_LENIENT)
 @click.pass_context
 @_agent_options
-@_FORMAT
-@_gate_options
-def switch(
-    ctx: click.Context, /, protocol: int, host: str, fmt: agent.ConfigFormat, **gate: Any
-) -> None:
-    """Switch this host to the config on stdin, gated, in a unit of its own systemd."""
+def switch(ctx: click.Context, /, protocol: int, host: str) -> None:
+    """Switch this host to the config on stdin with the options there (a SwitchOrder as
+    JSON), gated, in a unit of its own systemd."""
     d = _begin(ctx, protocol)
-    opts = _switch_options(**gate)
-    text = click.get_text_stream("stdin").read()
-    runner = Runner(echo=_echo)
-    args = gate_args(opts)
-    record = agent.start_switch(d, host, text, fmt, args, runner, _echo, opts.wait_s)
+    source = "llamanix fleet-agent switch: stdin"
+    try:
+        order = SwitchOrder.parse(click.get_text_stream("stdin").read(), source)
+    except ValueError as err:
+        raise UserError(Problem(source, "", str(err).removeprefix(f"{source}: "))) from None
+    record = agent.start_switch(d, host, order, Runner(echo=_echo), _echo)
     click.echo(started_line(record.run))
-    _finish(d, agent.follow(d, record, _echo))
+    _finish(d, agent.follow(d, record, _echo, order.options.follow_s))
 
 
 @fleet_agent.command("rollback", context_settings=_LENIENT)
 @click.pass_context
 @_agent_options
-@click.option("--to", type=int)
-@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0), default=DEFAULT_TIMEOUT_S)
-@click.option("--wait", "wait_s", type=click.FloatRange(min=0), default=0.0)
-def rollback(
-    ctx: click.Context, protocol: int, host: str, to: int | None, timeout_s: float, wait_s: float
-) -> None:
-    """Serve an earlier generation of this host again, in a unit of its own systemd."""
+def rollback(ctx: click.Context, protocol: int, host: str) -> None:
+    """Serve an earlier generation of this host again, with the options on stdin (a
+    RollbackOptions as JSON), in a unit of its own systemd."""
     d = _begin(ctx, protocol)
-    runner = Runner(echo=_echo)
-    record = agent.start_rollback(d, host, to, timeout_s, runner, _echo, wait_s)
+    source = "llamanix fleet-agent rollback: stdin"
+    try:
+        opts = RollbackOptions.from_json(json.loads(click.get_text_stream("stdin").read()), "")
+    except ValueError as err:
+        raise UserError(Problem(source, "", str(err))) from None
+    record = agent.start_rollback(d, host, opts, Runner(echo=_echo), _echo)
     click.echo(started_line(record.run))
-    _finish(d, agent.follow(d, record, _echo))
+    _finish(d, agent.follow(d, record, _echo, opts.follow_s))
 
 
 @fleet_agent.command("status", context_settings=_LENIENT)
 @click.pass_context
 @_agent_options
-def status(ctx: click.Context, protocol: int, host: str) -> None:
+@click.option(
+    "--follow-timeout",
+    "follow_s",
+    type=click.FloatRange(min=0),
+    default=DEFAULT_PREFLIGHT_TIMEOUT_S,
+    help="Follow a run that still goes on this long at most.",
+)
+def status(ctx: click.Context, protocol: int, host: str, follow_s: float) -> None:
     """How the last fleet switch or rollback here ended (following one that still runs)."""
     d = _begin(ctx, protocol)
-    _finish(d, agent.status(d, _echo))
+    _finish(d, agent.status(d, _echo, follow_s))
 
 
 @fleet_agent.command("generations", context_settings=_LENIENT)
@@ -192,6 +145,36 @@ def generations(ctx: click.Context, protocol: int, host: str) -> None:
     click.echo(GENERATIONS + json.dumps(agent.generations(d, host)))
 
 
+@fleet_agent.command("top", context_settings=_LENIENT)
+@click.pass_context
+@_agent_options
+@click.option(
+    "--window",
+    type=click.FloatRange(min=0.0),
+    default=0.0,
+    help="Read twice this many seconds apart and take the rates over that window.",
+)
+def top(ctx: click.Context, protocol: int, host: str, window: float) -> None:
+    """This host's `llamanix top --once --json`, read with the fleet's copy of the config
+    (what `llamanix top` on the controller shows of this host)."""
+    from llamanix.cli.top_view import run_top
+
+    d = _begin(ctx, protocol)
+    config = d.existing_config()
+    if config is None:
+        raise UserError(
+            Problem(
+                str(d.root),
+                "",
+                "no fleet copy of the config on this host",
+                "switch this host once from the controller with llamanix switch",
+            )
+        )
+    code = run_top(config, host, once=True, as_json=True, interval=0.0, window=window)
+    if code:
+        exit_with(code)
+
+
 _DIR = click.option(
     "--dir", "root", required=True, type=click.Path(path_type=Path, file_okay=False)
 )
@@ -201,11 +184,11 @@ _DIR = click.option(
 @click.option("--host", required=True)
 @_DIR
 @_FORMAT
-@_gate_options
-def unit_switch(host: str, root: Path, fmt: agent.ConfigFormat, **gate: Any) -> None:
-    """The switch as its transient unit runs it (progress on stderr: the journal)."""
+def unit_switch(host: str, root: Path, fmt: ConfigFormat) -> None:
+    """The switch as its transient unit runs it, with the options its agent kept (progress
+    on stderr: the journal)."""
     d = agent.FleetDir(root, agent.FleetDir.here().user)
-    outcome = agent.unit_switch(d, host, fmt, _switch_options(**gate), _echo_err)
+    outcome = agent.unit_switch(d, host, fmt, _echo_err)
     exit_with(0 if outcome.ok else EXIT_FAILED)
 
 

@@ -87,7 +87,7 @@ def metrics_cmd(
 
 
 @click.command("top")
-@click.argument("config", type=FILE, required=False)
+@click.argument("config", type=FILE)
 @host_option("Only this host (default: every host of the config).")
 @click.option("--once", is_flag=True, help="Print the figures once instead of a live view.")
 @json_flag
@@ -106,20 +106,13 @@ def metrics_cmd(
     help="With --once: read twice this many seconds apart and take the rates over that "
     "window; 0 takes them since each server started.",
 )
-@click.option(
-    "--fleet-config",
-    is_flag=True,
-    hidden=True,
-    help="Read the fleet agent's copy of the config (how top reads a remote host).",
-)
 def top_cmd(
-    config: Path | None,
+    config: Path,
     host: str | None,
     once: bool,
     as_json: bool,
     interval: float,
     window: float,
-    fleet_config: bool,
 ) -> None:
     """A live view of every instance: in flight, decode tok/s, TTFT, acceptance, ceiling share.
 
@@ -130,34 +123,11 @@ def top_cmd(
     """
     from llamanix.cli.top_view import run_top
 
-    path = _top_config(config, fleet_config)
     if as_json and not once:
         raise UserError(Problem("llamanix top", "--json", "needs --once", "add --once"))
-    code = run_top(path, host, once=once, as_json=as_json, interval=interval, window=window)
+    code = run_top(config, host, once=once, as_json=as_json, interval=interval, window=window)
     if code:
         exit_with(code)
-
-
-def _top_config(config: Path | None, fleet_config: bool) -> Path:
-    if fleet_config:
-        from llamanix.deploy.fleet_agent import FleetDir
-
-        found = FleetDir.here().existing_config()
-        if found is None:
-            raise UserError(
-                Problem(
-                    str(FleetDir.here().root),
-                    "",
-                    "no fleet copy of the config on this host",
-                    "switch this host once from the controller with llamanix switch",
-                )
-            )
-        return found
-    if config is None:
-        raise UserError(
-            Problem("llamanix top", "CONFIG", "missing", "give the llamanix.toml to read")
-        )
-    return config
 
 
 def register(group: click.Group) -> None:

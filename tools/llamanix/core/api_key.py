@@ -10,7 +10,14 @@ from pathlib import Path
 
 from llamanix.core.errors import Problem, UserError
 
-__all__ = ["key_if_readable", "read_api_key"]
+__all__ = ["key_env", "key_if_readable", "read_api_key"]
+
+
+def key_env(instance: str) -> str:
+    """The variable a gateway replica's key reaches LiteLLM through (``os.environ/NAME`` in its
+    config): the instance's name in upper case, other characters as ``_``. Two names that
+    differ only there share one variable, which validate refuses."""
+    return "LLAMANIX_KEY_" + "".join(ch if ch.isalnum() else "_" for ch in instance.upper())
 
 
 def read_api_key(path: Path, field: str = "--api-key-file") -> str | None:

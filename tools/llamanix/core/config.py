@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any, cast
 
 from llamanix.core import schema
-from llamanix.core.address import is_loopback
+from llamanix.core.address import SshTarget, is_loopback, parse_target
+from llamanix.core.api_key import key_env
 from llamanix.core.errors import Problem, UserError
 from llamanix.core.gpus import load_gpus
 from llamanix.core.schema import (
@@ -131,7 +132,7 @@ class Metrics:
 class Host:
     name: str
     kind: HostKind = "nixos"
-    target: str | None = None
+    target: SshTarget | None = None
     gpu: str | None = None
     cuda_archs: tuple[str, ...] = ()
     binaries: dict[str, str] = field(default_factory=dict)
@@ -144,6 +145,12 @@ class Host:
     @property
     def has_gpu(self) -> bool:
         return self.gpu is not None or bool(self.cuda_archs)
+
+    @property
+    def runs_own_switch(self) -> bool:
+        """A remote plain-systemd host: switched by its own llamanix over ssh. A NixOS host
+        with a target is switched from here (nixos-rebuild --target-host)."""
+        return self.target is not None and self.kind in ("systemd", "systemd-user")
 
 
 @dataclass(frozen=True)
@@ -512,10 +519,11 @@ def _parse_hosts(c: _Checker, raw: dict[str, Any]) -> dict[str, Host]:
                     f"'{path}' is a relative path",
                     "use an absolute path",
                 )
+        kind = cast(HostKind, values.get("kind") or "nixos")  # checked against the enum
         hosts[name] = Host(
             name=name,
-            kind=cast(HostKind, values.get("kind") or "nixos"),  # checked against the enum
-            target=values.get("target"),
+            kind=kind,
+            target=_target(c, where, values.get("target"), kind),
             gpu=gpu,
             cuda_archs=tuple(archs),
             binaries=dict(binaries),
@@ -535,6 +543,30 @@ def _parse_hosts(c: _Checker, raw: dict[str, Any]) -> dict[str, Host]:
                         f"remove {key}",
                     )
     return hosts
+
+
+def _target(c: _Checker, where: str, text: str | None, kind: HostKind) -> SshTarget | None:
+    """The host's ssh target, read as ssh reads it; what ssh could not read is refused."""
+    if text is None:
+        return None
+    try:
+        target = parse_target(text)
+    except ValueError as err:
+        c.add(f"{where}.target", f"'{text}' {err}", TARGET_FIX)
+        return None
+    if target.port is not None and kind == "nixos":
+        c.add(
+            f"{where}.target",
+            f"'{text}' names a port, which nixos-rebuild --target-host does not take",
+            "put the port in a Host entry of ~/.ssh/config (Port) and name that Host here",
+        )
+    return target
+
+
+TARGET_FIX = (
+    "write USER@HOST, USER@HOST:PORT, ssh://USER@HOST:PORT, [IPv6]:PORT or a Host of your ssh "
+    "config"
+)
 
 
 def _parse_router(c: _Checker, host_where: str, raw: Any) -> Router | None:
@@ -681,6 +713,19 @@ def _check_gateway(
                 f"port {gateway.port} on host '{gateway.host}' is already used by instance "
                 f"'{inst.name}'",
                 "give the gateway its own port",
+            )
+    shared: dict[str, str] = {}
+    for name in sorted(instances):
+        # One variable per replica's key: a second replica of the same variable would never
+        # get its key.
+        first = shared.setdefault(key_env(name), name)
+        if first != name:
+            c.add(
+                f"instances.{name}",
+                f"its key would reach the gateway through {key_env(name)}, which instance "
+                f"'{first}' takes already",
+                "rename one of them: names that differ only in case or in characters other "
+                "than letters and digits share that variable",
             )
     router = hosts[gateway.host].router
     if router is not None and router.port == gateway.port:

@@ -47,6 +47,7 @@ class FieldDrift:
             return f"{head} ({self.message})"
         return f"{head} ({self.fix})" if self.fix else head
 
+    # Hand-written: the line follows from the fields.
     def to_json(self) -> JsonObject:
         return {
             "instance": self.instance,
@@ -91,6 +92,7 @@ class DriftReport:
                 out.append(f"  {inst.instance}: renders the same")
         return out
 
+    # Hand-written: the instances are an object by name.
     def to_json(self) -> JsonObject:
         return {
             "old": self.old,

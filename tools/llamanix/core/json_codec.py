@@ -5,7 +5,8 @@ dataclass is an object, a tuple a list, a Mapping an object, an Enum its value. 
 None is written as ``null``, except where its metadata is ``OMIT_NONE``
 (``field(default=None, metadata=OMIT_NONE)``): then it is left out, so a file keeps the shape it
 had when only some records carried it. ``metadata=json_key("other-name")`` names the key when
-it differs from the field.
+it differs from the field. A field whose JSON has another shape than its type (a list kept as
+an object by name, say) names its own two functions: ``metadata=json_via(write, read)``.
 
 Two readers, as in ``json_fields``:
 
@@ -22,8 +23,9 @@ Two readers, as in ``json_fields``:
 A number is never read from ``true``/``false``, though Python counts a bool as an int; an int
 in a ``float`` field reads as a float. Types understood: str, int, float, bool, None,
 ``Literal``, ``X | None``, ``tuple[X, ...]``, ``list[X]``, ``Mapping``/``dict`` with str or
-Literal keys, Enums and nested dataclasses. The field types are resolved once per class
-(``get_type_hints`` on first use, then cached), so importing this module costs nothing.
+Literal keys, ``Path`` (a string), Enums and nested dataclasses. The field types are resolved
+once per class (``get_type_hints`` on first use, then cached), so importing this module costs
+nothing.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import enum
 import types
 import typing
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any, Literal, Self, TypeVar, Union
 
 from llamanix.core import json_fields as jf
@@ -42,6 +45,8 @@ T = TypeVar("T")
 
 _KEY = "json"
 _OMIT_NONE = "json_omit_none"
+_WRITE = "json_write"
+_READ = "json_read"
 
 
 OMIT_NONE: Mapping[str, object] = {_OMIT_NONE: True}
@@ -54,6 +59,23 @@ def json_key(key: str, *, omit_none: bool = False) -> Mapping[str, object]:
     return {_KEY: key, _OMIT_NONE: omit_none}
 
 
+def json_via(
+    write: Callable[[Any], JsonValue],
+    read: Callable[[object], object],
+    *,
+    key: str | None = None,
+    omit_none: bool = False,
+) -> Mapping[str, object]:
+    """Field metadata: the field's JSON is ``write(value)``, read back by ``read(raw)`` (which
+    raises ValueError when ``raw`` is not one); for a field whose JSON has another shape than
+    its type. ``key``: the JSON key when it is not the field's name; ``omit_none`` as
+    ``OMIT_NONE``."""
+    found: dict[str, object] = {_WRITE: write, _READ: read, _OMIT_NONE: omit_none}
+    if key is not None:
+        found[_KEY] = key
+    return found
+
+
 @dataclasses.dataclass(frozen=True)
 class _Field:
     name: str
@@ -61,6 +83,8 @@ class _Field:
     type: object
     required: bool  # no default: a reader without the value cannot build the record
     omit_none: bool
+    write: Callable[[Any], JsonValue] | None = None
+    read: Callable[[object], object] | None = None
 
 
 _FIELDS: dict[type, tuple[_Field, ...]] = {}
@@ -85,6 +109,8 @@ def _resolve(cls: type) -> tuple[_Field, ...]:
             and f.default_factory is dataclasses.MISSING
             and not _optional(hints[f.name]),
             omit_none=bool(f.metadata.get(_OMIT_NONE, False)),
+            write=f.metadata.get(_WRITE),
+            read=f.metadata.get(_READ),
         )
         for f in dataclasses.fields(cls)
         if f.init
@@ -123,7 +149,7 @@ def to_json(record: object) -> JsonObject:
         value = getattr(record, f.name)
         if value is None and f.omit_none:
             continue
-        out[f.key] = _value_json(value)
+        out[f.key] = f.write(value) if f.write is not None else _value_json(value)
     return out
 
 
@@ -132,6 +158,8 @@ def _value_json(value: object) -> JsonValue:
         return value
     if isinstance(value, enum.Enum):
         return _value_json(value.value)
+    if isinstance(value, Path):
+        return str(value)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return to_json(value)
     if isinstance(value, Mapping):
@@ -193,13 +221,22 @@ def _record(cls: type[T], value: object, strict: bool) -> T:
                 values[f.name] = None
             continue  # the field's default
         try:
-            values[f.name] = _read(f.type, raw, strict, f.key)
+            values[f.name] = _read_field(f, raw, strict)
         except _Wrong as err:
             if strict or f.required:
                 raise _Wrong(err.expected, f".{f.key}{err.path}") from None
             if _optional(f.type):
                 values[f.name] = None
     return cls(**values)
+
+
+def _read_field(f: _Field, raw: object, strict: bool) -> object:
+    if f.read is None:
+        return _read(f.type, raw, strict, f.key)
+    try:
+        return f.read(raw)
+    except ValueError as err:
+        raise _Wrong(str(err)) from None
 
 
 # The scalar readers are json_fields', so the codec and the hand-written readers agree on what
@@ -241,6 +278,11 @@ def _read(tp: Any, raw: object, strict: bool, name: str) -> object:
         return _items(typing.get_args(tp)[0], raw, strict, name)
     if origin in (Mapping, dict):
         return _table(typing.get_args(tp), raw, strict)
+    if tp is Path:
+        text = jf.text(raw)
+        if text is None:
+            raise _Wrong("expected a path")
+        return Path(text)
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
         try:
             return tp(raw)

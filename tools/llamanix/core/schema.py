@@ -38,6 +38,7 @@ class Field:
     minimum: float | None = None
     maximum: float | None = None
 
+    # Hand-written: a key is written only where the field says something.
     def to_json(self) -> JsonObject:
         out: JsonObject = {"type": self.kind, "doc": self.doc, "default": self.default}
         if self.values:

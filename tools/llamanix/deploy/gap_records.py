@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llamanix.core import json_fields as jf
-from llamanix.core.json_value import JsonObject
+from llamanix.core.json_codec import JsonRecord
 
 
 @dataclass(frozen=True)
-class GapRecord:
-    """One instance's restart: seconds, None where not measured."""
+class GapRecord(JsonRecord):
+    """One instance's restart: seconds, None where not measured. Read back leniently
+    (``from_json_lenient``): a field a killed switch left out is not measured."""
 
     # From the old server's last answer to the new server's first.
     gap_s: float | None
@@ -35,26 +35,6 @@ class GapRecord:
             left = "unknown" if self.in_flight is None else str(self.in_flight)
             parts.append(f"drain gave up after {_s(self.drain_s)} ({left} in flight)")
         return ", ".join(parts)
-
-    def to_json(self) -> JsonObject:
-        return {
-            "gap_s": self.gap_s,
-            "load_s": self.load_s,
-            "drain_s": self.drain_s,
-            "drained": self.drained,
-            "in_flight": self.in_flight,
-        }
-
-    @staticmethod
-    def from_json(data: object) -> GapRecord:
-        found = jf.table(data)
-        return GapRecord(
-            gap_s=jf.real(found.get("gap_s")),
-            load_s=jf.real(found.get("load_s")),
-            drain_s=jf.real(found.get("drain_s")),
-            drained=jf.flag(found.get("drained")),
-            in_flight=jf.integer(found.get("in_flight")),
-        )
 
 
 def _s(value: float | None) -> str:

@@ -10,7 +10,6 @@ made again from scratch.
 from __future__ import annotations
 
 import shutil
-from collections.abc import Mapping
 from pathlib import Path
 
 from llamanix.core.errors import ExternalCommandError
@@ -19,7 +18,7 @@ from llamanix.external import pip
 from llamanix.external.files import atomic_write
 from llamanix.external.process import Runner
 from llamanix.render.gateway import VENV_ROOT
-from llamanix.render.manifest import MANIFEST, Manifest
+from llamanix.render.manifest import Render
 
 MARKER = ".llamanix-complete"
 
@@ -51,14 +50,12 @@ def ensure(
     return True
 
 
-def ensure_for(runner: Runner, manager: str, files: Mapping[str, str]) -> None:
+def ensure_for(runner: Runner, manager: str, render: Render) -> None:
     """Before a systemd manager activates a render: the venv its gateway unit runs, if any
     (a NixOS host's LiteLLM comes from nixpkgs, and no other manager runs the gateway)."""
-    if manager != "systemd" or MANIFEST not in files:
+    gateway = render.gateway
+    if manager != "systemd" or gateway is None:
         return
-    try:
-        gateway = Manifest.from_json(files[MANIFEST]).gateway
-    except ValueError:
-        return
-    if gateway is not None and gateway.version:
-        ensure(runner, gateway.version)
+    if not gateway.version:
+        raise ExternalCommandError(f"the gateway of {render.host} names no LiteLLM release")
+    ensure(runner, gateway.version)

@@ -32,15 +32,21 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal, get_args
 
-from llamanix.core import json_fields as jf
 from llamanix.core.errors import Problem, UserError
+from llamanix.core.json_codec import (
+    OMIT_NONE,
+    JsonRecord,
+    from_json_lenient,
+    json_via,
+)
+from llamanix.core.json_value import JsonObject
 from llamanix.deploy.crash_point import crash_point
 from llamanix.deploy.gap_records import GapRecord
-from llamanix.deploy.gate_records import GATES, BaselineRecord, GateKind, GateResult
+from llamanix.deploy.gate_records import BaselineRecord, GateKind, GateResult
 from llamanix.deploy.state_dir import host_state_root
 from llamanix.external.clock import now
 from llamanix.external.files import atomic_write
-from llamanix.render.manifest import ManifestInstance
+from llamanix.render.manifest import MANIFEST, Manifest, ManifestInstance
 
 FILES = "files"
 RESULT = "result.json"
@@ -70,6 +76,24 @@ def _write_json(path: Path, data: object) -> None:
     atomic_write(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
+def check_manifest(files: Mapping[str, str], folder: Path) -> None:
+    """The manifest among render files read from ``folder`` reads as one; else one line
+    naming it (never a set of units taken for another)."""
+    if MANIFEST not in files:
+        return
+    try:
+        Manifest.from_json(files[MANIFEST])
+    except ValueError as err:
+        raise UserError(
+            Problem(
+                str(folder / MANIFEST),
+                "",
+                f"not a llamanix manifest: {err}",
+                "restore it from a backup, or remove this generation's directory",
+            )
+        ) from None
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -82,30 +106,25 @@ def _fsync_dir(path: Path) -> None:
 
 
 @dataclass(frozen=True)
-class ManagerRecord:
+class ManagerRecord(JsonRecord):
     """How a host was switched (``manager.json``, and each generation's ``manager``), so that
     rollback and the next switch go the same way."""
 
     manager: ManagerKind
-    units_dir: str | None = None  # systemd, systemd-user, up
-    flake: str | None = None  # nixos
-
-    def to_json(self) -> dict[str, str]:
-        found = {"manager": self.manager, "units_dir": self.units_dir, "flake": self.flake}
-        return {k: v for k, v in found.items() if v is not None}
+    units_dir: str | None = field(default=None, metadata=OMIT_NONE)  # systemd, user, up
+    flake: str | None = field(default=None, metadata=OMIT_NONE)  # nixos
 
     @staticmethod
-    def from_json(data: object) -> ManagerRecord | None:
+    def read(data: object) -> ManagerRecord | None:
         """None when the record names no manager this version knows."""
-        found = jf.table(data)
-        manager = jf.choice(found.get("manager"), MANAGERS)
-        if manager is None:
+        try:
+            return from_json_lenient(ManagerRecord, data)
+        except ValueError:
             return None
-        return ManagerRecord(manager, jf.text(found.get("units_dir")), jf.text(found.get("flake")))
 
 
 @dataclass(frozen=True)
-class InstanceSummary:
+class InstanceSummary(JsonRecord):
     """One instance as a generation lists it."""
 
     variant: str | None
@@ -116,134 +135,71 @@ class InstanceSummary:
     def of(entry: ManifestInstance) -> InstanceSummary:
         return InstanceSummary(entry.variant, entry.source_revision, entry.port)
 
-    def to_json(self) -> dict[str, object]:
-        return {"variant": self.variant, "source_revision": self.source_revision, "port": self.port}
 
-    @staticmethod
-    def from_json(data: object) -> InstanceSummary:
-        found = jf.table(data)
-        return InstanceSummary(
-            jf.text(found.get("variant")),
-            jf.text(found.get("source_revision")),
-            jf.integer(found.get("port")),
-        )
+def _results_json(results: Mapping[str, GateResult]) -> JsonObject:
+    return {name: r.to_json() for name, r in results.items()}
+
+
+def _results_from_json(data: object) -> dict[str, GateResult]:
+    """Each instance's result, keyed by its name (which a GateResult's JSON leaves out);
+    those this version cannot read are left out."""
+    if not isinstance(data, dict):
+        raise ValueError("expected an object")
+    read = {str(n): GateResult.from_json(str(n), r) for n, r in data.items()}
+    return {n: r for n, r in read.items() if r is not None}
 
 
 @dataclass(frozen=True)
-class GateRecord:
+class GateRecord(JsonRecord):
     """A generation's gate: its verdict, which gate ran, and each gated instance's result
     (absent until the gate finished)."""
 
     result: GateOutcome
-    kind: GateKind | None = None
-    instances: Mapping[str, GateResult] | None = None
-
-    def to_json(self) -> dict[str, object]:
-        found: dict[str, object] = {"result": self.result}
-        if self.kind is not None:
-            found["kind"] = self.kind
-        if self.instances is not None:
-            found["instances"] = {name: r.to_json() for name, r in self.instances.items()}
-        return found
-
-    @staticmethod
-    def from_json(data: object) -> GateRecord | None:
-        """None when there is no verdict this version knows."""
-        found = jf.table(data)
-        result = jf.choice(found.get("result"), GATE_OUTCOMES)
-        if result is None:
-            return None
-        instances = found.get("instances")
-        read = (
-            {str(n): GateResult.from_json(str(n), r) for n, r in instances.items()}
-            if isinstance(instances, dict)
-            else None
-        )
-        return GateRecord(
-            result,
-            jf.choice(found.get("kind"), GATES),
-            None if read is None else {n: r for n, r in read.items() if r is not None},
-        )
+    kind: GateKind | None = field(default=None, metadata=OMIT_NONE)
+    instances: Mapping[str, GateResult] | None = field(
+        default=None, metadata=json_via(_results_json, _results_from_json, omit_none=True)
+    )
 
 
 @dataclass(frozen=True)
-class RollbackRecord:
+class RollbackRecord(JsonRecord):
     """What restoring the previous generation after a failed gate achieved."""
 
     serving_again: bool
 
-    def to_json(self) -> dict[str, object]:
-        return {"serving_again": self.serving_again}
-
-    @staticmethod
-    def from_json(data: object) -> RollbackRecord | None:
-        serving = jf.flag(jf.table(data).get("serving_again"))
-        return None if serving is None else RollbackRecord(serving)
-
 
 @dataclass(frozen=True)
-class GenerationRecord:
+class GenerationRecord(JsonRecord):
     """``generations/N/result.json``. Every field but ``instances`` may be absent: a record is
     written when the generation is created and updated as its switch goes on, and is read
-    back whatever a killed switch left of it (a missing file reads as an empty record)."""
+    back leniently, whatever a killed switch left of it (a missing file reads as an empty
+    record; a part this version cannot read, as absent)."""
 
     instances: Mapping[str, InstanceSummary] = field(default_factory=dict)
-    gate: GateRecord | None = None
-    changed: tuple[str, ...] | None = None
-    removed: tuple[str, ...] | None = None
-    manager: ManagerRecord | None = None
-    note: str | None = None
-    rollback: RollbackRecord | None = None
+    gate: GateRecord | None = field(default=None, metadata=OMIT_NONE)
+    changed: tuple[str, ...] | None = field(default=None, metadata=OMIT_NONE)
+    removed: tuple[str, ...] | None = field(default=None, metadata=OMIT_NONE)
+    manager: ManagerRecord | None = field(default=None, metadata=OMIT_NONE)
+    note: str | None = field(default=None, metadata=OMIT_NONE)
+    rollback: RollbackRecord | None = field(default=None, metadata=OMIT_NONE)
     # Set by HostState.create, and by rollback and recovery as they happen.
-    number: int | None = None
-    date: str | None = None
-    activated_again: str | None = None
-    interrupted: str | None = None
+    number: int | None = field(default=None, metadata=OMIT_NONE)
+    date: str | None = field(default=None, metadata=OMIT_NONE)
+    activated_again: str | None = field(default=None, metadata=OMIT_NONE)
+    interrupted: str | None = field(default=None, metadata=OMIT_NONE)
     # Each restarted instance's gap (docs/switching.md), where the switch measured it.
-    gaps: Mapping[str, GapRecord] | None = None
+    gaps: Mapping[str, GapRecord] | None = field(default=None, metadata=OMIT_NONE)
 
     @property
     def outcome(self) -> GateOutcome | None:
         return self.gate.result if self.gate else None
 
-    def to_json(self) -> dict[str, object]:
-        found: dict[str, object] = {
-            "instances": {name: s.to_json() for name, s in self.instances.items()},
-            "gate": self.gate.to_json() if self.gate else None,
-            "changed": list(self.changed) if self.changed is not None else None,
-            "removed": list(self.removed) if self.removed is not None else None,
-            "manager": self.manager.to_json() if self.manager else None,
-            "note": self.note,
-            "rollback": self.rollback.to_json() if self.rollback else None,
-            "number": self.number,
-            "date": self.date,
-            "activated_again": self.activated_again,
-            "interrupted": self.interrupted,
-            "gaps": {n: g.to_json() for n, g in self.gaps.items()} if self.gaps else None,
-        }
-        return {k: v for k, v in found.items() if v is not None}
-
     @staticmethod
-    def from_json(data: object) -> GenerationRecord:
-        found = jf.table(data)
-        changed, removed = found.get("changed"), found.get("removed")
-        return GenerationRecord(
-            instances={
-                str(n): InstanceSummary.from_json(e)
-                for n, e in jf.table(found.get("instances")).items()
-            },
-            gate=GateRecord.from_json(found.get("gate")),
-            changed=jf.texts(changed) if isinstance(changed, list) else None,
-            removed=jf.texts(removed) if isinstance(removed, list) else None,
-            manager=ManagerRecord.from_json(found.get("manager")),
-            note=jf.text(found.get("note")),
-            rollback=RollbackRecord.from_json(found.get("rollback")),
-            number=jf.integer(found.get("number")),
-            date=jf.text(found.get("date")),
-            activated_again=jf.text(found.get("activated_again")),
-            interrupted=jf.text(found.get("interrupted")),
-            gaps={str(n): GapRecord.from_json(g) for n, g in jf.table(found.get("gaps")).items()}
-            or None,
+    def read(data: object) -> GenerationRecord:
+        return (
+            from_json_lenient(GenerationRecord, data)
+            if isinstance(data, dict)
+            else GenerationRecord()
         )
 
 
@@ -254,17 +210,21 @@ class Generation:
 
     @property
     def record(self) -> GenerationRecord:
-        return GenerationRecord.from_json(_read_json(self.path / RESULT))
+        return GenerationRecord.read(_read_json(self.path / RESULT))
 
     @property
     def outcome(self) -> GateOutcome | None:
         return self.record.outcome
 
     def files(self) -> dict[str, str]:
+        """The render's files as recorded; a manifest among them that does not read is one
+        line naming it (what each switch and rollback compares with must be what it says)."""
         folder = self.path / FILES
         if not folder.is_dir():
             return {}
-        return {p.name: p.read_text() for p in sorted(folder.iterdir()) if p.is_file()}
+        found = {p.name: p.read_text() for p in sorted(folder.iterdir()) if p.is_file()}
+        check_manifest(found, folder)
+        return found
 
     def config_snapshot(self) -> Path | None:
         found = sorted(self.path.glob("config.*"))
@@ -387,7 +347,7 @@ class HostState:
     # -- how the host was switched --------------------------------------------------------
 
     def manager(self) -> ManagerRecord | None:
-        return ManagerRecord.from_json(_read_json(self.root / "manager.json"))
+        return ManagerRecord.read(_read_json(self.root / "manager.json"))
 
     def set_manager(self, record: ManagerRecord) -> None:
         _write_json(self.root / "manager.json", record.to_json())

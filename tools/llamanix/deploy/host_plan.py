@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TextIO
 
 from llamanix.core.drift import FieldDrift
+from llamanix.core.json_codec import JsonRecord
 from llamanix.core.json_value import JsonObject
 from llamanix.core.schema import GatewayKind, HostKind, RouterKind
 from llamanix.core.text_table import box_table, print_lines, style, styled
@@ -41,6 +42,7 @@ class VramFit:
         verdict = "fits" if self.fits else "DOES NOT FIT"
         return f"{verdict} {used:.1f}/{total:.0f} GiB, <= {self.ceiling_tok_s:.0f} tok/s"
 
+    # Hand-written: fits follows from the fields.
     def to_json(self) -> JsonObject:
         return {
             "gpu": self.gpu,
@@ -52,7 +54,7 @@ class VramFit:
 
 
 @dataclass(frozen=True)
-class UnreadableModel:
+class UnreadableModel(JsonRecord):
     """The host names a GPU, but a model file of the instance cannot be read here."""
 
     gpu: str
@@ -60,9 +62,6 @@ class UnreadableModel:
 
     def summary(self) -> str:
         return "model not readable"
-
-    def to_json(self) -> JsonObject:
-        return {"gpu": self.gpu, "error": self.error}
 
 
 Fit = VramFit | UnreadableModel
@@ -86,6 +85,7 @@ class InstanceRow:
     drift: tuple[FieldDrift, ...] | None  # from the --previous build; None without both probes
     fit: Fit | None  # None when the host names no GPU
 
+    # Hand-written: the fit is written twice, as its figures (vram) and its one line (fit).
     def to_json(self) -> JsonObject:
         return {
             "name": self.name,
@@ -106,7 +106,7 @@ class InstanceRow:
 
 
 @dataclass(frozen=True)
-class RouterPlan:
+class RouterPlan(JsonRecord):
     """The host's router: its endpoint, which members stay loaded together and which take
     turns, and why."""
 
@@ -118,18 +118,6 @@ class RouterPlan:
     max_loaded: int
     reason: str
     too_big: tuple[str, ...]
-
-    def to_json(self) -> JsonObject:
-        return {
-            "kind": self.kind,
-            "address": self.address,
-            "members": dict(self.members),
-            "resident": list(self.resident),
-            "take_turns": list(self.take_turns),
-            "max_loaded": self.max_loaded,
-            "reason": self.reason,
-            "too_big": list(self.too_big),
-        }
 
 
 @dataclass(frozen=True)
@@ -194,6 +182,7 @@ class HostPlan:
     def security_note(self) -> str | None:
         return USER_UNITS_NOTE if self.kind == "systemd-user" else None
 
+    # Hand-written: the name is the key its plan is kept under; the note follows from the kind.
     def to_json(self) -> JsonObject:
         out: JsonObject = {
             "kind": self.kind,
@@ -212,6 +201,7 @@ class Plan:
     hosts: tuple[HostPlan, ...]
     gateway: GatewayPlan | None = None  # None: no gateway, or not on the host asked for
 
+    # Hand-written: the hosts are an object by name.
     def to_json(self) -> JsonObject:
         return {
             "config": self.config,

@@ -9,14 +9,20 @@ call this ``render_host``: a routed host renders the same whichever command rend
 
 from __future__ import annotations
 
+import os
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from llamanix.core.config import Config, Instance
-from llamanix.core.errors import UserError
+from llamanix.core.errors import ExternalCommandError, UserError
 from llamanix.core.host_choice import pick_host
+from llamanix.core.probe import commit_of
+from llamanix.core.variants import VARIANTS
+from llamanix.external import nix
+from llamanix.external.llama_server import binary_version_line
 from llamanix.render import units
-from llamanix.render.manifest import Render
+from llamanix.render.manifest import Render, RenderedInstance
 from llamanix.render.units import CapabilityMap
 
 if TYPE_CHECKING:
@@ -65,5 +71,37 @@ def render_host(
 ) -> Render:
     """Render ``host`` (None: the config's only host) in memory; UserError, nothing written,
     when anything is wrong."""
-    name = pick_host(config, host)
+    return render_known_host(config, pick_host(config, host), caps, user)
+
+
+def render_known_host(
+    config: Config, name: str, caps: CapabilityMap | None = None, user: bool | None = None
+) -> Render:
+    """Render the host ``name`` of the config, already resolved (``render_host`` resolves a
+    name the user gave, or none)."""
     return units.render_host(config, name, caps, user, vram=member_vram(config, name))
+
+
+def with_source_revisions(render: Render, config: Config, from_flake: bool) -> Render:
+    """The render with each instance's source, where the probe did not already say: the
+    flake.lock pin when the units run the flake's packages (NixOS), else the binary's
+    --version."""
+    locked = nix.locked_revisions(Path(config.source).resolve().parent) if from_flake else {}
+
+    def revision(inst: RenderedInstance) -> str | None:
+        if inst.source_revision:
+            return inst.source_revision
+        if from_flake:
+            return locked.get(VARIANTS[inst.variant].flake_input or "nixpkgs")
+        program = Path(inst.argv[0])
+        if program.is_absolute() and os.access(program, os.X_OK):
+            try:
+                return commit_of(binary_version_line(program))
+            except (ExternalCommandError, OSError, ValueError):
+                return None
+        return None
+
+    return replace(
+        render,
+        instances=tuple(replace(i, source_revision=revision(i)) for i in render.instances),
+    )

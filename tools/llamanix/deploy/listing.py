@@ -25,6 +25,7 @@ class GenerationRow:
     # For the current generation: {instance: why} of its units that do not serve now.
     not_serving_now: dict[str, str]
 
+    # Hand-written: the record's parts sit beside the row's own keys, sorted as on disk.
     def to_json(self) -> JsonObject:
         record = self.record
         found: JsonObject = json.loads(
@@ -62,7 +63,7 @@ class GenerationRow:
         return GenerationRow(
             number,
             jf.flag(found.get("current")) is True,
-            GenerationRecord.from_json(found),
+            GenerationRecord.read(found),
             {str(k): v for k, v in not_serving.items() if isinstance(v, str)},
         )
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -16,21 +16,25 @@ from llamanix.core.config import Config
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
 from llamanix.core.process_end import FAULT_SIGNALS, died_of
 from llamanix.core.schema import NixosSudo
-from llamanix.deploy.generations import HostState, InstanceSummary, ManagerKind, ManagerRecord
+from llamanix.deploy.generations import (
+    HostState,
+    InstanceSummary,
+    ManagerKind,
+    ManagerRecord,
+    check_manifest,
+)
 from llamanix.deploy.up_status import read_status
 from llamanix.external import nix, systemctl
 from llamanix.external.files import atomic_write
 from llamanix.external.journalctl import read_journal
 from llamanix.external.process import Runner
-from llamanix.render.manifest import (
-    MANIFEST,
-    Manifest,
-    ManifestInstance,
-    ManifestRouter,
-    Render,
-    same_unit,
-    unit_name,
+from llamanix.render.changes import (
+    diff_files,
+    manifest_instances,
+    manifest_router,
+    routed_members,
 )
+from llamanix.render.manifest import MANIFEST, Render, same_unit, unit_name
 
 if TYPE_CHECKING:
     from llamanix.deploy.restarts import DrainingRestart
@@ -38,92 +42,25 @@ if TYPE_CHECKING:
 Echo = Callable[[str], None]
 
 
-def manifest_instances(files: Mapping[str, str]) -> dict[str, ManifestInstance]:
-    """The instances a set of render files holds, by the manifest among them."""
-    if MANIFEST not in files:
-        # A bare set of installed units (no manifest): one entry per unit file.
-        return {
-            n[len("llamanix-") : -len(".service")]: ManifestInstance(unit=n)
-            for n in files
-            if n.startswith("llamanix-") and n.endswith(".service")
-        }
-    return dict(Manifest.from_json(files[MANIFEST]).instances)
-
-
-def routed_members(files: Mapping[str, str]) -> tuple[str, dict[str, str]] | None:
-    """(the router's unit, its members) of a set of render files; None without a router."""
-    router = _manifest_router(files)
-    return None if router is None else (router.unit, dict(router.served))
-
-
-def _router_changes(new: Mapping[str, str], old: Mapping[str, str]) -> list[str]:
-    """The members to gate again: all of them when the router's unit changed (its config, and
-    so any member's flags, is in the unit), none otherwise."""
-    routed = routed_members(new)
-    if routed is None:
-        return []
-    unit, served = routed
-    return sorted(served) if not same_unit(old.get(unit), new.get(unit)) else []
-
-
-def diff_files(new: dict[str, str], old: dict[str, str]) -> tuple[list[str], list[str]]:
-    """(changed or added, removed) instance names between two sets of files from disk (a
-    recorded generation against what is installed: rollback)."""
-    new_i, old_i = manifest_instances(new), manifest_instances(old)
-    changed = []
-    for name, entry in new_i.items():
-        unit, argv = entry.unit, f"{name}.argv.json"
-        if (
-            name not in old_i
-            or not same_unit(old.get(unit), new.get(unit))
-            or (argv in old and new.get(argv) != old.get(argv))
-        ):
-            changed.append(name)
-    changed += _router_changes(new, old)
-    serving = set(new_i) | set((routed_members(new) or ("", {}))[1])
-    return sorted(set(changed)), sorted(set(old_i) - serving)
-
-
-def diff_instances(new: Render, old: dict[str, str]) -> tuple[list[str], list[str]]:
-    """(changed or added, removed) instance names: the typed new render against the files of
-    what is installed or recorded (the only side read back from text)."""
-    old_i = manifest_instances(old)
-    new_files = new.files()
-    changed = []
-    for inst in new.instances:
-        argv = f"{inst.name}.argv.json"
-        if (
-            inst.name not in old_i
-            or not same_unit(old.get(inst.unit), inst.unit_text)
-            or (argv in old and new_files[argv] != old.get(argv))
-        ):
-            changed.append(inst.name)
-    changed += _router_changes(new_files, old)
-    serving = set(new.names()) | set(new.router.served if new.router else {})
-    return sorted(set(changed)), sorted(set(old_i) - serving)
+def render_summary(render: Render) -> dict[str, InstanceSummary]:
+    """Each instance of a typed render as a generation lists it (a router's members with the
+    router's port)."""
+    out = {r.name: InstanceSummary(r.variant, r.source_revision, r.port) for r in render.instances}
+    if render.router is not None:
+        for name in render.router.served:
+            out[name] = InstanceSummary(
+                render.router.member_variants.get(name), None, render.router.port
+            )
+    return out
 
 
 def summary_of(files: dict[str, str]) -> dict[str, InstanceSummary]:
     out = {name: InstanceSummary.of(e) for name, e in manifest_instances(files).items()}
-    router = _manifest_router(files)
+    router = manifest_router(files)
     if router is not None:
         for name in router.served:
             out[name] = InstanceSummary(router.variants.get(name), None, router.port)
     return out
-
-
-def served_names(files: Mapping[str, str]) -> set[str]:
-    """Every instance a set of render files serves: its own units' and the router's members."""
-    return set(manifest_instances(files)) | set((routed_members(files) or ("", {}))[1])
-
-
-def _manifest_router(files: Mapping[str, str]) -> ManifestRouter | None:
-    if MANIFEST not in files:
-        return None
-    try:
-        return Manifest.from_json(files[MANIFEST]).router
-    except ValueError:
-        return None
 
 
 # --- what changed, and the managers ---------------------------------------------------------
@@ -341,6 +278,7 @@ class UpManager(_InstallsFiles):
         except FileNotFoundError:
             return {}
         files = {MANIFEST: manifest}
+        check_manifest(files, self.units_dir)
         for name, entry in manifest_instances(files).items():
             for fname in (entry.unit, f"{name}.argv.json"):
                 if (self.units_dir / fname).exists():
@@ -454,6 +392,26 @@ class NixosManager:
         nix.nixos_rebuild_rollback(runner, self.flake_dir, self.target, self.sudo)
 
 
+def as_installed(
+    manager: Manager, recorded: dict[str, str], new: dict[str, str]
+) -> tuple[dict[str, str], list[str]]:
+    """What is really installed, in place of the files a generation records, and the
+    instances where the two differ.
+
+    A switch or rollback killed half-way can leave other units installed than ``current``
+    says; activating from the recorded files would then skip the very files that differ.
+    Only the files of this render and of the recorded generation count, so units of another
+    config in the same directory are left alone."""
+    if not manager.reads_installed:  # its own tool knows what it installed
+        return recorded, []
+    installed = manager.installed()
+    drifted, _ = diff_files(recorded, installed)
+    if not drifted:
+        return recorded, []
+    keep = set(recorded) | set(new)
+    return {**recorded, **{k: v for k, v in installed.items() if k in keep}}, drifted
+
+
 def user_units_dir() -> Path:
     base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
     return Path(base) / "systemd" / "user"
@@ -483,8 +441,10 @@ def make_manager(
     target = config.hosts[host].target
     if kind == "nixos":
         table = config.hosts[host]
+        # nixos-rebuild --target-host takes the destination alone (validate refuses a port).
+        destination = target.destination if target else None
         return NixosManager(
-            Path(config.source).resolve().parent, host, target, table.build_host, table.sudo
+            Path(config.source).resolve().parent, host, destination, table.build_host, table.sudo
         )
     if target:
         raise UserError(

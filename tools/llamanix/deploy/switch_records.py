@@ -1,8 +1,8 @@
 """What a switch takes and what it gives back: its options, and each host's outcome.
 
 Their own module so that the one-host paths (deploy.switch for this machine and NixOS,
-deploy.remote for a plain-systemd host over ssh) and the rolling switch share them without
-importing each other. deploy.switch re-exports both.
+deploy.fleet.remote for a plain-systemd host over ssh) and the rolling switch share them
+without importing each other.
 """
 
 from __future__ import annotations
@@ -15,21 +15,38 @@ from typing import Literal, get_args
 from llamanix.core import json_fields as jf
 from llamanix.core.config import suggest
 from llamanix.core.errors import Problem, UserError
+from llamanix.core.json_codec import JsonRecord, json_via
+from llamanix.core.json_value import JsonObject
 from llamanix.deploy.gap_records import GapRecord
 from llamanix.deploy.gate import BENCH_RUNS, DEFAULT_MAX_RUNS, GatePrompts, Thresholds
 from llamanix.deploy.gate_records import ACTIONS, GATES, Action, Baseline, GateKind, GateResult
 from llamanix.deploy.generations import ManagerKind
 
 DEFAULT_DRAIN_TIMEOUT_S = 30.0
+# How long each instance may take to become healthy after a switch or rollback.
+DEFAULT_TIMEOUT_S = 120.0
+# How long a remote host's switch or rollback may run there (its unit is stopped after), and
+# how much longer than that its agent follows it by default.
+DEFAULT_RUN_TIMEOUT_S = 900.0
+FOLLOW_GRACE_S = 60.0
 
 # What a switch did on one host.
 Outcome = Literal["passed", "failed", "unchanged", "dry-run"]
 OUTCOMES: tuple[Outcome, ...] = get_args(Outcome)
 Echo = Callable[[str], None]
+# What a switch whose gate failed left on its host.
+Restore = Literal[
+    "serving again",  # the previous generation was restored, and answers
+    "not answering",  # the previous generation was restored, and does not answer
+    "nothing before",  # nothing was installed before, so nothing serves
+    "never stopped",  # activation did not finish (a nixos-rebuild build): nothing to restore
+]
 
 
 @dataclass(frozen=True)
-class SwitchOptions:
+class SwitchOptions(JsonRecord):
+    """What a switch was asked for; a remote host's agent gets it as this record's JSON."""
+
     sets: tuple[str, ...] = ()
     gate: GateKind | None = None
     min_tok_s: float | None = None
@@ -37,7 +54,7 @@ class SwitchOptions:
     # bench gate with --max-regression: most candidate runs, and what an inconclusive ends as.
     max_runs: int = DEFAULT_MAX_RUNS
     inconclusive: str = "keep"
-    timeout_s: float = 120.0
+    timeout_s: float = DEFAULT_TIMEOUT_S
     # Most seconds to wait for a server to finish the requests in flight before its restart.
     drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
     # Seconds to wait for another switch, rollback or pin of the same host to finish.
@@ -46,6 +63,14 @@ class SwitchOptions:
     units_dir: Path | None = None
     # bench gate: the prompts measured, in turn (bench's --prompts spelling).
     gate_prompts: str | None = None
+    # A remote host's switch: how long it may run there, and how long its agent follows it
+    # (None: the run's limit and a minute).
+    run_timeout_s: float = DEFAULT_RUN_TIMEOUT_S
+    follow_timeout_s: float | None = None
+
+    @property
+    def follow_s(self) -> float:
+        return follow_deadline(self.run_timeout_s, self.follow_timeout_s)
 
     def bench_prompts(self) -> GatePrompts | None:
         """The --gate-prompts' prompts; None for the default (checked in gate_kind)."""
@@ -116,25 +141,69 @@ class SwitchOptions:
             )
         )
 
-    def thresholds(self, baseline: Baseline | None) -> Thresholds:
+    def thresholds(self, baseline: Baseline | None, prompts: GatePrompts | None) -> Thresholds:
+        """The bench gate's limits; ``prompts``: the --gate-prompts' (``bench_prompts``),
+        loaded once for the whole switch."""
         return Thresholds(
             self.min_tok_s,
             self.max_regression,
             baseline,
             self.max_runs,
             self.inconclusive_action(),
-            self.bench_prompts(),
+            prompts,
         )
 
 
+@dataclass(frozen=True)
+class RollbackOptions(JsonRecord):
+    """What a rollback was asked for: the generation (None: the newest good one before the
+    current), how long its instances may take to serve, how long to wait for another command
+    of the same host, and the manager overrides of a host switched from this machine."""
+
+    to: int | None = None
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    wait_s: float = 0.0
+    manager: ManagerKind | None = None
+    units_dir: Path | None = None
+    run_timeout_s: float = DEFAULT_RUN_TIMEOUT_S
+    follow_timeout_s: float | None = None
+
+    @property
+    def follow_s(self) -> float:
+        return follow_deadline(self.run_timeout_s, self.follow_timeout_s)
+
+
+def follow_deadline(run_timeout_s: float, follow_timeout_s: float | None) -> float:
+    """How long an agent follows a run: as asked, else the run's own limit and a minute (so a
+    run that ends at its limit is still seen to end)."""
+    return run_timeout_s + FOLLOW_GRACE_S if follow_timeout_s is None else follow_timeout_s
+
+
+def _gates_json(gates: list[GateResult]) -> JsonObject:
+    return {r.name: r.to_json() for r in gates}
+
+
+def _gates_from_json(data: object) -> list[GateResult]:
+    """The results keyed by instance, as ``_gates_json`` wrote them; those this version cannot
+    read are left out."""
+    found = [GateResult.from_json(str(n), r) for n, r in jf.table(data).items()]
+    return [g for g in found if g is not None]
+
+
 @dataclass
-class HostOutcome:
+class HostOutcome(JsonRecord):
+    """What a switch did on one host: its JSON is ``switch --json``'s row and what a remote
+    host's agent sends back."""
+
     host: str
     result: Outcome
     generation: int | None = None
     detail: str = ""
     changed: list[str] = field(default_factory=list)
-    gates: list[GateResult] = field(default_factory=list)
+    # Written as an object by instance name (the key a GateResult's JSON leaves out).
+    gates: list[GateResult] = field(
+        default_factory=list, metadata=json_via(_gates_json, _gates_from_json, key="gate")
+    )
     # The generation that was current before (what a failed gate restores).
     previous: int | None = None
     # Seconds from the start of activation until the new generation answered or, after a
@@ -143,41 +212,9 @@ class HostOutcome:
     out_of_service_s: float | None = None
     # Each restarted instance's gap (systemd hosts): what its own clients saw.
     gaps: dict[str, GapRecord] = field(default_factory=dict)
+    # A failed switch: what it left (None: it failed before anything was activated).
+    restore: Restore | None = None
 
     @property
     def ok(self) -> bool:
         return self.result != "failed"
-
-    def to_json(self) -> dict[str, object]:
-        return {
-            "host": self.host,
-            "result": self.result,
-            "generation": self.generation,
-            "previous": self.previous,
-            "changed": self.changed,
-            "detail": self.detail,
-            "out_of_service_s": self.out_of_service_s,
-            "gate": {r.name: r.to_json() for r in self.gates},
-            "gaps": {name: g.to_json() for name, g in self.gaps.items()},
-        }
-
-    @staticmethod
-    def from_json(data: object) -> HostOutcome | None:
-        """An outcome as ``to_json`` wrote it (a remote host's agent, over ssh); None when it
-        names no host or no result this version knows."""
-        found = jf.table(data)
-        host, result = jf.text(found.get("host")), jf.choice(found.get("result"), OUTCOMES)
-        if host is None or result is None:
-            return None
-        gates = [GateResult.from_json(str(n), r) for n, r in jf.table(found.get("gate")).items()]
-        return HostOutcome(
-            host,
-            result,
-            jf.integer(found.get("generation")),
-            jf.text(found.get("detail")) or "",
-            list(jf.texts(found.get("changed"))),
-            [g for g in gates if g is not None],
-            jf.integer(found.get("previous")),
-            jf.real(found.get("out_of_service_s")),
-            {str(n): GapRecord.from_json(g) for n, g in jf.table(found.get("gaps")).items()},
-        )

@@ -2,8 +2,9 @@
 them and the live view draws them.
 
 A host with a ``target`` (kind systemd or systemd-user) is read over ssh, the way a fleet switch
-reaches it: its own llamanix runs ``top --fleet-config --once --json`` there, on the fleet
-agent's copy of the config (where that host's generations are kept), and its JSON comes back.
+reaches it: its own llamanix runs ``fleet-agent top`` there (the one command its sudoers line
+allows), on the fleet agent's copy of the config (where that host's generations are kept), and
+the JSON of ``top --once --json`` comes back.
 A host that cannot be read is one marked row, never a traceback.
 """
 
@@ -16,8 +17,9 @@ from typing import Literal
 from llamanix.core.config import Config
 from llamanix.core.errors import ExternalCommandError, UserError
 from llamanix.core.json_codec import JsonRecord
+from llamanix.deploy.fleet.protocol import EXIT_INCOMPATIBLE, HELLO, PROTOCOL
+from llamanix.deploy.fleet.remote import remote_host
 from llamanix.deploy.host_reading import HostReading, InstanceReading
-from llamanix.deploy.remote import remote_host
 from llamanix.deploy.switch_figures import SwitchFigures
 from llamanix.external.process import Runner
 from llamanix.external.ssh import SSH_FAILED, run_ssh
@@ -147,14 +149,15 @@ def remote_top(config: Config, host: str, runner: Runner, window: float = 0.0) -
             f"a {kind} host is not read over ssh (only systemd and systemd-user hosts are): "
             f"run llamanix top on {host} itself",
         )
+    # Through the fleet agent: the one llamanix command a host's sudoers line allows.
     command = [
         *rh.llamanix(),
+        "fleet-agent",
         "top",
-        "--fleet-config",
+        "--protocol",
+        str(PROTOCOL),
         "--host",
         host,
-        "--once",
-        "--json",
         "--window",
         f"{window:g}",
     ]
@@ -165,6 +168,13 @@ def remote_top(config: Config, host: str, runner: Runner, window: float = 0.0) -
         return TopHost(host, "unreachable", str(err))
     if result.returncode == SSH_FAILED:
         return TopHost(host, "unreachable", f"ssh {rh.target}: {result.last_error or 'failed'}")
+    if result.returncode == EXIT_INCOMPATIBLE:
+        return TopHost(
+            host,
+            "error",
+            f"the llamanix on {rh.target} speaks another fleet protocol: install the same "
+            "llamanix on both sides",
+        )
     if result.returncode != 0:
         return TopHost(
             host,
@@ -173,7 +183,7 @@ def remote_top(config: Config, host: str, runner: Runner, window: float = 0.0) -
             f"{result.last_error or 'no message'}",
         )
     try:
-        found = parse_top_json("\n".join(lines))
+        found = parse_top_json("\n".join(ln for ln in lines if not ln.startswith(HELLO)))
     except ValueError as err:
         return TopHost(host, "error", f"{rh.target} answered something that is not top's: {err}")
     match = [h for h in found if h.host == host]

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Literal, get_args
 
 from llamanix.core.errors import Problem, UserError
-from llamanix.core.json_fields import JsonFields, choice, integer, table
-from llamanix.core.json_value import JsonObject
+from llamanix.core.json_codec import JsonRecord
+from llamanix.core.json_fields import integer, table
 from llamanix.external.files import atomic_write
 from llamanix.external.process import alive
 
@@ -25,7 +25,7 @@ SETTLED: tuple[UpState, ...] = ("running", "restarting", "failed", "exited")
 
 
 @dataclass(frozen=True)
-class UpInstance:
+class UpInstance(JsonRecord):
     """One instance as ``up`` runs it: what it runs (``key``), its state and the last error."""
 
     key: str  # the spec's key: changes when its command line, environment or policy does
@@ -39,60 +39,15 @@ class UpInstance:
     def settled(self) -> bool:
         return self.state in SETTLED
 
-    def to_json(self) -> JsonObject:
-        return {
-            "key": self.key,
-            "state": self.state,
-            "pid": self.pid,
-            "url": self.url,
-            "starts": self.starts,
-            "last_error": self.last_error,
-        }
-
-    @staticmethod
-    def from_json(value: object, where: str) -> UpInstance:
-        data = JsonFields.of(value, where)
-        state = choice(data.raw("state"), UP_STATES)
-        if state is None:
-            raise ValueError(f"{where}.state: expected one of {', '.join(UP_STATES)}")
-        return UpInstance(
-            key=data.string("key"),
-            state=state,
-            pid=data.opt_integer("pid"),
-            url=data.opt_string("url"),
-            starts=data.integer("starts"),
-            last_error=data.opt_string("last_error"),
-        )
-
 
 @dataclass(frozen=True)
-class UpStatus:
+class UpStatus(JsonRecord):
     """The whole file: the ``up`` process, the manifest it runs (its sha256; None before it
     has read one) and each instance it runs."""
 
     pid: int
     manifest: str | None
     instances: Mapping[str, UpInstance]
-
-    def to_json(self) -> JsonObject:
-        return {
-            "pid": self.pid,
-            "manifest": self.manifest,
-            "instances": {name: entry.to_json() for name, entry in self.instances.items()},
-        }
-
-    @staticmethod
-    def from_json(value: object, where: str) -> UpStatus:
-        data = JsonFields.of(value, where)
-        instances = data.obj("instances")
-        return UpStatus(
-            pid=data.integer("pid"),
-            manifest=data.opt_string("manifest"),
-            instances={
-                name: UpInstance.from_json(instances.raw(name), f"{where}.instances.{name}")
-                for name in instances.names()
-            },
-        )
 
 
 def read_status(units_dir: Path) -> UpStatus | None:

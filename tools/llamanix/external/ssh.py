@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import IO
 
+from llamanix.core.address import SshTarget
 from llamanix.core.errors import ExternalCommandError
 from llamanix.external.process import Runner
 from llamanix.external.signals import signal_child
@@ -34,12 +35,44 @@ SSH_OPTIONS = (
 SSH_FAILED = 255
 
 
-def ssh_argv(target: str, command: Sequence[str]) -> list[str]:
-    """The ssh argv that runs ``command`` on ``target``. ssh hands the remote side one string
-    that its login shell splits: the command is quoted here, once, so each argument arrives
-    as it is. ``--`` ends ssh's own options (the caller has refused a target that starts with
-    ``-``, which ssh would read as one)."""
-    return ["ssh", *SSH_OPTIONS, target, "--", shlex.join(command)]
+class _Live:
+    """The ssh processes running now (each in a session of its own, which a Ctrl-C at the
+    terminal does not reach), so that a second stop signal can end them all at once, and
+    whether new ones are refused."""
+
+    def __init__(self) -> None:
+        # Re-entrant: a signal handler on the main thread may call stop_all while that
+        # thread holds it.
+        self.lock = threading.RLock()
+        self.procs: set[subprocess.Popen[str]] = set()
+        self.stopped = False
+
+
+_LIVE = _Live()
+
+
+def stop_all() -> None:
+    """End every ssh this process runs (SIGTERM: the remote side gets its hang-up), and refuse
+    new ones until ``allow_again``: what a second Ctrl-C does to a batch of hosts."""
+    with _LIVE.lock:
+        _LIVE.stopped = True
+        procs = list(_LIVE.procs)
+    for proc in procs:
+        if proc.poll() is None:
+            signal_child(proc, signal.SIGTERM)
+
+
+def allow_again() -> None:
+    with _LIVE.lock:
+        _LIVE.stopped = False
+
+
+def ssh_argv(target: SshTarget, command: Sequence[str]) -> list[str]:
+    """The ssh argv that runs ``command`` on ``target`` (its port as ``-p``). ssh hands the
+    remote side one string that its login shell splits: the command is quoted here, once, so
+    each argument arrives as it is. ``--`` ends ssh's own options (a target that starts with
+    ``-``, which ssh would read as one, never parses)."""
+    return ["ssh", *SSH_OPTIONS, *target.ssh_args(), "--", shlex.join(command)]
 
 
 @dataclass(frozen=True)
@@ -59,7 +92,7 @@ class SshResult:
 
 def run_ssh(
     runner: Runner,
-    target: str,
+    target: SshTarget,
     command: Sequence[str],
     on_line: Callable[[str], None],
     stdin_text: str | None = None,
@@ -78,8 +111,21 @@ def run_ssh(
         return SshResult(0, ())
     if show:
         runner.echo(f"$ {shlex.join(argv)}")
+    with _LIVE.lock:
+        if _LIVE.stopped:
+            raise ExternalCommandError("stopped: ssh is not run after a second stop signal")
+        proc = _start(argv, stdin_text)
+        _LIVE.procs.add(proc)
     try:
-        proc = subprocess.Popen(
+        return _read(proc, stdin_text, on_line)
+    finally:
+        with _LIVE.lock:
+            _LIVE.procs.discard(proc)
+
+
+def _start(argv: list[str], stdin_text: str | None) -> subprocess.Popen[str]:
+    try:
+        return subprocess.Popen(
             argv,
             stdin=subprocess.PIPE if stdin_text is not None else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
@@ -97,6 +143,13 @@ def run_ssh(
         ) from None
     except OSError as err:
         raise ExternalCommandError(f"cannot run ssh: {err.strerror}") from None
+
+
+def _read(
+    proc: subprocess.Popen[str], stdin_text: str | None, on_line: Callable[[str], None]
+) -> SshResult:
+    """Each stdout line to ``on_line`` as it comes, stdin fed and stderr kept alongside; ssh
+    ended (SIGTERM) when this is left by an exception."""
     assert proc.stdout is not None and proc.stderr is not None
     stderr: list[str] = []
     readers = [threading.Thread(target=_collect, args=(proc.stderr, stderr), daemon=True)]

@@ -216,6 +216,7 @@ class BenchResult:
     summaries: tuple[Summary, ...]
     runs: tuple[RunResult, ...]
 
+    # Hand-written: the file's format comes first, before the codec's fields.
     def to_json(self) -> JsonObject:
         return {"format": RESULT_FORMAT, **json_codec.to_json(self)}
 

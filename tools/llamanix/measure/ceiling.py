@@ -142,6 +142,7 @@ class VramBudget:
             + self.compute_margin
         )
 
+    # Hand-written: the total follows from the parts.
     def to_json(self) -> JsonObject:
         return {**json_codec.to_json(self), "total": self.total}
 

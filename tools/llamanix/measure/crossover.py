@@ -42,6 +42,7 @@ class Line:
     def at(self, tokens: float) -> float:
         return self.intercept_s + self.slope_s_per_token * tokens
 
+    # Hand-written: decode_tok_s follows from the slope.
     def to_json(self) -> JsonObject:
         return {
             "intercept_s": self.intercept_s,
@@ -94,6 +95,7 @@ class Crossover:
             )
         return f"{candidate} and {baseline} take the same time at every output length"
 
+    # Hand-written: baseline and candidate are Lines with their computed decode rate.
     def to_json(self) -> JsonObject:
         return {
             "outcome": self.outcome,
@@ -161,6 +163,7 @@ class PromptCrossover:
     def sentence(self) -> str:
         return f"{self.prompt}: " + self.crossover.sentence(self.candidate, self.baseline)
 
+    # Hand-written: the crossover's keys sit beside the labels, not under a key.
     def to_json(self) -> JsonObject:
         return {
             "prompt": self.prompt,

@@ -146,6 +146,7 @@ class Report:
     def skipped(self, check: CheckName, why: str) -> None:
         self._record(check, CheckResult("skipped", why))
 
+    # Hand-written: the counts and ok follow from the findings; checks as text.
     def to_json(self) -> JsonObject:
         return {
             "ok": not self.has_errors,

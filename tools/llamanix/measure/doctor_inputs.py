@@ -8,6 +8,7 @@ itself only parses options and prints the report.
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -148,7 +149,8 @@ def _read_log(request: DoctorRequest, config: Config, instance: str | None) -> S
                 str(request.config_path),
                 f"hosts.{host.name}.target",
                 f"--journal reads this machine's journal, but {instance} runs on {host.target}",
-                f"ssh {host.target} journalctl -u {unit_name(instance)} -o cat > "
+                f"{shlex.join(['ssh', *host.target.ssh_args()])} journalctl -u "
+                f"{unit_name(instance)} -o cat > "
                 f"{instance}.log, then pass --log {instance}.log",
             )
         )

@@ -161,6 +161,7 @@ class GgufInfo:
             return dense + self.expert_tensor_bytes * self.expert_used_count / self.expert_count
         return base
 
+    # Hand-written: it adds the figures that follow from the fields, and leaves kv_widths out.
     def to_json(self) -> JsonObject:
         out = asdict(self)
         del out["kv_widths"]

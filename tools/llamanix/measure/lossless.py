@@ -403,6 +403,7 @@ class PromptComparison:
         known = [v for v in values if v is not None]
         return sum(known) if known else None
 
+    # Hand-written: its figures (counts, medians, per side) follow from the runs.
     def to_json(self) -> JsonObject:
         calls = self.tool_calls
         return {
@@ -477,6 +478,7 @@ class LosslessResult:
     def by_workload(self) -> list[WorkloadSummary]:
         return summarise_workloads(self.workloads)
 
+    # Hand-written: it adds the format and the version, and each workload's own shape.
     def to_json(self) -> JsonObject:
         return {
             "format": RESULT_FORMAT,

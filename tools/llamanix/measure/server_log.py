@@ -139,6 +139,7 @@ class ServerLog:
             accepted = self.spec_accepted_tokens or 0
         return accepted / generated if generated else None
 
+    # Hand-written: it adds the acceptance figures that follow from the fields.
     def to_json(self) -> JsonObject:
         out = asdict(self)
         out["draft_loaded"] = self.draft_loaded

@@ -257,6 +257,7 @@ class DecodeFigures:
             samples=tuple(samples),
         )
 
+    # Hand-written: the runs (samples) are left out.
     def to_json(self) -> JsonObject:
         return {
             "n": self.n,
@@ -305,6 +306,7 @@ class SweepPoint:
     def label(self) -> str:
         return "baseline" if self.acceptance is None else f"p={self.acceptance:g}"
 
+    # Hand-written: the runs are written only when asked, the server's figures flat.
     def to_json(self, with_runs: bool = False) -> JsonObject:
         data: JsonObject = {
             "acceptance": self.acceptance,
@@ -334,6 +336,7 @@ class SweepResult:
     points: tuple[SweepPoint, ...]
     notes: tuple[str, ...]
 
+    # Hand-written: the format comes first, and each point's runs only when asked.
     def to_json(self, with_runs: bool = False) -> JsonObject:
         return {
             "format": "llamanix-synthetic-acceptance/1",

@@ -82,6 +82,7 @@ class WorkloadFigures:
             head + f", {1 - rate:.0%} of drafts rejected ({self.accepted} of {self.drafted} kept)"
         )
 
+    # Hand-written: acceptance and the verdict follow from the fields.
     def to_json(self) -> JsonObject:
         interval = self.speedup
         return {

@@ -16,6 +16,7 @@ from importlib import resources
 from pathlib import Path
 
 from llamanix.core.address import connect_url, remote_host, url_host
+from llamanix.core.api_key import key_env
 from llamanix.core.config import Config, Gateway, Instance
 from llamanix.core.errors import Problem, UserError
 from llamanix.core.json_value import JsonObject, JsonValue
@@ -51,12 +52,6 @@ def gateway_of(config: Config) -> Gateway:
             Problem(config.source, "gateway", "this config has no gateway", "add a [gateway]")
         )
     return config.gateway
-
-
-def key_env(instance: str) -> str:
-    """The variable a replica's key reaches LiteLLM through (``os.environ/NAME`` in its
-    config): the instance's name in upper case, other characters as ``_``."""
-    return "LLAMANIX_KEY_" + "".join(ch if ch.isalnum() else "_" for ch in instance.upper())
 
 
 def _served(config: Config, inst: Instance) -> tuple[str, int, str | None]:

@@ -136,6 +136,7 @@ class ManifestRouter:
             dict(r.member_variants),
         )
 
+    # Hand-written: a router's unit, listen and kind take a router's defaults.
     @staticmethod
     def from_json_entry(data: object) -> ManifestRouter:
         """The router's entry, read leniently, with the defaults of a router's unit."""
@@ -173,6 +174,7 @@ class ManifestGateway:
     def of(r: RenderedInstance) -> ManifestGateway:
         return ManifestGateway(r.unit, r.version or "", r.argv, r.listen, r.port, r.config_name)
 
+    # Hand-written: the gateway's unit and listen take a gateway's defaults.
     @staticmethod
     def from_json_entry(data: object) -> ManifestGateway:
         if not isinstance(data, dict):
@@ -208,6 +210,7 @@ class Manifest:
     def text(self) -> str:
         return json.dumps(self.to_json(), indent=2) + "\n"
 
+    # Hand-written reader: each entry takes the defaults of its own kind of unit.
     @staticmethod
     def from_json(text: str) -> Manifest:
         """The manifest in ``text``; ValueError when it is not one."""

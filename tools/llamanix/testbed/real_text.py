@@ -207,6 +207,7 @@ class WorkloadRow:
     def acceptance(self) -> float | None:
         return self.accepted / self.drafted if self.drafted else None
 
+    # Hand-written: acceptance follows from the counts.
     def to_json(self) -> JsonObject:
         return {
             "speculation": self.speculation,

@@ -59,6 +59,7 @@ class LosslessRow:
     compared: str  # "ngram-mod" or "plain (control)"
     summary: WorkloadSummary
 
+    # Hand-written: the summary's keys sit beside the counts.
     def to_json(self) -> JsonObject:
         return {"slots": self.slots, "compared": self.compared, **self.summary.to_json()}
 

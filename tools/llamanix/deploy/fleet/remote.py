@@ -1,12 +1,13 @@
 """A remote plain-systemd host (``kind = "systemd"`` or ``"systemd-user"`` with a ``target``):
 switched by its own installed llamanix, over the user's OpenSSH.
 
-This side runs ``ssh TARGET -- sudo -n llamanix fleet-agent OP --protocol 1 --host NAME ...``
-(no sudo for systemd-user, as nixos-rebuild's --sudo), hands the config on ssh's stdin (never
-on a command line), and prints what the agent prints, each line prefixed with the host's name.
-The agent (deploy/fleet_agent.py) keeps the host's generations there and runs the switch as a
+This side runs ``ssh TARGET -- sudo -n llamanix fleet-agent OP --protocol N --host NAME ...``
+(no sudo for systemd-user, as nixos-rebuild's --sudo), hands a switch's config and options on
+ssh's stdin (never on a command line), and prints what the agent prints, each line prefixed
+with the host's name.
+The agent (fleet/agent.py) keeps the host's generations there and runs the switch as a
 transient unit of the host's own systemd, so a dropped connection does not stop it half-way;
-its last line is the outcome (deploy/fleet_protocol.py).
+its last line is the outcome (fleet/protocol.py).
 
 Every way this can fail before an outcome is one line: the host cannot be reached, it has no
 llamanix (or not on sudo's PATH), sudo wants a password, or its llamanix speaks another fleet
@@ -22,25 +23,26 @@ from pathlib import Path
 from typing import Literal
 
 from llamanix import __version__
+from llamanix.core.address import SshTarget
 from llamanix.core.config import Config
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
 from llamanix.core.json_value import JsonObject
-from llamanix.deploy.fleet_protocol import (
+from llamanix.deploy.fleet.protocol import (
     EXIT_USER_ERROR,
     GENERATIONS,
     PROTOCOL,
     AgentCommand,
+    ConfigFormat,
     Hello,
     RunReport,
-    gate_args,
+    SwitchOrder,
     parse_started,
 )
-from llamanix.deploy.switch_records import Echo, HostOutcome, SwitchOptions
+from llamanix.deploy.switch_records import Echo, HostOutcome, RollbackOptions, SwitchOptions
 from llamanix.external.process import Runner
 from llamanix.external.ssh import SSH_FAILED, SshResult, run_ssh, ssh_argv
 
 RemoteKind = Literal["systemd", "systemd-user"]
-ConfigFormat = Literal["toml", "json"]
 
 # docs/debian.md's install, plus the link that puts llamanix on sudo's secure_path (and on the
 # PATH ssh gives a plain command: /usr/local/bin is on both).
@@ -52,14 +54,18 @@ UPGRADE = "sudo /opt/llamanix/bin/pip install --upgrade ./llamanix"
 
 
 class RemoteUnreachable(ExternalCommandError):
-    """ssh could not reach the host (exit 255), or lost it and could not reach it again: a
-    rolling switch touches no other host after this."""
+    """ssh could not reach the host (exit 255): nothing ran there."""
+
+
+class RemoteLost(RemoteUnreachable):
+    """ssh lost the host during a run, or its agent stopped following the run at its
+    deadline: the run goes on there by itself."""
 
 
 @dataclass(frozen=True)
 class RemoteHost:
     name: str
-    target: str
+    target: SshTarget
     kind: RemoteKind
     config_format: ConfigFormat = "toml"
     source: str = ""  # the config that names it, for messages
@@ -78,17 +84,8 @@ def remote_host(config: Config, name: str) -> RemoteHost | None:
     """The host as a remote plain-systemd host; None when it is not one (no target, or a
     NixOS host, which nixos-rebuild --target-host switches)."""
     host = config.hosts[name]
-    if not host.target or host.kind not in ("systemd", "systemd-user"):
+    if not host.runs_own_switch or host.target is None:
         return None
-    if host.target.startswith("-"):
-        raise UserError(
-            Problem(
-                config.source,
-                f"hosts.{name}.target",
-                f"'{host.target}' starts with '-', which ssh would take for an option",
-                "write USER@HOST, or a Host name of your ssh config",
-            )
-        )
     kind: RemoteKind = "systemd" if host.kind == "systemd" else "systemd-user"
     fmt: ConfigFormat = "json" if Path(config.source).suffix == ".json" else "toml"
     return RemoteHost(name, host.target, kind, fmt, config.source)
@@ -113,8 +110,10 @@ def remote_argv(rh: RemoteHost, op: str, extra: Sequence[str]) -> list[str]:
     return ssh_argv(rh.target, agent_argv(rh, op, extra))
 
 
-def switch_argv_extra(rh: RemoteHost, opts: SwitchOptions) -> list[str]:
-    return ["--format", rh.config_format, *gate_args(opts)]
+def switch_order(rh: RemoteHost, new_text: str, opts: SwitchOptions) -> SwitchOrder:
+    """What the agent gets on stdin: the config and the options that mean something there
+    (--set is applied already; the manager overrides are refused for a remote host)."""
+    return SwitchOrder(rh.config_format, new_text, replace(opts, sets=()))
 
 
 # --- one agent command -------------------------------------------------------------------------
@@ -249,12 +248,17 @@ def _missing(rh: RemoteHost) -> str:
     return f"{rh.target} has no llamanix on {where}; install it there: {INSTALL}"
 
 
+def sudoers_line(user: str) -> str:
+    """What lets ``user`` run the fleet agent through ``sudo -n``, and nothing else of
+    llamanix (nor any other program) as root."""
+    return f"{user} ALL=(root) NOPASSWD: /usr/local/bin/llamanix fleet-agent *"
+
+
 def _needs_password(rh: RemoteHost) -> str:
-    user = rh.target.split("@", 1)[0] if "@" in rh.target else "the ssh user"
+    user = rh.target.user or "the ssh user"
     return (
         f"sudo on {rh.target} asks {user} for a password, and a fleet switch cannot answer it; "
-        f"allow it there: echo '{user} ALL=(root) NOPASSWD: /usr/local/bin/llamanix' | "
-        "sudo tee /etc/sudoers.d/llamanix"
+        f"allow it there: echo '{sudoers_line(user)}' | sudo tee /etc/sudoers.d/llamanix"
     )
 
 
@@ -269,7 +273,14 @@ def _remote_version(rh: RemoteHost, runner: Runner) -> str:
     return words[-1] if "version" in words else "(version unknown)"
 
 
-def _outcome(rh: RemoteHost, op: str, report: RunReport | None) -> HostOutcome:
+def _outcome(rh: RemoteHost, op: str, report: RunReport | None, follow_s: float) -> HostOutcome:
+    """The host's outcome of ``op``, as its agent reported it; ``RemoteLost`` when the run
+    still went on when the agent stopped following it."""
+    if report is not None and report.running:
+        raise RemoteLost(
+            f"{rh.name}: the {report.summary()} on {rh.target} after {follow_s:g} s "
+            f"(--follow-timeout); it goes on there by itself: {_generations_hint(rh)}"
+        )
     if report is None or report.outcome is None:
         unit = report.unit if report else "no report"
         detail = f"the fleet {op} on {rh.target} ended without an outcome ({unit})"
@@ -277,37 +288,47 @@ def _outcome(rh: RemoteHost, op: str, report: RunReport | None) -> HostOutcome:
     return replace(report.outcome, host=rh.name)
 
 
-def _after_lost(rh: RemoteHost, op: str, lost: _Lost, runner: Runner, echo: Echo) -> HostOutcome:
+def _generations_hint(rh: RemoteHost) -> str:
+    return f"`llamanix generations {rh.source} --host {rh.name}` shows how it ended"
+
+
+def _after_lost(
+    rh: RemoteHost, op: str, lost: _Lost, follow_s: float, runner: Runner, echo: Echo
+) -> HostOutcome:
     """The connection dropped while the agent ran ``op``: the unit goes on there by itself.
-    Follow it again through ``status`` once; the outcome when the run is the one started."""
+    Follow it again through ``status`` once (for ``follow_s`` at most); the outcome when the
+    run is the one started. ``RemoteLost`` when it cannot be followed; ``RemoteUnreachable``
+    when it may not have started."""
     said = lost.reply.result.last_error or "ssh exited 255"
     started = lost.reply.started
-    gone = RemoteUnreachable(
-        f"{rh.name}: lost {rh.target} over ssh during the {op} ({said}); "
-        + (
-            f"it goes on there by itself: `llamanix generations {rh.source} --host {rh.name}` "
-            "shows how it ended"
-            if started
-            else "it may not have started there"
-        )
-    )
     if started is None:
-        raise gone
+        raise RemoteUnreachable(
+            f"{rh.name}: lost {rh.target} over ssh during the {op} ({said}); it may not have "
+            "started there"
+        )
+    gone = RemoteLost(
+        f"{rh.name}: lost {rh.target} over ssh during the {op} ({said}); it goes on there by "
+        f"itself: {_generations_hint(rh)}"
+    )
     echo(f"{rh.name}: lost the ssh connection ({said}); following the {op} there again")
     try:
-        reply = _call(rh, "status", (), runner, echo, show=False)
-    except (RemoteUnreachable, _Lost):
+        reply = _call(rh, "status", _follow_args(follow_s), runner, echo, show=False)
+    except (ExternalCommandError, _Lost):
         raise gone from None
     if reply.report is None or reply.report.run != started:
         raise gone
-    return _outcome(rh, op, reply.report)
+    return _outcome(rh, op, reply.report, follow_s)
+
+
+def _follow_args(follow_s: float) -> list[str]:
+    return ["--follow-timeout", repr(follow_s)]
 
 
 # --- what the rest of llamanix calls -----------------------------------------------------------
 
 
-def _refuse_local_options(rh: RemoteHost, opts: SwitchOptions) -> None:
-    if opts.manager is not None or opts.units_dir is not None:
+def _refuse_local_options(rh: RemoteHost, manager: str | None, units_dir: Path | None) -> None:
+    if manager is not None or units_dir is not None:
         raise UserError(
             Problem(
                 rh.source,
@@ -325,48 +346,53 @@ def remote_switch(
     """Switch the remote host to ``new_text`` (the whole config, its --set applied); it is
     gated there and restores itself when the gate fails. With ``runner.dry_run`` the ssh argv
     is printed and nothing runs."""
-    _refuse_local_options(rh, opts)
+    _refuse_local_options(rh, opts.manager, opts.units_dir)
     opts.gate_kind(rh.source)  # bad options: one line before anything connects
     echo(f"{rh.name}: switching over ssh ({rh.target})")
+    order = switch_order(rh, new_text, opts).text()
     try:
-        reply = _call(rh, "switch", switch_argv_extra(rh, opts), runner, echo, new_text)
+        reply = _call(rh, "switch", (), runner, echo, order)
     except _Lost as lost:
-        return _after_lost(rh, "switch", lost, runner, echo)
+        return _after_lost(rh, "switch", lost, opts.follow_s, runner, echo)
     if runner.dry_run:
-        runner.note(f"the config goes on ssh's stdin; {rh.target} switches its own copy")
+        runner.note(f"the config and options go on ssh's stdin; {rh.target} switches its own copy")
         return HostOutcome(rh.name, "dry-run")
-    return _outcome(rh, "switch", reply.report)
+    return _outcome(rh, "switch", reply.report, opts.follow_s)
 
 
 def remote_rollback(
-    rh: RemoteHost, to: int | None, timeout_s: float, runner: Runner, echo: Echo
+    rh: RemoteHost, opts: RollbackOptions, runner: Runner, echo: Echo
 ) -> HostOutcome:
-    """Serve an earlier generation of the remote host again (``to``: its number; None: the
-    newest good one before the current), as ``llamanix rollback`` does there."""
-    extra = ["--timeout", repr(timeout_s), *(["--to", str(to)] if to is not None else [])]
+    """Serve an earlier generation of the remote host again (``opts.to``: its number; None:
+    the newest good one before the current), as ``llamanix rollback`` does there, waiting up
+    to ``opts.wait_s`` for a run that still goes on there."""
+    _refuse_local_options(rh, opts.manager, opts.units_dir)
     echo(f"{rh.name}: rolling back over ssh ({rh.target})")
+    text = json.dumps(opts.to_json())
     try:
-        reply = _call(rh, "rollback", extra, runner, echo)
+        reply = _call(rh, "rollback", (), runner, echo, text)
     except _Lost as lost:
-        return _after_lost(rh, "rollback", lost, runner, echo)
+        return _after_lost(rh, "rollback", lost, opts.follow_s, runner, echo)
     if runner.dry_run:
+        runner.note(f"the options go on ssh's stdin: {text}")
         return HostOutcome(rh.name, "dry-run")
-    return _outcome(rh, "rollback", reply.report)
+    return _outcome(rh, "rollback", reply.report, opts.follow_s)
 
 
-def remote_status(rh: RemoteHost, runner: Runner, echo: Echo) -> str:
-    """How the last fleet switch or rollback on the host ended, in one line; one that still
-    runs is followed to its end first (its progress echoed)."""
+def remote_status(rh: RemoteHost, follow_s: float, runner: Runner, echo: Echo) -> RunReport:
+    """How the last fleet switch or rollback on the host ended; one that still runs is
+    followed for ``follow_s`` at most (its progress echoed; ``running`` when it still runs
+    then)."""
     try:
-        reply = _call(rh, "status", (), runner, echo, show=False)
+        reply = _call(rh, "status", _follow_args(follow_s), runner, echo, show=False)
     except _Lost as lost:
         raise RemoteUnreachable(
             f"{rh.name}: lost {rh.target} over ssh: {lost.reply.result.last_error}"
         ) from None
     if runner.dry_run:
-        return "dry-run"
+        return RunReport(None)
     assert reply.report is not None  # _check saw to it
-    return reply.report.summary()
+    return reply.report
 
 
 def remote_generations(rh: RemoteHost, runner: Runner) -> list[JsonObject]:

@@ -1,5 +1,5 @@
 """The remote side of a fleet switch: what ``llamanix fleet-agent`` does on a plain-systemd host
-that another machine switches over ssh (deploy/remote.py is that other side).
+that another machine switches over ssh (fleet/remote.py is that other side).
 
 The agent keeps its own copy of the config in its directory (``/var/lib/llamanix/fleet`` for
 root, mode 0700; ``~/.local/state/llamanix/fleet`` for a user's units), with ``target`` left out
@@ -12,7 +12,7 @@ or a killed agent neither stops it half-way (the gate, and the restore after a f
 finish by themselves) nor leaves it unrecorded (its outcome goes to ``outcome.json``). The
 agent starts the unit, prints what the unit writes to ``run.log`` as it comes (the same lines
 go to the journal), and once the unit's process has ended prints the outcome (the machine
-line, deploy/fleet_protocol.py). ``status`` tells how the last run ended (following one that
+line, fleet/protocol.py). ``status`` tells how the last run ended (following one that
 still runs), and whether an agent reported that ending before.
 
 The unit writes its progress to a file the agent reads, rather than the agent following the
@@ -31,7 +31,6 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Literal
 
 import tomlkit
 import tomlkit.exceptions
@@ -41,13 +40,22 @@ from llamanix import __version__
 from llamanix.core import json_fields as jf
 from llamanix.core.config import Config, suggest
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
+from llamanix.core.json_codec import JsonRecord, from_json_lenient
 from llamanix.core.json_value import JsonObject
 from llamanix.deploy.config_edit import lenient_parse, parse_text
-from llamanix.deploy.fleet_protocol import OPS, PROTOCOL, Hello, Op, RunReport
+from llamanix.deploy.fleet.commands import rollback, switch
+from llamanix.deploy.fleet.protocol import (
+    FORMATS,
+    PROTOCOL,
+    ConfigFormat,
+    Hello,
+    Op,
+    RunReport,
+    SwitchOrder,
+)
 from llamanix.deploy.generations import HostState
 from llamanix.deploy.listing import generation_rows
-from llamanix.deploy.switch import rollback, switch
-from llamanix.deploy.switch_records import HostOutcome, SwitchOptions
+from llamanix.deploy.switch_records import HostOutcome, RollbackOptions, SwitchOptions
 from llamanix.external import systemctl
 from llamanix.external.clock import now
 from llamanix.external.files import atomic_write, locked
@@ -55,8 +63,6 @@ from llamanix.external.process import Runner
 from llamanix.external.systemd_run import start_transient
 
 Echo = Callable[[str], None]
-ConfigFormat = Literal["toml", "json"]
-FORMATS: tuple[ConfigFormat, ...] = ("toml", "json")
 
 UNIT = "llamanix-fleet"
 SERVICE = f"{UNIT}.service"
@@ -65,6 +71,8 @@ SYSTEM_DIR = Path("/var/lib/llamanix/fleet")
 DIR_ENV = "LLAMANIX_FLEET_DIR"
 # How often a running unit is looked at while it is followed.
 POLL_S = 0.2
+# The exit status of coreutils' timeout when the run it started ran past its limit.
+TIMED_OUT = 124
 
 
 def hello() -> Hello:
@@ -101,6 +109,11 @@ class FleetDir:
         return next((p for p in map(self.config, FORMATS) if p.is_file()), None)
 
     @property
+    def options(self) -> Path:
+        """The switch's options, beside the text it goes to (its unit reads them)."""
+        return self.root / "switch-options.json"
+
+    @property
     def run_record(self) -> Path:
         return self.root / "run.json"
 
@@ -123,7 +136,7 @@ class FleetDir:
 
 
 @dataclass(frozen=True)
-class RunRecord:
+class RunRecord(JsonRecord):
     """``run.json``: the last run started here, and whether its ending was reported."""
 
     op: Op
@@ -132,26 +145,25 @@ class RunRecord:
     started: str
     reported: bool = False
 
-    def to_json(self) -> JsonObject:
-        return {
-            "op": self.op,
-            "run": self.run,
-            "host": self.host,
-            "started": self.started,
-            "reported": self.reported,
-        }
-
     @staticmethod
     def read(d: FleetDir) -> RunRecord | None:
+        """The last run's record; None before the first. One that does not read is one line
+        naming the file: never taken for "no run yet", which would hide a run that goes on."""
         try:
-            found = jf.table(json.loads(d.run_record.read_text()))
-        except (FileNotFoundError, ValueError):
+            text = d.run_record.read_text()
+        except FileNotFoundError:
             return None
-        op, run = jf.choice(found.get("op"), OPS), jf.text(found.get("run"))
-        host, started = jf.text(found.get("host")), jf.text(found.get("started"))
-        if op is None or run is None or host is None or started is None:
-            return None
-        return RunRecord(op, run, host, started, jf.flag(found.get("reported")) is True)
+        try:
+            return RunRecord.from_json(json.loads(text), "")
+        except ValueError as err:
+            raise UserError(
+                Problem(
+                    str(d.run_record),
+                    "",
+                    f"not a fleet run's record: {err}",
+                    "see `systemctl status llamanix-fleet` there, then remove the file",
+                )
+            ) from None
 
     def save(self, d: FleetDir) -> None:
         atomic_write(d.run_record, json.dumps(self.to_json()) + "\n", mode=0o600)
@@ -216,13 +228,15 @@ def _unit_word(state: systemctl.UnitState) -> str:
         return "unit gone (collected, or the host rebooted)"
     if state.runs:
         return "running"
+    if state.main_status == TIMED_OUT:
+        return "stopped: it ran past its --run-timeout"
     status = f", exit status {state.main_status}" if state.main_status else ""
     return f"{state.active_state} ({state.result}{status})"
 
 
 def _read_outcome(d: FleetDir) -> HostOutcome | None:
     try:
-        return HostOutcome.from_json(json.loads(d.outcome.read_text()))
+        return from_json_lenient(HostOutcome, json.loads(d.outcome.read_text()))
     except (FileNotFoundError, ValueError):
         return None
 
@@ -235,7 +249,8 @@ def _report(d: FleetDir, record: RunRecord, state: systemctl.UnitState) -> RunRe
         record.started,
         _unit_word(state),
         record.reported,
-        _read_outcome(d),
+        None if state.runs else _read_outcome(d),
+        running=state.runs,
     )
 
 
@@ -268,13 +283,18 @@ def _settle_previous(d: FleetDir, runner: Runner, echo: Echo, wait_s: float) -> 
         systemctl.reset_failed(runner, d.user, [SERVICE])
 
 
-def _start(d: FleetDir, op: Op, host: str, args: Sequence[str], runner: Runner) -> RunRecord:
-    """Start ``fleet-agent ARGS`` of this very llamanix as the run's transient unit."""
+def _start(
+    d: FleetDir, op: Op, host: str, args: Sequence[str], run_timeout_s: float, runner: Runner
+) -> RunRecord:
+    """Start ``fleet-agent ARGS`` of this very llamanix as the run's transient unit, stopped
+    (SIGTERM, then SIGKILL 30 s later) once it ran ``run_timeout_s``: a run that hangs does
+    not hold the host, nor the next switch of it, for ever."""
     for old in (d.outcome, d.log):
         old.unlink(missing_ok=True)
     record = RunRecord(op, secrets.token_hex(8), host, now())
     record.save(d)
-    command = [sys.executable, "-m", "llamanix", "fleet-agent", *args]
+    limit = ["timeout", "--kill-after=30", f"{run_timeout_s:g}"]
+    command = [*limit, sys.executable, "-m", "llamanix", "fleet-agent", *args]
     command += ["--host", host, "--dir", str(d.root)]
     # A transient unit starts from its manager's environment, not this one's.
     env = {k: os.environ[k] for k in ("PYTHONPATH",) if k in os.environ}
@@ -291,41 +311,32 @@ def _start(d: FleetDir, op: Op, host: str, args: Sequence[str], runner: Runner) 
 
 
 def start_switch(
-    d: FleetDir,
-    host: str,
-    text: str,
-    fmt: ConfigFormat,
-    unit_args: Sequence[str],
-    runner: Runner,
-    echo: Echo,
-    wait_s: float = 0.0,
+    d: FleetDir, host: str, order: SwitchOrder, runner: Runner, echo: Echo
 ) -> RunRecord:
     """Check the config received (one line per problem, before anything is written), keep
-    it, and start the switch's unit; ``unit_args``: the gate options; ``wait_s``: how long to
-    wait for a run that still goes on (switch's --wait)."""
+    it and the options, and start the switch's unit (after waiting up to the options' --wait
+    for a run that still goes on)."""
+    opts, fmt = order.options, order.config_format
+    opts.gate_kind("llamanix fleet-agent switch")  # bad options: one line, nothing written
     d.make()
     with locked(d.lock):
-        _settle_previous(d, runner, echo, wait_s)
+        _settle_previous(d, runner, echo, opts.wait_s)
         path = d.config(fmt)
-        local = local_text(text, host, fmt, path)
+        local = local_text(order.config, host, fmt, path)
         _check_host(parse_text(path, local), host, d, str(path))
         # The first switch has no copy to go back to: the text is the copy from the start.
         atomic_write(path if not path.exists() else d.next_config(fmt), local, mode=0o600)
-        return _start(d, "switch", host, ["unit-switch", "--format", fmt, *unit_args], runner)
+        atomic_write(d.options, json.dumps(opts.to_json()) + "\n", mode=0o600)
+        args = ["unit-switch", "--format", fmt]
+        return _start(d, "switch", host, args, opts.run_timeout_s, runner)
 
 
 def start_rollback(
-    d: FleetDir,
-    host: str,
-    to: int | None,
-    timeout_s: float,
-    runner: Runner,
-    echo: Echo,
-    wait_s: float = 0.0,
+    d: FleetDir, host: str, opts: RollbackOptions, runner: Runner, echo: Echo
 ) -> RunRecord:
     d.make()
     with locked(d.lock):
-        _settle_previous(d, runner, echo, wait_s)
+        _settle_previous(d, runner, echo, opts.wait_s)
         path = d.existing_config()
         if path is None or not HostState.beside(path, host).generations():
             raise UserError(
@@ -336,9 +347,9 @@ def start_rollback(
                     "switch it first",
                 )
             )
-        args = ["unit-rollback", "--timeout", repr(timeout_s)]
-        args += ["--to", str(to)] if to is not None else []
-        return _start(d, "rollback", host, args, runner)
+        args = ["unit-rollback", "--timeout", repr(opts.timeout_s)]
+        args += ["--to", str(opts.to)] if opts.to is not None else []
+        return _start(d, "rollback", host, args, opts.run_timeout_s, runner)
 
 
 def _print_log(path: Path, pos: int, echo: Echo, final: bool) -> int:
@@ -356,33 +367,40 @@ def _print_log(path: Path, pos: int, echo: Echo, final: bool) -> int:
     return pos + end
 
 
-def follow(d: FleetDir, record: RunRecord, echo: Echo) -> RunReport:
-    """Echo the run's progress until its process has ended; how it ended."""
+def follow(d: FleetDir, record: RunRecord, echo: Echo, deadline_s: float) -> RunReport:
+    """Echo the run's progress until its process has ended, or for ``deadline_s`` at most;
+    how it ended (``running`` when it still runs then: it goes on by itself)."""
     pos = 0
+    deadline = time.monotonic() + deadline_s
     while True:
         # The unit's state first: once it says ended, the log read after it is complete.
         state = systemctl.show(d.user, SERVICE)
         pos = _print_log(d.log, pos, echo, final=not state.runs)
-        if not state.runs:
+        if not state.runs or time.monotonic() >= deadline:
+            if state.runs:
+                echo(
+                    f"the fleet {record.op} of {record.host} started {record.started} still "
+                    f"runs after {deadline_s:g} s of following; it goes on by itself"
+                )
             return _report(d, record, state)
         time.sleep(POLL_S)
 
 
-def status(d: FleetDir, echo: Echo) -> RunReport:
-    """How the last run ended; one that still runs is followed to its end first."""
+def status(d: FleetDir, echo: Echo, deadline_s: float) -> RunReport:
+    """How the last run ended; one that still runs is followed for ``deadline_s`` at most."""
     record = RunRecord.read(d)
     if record is None:
         return RunReport(None)
     state = systemctl.show(d.user, SERVICE)
     if state.runs:
         echo(f"following the fleet {record.op} of {record.host} started {record.started}")
-        return follow(d, record, echo)
+        return follow(d, record, echo, deadline_s)
     return _report(d, record, state)
 
 
 def mark_reported(d: FleetDir, report: RunReport) -> None:
     """The run's ending was printed: the next agent need not say it again."""
-    if report.run is None:
+    if report.run is None or report.running:
         return
     with locked(d.lock):
         record = RunRecord.read(d)
@@ -423,16 +441,16 @@ def _write_outcome(d: FleetDir, outcome: HostOutcome) -> None:
     atomic_write(d.outcome, json.dumps(outcome.to_json()) + "\n", mode=0o600)
 
 
-def unit_switch(
-    d: FleetDir, host: str, fmt: ConfigFormat, opts: SwitchOptions, echo: Echo
-) -> HostOutcome:
-    """The switch itself, in the unit: the kept copy switched to the text received (the
-    ordinary switch, gate and restore), its outcome written for the agent."""
+def unit_switch(d: FleetDir, host: str, fmt: ConfigFormat, echo: Echo) -> HostOutcome:
+    """The switch itself, in the unit: the kept copy switched to the text received with the
+    options received (the ordinary switch, gate and restore), its outcome written for the
+    agent."""
     path, upcoming = d.config(fmt), d.next_config(fmt)
     with _logged(d, echo) as log:
         try:
+            opts = _read_options(d)
             new_text = upcoming.read_text() if upcoming.exists() else None
-            outcome = switch(path, host, opts, Runner(echo=log), log, new_text)[0]
+            outcome = switch(path, host, opts, Runner(echo=log), log, new_text)
         except (UserError, ExternalCommandError) as err:
             log(f"{host}: {err}")
             outcome = HostOutcome(host, "failed", detail=str(err))
@@ -440,6 +458,13 @@ def unit_switch(
             upcoming.unlink(missing_ok=True)
         _write_outcome(d, outcome)
     return outcome
+
+
+def _read_options(d: FleetDir) -> SwitchOptions:
+    try:
+        return SwitchOptions.from_json(json.loads(d.options.read_text()), "options")
+    except (OSError, ValueError) as err:
+        raise UserError(Problem(str(d.options), "", f"not the switch's options: {err}")) from None
 
 
 def unit_rollback(
@@ -454,7 +479,8 @@ def unit_rollback(
         try:
             if path is None:
                 raise UserError(Problem(str(d.root), "--host", "no config here"))
-            number = rollback(path, host, to, Runner(echo=log), log, timeout_s=timeout_s)
+            opts = RollbackOptions(to, timeout_s)
+            number = rollback(path, host, opts, Runner(echo=log), log)
             # Out of service: the whole rollback, at most (its units restart within it).
             outcome = HostOutcome(
                 host,

@@ -1,6 +1,7 @@
-"""What a fleet switch's two sides say to each other over ssh: the controller (deploy/remote.py)
-runs ``llamanix fleet-agent COMMAND --protocol N`` on the remote host (deploy/fleet_agent.py),
-hands it the config on stdin, and reads its stdout.
+"""What a fleet switch's two sides say to each other over ssh: the controller (fleet/remote.py)
+runs ``llamanix fleet-agent COMMAND --protocol N`` on the remote host (fleet/agent.py),
+hands it what to do on stdin (a switch's ``SwitchOrder``: the config and the options, as JSON),
+and reads its stdout.
 
 The agent's stdout is progress lines for the user, plus machine lines, each one line of JSON
 after a fixed prefix: first ``HELLO`` (the protocol it speaks and its version; before it
@@ -19,10 +20,10 @@ from dataclasses import dataclass
 from typing import Literal, get_args
 
 from llamanix.core import json_fields as jf
-from llamanix.deploy.gate import DEFAULT_MAX_RUNS
-from llamanix.deploy.switch_records import DEFAULT_DRAIN_TIMEOUT_S, HostOutcome, SwitchOptions
+from llamanix.core.json_codec import JsonRecord, from_json_lenient
+from llamanix.deploy.switch_records import HostOutcome, SwitchOptions
 
-PROTOCOL = 1
+PROTOCOL = 2
 HELLO = "llamanix-fleet-agent: "
 # The switch or rollback started there: its run's id (a later status names the same run).
 STARTED = "llamanix-fleet-started: "
@@ -37,32 +38,56 @@ Op = Literal["switch", "rollback"]
 OPS: tuple[Op, ...] = get_args(Op)
 # The agent's commands (the controller's ``op`` for remote_argv).
 AgentCommand = Literal["switch", "rollback", "status", "generations"]
+# How the config is spelled: the agent keeps its copy in the controller's format.
+ConfigFormat = Literal["toml", "json"]
+FORMATS: tuple[ConfigFormat, ...] = get_args(ConfigFormat)
 
 
 @dataclass(frozen=True)
-class Hello:
+class SwitchOrder(JsonRecord):
+    """What a switch hands the agent on ssh's stdin (never on a command line): the whole config
+    with --set applied, in its format, and the switch's options (--set and the options for
+    hosts switched from the controller left out)."""
+
+    config_format: ConfigFormat
+    config: str
+    options: SwitchOptions
+
+    def text(self) -> str:
+        return json.dumps(self.to_json())
+
+    @staticmethod
+    def parse(text: str, source: str) -> SwitchOrder:
+        """The order on stdin; ValueError naming what is wrong with it."""
+        try:
+            data = json.loads(text)
+        except ValueError as err:
+            raise ValueError(f"{source}: not JSON: {err}") from None
+        return SwitchOrder.from_json(data, source)
+
+
+@dataclass(frozen=True)
+class Hello(JsonRecord):
     """The agent's first line: the protocol it speaks and the llamanix version it is."""
 
     protocol: int
-    version: str
+    version: str = "?"
 
     def line(self) -> str:
-        return HELLO + json.dumps({"protocol": self.protocol, "version": self.version})
+        return HELLO + json.dumps(self.to_json())
 
     @staticmethod
     def parse(line: str) -> Hello | None:
         if not line.startswith(HELLO):
             return None
         try:
-            found = jf.table(json.loads(line[len(HELLO) :]))
+            return Hello.from_json(json.loads(line[len(HELLO) :]), "hello")
         except ValueError:
             return None
-        protocol = jf.integer(found.get("protocol"))
-        return None if protocol is None else Hello(protocol, jf.text(found.get("version")) or "?")
 
 
 @dataclass(frozen=True)
-class RunReport:
+class RunReport(JsonRecord):
     """How the last fleet run on a host ended (or that there was none): the agent's last line.
 
     ``unit``: systemd's word on the transient unit ("exited 0", "failed (signal)", "gone" after
@@ -76,6 +101,8 @@ class RunReport:
     unit: str = ""
     reported: bool = False
     outcome: HostOutcome | None = None
+    # It still ran when the agent stopped following it (at its deadline): it goes on there.
+    running: bool = False
 
     @property
     def ok(self) -> bool:
@@ -86,6 +113,8 @@ class RunReport:
         if self.op is None:
             return "no fleet switch or rollback has run there yet"
         what = f"fleet {self.op} of {self.host} started {self.started}"
+        if self.running:
+            return f"{what} still runs"
         if self.outcome is None:
             ended = f"ended without an outcome ({self.unit or 'unknown'})"
         else:
@@ -97,39 +126,16 @@ class RunReport:
                 ended += f": {o.detail}"
         return f"{what}: {ended}{'' if self.reported else ' (not reported before)'}"
 
-    def to_json(self) -> dict[str, object]:
-        return {
-            "op": self.op,
-            "run": self.run,
-            "host": self.host,
-            "started": self.started,
-            "unit": self.unit,
-            "reported": self.reported,
-            "outcome": self.outcome.to_json() if self.outcome else None,
-        }
-
     def line(self) -> str:
         return OUTCOME + json.dumps(self.to_json())
-
-    @staticmethod
-    def from_json(data: object) -> RunReport:
-        found = jf.table(data)
-        return RunReport(
-            jf.choice(found.get("op"), OPS),
-            jf.text(found.get("run")),
-            jf.text(found.get("host")),
-            jf.text(found.get("started")),
-            jf.text(found.get("unit")) or "",
-            jf.flag(found.get("reported")) is True,
-            HostOutcome.from_json(found.get("outcome")),
-        )
 
     @staticmethod
     def parse(line: str) -> RunReport | None:
         if not line.startswith(OUTCOME):
             return None
         try:
-            return RunReport.from_json(json.loads(line[len(OUTCOME) :]))
+            # Leniently: an outcome this version cannot read is no outcome, not no report.
+            return from_json_lenient(RunReport, json.loads(line[len(OUTCOME) :]), "outcome")
         except ValueError:
             return None
 
@@ -146,27 +152,3 @@ def parse_started(line: str) -> str | None:
         return jf.text(jf.table(json.loads(line[len(STARTED) :])).get("run"))
     except ValueError:
         return None
-
-
-def gate_args(opts: SwitchOptions) -> list[str]:
-    """The switch's gate options as the agent's command line spells them (switch's own
-    spelling); --set is not among them: the agent gets the config with it applied."""
-    args: list[str] = []
-    if opts.gate is not None:
-        args += ["--gate", opts.gate]
-    if opts.min_tok_s is not None:
-        args += ["--min-tok-s", repr(opts.min_tok_s)]
-    if opts.max_regression is not None:
-        args += ["--max-regression", repr(opts.max_regression)]
-    if opts.max_runs != DEFAULT_MAX_RUNS:
-        args += ["--max-runs", str(opts.max_runs)]
-    if opts.inconclusive != "keep":
-        args += ["--inconclusive", opts.inconclusive]
-    if opts.gate_prompts is not None:
-        args += ["--gate-prompts", opts.gate_prompts]
-    args += ["--timeout", repr(opts.timeout_s)]
-    if opts.drain_timeout_s != DEFAULT_DRAIN_TIMEOUT_S:
-        args += ["--drain-timeout", repr(opts.drain_timeout_s)]
-    if opts.wait_s:
-        args += ["--wait", repr(opts.wait_s)]
-    return args
