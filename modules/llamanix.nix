@@ -427,6 +427,7 @@ in
             llamanixLib.renderedFiles {
               instanceNames = lib.attrNames cfg.instances;
               inherit (cfg) router;
+              metrics = cfg.prometheus.enable;
             }
           )
       );

@@ -583,11 +583,17 @@ rec {
   # its own, where a key file may live beside them. instanceNames: the instances' names;
   # router: services.llamanix.router or null.
   renderedFiles =
-    { instanceNames, router }:
+    {
+      instanceNames,
+      router,
+      metrics ? false,
+    }:
     let
       members = if router == null then [ ] else router.members;
     in
     [ "manifest.json" ]
+    # The exporter's alert rules and dashboards, each a directory of its own.
+    ++ (if metrics then [ "prometheus" "grafana" ] else [ ])
     ++ map (name: "${name}.argv.json") (builtins.filter (name: !(builtins.elem name members)) instanceNames)
     ++ (
       if router == null then

@@ -453,7 +453,11 @@ def test_pins_md_adds_a_missing_narhash_without_moving_the_pin(tmp_path: Path) -
     commands = re.findall(r"^\s*\$ (llamanix pin .+)$", text, re.M)
     assert len(commands) == len(WITHOUT_NARHASH) == 1
     [command] = commands
-    variant, rev = command.split()[2:]
+    # The doc shows it as a dry run (its docs test runs it); run here for real, with nix a
+    # stand-in.
+    variant, rev, dry_run = command.split()[2:]
+    assert dry_run == "--dry-run"
+    command = command.removesuffix(" --dry-run")
     name = {"beellama": "beellama-cpp"}[variant]
     assert name in WITHOUT_NARHASH
     locked = locked_nodes()[name]["locked"]

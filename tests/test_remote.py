@@ -788,7 +788,7 @@ def doc_section(name: str) -> str:
 def doc_console(section: str) -> tuple[list[str], list[str]]:
     """The command of the section's console block (its ``\\`` continuations joined), and the
     lines it shows."""
-    block = "$ " + section.split("```\n$ ", 1)[1].split("\n```", 1)[0]
+    block = "$ " + section.split("```console\n$ ", 1)[1].split("\n```", 1)[0]
     lines = block.splitlines()
     command = lines[0].removeprefix("$ ")
     while command.endswith("\\"):
@@ -814,7 +814,7 @@ def test_the_docs_dry_run_is_what_the_command_prints(
     assert argv[:2] == ["llamanix", "switch"]
     done = cli(*argv[1:])
     assert done.exit_code == 0, done.output
-    assert done.output.replace(str(tmp_path), "/root/fleet").splitlines() == shown
+    assert done.output.replace(str(tmp_path), ".").splitlines() == shown
     assert ssh.calls() == []
 
 
@@ -875,7 +875,9 @@ def test_switch_host_all_ends_with_its_table_when_a_host_is_unreachable(
     path = tmp_path / "fleet.toml"
     path.write_text(
         '[hosts.box2]\nkind = "systemd"\ntarget = "admin@box2"\n'
+        'binaries = { upstream = "/usr/local/bin/llama-server" }\n'
         '[hosts.box3]\nkind = "systemd"\ntarget = "admin@box3"\n'
+        'binaries = { upstream = "/usr/local/bin/llama-server" }\n'
         '[instances.a]\nhost = "box2"\nmodel = "/m.gguf"\nport = 8080\n'
         '[instances.b]\nhost = "box3"\nmodel = "/m.gguf"\nport = 8081\n'
     )

@@ -160,6 +160,7 @@ let
               instanceNames = builtins.attrNames settings.instances;
               router =
                 if settings ? router then withDefaults schemaOptions.routerOptions settings.router else null;
+              metrics = settings.prometheus.enable or false;
             }
           );
     };
