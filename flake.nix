@@ -61,6 +61,8 @@
         ];
       };
 
+      # One package set, not a top-level attribute per variant and architecture: the variants
+      # are pkgs.llamanixPackages.variants (and this flake's packages).
       overlay =
         final: _prev:
         let
@@ -72,8 +74,7 @@
         {
           llamanixPackages = set;
           inherit (set) llamanix;
-        }
-        // set.variants;
+        };
 
       # Everything that depends on the system: nixpkgs with the overlay, and what is built from it.
       perSystem =
@@ -82,9 +83,11 @@
           pkgs = import nixpkgs {
             inherit system;
             overlays = [ overlay ];
-            # CUDA is unfree; allow exactly its licenses. CUDA itself is switched on per package
+            # CUDA is unfree; allow exactly its licenses, by nixpkgs' own predicate
+            # (pkgs/development/cuda-modules/_cuda/lib). CUDA itself is switched on per package
             # (cudaArchs), not with nixpkgs' global cudaSupport, so nothing else is rebuilt.
-            config.allowUnfreePredicate = llamanixLib.allowCudaUnfree;
+            config.allowUnfreePredicate =
+              nixpkgs.legacyPackages.${system}._cuda.lib.allowUnfreeCudaPredicate;
           };
 
           # A tiny GGUF made at build time (`llamanix synth-model`): the model of the VM test and

@@ -10,6 +10,7 @@
 {
   config,
   lib,
+  options,
   pkgs,
   ...
 }:
@@ -111,6 +112,10 @@ let
           instance = inst;
         }) cfg.instances;
       }
+      # The exporter's unit and rules are rendered with the instances (modules/prometheus.nix).
+      // lib.optionalAttrs cfg.prometheus.enable {
+        metrics = llamanixLib.schemaValues llamanixLib.schema.metrics cfg.prometheus;
+      }
     )
   );
 
@@ -136,26 +141,21 @@ let
     lib.filterAttrs (name: inst: inst.openFirewall && !(builtins.elem name routed)) cfg.instances
   );
 
-  # The gateway (docs/gateway.md): nixpkgs' services.litellm with render/gateway.py's settings,
-  # started by a script that reads the keys from systemd credentials.
+  # The gateway (docs/gateway.md): nixpkgs' services.litellm
+  # (nixos/modules/services/misc/litellm.nix) with render/gateway.py's settings. Its ExecStart
+  # stays nixpkgs'; the keys reach LiteLLM through its environmentFile, which a oneshot unit
+  # writes from the key files (nix/lib.nix gatewayKeysScript).
   gw = cfg.gateway;
   gatewayArgs = {
     gateway = gw;
     inherit (gw) replicas;
   };
-  gatewayConfigFile = (pkgs.formats.yaml { }).generate "config.yaml" config.services.litellm.settings;
-  gatewayStart = pkgs.writeShellScript "llamanix-gateway-start" (
-    llamanixLib.gatewayStartScript (
-      gatewayArgs
-      // {
-        program = lib.getExe gw.package;
-        configFile = gatewayConfigFile;
-        shellArg = lib.escapeShellArg;
-      }
-    )
-  );
   gatewayVersion = gw.package.version or (lib.getVersion gw.package);
   gatewayRefusal = llamanixLib.litellmRefusal gatewayVersion;
+  keysUnit = llamanixLib.gatewayKeysUnit;
+  # A NixOS without nixpkgs' LiteLLM module (before 25.05) must still evaluate without a
+  # gateway: a definition of an option that does not exist fails even under a false mkIf.
+  hasLitellm = options ? services && options.services ? litellm;
 
   replicaModule = {
     options = {
@@ -184,6 +184,8 @@ let
   };
 in
 {
+  imports = [ ./prometheus.nix ];
+
   options.services.llamanix = {
     enable = mkEnableOption "llama-server instances managed by llamanix";
 
@@ -299,6 +301,16 @@ in
       type = types.nullOr (
         types.submodule {
           options = schemaOptions.gatewayOptions // {
+            version = mkOption {
+              type = types.nullOr types.str;
+              default = null;
+              example = "1.106.12";
+              description = ''
+                The LiteLLM release llamanix.toml names (its keys were checked against it by
+                `llamanix validate`). NixOS runs `package`, whatever its release; when this is
+                set and differs from it, a warning says so. `null`: no release is named.
+              '';
+            };
             replicas = mkOption {
               type = types.listOf (types.submodule replicaModule);
               default = [ ];
@@ -369,6 +381,7 @@ in
         ''
         ++ llamanixLib.firewallWarnings {
           inherit (cfg) instances router;
+          inherit (config.networking) firewall;
         };
 
       # The units come from a package, so NixOS takes them as they are, hardening included (NixOS
@@ -405,44 +418,122 @@ in
       # checks the units without switching anything.
       system.build.llamanixUnits = units;
 
-      # The manifest and argv files (what `llamanix up`, `render` checks and the tests read back).
-      environment.etc."llamanix".source = "${units}/share/llamanix";
+      # The manifest and argv files (what `llamanix up`, `render` checks and the tests read back),
+      # linked one by one, as nixpkgs' modules link their files: /etc/llamanix stays a
+      # directory, where a key file may live beside them.
+      environment.etc = lib.listToAttrs (
+        map (file: lib.nameValuePair "llamanix/${file}" { source = "${units}/share/llamanix/${file}"; })
+          (
+            llamanixLib.renderedFiles {
+              instanceNames = lib.attrNames cfg.instances;
+              inherit (cfg) router;
+              metrics = cfg.prometheus.enable;
+            }
+          )
+      );
       environment.systemPackages = [ cfg.packageSet.llamanix ];
     })
 
     (mkIf (cfg.enable && gw != null) {
       assertions = [
         {
+          assertion = hasLitellm;
+          message = "services.llamanix.gateway: this NixOS has no services.litellm, nixpkgs' LiteLLM module, which runs the gateway (use a nixpkgs of NixOS 25.05 or later, or run the gateway on a Debian host)";
+        }
+        {
           assertion = gatewayRefusal == null;
           message = toString gatewayRefusal;
         }
       ];
-      # validate checks the settings against the keys of the version llamanix.toml names.
-      warnings = lib.optional (gatewayVersion != gw.version) (
-        "services.llamanix.gateway.version: llamanix.toml names LiteLLM ${gw.version}, but this "
-        + "NixOS runs nixpkgs' LiteLLM ${gatewayVersion} (services.llamanix.gateway.package), "
-        + "which validate did not check the config against (set version = \"${gatewayVersion}\" "
-        + "in [gateway], or pick a package of ${gw.version})"
-      );
+      # validate checked the settings against the keys of the version llamanix.toml names; a
+      # config that names none runs whatever nixpkgs has, without a word.
+      warnings =
+        llamanixLib.firewallWarnings {
+          instances = { };
+          router = null;
+          gateway = gw;
+          inherit (config.networking) firewall;
+        }
+        ++ lib.optional (gw.version != null && gatewayVersion != gw.version) (
+          "services.llamanix.gateway.version: llamanix.toml names LiteLLM ${gw.version}, but this "
+          + "NixOS runs nixpkgs' LiteLLM ${gatewayVersion} (services.llamanix.gateway.package), "
+          + "which validate did not check the config against (set version = \"${gatewayVersion}\" "
+          + "in [gateway], or pick a package of ${gw.version})"
+        );
 
-      services.litellm = {
-        enable = true;
-        inherit (gw) package port;
-        host = gw.listen;
-        settings = llamanixLib.gatewaySettings gatewayArgs;
-      };
       systemd.services.litellm = {
+        # The replicas are on other hosts: ordered after the network is online, as the Debian
+        # unit is (render/templates/gateway.service.j2), and after the keys are written.
+        after = [
+          "network-online.target"
+          "${keysUnit}.service"
+        ];
+        wants = [ "network-online.target" ];
+        requires = [ "${keysUnit}.service" ];
+        startLimitIntervalSec = 600;
+        startLimitBurst = 5;
         # Else LiteLLM fetches its model cost map from GitHub at every start. Set on the unit,
         # not services.litellm.environment, whose telemetry-off default a definition replaces.
         environment.LITELLM_LOCAL_MODEL_COST_MAP = "True";
-        # The keys reach LiteLLM as credentials and through the start script's environment:
-        # never in the store, argv or unit text.
         serviceConfig = {
-          LoadCredential = llamanixLib.gatewayCredentials gatewayArgs;
-          ExecStart = lib.mkForce gatewayStart;
+          Restart = "on-failure";
+          RestartSec = "10s";
+          TimeoutStartSec = 180;
+          # Started means serving: `nixos-rebuild switch` fails for a gateway that does not.
+          ExecStartPost = [
+            (pkgs.writeShellScript "llamanix-gateway-ready" (
+              llamanixLib.gatewayReadyScript {
+                gateway = gw;
+                curl = lib.getExe pkgs.curl;
+              }
+            ))
+          ];
         };
       };
-      networking.firewall.allowedTCPPorts = lib.optional gw.openFirewall gw.port;
+
+      # Writes LiteLLM's environment file from the key files, loaded as credentials: the
+      # files may be root's alone (agenix's /run/agenix, sops-nix's /run/secrets), no key
+      # enters the store, argv or unit text.
+      systemd.services.${keysUnit} = {
+        description = "The keys of llamanix's LiteLLM gateway, from their files into its environment file";
+        before = [ "litellm.service" ];
+        # Restarting LiteLLM reads the key files again.
+        partOf = [ "litellm.service" ];
+        serviceConfig = {
+          Type = "oneshot";
+          RemainAfterExit = true;
+          ExecStart = pkgs.writeShellScript "${keysUnit}" (
+            llamanixLib.gatewayKeysScript (gatewayArgs // { shellArg = lib.escapeShellArg; })
+          );
+          LoadCredential = llamanixLib.gatewayCredentials gatewayArgs;
+          RuntimeDirectory = keysUnit;
+          RuntimeDirectoryMode = "0700";
+          UMask = "0077";
+          CapabilityBoundingSet = "";
+          NoNewPrivileges = true;
+          PrivateNetwork = true;
+          PrivateTmp = true;
+          PrivateDevices = true;
+          ProtectSystem = "strict";
+          ProtectHome = true;
+          ProtectKernelTunables = true;
+          ProtectKernelModules = true;
+          ProtectControlGroups = true;
+          RestrictAddressFamilies = "none";
+          SystemCallArchitectures = "native";
+          SystemCallFilter = [ "@system-service" ];
+        };
+      };
+    })
+
+    (lib.optionalAttrs hasLitellm {
+      services.litellm = mkIf (cfg.enable && gw != null) {
+        enable = true;
+        inherit (gw) package port openFirewall;
+        host = gw.listen;
+        settings = llamanixLib.gatewaySettings gatewayArgs;
+        environmentFile = llamanixLib.gatewayEnvironmentFile;
+      };
     })
   ];
 }

@@ -7,7 +7,7 @@
 # CONFIG_JSON has llamanix.toml's shape; each INSTANCE=FILE is the probe of that instance's
 # llama-server (`llamanix probe BINARY --json`), which every rendered flag is checked against.
 # Writes OUT/lib/systemd/system/llamanix-*.service and OUT/share/llamanix/{manifest.json,
-# NAME.argv.json}. A config mistake exits 2 with llamanix's one-line message and writes nothing.
+# NAME.argv.json} (and prometheus/, grafana/ with a [metrics] table). A config mistake exits 2 with llamanix's one-line message and writes nothing.
 set -euo pipefail
 
 if [ "$#" -lt 3 ]; then
@@ -40,5 +40,11 @@ cp "$scratch"/render/manifest.json "$scratch"/render/*.argv.json "$out/share/lla
 for file in router-presets.ini llama-swap.yaml; do
   if [ -e "$scratch/render/$file" ]; then
     cp "$scratch/render/$file" "$out/share/llamanix/"
+  fi
+done
+# With a [metrics] table: the alert rules and dashboards (the exporter's unit is copied above).
+for dir in prometheus grafana; do
+  if [ -d "$scratch/render/$dir" ]; then
+    cp -r "$scratch/render/$dir" "$out/share/llamanix/"
   fi
 done

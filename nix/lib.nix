@@ -150,121 +150,127 @@ rec {
     lastModifiedDate:
     "0-unstable-${builtins.substring 0 4 lastModifiedDate}-${builtins.substring 4 2 lastModifiedDate}-${builtins.substring 6 2 lastModifiedDate}";
 
-  # nixpkgs `config.allowUnfreePredicate` that admits the NVIDIA CUDA licenses and nothing else
-  # unfree (the same list the llama.cpp flake uses).
-  cudaLicenseNames = [
-    "CUDA EULA"
-    "cuDNN EULA"
-    "cuSPARSELt EULA"
-    "cuTENSOR EULA"
-    "NVidia OptiX EULA"
-  ];
-  allowCudaUnfree =
-    pkg:
+  # --- CUDA capabilities and the CUDA releases that compile them ---------------------------
+  #
+  # nixpkgs' own CUDA database is the source: `pkgs._cuda.db.cudaCapabilityToInfo`
+  # (pkgs/development/cuda-modules/_cuda/db/bootstrap/cuda.nix), which the package builder reads
+  # wherever the nixpkgs it is built with has one. This copy of its values is for a nixpkgs
+  # without it (an older one, through the overlay) and for CI, which has no nixpkgs;
+  # tests/data/nixpkgs-cuda-capabilities.json records the nixpkgs file it was taken from, and
+  # tests/test_nix.py keeps the two equal. Capability -> { archName; minCudaMajorMinorVersion;
+  # maxCudaMajorMinorVersion (the last release that compiles it, or null); isJetson; }.
+  cudaCapabilities =
     let
-      license = pkg.meta.license or [ ];
-    in
-    builtins.all (l: (l.free or true) || builtins.elem (l.shortName or "") cudaLicenseNames) (
-      if builtins.isList license then license else [ license ]
-    );
-
-  # --- CUDA architectures and the CUDA release that compiles them ----------------------------
-
-  # Compute capability -> { name; since; until ? }: the first CUDA release whose nvcc compiles
-  # it, and for one that a later release dropped or renamed, the last one that still does.
-  # Without this, an architecture the cudaPackages at hand cannot compile evaluates fine and
-  # fails later inside nvcc. The releases follow NVIDIA's CUDA release notes, as nixpkgs' own
-  # capability table (its cuda-modules database) records them: Blackwell came with 12.8 (10.0,
-  # 10.1, 12.0), 10.3, 12.1 and the family-specific `f` targets with 12.9; the
-  # architecture-specific `a` targets exist from Hopper on; CUDA 13.0 renamed 10.1 (Jetson Thor)
-  # to 11.0 and dropped everything before Turing (7.5), as 12.0 had dropped Kepler.
-  cudaArchReleases =
-    let
-      blackwell = name: since: {
-        "" = {
-          inherit name since;
-        };
-        a = {
-          inherit name since;
-        };
-        f = {
-          inherit name;
-          since = "12.9";
-        };
+      cap = archName: min: max: isJetson: {
+        inherit archName isJetson;
+        minCudaMajorMinorVersion = min;
+        maxCudaMajorMinorVersion = max;
       };
-      plain = name: since: until: { "" = { inherit name since until; }; };
-      suffixed =
-        base: variants:
-        builtins.listToAttrs (
-          map (suffix: {
-            name = base + suffix;
-            value = variants.${suffix};
-          }) (builtins.attrNames variants)
-        );
+      blackwell = min: cap "Blackwell" min null false;
+      thor = min: max: cap "Blackwell" min max true;
     in
-    suffixed "3.5" (plain "Kepler" "10.0" "11.8")
-    // suffixed "3.7" (plain "Kepler" "10.0" "11.8")
-    // suffixed "5.0" (plain "Maxwell" "10.0" "12.9")
-    // suffixed "5.2" (plain "Maxwell" "10.0" "12.9")
-    // suffixed "5.3" (plain "Jetson Nano" "10.0" "12.9")
-    // suffixed "6.0" (plain "Pascal" "10.0" "12.9")
-    // suffixed "6.1" (plain "Pascal" "10.0" "12.9")
-    // suffixed "6.2" (plain "Jetson TX2" "10.0" "12.9")
-    // suffixed "7.0" (plain "Volta" "10.0" "12.9")
-    // suffixed "7.2" (plain "Jetson Xavier" "10.0" "12.9")
-    // suffixed "7.5" (plain "Turing" "10.0" null)
-    // suffixed "8.0" (plain "A100" "11.0" null)
-    // suffixed "8.6" (plain "RTX 30xx" "11.1" null)
-    // suffixed "8.7" (plain "Jetson Orin" "11.4" null)
-    // suffixed "8.9" (plain "RTX 40xx" "11.8" null)
-    // suffixed "9.0" (
-      plain "Hopper" "11.8" null
-      // {
-        a = {
-          name = "Hopper";
-          since = "12.0";
-        };
-      }
-    )
-    // suffixed "10.0" (blackwell "B200" "12.8")
-    // suffixed "10.1" (
-      builtins.mapAttrs (_: v: v // { until = "12.9"; }) (blackwell "Jetson Thor" "12.8")
-    )
-    // suffixed "10.3" (blackwell "B300" "12.9")
-    // suffixed "11.0" (blackwell "Jetson Thor" "13.0")
-    // suffixed "12.0" (blackwell "RTX 50xx" "12.8")
-    // suffixed "12.1" (blackwell "DGX Spark's GB10" "12.9");
+    {
+      "3.5" = cap "Kepler" "10.0" "11.8" false;
+      "3.7" = cap "Kepler" "10.0" "11.8" false;
+      "5.0" = cap "Maxwell" "10.0" "12.9" false;
+      "5.2" = cap "Maxwell" "10.0" "12.9" false;
+      "6.0" = cap "Pascal" "10.0" "12.9" false;
+      "6.1" = cap "Pascal" "10.0" "12.9" false;
+      "7.0" = cap "Volta" "10.0" "12.9" false;
+      "7.2" = cap "Volta" "10.0" "12.2" true;
+      "7.5" = cap "Turing" "10.0" null false;
+      "8.0" = cap "Ampere" "11.2" null false;
+      "8.6" = cap "Ampere" "11.2" null false;
+      "8.7" = cap "Ampere" "11.4" null true;
+      "8.9" = cap "Ada" "11.8" null false;
+      "9.0" = cap "Hopper" "11.8" null false;
+      "9.0a" = cap "Hopper" "12.0" null false;
+      "10.0" = blackwell "12.7";
+      "10.0a" = blackwell "12.7";
+      "10.0f" = blackwell "12.9";
+      "10.1" = thor "12.7" "12.9";
+      "10.1a" = thor "12.7" "12.9";
+      "10.1f" = thor "12.9" "12.9";
+      "10.3" = blackwell "12.9";
+      "10.3a" = blackwell "12.9";
+      "10.3f" = blackwell "12.9";
+      "11.0" = thor "13.0" null;
+      "11.0a" = thor "13.0" null;
+      "11.0f" = thor "13.0" null;
+      "12.0" = blackwell "12.8";
+      "12.0a" = blackwell "12.8";
+      "12.0f" = blackwell "12.9";
+      "12.1" = blackwell "12.9";
+      "12.1a" = blackwell "12.9";
+      "12.1f" = blackwell "12.9";
+    };
 
   # "cudaPackages_12_9" for "12.9".
   cudaPackagesAttr = release: "cudaPackages_" + builtins.replaceStrings [ "." ] [ "_" ] release;
 
-  # Why `cudaVersion` (cudaPackages' major.minor) cannot compile `cudaArchs`: one sentence per
-  # architecture it cannot, naming the release to use; [ ] when it can compile them all.
+  # Why a package of `cudaArchs` cannot be built: [ ] when it can, else one sentence per problem,
+  # each naming the fix, so a mismatch stops the evaluation rather than nvcc hours later.
+  #   capabilities: nixpkgs' cudaCapabilityToInfo (or cudaCapabilities above);
+  #   cudaVersion: cudaPackages' major.minor; system: the host platform's;
+  #   jetsonPackages: whether these cudaPackages are Jetson's (nixpkgs picks them only from its
+  #   global config.cudaCapabilities).
+  # The rules are nixpkgs' own: a capability is supported from its first release to its last,
+  # inclusive (_cuda.lib._cudaCapabilityIsSupported), and Jetson capabilities are built only on
+  # aarch64-linux and never beside others (_cuda/lib/flags.nix).
   cudaArchProblems =
-    cudaVersion: cudaArchs:
+    {
+      capabilities,
+      cudaVersion,
+      cudaArchs,
+      system,
+      jetsonPackages ? false,
+    }:
     let
       older = a: b: builtins.compareVersions a b < 0;
-      known = builtins.sort (a: b: older a b) (builtins.attrNames cudaArchReleases);
-      problem =
+      known = builtins.sort older (builtins.attrNames capabilities);
+      info = arch: capabilities.${arch} or null;
+      isJetson = arch: (info arch).isJetson or false;
+      jetson = builtins.filter isJetson cudaArchs;
+      others = builtins.filter (arch: !(isJetson arch)) cudaArchs;
+      list = builtins.concatStringsSep ", ";
+      release =
         arch:
         let
-          info = cudaArchReleases.${arch} or null;
-          until = if info == null then null else info.until or null;
+          i = info arch;
+          max = i.maxCudaMajorMinorVersion or null;
           isThor = builtins.substring 0 4 arch == "10.1";
         in
-        if info == null then
-          "compute capability ${arch} is not in llamanix's table of CUDA architectures (known: ${builtins.concatStringsSep ", " known})"
-        else if older cudaVersion info.since then
-          "compute capability ${arch} (${info.name}) needs CUDA ${info.since} or newer, this nixpkgs has cudaPackages ${cudaVersion}; use .override { cudaPackages = ${cudaPackagesAttr info.since}; } (or newer)"
-        else if until != null && older until cudaVersion then
+        if i == null then
+          "compute capability ${arch} is not one nixpkgs' CUDA packages know (known: ${list known})"
+        else if older cudaVersion i.minCudaMajorMinorVersion then
+          "compute capability ${arch} (${i.archName}) needs CUDA ${i.minCudaMajorMinorVersion} or newer, this nixpkgs has cudaPackages ${cudaVersion}; use .override { cudaPackages = ${cudaPackagesAttr i.minCudaMajorMinorVersion}; } (or newer)"
+        else if max != null && older max cudaVersion then
           if isThor then
-            "compute capability ${arch} (${info.name}) is called 11.0${builtins.substring 4 1 arch} from CUDA 13.0 on, and this nixpkgs has cudaPackages ${cudaVersion}; write \"11.0${builtins.substring 4 1 arch}\" instead"
+            "compute capability ${arch} (${i.archName}, Jetson Thor) is called 11.0${builtins.substring 4 1 arch} from CUDA 13.0 on, and this nixpkgs has cudaPackages ${cudaVersion}; write \"11.0${builtins.substring 4 1 arch}\" instead"
           else
-            "compute capability ${arch} (${info.name}) was dropped after CUDA ${until}, and this nixpkgs has cudaPackages ${cudaVersion}; use .override { cudaPackages = ${cudaPackagesAttr until}; }"
+            "compute capability ${arch} (${i.archName}) was dropped after CUDA ${max}, and this nixpkgs has cudaPackages ${cudaVersion}; use .override { cudaPackages = ${cudaPackagesAttr max}; }"
         else
           null;
+      quoted = builtins.concatStringsSep " " (map (a: "\"${a}\"") jetson);
+      jetsonProblems =
+        if jetson == [ ] then
+          [ ]
+        else if system != "aarch64-linux" then
+          [
+            "Jetson compute capabilities (${list jetson}) are built only for aarch64-linux, and this is ${system}; build them for the Jetson"
+          ]
+        else if others != [ ] then
+          [
+            "Jetson compute capabilities (${list jetson}) cannot be built together with others (${list others}): nixpkgs' CUDA packages for Jetson are not those of other GPUs; build them as separate packages"
+          ]
+        else if !jetsonPackages then
+          [
+            "Jetson compute capabilities (${list jetson}) need nixpkgs' Jetson CUDA packages, which it picks only when its own config.cudaCapabilities names Jetson capabilities; set nixpkgs.config.cudaCapabilities = [ ${quoted} ] and services.llamanix.useSystemNixpkgs = true"
+          ]
+        else
+          [ ];
     in
-    builtins.filter (p: p != null) (map problem cudaArchs);
+    builtins.filter (p: p != null) (map release cudaArchs) ++ jetsonProblems;
 
   # --- The NixOS module's checks that need no build ------------------------------------------
 
@@ -356,15 +362,43 @@ rec {
     || hasPrefix "127." listen;
 
   # Firewall settings that open nothing useful: a port opened for a loopback listener (an
-  # instance's or the router's), and openFirewall on a router's member, whose port is internal.
-  # instances: NAME -> { listen; port; openFirewall; }; router: services.llamanix.router or null.
+  # instance's, the router's or the gateway's), and openFirewall on a router's member, whose port
+  # is internal. And the opposite: a listener beyond loopback whose port the firewall keeps
+  # closed, so that no other machine (another host's gateway, say) reaches it.
+  # instances: NAME -> { listen; port; openFirewall; }; router: services.llamanix.router or
+  # null; gateway: services.llamanix.gateway or null; firewall: networking.firewall (null:
+  # unknown, nothing is said of closed ports).
   firewallWarnings =
-    { instances, router }:
+    {
+      instances,
+      router,
+      gateway ? null,
+      firewall ? null,
+    }:
     let
       members = if router == null then [ ] else router.members;
       opened = filterAttrs (_: inst: inst.openFirewall or false) instances;
       routed = builtins.filter (name: builtins.elem name members) (builtins.attrNames opened);
       exposed = builtins.filter (name: !(builtins.elem name members)) (builtins.attrNames opened);
+      # Whether another machine can reach `port` through the firewall.
+      open =
+        port:
+        firewall == null
+        || !(firewall.enable or true)
+        || builtins.elem port (firewall.allowedTCPPorts or [ ])
+        || builtins.any (r: r.from <= port && port <= r.to) (firewall.allowedTCPPortRanges or [ ])
+        || builtins.any (i: builtins.elem port (i.allowedTCPPorts or [ ])) (
+          builtins.attrValues (firewall.interfaces or { })
+        );
+      closed =
+        option: what: listen: port:
+        if isLoopback listen || open port then
+          [ ]
+        else
+          [
+            "${option}: ${what} listens on ${listen}, but the firewall keeps port ${toString port} closed, so no other machine reaches it (set ${option}.openFirewall = true, or listen on 127.0.0.1)."
+          ];
+      served = builtins.filter (name: !(builtins.elem name members)) (builtins.attrNames instances);
     in
     map (
       name:
@@ -381,6 +415,31 @@ rec {
         ]
       else
         [ ]
+    )
+    ++ (
+      if gateway != null && (gateway.openFirewall or false) && isLoopback gateway.listen then
+        [
+          "services.llamanix: port ${toString gateway.port} is opened in the firewall but the gateway listens on ${gateway.listen} only (set services.llamanix.gateway.listen)."
+        ]
+      else
+        [ ]
+    )
+    ++ builtins.concatMap (
+      name:
+      closed "services.llamanix.instances.${name}" "the instance" instances.${name}.listen
+        instances.${name}.port
+    ) served
+    ++ (
+      if router == null then
+        [ ]
+      else
+        closed "services.llamanix.router" "the router" router.listen router.port
+    )
+    ++ (
+      if gateway == null then
+        [ ]
+      else
+        closed "services.llamanix.gateway" "LiteLLM" gateway.listen gateway.port
     );
 
   # --- Python dependencies: pyproject.toml is the only list ----------------------------------
@@ -428,13 +487,16 @@ rec {
     "host"
     "binary"
   ];
-  # Host keys: kind is always "nixos", target is this machine, binaries come from `package`.
+  # Host keys: kind is always "nixos", target is this machine, binaries come from `package`,
+  # and build_host and sudo say how `llamanix switch` runs nixos-rebuild for it, from elsewhere.
   # `gpu`, `cuda_archs` and `gpu_sandbox` are services.llamanix.gpu, services.llamanix.cudaArchs
   # and services.llamanix.gpuSandbox.
   hostKeysSetByModule = [
     "kind"
     "target"
     "binaries"
+    "build_host"
+    "sudo"
   ];
   hostKeyOptions = {
     gpu = "gpu";
@@ -516,6 +578,33 @@ rec {
       ) instances;
     };
 
+  # The files a render of one host writes under share/llamanix (modules/render-units.sh),
+  # which the module links into /etc/llamanix one by one: /etc/llamanix stays a directory of
+  # its own, where a key file may live beside them. instanceNames: the instances' names;
+  # router: services.llamanix.router or null.
+  renderedFiles =
+    {
+      instanceNames,
+      router,
+      metrics ? false,
+    }:
+    let
+      members = if router == null then [ ] else router.members;
+    in
+    [ "manifest.json" ]
+    # The exporter's alert rules and dashboards, each a directory of its own.
+    ++ (if metrics then [ "prometheus" "grafana" ] else [ ])
+    ++ map (name: "${name}.argv.json") (builtins.filter (name: !(builtins.elem name members)) instanceNames)
+    ++ (
+      if router == null then
+        [ ]
+      else
+        [
+          "router.argv.json"
+          (if router.kind == "llama-swap" then "llama-swap.yaml" else "router-presets.ini")
+        ]
+    );
+
   # llamanix.toml -> `services.llamanix` settings for one host, so the file `llamanix switch`
   # edits is the one the NixOS configuration is built from:
   #   services.llamanix = llamanix.lib.fromToml ./llamanix.toml "gpu1" // { enable = true; };
@@ -548,6 +637,11 @@ rec {
         { router = builtins.removeAttrs hostTable.router routerKeysSetByModule; }
       else
         { }
+    )
+    // (
+      # [metrics] is services.llamanix.prometheus, enabled: the TOML asks for the exporter, as
+      # `llamanix render` reads it.
+      if config ? metrics then { prometheus = config.metrics // { enable = true; }; } else { }
     )
     // (
       # [gateway] on this host is services.llamanix.gateway: its keys less kind and host, and
@@ -762,45 +856,89 @@ rec {
       litellm_settings.request_timeout = 600;
     };
 
-  # The keys as systemd credentials: the master key, and each replica's key once.
-  gatewayCredentials =
+  # The keys' way into LiteLLM on NixOS. nixpkgs' services.litellm (its
+  # nixos/modules/services/misc/litellm.nix) runs its own ExecStart and takes secrets through
+  # `environmentFile`; the keys live in files of their own (`api_key_file`, as on Debian, and
+  # as agenix and sops-nix write them). So a oneshot unit loads the key files as credentials
+  # and writes that environment file into its runtime directory (tmpfs, mode 0600, root's),
+  # before LiteLLM starts; restarting LiteLLM restarts it (PartOf) and reads the files again.
+  gatewayKeysUnit = "llamanix-gateway-keys";
+  gatewayEnvironmentFile = "/run/${gatewayKeysUnit}/litellm.env";
+
+  # [ { variable; credential; file; } ]: the master key, then each replica's key once.
+  gatewayKeys =
     { gateway, replicas }:
     let
       keyed = builtins.filter (r: r.apiKeyFile != null) replicas;
-      instances = builtins.foldl' (
+      once = builtins.foldl' (
         acc: r: if builtins.elem r.instance (map (x: x.instance) acc) then acc else acc ++ [ r ]
       ) [ ] keyed;
     in
-    [ "master-key:${gateway.api_key_file}" ] ++ map (r: "key-${r.instance}:${r.apiKeyFile}") instances;
+    [
+      {
+        variable = "LITELLM_MASTER_KEY";
+        credential = "master-key";
+        file = gateway.api_key_file;
+      }
+    ]
+    ++ map (r: {
+      variable = gatewayKeyEnv r.instance;
+      credential = "key-${r.instance}";
+      file = r.apiKeyFile;
+    }) once;
 
-  # What the unit's shell runs: each key from its credential into the variable the config
-  # names, then LiteLLM (exec: it is the unit's main process). No key is in this text.
-  # program, configFile: store paths; shellArg: lib.escapeShellArg.
-  gatewayStartScript =
-    {
-      gateway,
-      replicas,
-      program,
-      configFile,
-      shellArg,
-    }:
+  # The keys unit's LoadCredential= lines: each key file under the name its script reads.
+  gatewayCredentials = args: map (k: "${k.credential}:${k.file}") (gatewayKeys args);
+
+  # What the keys unit runs: one `NAME='key'` line per key (systemd reads a single-quoted value
+  # as it is), written whole or not at all. A key that is empty, or holds a quote or a line
+  # break (which that line cannot carry), fails the unit, and with it LiteLLM's start, naming
+  # the file. No key is in this text; the files' paths are (as in LoadCredential=).
+  # shellArg: lib.escapeShellArg.
+  gatewayKeysScript =
+    args@{ shellArg, ... }:
     let
-      keyed = builtins.filter (r: r.apiKeyFile != null) replicas;
-      names = builtins.foldl' (acc: r: if builtins.elem r.instance acc then acc else acc ++ [ r.instance ]) [ ] keyed;
-      read = variable: credential: ''${variable}=$(cat "$CREDENTIALS_DIRECTORY/${credential}")'';
+      keys = gatewayKeys (builtins.removeAttrs args [ "shellArg" ]);
     in
     builtins.concatStringsSep "\n" (
       [
-        "set -e"
-        (read "LITELLM_MASTER_KEY" "master-key")
+        "set -eu"
+        "umask 077"
+        "nl='"
+        "'"
+        "entry() {"
+        ("  " + ''key=$(cat "$CREDENTIALS_DIRECTORY/$2")'')
+        ("  " + ''case "$key" in'')
+        ("    " + ''"") echo "${gatewayKeysUnit}: $3 is empty (write the key into it)" >&2; exit 1 ;;'')
+        ("    " + ''*"'"* | *"$nl"*) echo "${gatewayKeysUnit}: the key in $3 holds a quote or a line break, which LiteLLM's environment file cannot carry (use a key of letters, digits, - and _)" >&2; exit 1 ;;'')
+        "  esac"
+        ("  " + ''printf "%s='%s'\n" "$1" "$key"'')
+        "}"
+        "{"
       ]
-      ++ map (name: read (gatewayKeyEnv name) "key-${name}") names
+      ++ map (k: "  entry ${k.variable} ${k.credential} ${shellArg k.file}") keys
       ++ [
-        "export LITELLM_MASTER_KEY ${builtins.concatStringsSep " " (map gatewayKeyEnv names)}"
-        "exec ${program} --host ${shellArg gateway.listen} --port ${toString gateway.port} --config ${configFile}"
+        ''} > "$RUNTIME_DIRECTORY/litellm.env.tmp"''
+        ''mv "$RUNTIME_DIRECTORY/litellm.env.tmp" "$RUNTIME_DIRECTORY/litellm.env"''
       ]
     )
     + "\n";
+
+  # LiteLLM's liveliness endpoint as the gateway's own host reaches it.
+  gatewayLivelinessUrl =
+    gateway: "http://${urlHost (connectHost gateway.listen)}:${toString gateway.port}/health/liveliness";
+
+  # ExecStartPost=: started means serving, as on Debian (render/gateway.py's ready_script): wait
+  # until the liveliness endpoint answers, and fail as soon as LiteLLM has exited. So
+  # `nixos-rebuild switch` fails for a gateway that does not serve. curl: its program.
+  gatewayReadyScript =
+    { gateway, curl }:
+    ''
+      until ${curl} --silent --fail --max-time 2 --output /dev/null ${gatewayLivelinessUrl gateway}; do
+        kill -0 "$MAINPID" 2>/dev/null || exit 1
+        sleep 0.5
+      done
+    '';
 
   # The module's one line for a LiteLLM package that must not run, or null.
   litellmRefusal =

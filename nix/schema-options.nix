@@ -119,4 +119,5 @@ in
   speculativeOptions = optionsOf schema.speculative [ ];
   routerOptions = optionsOf schema.router llamanixLib.routerKeysSetByModule;
   gatewayOptions = optionsOf schema.gateway llamanixLib.gatewayKeysSetByModule;
+  metricsOptions = optionsOf schema.metrics [ ];
 }

@@ -14,8 +14,12 @@
 {
   lib,
   callPackage,
+  stdenv,
   llama-cpp,
   cudaPackages,
+  # nixpkgs' CUDA database and helpers (pkgs/development/cuda-modules/_cuda), where this nixpkgs
+  # has them.
+  _cuda ? null,
   llamanix,
   variant,
   source ? null,
@@ -47,9 +51,25 @@ let
 
   cudaVersion = cudaPackages.cudaMajorMinorVersion or cudaPackages.cudaVersion or "0";
   # Each architecture against the first (and, for dropped or renamed ones, the last) CUDA
-  # release that compiles it (nix/lib.nix cudaArchReleases): 10.3 and 12.1 need 12.9, the
-  # family-specific `f` targets too, CUDA 13 calls 10.1 11.0 and no longer builds Pascal.
-  cudaProblems = lib.optionals cudaSupport (llamanixLib.cudaArchProblems cudaVersion cudaArchs);
+  # release that compiles it, from nixpkgs' own CUDA database where it has one (else the copy in
+  # nix/lib.nix): 10.3 and 12.1 need 12.9, the family-specific `f` targets too, CUDA 13 calls 10.1
+  # 11.0 and no longer builds Pascal; Jetson capabilities only with nixpkgs' Jetson packages.
+  cudaProblems = lib.optionals cudaSupport (
+    llamanixLib.cudaArchProblems {
+      capabilities =
+        if _cuda != null && _cuda ? db.cudaCapabilityToInfo then
+          _cuda.db.cudaCapabilityToInfo
+        else
+          llamanixLib.cudaCapabilities;
+      inherit cudaVersion cudaArchs;
+      inherit (stdenv.hostPlatform) system;
+      jetsonPackages =
+        cudaPackages.backendStdenv.hasJetsonCudaCapability
+          or cudaPackages.cudaPackagesConfig.hasJetsonCudaCapability
+          or cudaPackages.flags.isJetsonBuild
+          or false;
+    }
+  );
   isBeellama = variant == "beellama";
 
   # The arch list in the name tells the builds of one variant apart in the store
@@ -98,6 +118,17 @@ let
   ];
 
   base = llama-cpp.override { inherit cudaSupport cudaPackages; };
+
+  completion = "installShellCompletion --cmd llama-server --bash <($out/bin/llama-server --completion-bash)";
+  withoutCompletion =
+    text:
+    let
+      dropped = builtins.replaceStrings [ completion ] [ "" ] text;
+    in
+    if lib.hasInfix "--completion-bash" dropped then
+      throw "llama-cpp-${variant}: nixpkgs' llama-cpp postInstall runs `llama-server --completion-bash` in a form llamanix does not know, which a CUDA build cannot run in the sandbox; update `completion` in pkgs/llama-cpp-variant.nix"
+    else
+      dropped;
 in
 assert lib.assertMsg (
   cudaProblems == [ ]
@@ -167,11 +198,10 @@ base.overrideAttrs (
 
   }
   # nixpkgs' postInstall runs `llama-server --completion-bash` for shell completions: a CUDA
-  # binary cannot run in the build sandbox (no driver), and installShellCompletion refuses the
-  # empty output, so every CUDA build (and every other source) gets this one instead.
+  # binary cannot run in the build sandbox (no driver), and another tree's server may not have
+  # the flag (installShellCompletion refuses the empty output). Only that line goes; the rest of
+  # nixpkgs' postInstall (the header, the `llama` link) stays.
   // lib.optionalAttrs (fromSource || cudaSupport) {
-    postInstall = ''
-      if [ -e "$out/bin/llama-cli" ]; then ln -sf llama-cli "$out/bin/llama"; fi
-    '';
+    postInstall = withoutCompletion (prev.postInstall or "");
   }
 )

@@ -40,6 +40,7 @@ NOT_RUN_REASONS = (
     "changes this machine",
     "needs a running server",
     "is interactive",
+    "is a benchmark",  # its figures differ run to run; the text says where they were measured
 )
 MarkerKind = Literal["not run", "run by", "synopsis", "dry run", "file", "files"]
 _MARKER = re.compile(

@@ -51,9 +51,10 @@ def write_config(
     port: int,
     target: str | None = None,
     binary: str = "/opt/llama/bin/llama-server",
+    host_lines: str = "",
 ) -> Path:
     (d / "flake.nix").write_text("{ outputs = _: { }; }\n")
-    host_extra = f'target = "{target}"\n' if target else ""
+    host_extra = (f'target = "{target}"\n' if target else "") + host_lines
     path = d / "llamanix.toml"
     path.write_text(
         "# my GPU box\n"
@@ -83,7 +84,8 @@ def test_nixos_failed_gate_rolls_back_on_the_same_target(tmp_path: Path, recorde
         "1",
     )
     assert result.exit_code == 1, result.output
-    remote = ["--target-host", "root@127.0.0.1", "--use-remote-sudo"]
+    # A root@ login needs no sudo on the target.
+    remote = ["--target-host", "root@127.0.0.1"]
     assert argvs(recorder) == [
         ["nixos-rebuild", "switch", "--flake", ".#gpu1", *remote],
         ["nixos-rebuild", "switch", "--rollback", *remote],
@@ -128,6 +130,67 @@ def test_nixos_rebuild_failure_is_not_rolled_back(
     assert config.read_text() == before
 
 
+@pytest.mark.parametrize(
+    ("target", "host_lines", "remote"),
+    [
+        # auto: a login that is not root gets nixos-rebuild-ng's --sudo ...
+        ("admin@127.0.0.1", "", ["--target-host", "admin@127.0.0.1", "--sudo"]),
+        # ... so does a target whose login ssh picks (it may not be root) ...
+        ("127.0.0.1", "", ["--target-host", "127.0.0.1", "--sudo"]),
+        # ... and root, or this machine, gets none.
+        ("root@127.0.0.1", "", ["--target-host", "root@127.0.0.1"]),
+        (None, "", []),
+        # The older nixos-rebuild's spelling, and no sudo for a login allowed to activate.
+        (
+            "admin@127.0.0.1",
+            'sudo = "use-remote-sudo"\n',
+            ["--target-host", "admin@127.0.0.1", "--use-remote-sudo"],
+        ),
+        ("admin@127.0.0.1", 'sudo = "none"\n', ["--target-host", "admin@127.0.0.1"]),
+        ("root@127.0.0.1", 'sudo = "sudo"\n', ["--target-host", "root@127.0.0.1", "--sudo"]),
+        # A CUDA build on the builder, not on the machine running llamanix (only the stand-in
+        # sees the builder's name).
+        (
+            "admin@127.0.0.1",
+            'build_host = "nix@builder.lan"\n',
+            ["--target-host", "admin@127.0.0.1", "--build-host", "nix@builder.lan", "--sudo"],
+        ),
+    ],
+    ids=["user", "ssh-user", "root", "local", "use-remote-sudo", "none", "sudo", "build-host"],
+)
+def test_nixos_rebuild_gets_the_hosts_sudo_and_build_host(
+    tmp_path: Path, recorder: Path, target: str | None, host_lines: str, remote: list[str]
+) -> None:
+    """The exact argv of a failed switch (nothing listens) and its rollback: the build host
+    only where something is built."""
+    config = write_config(tmp_path, "nixos", free_port(), target=target, host_lines=host_lines)
+    result = cli(
+        "switch", str(config), "--host", "gpu1", "--set", "instances.qwen.context=8192",
+        "--timeout", "1",
+    )  # fmt: skip
+    assert result.exit_code == 1, result.output
+    rollback = [a for a in remote if a not in ("--build-host", "nix@builder.lan")]
+    assert argvs(recorder) == [
+        ["nixos-rebuild", "switch", "--flake", ".#gpu1", *remote],
+        ["nixos-rebuild", "switch", "--rollback", *rollback],
+    ]
+
+
+@pytest.mark.parametrize("key", ["build_host", "sudo"])
+def test_nixos_rebuild_settings_on_a_systemd_host_are_refused(
+    tmp_path: Path, recorder: Path, key: str
+) -> None:
+    value = '"nix@builder.lan"' if key == "build_host" else '"sudo"'
+    config = write_config(tmp_path, "systemd", free_port(), host_lines=f"{key} = {value}\n")
+    result = CliRunner().invoke(main, ["validate", str(config)])
+    assert result.exit_code == 2
+    assert result.output.strip().splitlines() == [
+        f"{config}: hosts.gpu1.{key}: only a NixOS host is switched by nixos-rebuild, and "
+        f"'gpu1' is of kind systemd (remove {key})"
+    ]
+    assert recorded(recorder) == []
+
+
 def test_dry_run_prints_exactly_the_commands_and_runs_nothing(
     tmp_path: Path, recorder: Path
 ) -> None:
@@ -140,7 +203,7 @@ def test_dry_run_prints_exactly_the_commands_and_runs_nothing(
     commands = [line for line in result.output.splitlines() if line.startswith("(cd ")]
     assert commands == [
         f"(cd {tmp_path} && nixos-rebuild switch --flake '.#gpu1' --target-host admin@gpu1.lan "
-        "--use-remote-sudo)"
+        "--sudo)"
     ]
     assert f"# write {config}" in result.output
     assert recorded(recorder) == []
@@ -192,7 +255,7 @@ def test_rollback_on_nixos_runs_nixos_rebuild_rollback(tmp_path: Path, recorder:
     [
         (
             ["upstream", "--latest"],
-            ["nix", "flake", "lock", "--update-input", "llama-cpp-upstream"],
+            ["nix", "flake", "update", "llama-cpp-upstream"],
         ),
         (
             ["ik", "0123abcd"],
@@ -205,7 +268,7 @@ def test_rollback_on_nixos_runs_nixos_rebuild_rollback(tmp_path: Path, recorder:
                 "github:ikawrakow/ik_llama.cpp/0123abcd",
             ],
         ),
-        (["nixpkgs", "--latest"], ["nix", "flake", "lock", "--update-input", "nixpkgs"]),
+        (["nixpkgs", "--latest"], ["nix", "flake", "update", "nixpkgs"]),
     ],
 )
 def test_pin(tmp_path: Path, recorder: Path, args: list[str], expected: list[str]) -> None:

@@ -261,7 +261,8 @@ def test_probe_diff_names_what_a_flip_gains_and_loses(tmp_path: Path, live: Capa
 def test_plan_warns_before_a_flip_that_drops_something(tmp_path: Path, live: Capabilities) -> None:
     toml = tmp_path / "c.toml"
     toml.write_text(
-        '[hosts.h]\nkind = "systemd"\n[instances.q]\nmodel = "/m/t.gguf"\nvariant = "beellama"\n'
+        '[hosts.h]\nkind = "systemd"\nbinaries = { beellama = "/opt/beellama/llama-server" }\n'
+        '[instances.q]\nmodel = "/m/t.gguf"\nvariant = "beellama"\n'
     )
     up = write_probe(tmp_path, "upstream", live)
     bee = write_probe(tmp_path, "beellama", recorded(RECORDED["beellama"]))

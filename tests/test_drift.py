@@ -263,7 +263,7 @@ def test_pin_dry_run_prints_the_drift_and_fails_on_a_refusal(
         "  plain.speculative.type: respelled: --spec-type dflash -> --spec-type draft-dflash "
         "(none: llamanix renders the new spelling)"
     )
-    assert lines[5] == f"(cd {tmp_path} && nix flake lock --update-input beellama-cpp)"
+    assert lines[5] == f"(cd {tmp_path} && nix flake update beellama-cpp)"
     assert recorded_calls(recorder) == []
     # Without --dry-run the pin does not move.
     real = run(*args)
@@ -295,7 +295,7 @@ def test_pin_moves_when_nothing_is_refused(
     assert result.exit_code == 0, result.output
     assert result.stdout.startswith("flag drift from ")
     assert recorded_calls(recorder) == [
-        {"argv": ["nix", "flake", "lock", "--update-input", "nixpkgs"], "cwd": str(tmp_path)}
+        {"argv": ["nix", "flake", "update", "nixpkgs"], "cwd": str(tmp_path)}
     ]
 
 
@@ -304,7 +304,7 @@ def test_pin_dry_run_without_probes_says_how_to_make_them(tmp_path: Path, record
     result = run("pin", "beellama", "--latest", "--dry-run", "--flake", str(tmp_path))
     assert result.exit_code == 0, result.output
     assert result.stdout.splitlines() == [
-        f"(cd {tmp_path} && nix flake lock --update-input beellama-cpp)",
+        f"(cd {tmp_path} && nix flake update beellama-cpp)",
         "to list the flags this move changes for your config, probe both builds:",
         "  nix build '.#llama-cpp-beellama' --override-input beellama-cpp "
         "github:Anbeeld/beellama.cpp --no-write-lock-file -o new-beellama",

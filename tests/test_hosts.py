@@ -509,3 +509,57 @@ def test_a_warm_switch_keeps_the_cache_in_the_units_state_directory(host: Host) 
         f"{slot['tokens']} tokens, {slot['bytes'] / 1e6:.1f} MB, save {slot['save_ms']:.0f} ms, "
         f"restore {slot['restore_ms']:.0f} ms"
     )
+
+
+_SCRAPE = """
+import sys, httpx, time
+end = time.monotonic() + 60
+while True:
+    try:
+        print(httpx.get(sys.argv[1], timeout=10).text)
+        break
+    except httpx.TransportError:
+        if time.monotonic() > end:
+            raise
+        time.sleep(0.2)
+"""
+
+
+def test_the_exporter_unit_reads_a_keyed_instance_hardened(host: Host) -> None:
+    """The rendered llamanix-exporter.service under systemd as PID 1: it reads the keyed
+    instance (its key as a credential) and the generation records in a directory only root
+    reads, serves them labelled, and its sandbox is measured."""
+    key = new_key()
+    write_config(host, config_text(PORT, key=KEY_FILE, extra="\n[metrics]\nport = 9465\n"), key)
+    assert _switch(host).returncode == 0
+    done = llamanix(host, "render", CONFIG, "--out", "/run/render")
+    assert done.returncode == 0, output(done)
+    host.run(["cp", "/run/render/llamanix-exporter.service", f"{UNITS}/"])
+    # As the fleet agent keeps its copy: the config and the records in a 0700 directory.
+    host.run(["chmod", "0700", "/etc/llamanix"])
+    host.run(["systemctl", "daemon-reload"])
+    host.run(["systemctl", "start", "llamanix-exporter.service"])
+    done = host.run(
+        [f"{hosts.VENV}/bin/python", "-c", _SCRAPE, "http://127.0.0.1:9465/metrics"],
+        check=False,
+    )
+    status = host.run(["systemctl", "status", "llamanix-exporter"], check=False).stdout
+    assert done.returncode == 0, status + host.journal("llamanix-exporter.service")[-3000:]
+    scraped = done.stdout
+    assert 'llamanix_up{build="' in scraped
+    assert 'instance="chat",model="tiny",reason="ok",spec_type="none",variant="upstream"} 1.0' in (
+        scraped
+    ), scraped[:2000]
+    assert 'llamanix_switches_total{host="box"} 1.0' in scraped, scraped[-2000:]
+    assert "llamacpp:tokens_predicted_total{" in scraped
+    unit_text = host.path(f"{UNITS}/llamanix-exporter.service").read_text()
+    assert f"LoadCredential=key-chat:{KEY_FILE}" in unit_text and key not in unit_text
+    assert show(host, "llamanix-exporter.service", "ActiveState")["ActiveState"] == "active"
+    online = exposure(host, "llamanix-exporter.service")
+    HOST_FIGURES.append(
+        f"{host.spec.name}: exporter unit exposure {online} online (running; "
+        "CAP_DAC_READ_SEARCH to read a root-only config directory)"
+    )
+    assert online <= 2.5
+    leaks = key_leaks(host, key, UNITS, "/var/lib", "/var/cache", "/run/systemd")
+    assert leaks == []

@@ -9,16 +9,19 @@ CI has Nix (nix-instantiate) but no nixpkgs: Nix expressions are evaluated with 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from recorded_help import RECORDED_PROBE, probe_of, recorded, write_probe
+from standins import recorded_argv, stand_in
 
 from llamanix.core.config import parse_config, suggest
 from llamanix.core.errors import UserError
@@ -177,17 +180,24 @@ def test_smoke_app_arch_words_name_packages() -> None:
         assert all(f"llama-cpp-{variant}-{arch}" in packages for arch in archs)
 
 
-def test_cuda_unfree_predicate_admits_only_cuda_licenses() -> None:
-    verdicts = lib_call(
-        "map l.allowCudaUnfree ["
-        ' { meta.license = { free = false; shortName = "CUDA EULA"; }; }'
-        ' { meta.license = [ { free = true; shortName = "mit"; }'
-        '   { free = false; shortName = "cuDNN EULA"; } ]; }'
-        ' { meta.license = { free = false; shortName = "unfree"; }; }'
-        " { }"
-        " ]"
-    )
-    assert verdicts == [True, True, False, True]
+def test_the_flake_allows_the_cuda_licenses_by_nixpkgs_own_predicate() -> None:
+    """CUDA is unfree: the pinned nixpkgs is imported with nixpkgs' own
+    `_cuda.lib.allowUnfreeCudaPredicate`, not a list of licence names of llamanix's."""
+    proc = flake_outputs("nixpkgsImport")
+    assert proc.returncode != 0
+    assert (
+        "nixpkgs imported with config.allowUnfreePredicate = nixpkgs' "
+        "_cuda.lib.allowUnfreeCudaPredicate"
+    ) in proc.stderr
+    assert "allowCudaUnfree" not in lib_call("builtins.attrNames l")
+
+
+def test_the_overlay_adds_only_the_llamanix_package_set() -> None:
+    """The variants live in pkgs.llamanixPackages.variants, not as some twenty top-level
+    llama-cpp-* attributes of every nixpkgs the overlay is applied to."""
+    proc = flake_outputs("overlayAttrs")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == ["llamanix", "llamanixPackages"]
 
 
 # --- the module's options are the schema's keys --------------------------------------------
@@ -256,6 +266,7 @@ def test_host_keys_are_module_options_or_set_by_the_module(options: dict[str, An
         "gateway",
         "useSystemNixpkgs",
         "packageSet",
+        "prometheus",  # modules/prometheus.nix: the [metrics] table (tests/test_prometheus_nix.py)
     }
     assert options["moduleHostOptionTypes"]["gpu"] == {"name": "nullOr", "elem": {"name": "str"}}
     assert options["moduleHostOptionTypes"]["cudaArchs"]["name"] == "listOf"
@@ -372,8 +383,9 @@ def test_flake_inputs_are_the_registry_variants() -> None:
 # Inputs pinned by revision without a narHash, each with the reason (docs/pins.md): no hash is
 # recorded that could not be verified.
 WITHOUT_NARHASH = {
-    "beellama-cpp": "one blob of its tree (the web UI bundle) was missing from every snapshot "
-    "available offline, so its NAR hash could not be computed",
+    "beellama-cpp": "one blob of its tree (the web UI bundle, over 4 MiB) is missing from every "
+    "snapshot available offline, so its NAR hash could not be computed (docs/pins.md: the "
+    "command that adds it keeps the pin)",
 }
 
 
@@ -409,6 +421,63 @@ def test_flake_lock_pins_every_input_completely() -> None:
             assert locked["rev"] in build_numbers, (
                 f"{name}: record the build number of {locked['rev']} in nix/lib.nix buildNumbers"
             )
+
+
+PINS = ROOT / "docs/pins.md"
+
+
+def locked_nodes() -> dict[str, dict[str, Any]]:
+    lock = json.loads((ROOT / "flake.lock").read_text())
+    root = lock["nodes"][lock["root"]]["inputs"]
+    return {name: lock["nodes"][node] for name, node in root.items()}
+
+
+def test_pins_md_names_every_input_nix_flake_update_moves() -> None:
+    """Every input whose URL names no commit moves with `nix flake update`; docs/pins.md says
+    which, in its first paragraph."""
+    moving = {name for name, node in locked_nodes().items() if "rev" not in node["original"]}
+    assert "beellama-cpp" in moving
+    text = " ".join(PINS.read_text().split())
+    m = re.search(
+        r"`nix flake update` \(and `llamanix pin VARIANT --latest`\) moves (.+?) to", text
+    )
+    assert m, "docs/pins.md no longer says what `nix flake update` moves"
+    assert set(re.findall(r"`([a-z-]+)`", m.group(1))) == moving
+
+
+def test_pins_md_adds_a_missing_narhash_without_moving_the_pin(tmp_path: Path) -> None:
+    """The command docs/pins.md gives for an input locked without a narHash names the locked
+    commit, and runs `nix flake lock --override-input` at that commit: Nix records the hash and
+    the same rev (its `original` stays flake.nix's URL). `nix flake update` would move it."""
+    text = PINS.read_text()
+    commands = re.findall(r"^\s*\$ (llamanix pin .+)$", text, re.M)
+    assert len(commands) == len(WITHOUT_NARHASH) == 1
+    [command] = commands
+    # The doc shows it as a dry run (its docs test runs it); run here for real, with nix a
+    # stand-in.
+    variant, rev, dry_run = command.split()[2:]
+    assert dry_run == "--dry-run"
+    command = command.removesuffix(" --dry-run")
+    name = {"beellama": "beellama-cpp"}[variant]
+    assert name in WITHOUT_NARHASH
+    locked = locked_nodes()[name]["locked"]
+    assert rev == locked["rev"]
+    bin_dir = tmp_path / "bin"
+    record = stand_in(bin_dir, "nix")
+    (tmp_path / "flake.nix").write_text("{ }\n")
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "llamanix", *command.split()[1:], "--flake", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert recorded_argv(record) == [
+        "nix", "flake", "lock", "--override-input", name,
+        f"github:{locked['owner']}/{locked['repo']}/{locked['rev']}",
+    ]  # fmt: skip
 
 
 # --- the module's render command --------------------------------------------------------------
@@ -650,19 +719,34 @@ def test_variant_builds_are_named_by_arch_and_never_run_the_binary(tmp_path: Pat
         "beellamaCpu": "llama-cpp-beellama-cpu",
         "sparkOnCuda129": "llama-cpp-upstream-cuda-sm121",
         "familyOnCuda129": "llama-cpp-upstream-cuda-sm120f",
+        "dbOnlyCapabilityWithDb": "llama-cpp-upstream-cuda-sm88",
+        "orinOnAarch64": "llama-cpp-upstream-cuda-sm87",
     }
-    # Only nixpkgs' own CPU build keeps its postInstall, which runs the binary for completions.
+    # Only nixpkgs' own CPU build keeps the line of its postInstall that runs the binary for
+    # completions; every build keeps the rest of it (the header, the `llama` link).
     assert [n for n, d in built.items() if d["completionAtBuild"]] == ["nixpkgsCpu"]
+    assert all(d["keepsNixpkgsPostInstall"] for d in built.values())
+    # nixpkgs' CUDA database decides where it is there (8.8 is only in the test's); Jetson's
+    # capabilities need aarch64-linux, nixpkgs' Jetson packages, and no other GPU beside them.
+    for case in ("dbOnlyCapabilityWithoutDb", "orinWithoutJetsonPackages", "orinBesideAnRtx3090"):
+        assert found[case] == {"evaluates": False}, case
+    jetson = subprocess.run(
+        [*argv, "-A", "jetsonOnX86"], capture_output=True, text=True, check=False
+    )
+    assert "llama-cpp-upstream: Jetson compute capabilities (8.7) are built only for " in (
+        " ".join(jetson.stderr.split())
+    )
     # BeeLlama embeds its UI from its own tree; the others' UI needs npm or a download.
     assert [n for n, d in built.items() if d["webui"]] == ["beellamaCpu"]
     # 12.1 (DGX Spark) and 10.3 (B300) need CUDA 12.9; CUDA 13 calls 10.1 11.0 and builds no
-    # Pascal: each stops the evaluation (nix/lib.nix cudaArchReleases) rather than nvcc.
+    # Pascal: each stops the evaluation (nixpkgs' CUDA database, or nix/lib.nix
+    # cudaCapabilities) rather than nvcc.
     for case in ("sparkOnCuda128", "b300OnCuda128", "thorOnCuda130", "pascalOnCuda130"):
         assert found[case] == {"evaluates": False}, case
     refused = subprocess.run([*argv, "-A", "refused"], capture_output=True, text=True, check=False)
     assert refused.returncode != 0
     assert (
-        "llama-cpp-upstream: compute capability 10.3 (B300) needs CUDA 12.9 or newer, this "
+        "llama-cpp-upstream: compute capability 10.3 (Blackwell) needs CUDA 12.9 or newer, this "
         "nixpkgs has cudaPackages 12.8; use .override { cudaPackages = cudaPackages_12_9; } (or "
         "newer)."
     ) in " ".join(refused.stderr.split())
@@ -673,12 +757,21 @@ def test_variant_builds_are_named_by_arch_and_never_run_the_binary(tmp_path: Pat
 NIX_REAL_LIB = ROOT / "scripts/nix-real-lib"
 
 
-def nix_real_lib(tmp_path: Path, env: dict[str, str], *pytest_args: str) -> str:
-    """scripts/nix-real-lib on a stand-in lib directory, for tests that do not evaluate it."""
+def stand_in_lib(tmp_path: Path) -> Path:
+    """A directory that looks like a nixpkgs lib to scripts/nix-real-lib, and a stand-in for
+    nixpkgs' litellm module beside it, for tests that evaluate neither."""
     lib = tmp_path / "lib"
     lib.mkdir(parents=True)
     for name in ("default.nix", "modules.nix"):
         (lib / name).write_text("{ }\n")
+    (tmp_path / "litellm.nix").write_text("{ }\n")
+    return lib
+
+
+def nix_real_lib(tmp_path: Path, env: dict[str, str], *pytest_args: str) -> str:
+    """scripts/nix-real-lib on a stand-in lib directory, for tests that do not evaluate it."""
+    lib = stand_in_lib(tmp_path)
+    env = {**env, "LLAMANIX_NIXPKGS_LITELLM": str(tmp_path / "litellm.nix")}
     proc = subprocess.run(
         [str(NIX_REAL_LIB), str(lib), "-q", *pytest_args],
         capture_output=True,
@@ -730,12 +823,62 @@ def test_nix_real_lib_probes_a_built_llama_server(tmp_path: Path, llama_server_b
     )
 
 
+def test_nix_real_lib_needs_nixpkgs_litellm_module(tmp_path: Path) -> None:
+    """The gateway's checks load nixpkgs' own litellm.nix: without it the script stops in one
+    line rather than checking against a stand-in; a nixpkgs checkout brings its own."""
+    lib = stand_in_lib(tmp_path)
+    env = {k: v for k, v in os.environ.items() if k != "LLAMANIX_NIXPKGS_LITELLM"}
+    proc = subprocess.run(
+        [str(NIX_REAL_LIB), str(lib)], capture_output=True, text=True, check=False, env=env
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == [
+        f"{NIX_REAL_LIB}: nixpkgs' nixos/modules/services/misc/litellm.nix is needed (the "
+        "gateway's checks load it); pass a nixpkgs checkout, or set LLAMANIX_NIXPKGS_LITELLM to "
+        "that file of NixOS/nixpkgs"
+    ]
+    module = tmp_path / "nixos/modules/services/misc/litellm.nix"
+    module.parent.mkdir(parents=True)
+    module.write_text("{ }\n")
+    proc = subprocess.run(
+        [str(NIX_REAL_LIB), str(tmp_path), "-q", "-k", "test_render_command_usage"],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**env, "LLAMANIX_RECORDED_PROBE": "upstream-0c1e570"},
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    digest = hashlib.sha256(module.read_bytes()).hexdigest()
+    assert proc.stdout.splitlines()[0].endswith(
+        f"with nixpkgs' litellm module {module} (sha256 {digest})"
+    )
+
+
+@pytest.mark.skipif(not REAL_LIB, reason="set LLAMANIX_NIXPKGS_LIB to a nixpkgs lib/ directory")
+def test_the_litellm_module_checked_against_is_recorded() -> None:
+    """The nixpkgs litellm.nix the real evaluation loaded is one tests/data names, with its
+    source: a newer one is recorded before its results are trusted."""
+    record = json.loads((ROOT / "tests/data/nixpkgs-litellm.json").read_text())
+    assert (record["repo"], record["path"], record["license"]) == (
+        "NixOS/nixpkgs",
+        "nixos/modules/services/misc/litellm.nix",
+        "MIT",
+    )
+    module = Path(os.environ["LLAMANIX_NIXPKGS_LITELLM"])
+    digest = hashlib.sha256(module.read_bytes()).hexdigest()
+    assert digest in [c["sha256"] for c in record["checked"]], (
+        f"{module} (sha256 {digest}) is not in tests/data/nixpkgs-litellm.json: record its "
+        "commit there once the tests pass with it"
+    )
+
+
 def test_nix_real_lib_refuses_a_bad_llama_server_in_one_line(tmp_path: Path) -> None:
-    lib = tmp_path / "lib"
-    lib.mkdir()
-    for name in ("default.nix", "modules.nix"):
-        (lib / name).write_text("{ }\n")
-    env = {**os.environ, "LLAMANIX_LLAMA_SERVER": str(tmp_path / "missing")}
+    lib = stand_in_lib(tmp_path)
+    env = {
+        **os.environ,
+        "LLAMANIX_LLAMA_SERVER": str(tmp_path / "missing"),
+        "LLAMANIX_NIXPKGS_LITELLM": str(tmp_path / "litellm.nix"),
+    }
     proc = subprocess.run(
         [str(NIX_REAL_LIB), str(lib)], capture_output=True, text=True, check=False, env=env
     )
@@ -749,45 +892,51 @@ def test_nix_real_lib_refuses_a_bad_llama_server_in_one_line(tmp_path: Path) -> 
 # --- CUDA architectures against the CUDA release ----------------------------------------------
 
 
+def cuda_problems(
+    cuda: str, archs: list[str], system: str = "x86_64-linux", jetson: bool = False
+) -> list[str]:
+    spec = json.dumps({"cudaVersion": cuda, "cudaArchs": archs, "system": system})
+    found: list[str] = lib_call(
+        f"l.cudaArchProblems (builtins.fromJSON ''{spec}'' // "
+        f"{{ capabilities = l.cudaCapabilities; jetsonPackages = {str(jetson).lower()}; }})"
+    )
+    return found
+
+
 @pytest.mark.parametrize(
     ("cuda", "archs", "problem"),
     [
         ("12.8", ["8.6", "12.0"], None),
         ("12.8", ["12.0a", "10.0", "9.0a", "8.9"], None),
+        # Ampere from 11.2, Blackwell's 10.0 from 12.7, as nixpkgs' database has them.
+        ("11.2", ["8.0", "8.6"], None),
+        (
+            "11.1",
+            ["8.6"],
+            "compute capability 8.6 (Ampere) needs CUDA 11.2 or newer, this nixpkgs has "
+            "cudaPackages 11.1; use .override { cudaPackages = cudaPackages_11_2; } (or newer)",
+        ),
+        ("12.7", ["10.0"], None),
         # B300 and the family-specific targets came with 12.9.
         (
             "12.8",
             ["8.6", "10.3"],
-            "compute capability 10.3 (B300) needs CUDA 12.9 or newer, this nixpkgs has "
+            "compute capability 10.3 (Blackwell) needs CUDA 12.9 or newer, this nixpkgs has "
             "cudaPackages 12.8; use .override { cudaPackages = cudaPackages_12_9; } (or newer)",
         ),
         (
             "12.8",
             ["12.0f"],
-            "compute capability 12.0f (RTX 50xx) needs CUDA 12.9 or newer, this nixpkgs has "
+            "compute capability 12.0f (Blackwell) needs CUDA 12.9 or newer, this nixpkgs has "
             "cudaPackages 12.8; use .override { cudaPackages = cudaPackages_12_9; } (or newer)",
         ),
-        ("12.9", ["10.3", "12.0f", "12.1", "10.1"], None),
+        ("12.9", ["10.3", "12.0f", "12.1"], None),
         (
             "12.8",
             ["12.1"],
-            "compute capability 12.1 (DGX Spark's GB10) needs CUDA 12.9 or newer, this nixpkgs "
-            "has cudaPackages 12.8; use .override { cudaPackages = cudaPackages_12_9; } (or newer)",
+            "compute capability 12.1 (Blackwell) needs CUDA 12.9 or newer, this nixpkgs has "
+            "cudaPackages 12.8; use .override { cudaPackages = cudaPackages_12_9; } (or newer)",
         ),
-        # CUDA 13.0 renamed Jetson Thor's 10.1 to 11.0, which older releases do not know.
-        (
-            "13.0",
-            ["10.1a"],
-            "compute capability 10.1a (Jetson Thor) is called 11.0a from CUDA 13.0 on, and this "
-            'nixpkgs has cudaPackages 13.0; write "11.0a" instead',
-        ),
-        (
-            "12.9",
-            ["11.0"],
-            "compute capability 11.0 (Jetson Thor) needs CUDA 13.0 or newer, this nixpkgs has "
-            "cudaPackages 12.9; use .override { cudaPackages = cudaPackages_13_0; } (or newer)",
-        ),
-        ("13.0", ["11.0", "12.0", "7.5"], None),
         # ... and dropped everything before Turing.
         (
             "13.0",
@@ -801,14 +950,15 @@ def test_nix_real_lib_refuses_a_bad_llama_server_in_one_line(tmp_path: Path) -> 
             "compute capability 3.7 (Kepler) was dropped after CUDA 11.8, and this nixpkgs has "
             "cudaPackages 12.0; use .override { cudaPackages = cudaPackages_11_8; }",
         ),
+        ("13.0", ["12.0", "7.5"], None),
         # `a` targets exist from Hopper on.
-        ("12.8", ["8.6a"], "compute capability 8.6a is not in llamanix's table of CUDA "),
+        ("12.8", ["8.6a"], "compute capability 8.6a is not one nixpkgs' CUDA packages know "),
     ],
 )
 def test_cuda_archs_are_checked_against_the_cuda_release(
     cuda: str, archs: list[str], problem: str | None
 ) -> None:
-    found = lib_call(f"l.cudaArchProblems \"{cuda}\" (builtins.fromJSON ''{json.dumps(archs)}'')")
+    found = cuda_problems(cuda, archs)
     if problem is None:
         assert found == []
     else:
@@ -816,16 +966,105 @@ def test_cuda_archs_are_checked_against_the_cuda_release(
         assert message.startswith(problem), message
 
 
+@pytest.mark.parametrize(
+    ("cuda", "archs", "problem"),
+    [
+        # Xavier (7.2) went with CUDA 12.2.
+        ("12.2", ["7.2"], None),
+        (
+            "12.3",
+            ["7.2"],
+            "compute capability 7.2 (Volta) was dropped after CUDA 12.2, and this nixpkgs has "
+            "cudaPackages 12.3; use .override { cudaPackages = cudaPackages_12_2; }",
+        ),
+        ("12.9", ["10.1"], None),
+        # CUDA 13.0 renamed Jetson Thor's 10.1 to 11.0, which older releases do not know.
+        (
+            "13.0",
+            ["10.1a"],
+            "compute capability 10.1a (Blackwell, Jetson Thor) is called 11.0a from CUDA 13.0 on, "
+            'and this nixpkgs has cudaPackages 13.0; write "11.0a" instead',
+        ),
+        (
+            "12.9",
+            ["11.0"],
+            "compute capability 11.0 (Blackwell) needs CUDA 13.0 or newer, this nixpkgs has "
+            "cudaPackages 12.9; use .override { cudaPackages = cudaPackages_13_0; } (or newer)",
+        ),
+        ("13.0", ["11.0", "11.0a"], None),
+        (
+            "12.8",
+            ["8.7", "8.6"],
+            "Jetson compute capabilities (8.7) cannot be built together with others (8.6): "
+            "nixpkgs' CUDA packages for Jetson are not those of other GPUs; build them as "
+            "separate packages",
+        ),
+    ],
+)
+def test_jetson_capabilities_on_aarch64_with_jetson_packages(
+    cuda: str, archs: list[str], problem: str | None
+) -> None:
+    found = cuda_problems(cuda, archs, "aarch64-linux", jetson=True)
+    assert found == ([] if problem is None else [problem])
+
+
+def test_jetson_capabilities_follow_nixpkgs_rules() -> None:
+    """nixpkgs' _cuda/lib/flags.nix: Jetson capabilities only on aarch64-linux, and the Jetson
+    CUDA packages only when nixpkgs' own config names them."""
+    assert cuda_problems("12.8", ["8.7"], "x86_64-linux", jetson=True) == [
+        "Jetson compute capabilities (8.7) are built only for aarch64-linux, and this is "
+        "x86_64-linux; build them for the Jetson"
+    ]
+    assert cuda_problems("12.8", ["8.7"], "aarch64-linux", jetson=False) == [
+        "Jetson compute capabilities (8.7) need nixpkgs' Jetson CUDA packages, which it picks "
+        "only when its own config.cudaCapabilities names Jetson capabilities; set "
+        'nixpkgs.config.cudaCapabilities = [ "8.7" ] and services.llamanix.useSystemNixpkgs = '
+        "true"
+    ]
+    # GH200 and DGX Spark are not Jetsons.
+    assert cuda_problems("12.9", ["9.0"], "aarch64-linux") == []
+    assert cuda_problems("12.9", ["12.1"], "aarch64-linux") == []
+
+
+NIXPKGS_CUDA = ROOT / "tests/data/nixpkgs-cuda-capabilities.json"
+
+
+def test_the_cuda_table_is_nixpkgs_database() -> None:
+    """nix/lib.nix's copy (for a nixpkgs without _cuda.db) has exactly the capabilities, CUDA
+    ranges and Jetson flags of nixpkgs' cudaCapabilityToInfo, as recorded from its file."""
+    record = json.loads(NIXPKGS_CUDA.read_text())
+    assert (record["repo"], record["path"], record["license"]) == (
+        "NixOS/nixpkgs",
+        "pkgs/development/cuda-modules/_cuda/db/bootstrap/cuda.nix",
+        "MIT",
+    )
+    assert lib_call("l.cudaCapabilities") == record["cudaCapabilityToInfo"]
+
+
+NIXPKGS_CUDA_DB = os.environ.get("LLAMANIX_NIXPKGS_CUDA_DB", "")
+
+
+@pytest.mark.skipif(
+    not (REAL_LIB and NIXPKGS_CUDA_DB),
+    reason="set LLAMANIX_NIXPKGS_LIB and LLAMANIX_NIXPKGS_CUDA_DB (nixpkgs' "
+    "pkgs/development/cuda-modules/_cuda/db/bootstrap/cuda.nix)",
+)
+def test_the_recorded_cuda_database_is_nixpkgs_file() -> None:
+    """The record is what nixpkgs' file evaluates to (with the real lib)."""
+    expr = (
+        f"let lib = import {REAL_LIB}; in builtins.mapAttrs (_: i: {{ inherit (i) archName "
+        "minCudaMajorMinorVersion maxCudaMajorMinorVersion isJetson; }) "
+        f"(import {NIXPKGS_CUDA_DB} {{ inherit lib; }}).cudaCapabilityToInfo"
+    )
+    argv = ["nix-instantiate", "--readonly-mode", "--eval", "--strict", "--json", "--expr", expr]
+    found = json.loads(subprocess.run(argv, capture_output=True, text=True, check=True).stdout)
+    assert found == json.loads(NIXPKGS_CUDA.read_text())["cudaCapabilityToInfo"]
+
+
 def test_every_arch_set_the_flake_builds_compiles_with_cuda_12_8() -> None:
     """The pinned nixpkgs has CUDA 12.8 or newer (docs/nixos.md): every package builds there."""
     for name, archs in lib_call("l.archSets").items():
-        assert (
-            lib_call(f"l.cudaArchProblems \"12.8\" (builtins.fromJSON ''{json.dumps(archs)}'')")
-            == []
-        ), name
-
-
-# --- the module's checks at evaluation ---------------------------------------------------------
+        assert cuda_problems("12.8", archs) == [], name
 
 
 def test_the_router_package_is_nixpkgs_llama_swap_by_mk_package_option(
@@ -909,8 +1148,15 @@ def test_a_sound_router_asserts_nothing() -> None:
     assert lib_call("l.routerProblems { router = null; instanceNames = [ ]; }") == []
 
 
-def firewall_warnings(instances: dict[str, Any], router: dict[str, Any] | None) -> list[str]:
-    spec = json.dumps({"instances": instances, "router": router})
+def firewall_warnings(
+    instances: dict[str, Any],
+    router: dict[str, Any] | None,
+    gateway: dict[str, Any] | None = None,
+    firewall: dict[str, Any] | None = None,
+) -> list[str]:
+    spec = json.dumps(
+        {"instances": instances, "router": router, "gateway": gateway, "firewall": firewall}
+    )
     found: list[str] = lib_call(f"l.firewallWarnings (builtins.fromJSON ''{spec}'')")
     return found
 
@@ -943,6 +1189,43 @@ def test_firewall_settings_that_open_nothing_warn() -> None:
     ]
     # A router others can reach, opened: nothing to say.
     assert firewall_warnings({"any": inst("0.0.0.0", 8083)}, router | {"listen": "0.0.0.0"}) == []
+
+
+def test_a_listener_the_firewall_keeps_closed_warns() -> None:
+    """The opposite: an instance, router or gateway beyond loopback whose port no firewall rule
+    opens cannot be reached from another machine (another host's gateway, say)."""
+
+    def inst(listen: str, port: int) -> dict[str, Any]:
+        return {"listen": listen, "port": port, "openFirewall": False}
+
+    instances = {"any": inst("0.0.0.0", 8083), "lo": inst("127.0.0.1", 8084), "m": inst("::", 1)}
+    router = {"members": ["m"], "listen": "10.0.0.5", "port": 8080, "openFirewall": False}
+    gateway = {"listen": "::", "port": 4000, "openFirewall": False}
+    firewall: dict[str, Any] = {"enable": True, "allowedTCPPorts": [22]}
+    assert firewall_warnings(instances, router, gateway, firewall) == [
+        "services.llamanix.instances.any: the instance listens on 0.0.0.0, but the firewall keeps "
+        "port 8083 closed, so no other machine reaches it (set "
+        "services.llamanix.instances.any.openFirewall = true, or listen on 127.0.0.1).",
+        "services.llamanix.router: the router listens on 10.0.0.5, but the firewall keeps port "
+        "8080 closed, so no other machine reaches it (set services.llamanix.router.openFirewall "
+        "= true, or listen on 127.0.0.1).",
+        "services.llamanix.gateway: LiteLLM listens on ::, but the firewall keeps port 4000 "
+        "closed, so no other machine reaches it (set services.llamanix.gateway.openFirewall = "
+        "true, or listen on 127.0.0.1).",
+    ]
+    # Opened by any rule, or no firewall at all: nothing to say.
+    for opened in (
+        {"enable": False},
+        {"allowedTCPPorts": [8083, 8080, 4000]},
+        {"allowedTCPPortRanges": [{"from": 4000, "to": 9000}]},
+        {"interfaces": {"eth0": {"allowedTCPPorts": [8083, 8080, 4000]}}},
+    ):
+        assert firewall_warnings(instances, router, gateway, firewall | opened) == [], opened
+    # A gateway opened on loopback opens nothing, as an instance's port.
+    assert firewall_warnings({}, None, gateway | {"listen": "::1", "openFirewall": True}) == [
+        "services.llamanix: port 4000 is opened in the firewall but the gateway listens on ::1 "
+        "only (set services.llamanix.gateway.listen)."
+    ]
 
 
 def test_the_flake_module_is_one_module_however_often_imported() -> None:

@@ -12,7 +12,8 @@ built for the host table's `cuda_archs`, so the TOML's architectures reach the b
 
 CI evaluates the module path with the stub lib. With LLAMANIX_NIXPKGS_LIB set to a real nixpkgs
 lib/ directory (scripts/nix-real-lib), the real modules/llamanix.nix is evaluated by
-lib.evalModules instead, and the stub's answer is compared with the real one.
+lib.evalModules instead, beside nixpkgs' own services.litellm module (LLAMANIX_NIXPKGS_LITELLM,
+its nixos/modules/services/misc/litellm.nix), and the stub's answer is compared with the real one.
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ from llamanix.core.probe import parse_capabilities
 ROOT = Path(__file__).resolve().parent.parent
 RENDER_UNITS = ROOT / "modules/render-units.sh"
 REAL_LIB = os.environ.get("LLAMANIX_NIXPKGS_LIB", "")
+# nixpkgs' nixos/modules/services/misc/litellm.nix, which the real evaluation loads (never
+# committed: scripts/nix-real-lib says where it comes from).
+LITELLM_MODULE = os.environ.get("LLAMANIX_NIXPKGS_LITELLM", "")
 CONFIGS = sorted(
     [*(ROOT / "examples").glob("*.toml"), *(ROOT / "tests/data/configs").glob("*.toml")]
 )
@@ -63,20 +67,49 @@ def module_eval_proc(
     nvidia: bool = False,
     llama_swap: bool = True,
     attr: str | None = None,
+    litellm_module: str | None = None,
+    litellm_version: str | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> subprocess.CompletedProcess[str]:
+    """tests/nix/module-eval.nix; with a real lib, nixpkgs' litellm module beside the module
+    (`litellm_module`: another file, or "none" for a NixOS without it)."""
     argv = ["nix-instantiate", "--readonly-mode", "--eval", "--strict", "--json"]
     argv += [str(ROOT / "tests/nix/module-eval.nix"), "--argstr", "toml", str(toml)]
     argv += ["--argstr", "host", host, "--argstr", "libPath", lib_path]
+    if lib_path:
+        module = LITELLM_MODULE if litellm_module is None else litellm_module
+        argv += ["--argstr", "litellmModule", module]
     argv += ["--argstr", "nvidia", "true" if nvidia else "false"]
     argv += ["--argstr", "llamaSwap", "true" if llama_swap else "false"]
+    if litellm_version is not None:
+        argv += ["--argstr", "litellmVersion", litellm_version]
+    if extra is not None:
+        argv += ["--argstr", "extra", json.dumps(extra)]
     argv += ["-A", attr] if attr else []
     return subprocess.run(argv, capture_output=True, text=True, check=False)
 
 
 def module_eval(
-    toml: Path, host: str, lib_path: str, *, nvidia: bool = False, attr: str | None = None
+    toml: Path,
+    host: str,
+    lib_path: str,
+    *,
+    nvidia: bool = False,
+    attr: str | None = None,
+    litellm_module: str | None = None,
+    litellm_version: str | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> Any:
-    proc = module_eval_proc(toml, host, lib_path, nvidia=nvidia, attr=attr)
+    proc = module_eval_proc(
+        toml,
+        host,
+        lib_path,
+        nvidia=nvidia,
+        attr=attr,
+        litellm_module=litellm_module,
+        litellm_version=litellm_version,
+        extra=extra,
+    )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 
@@ -135,6 +168,11 @@ def normalised(files: dict[str, str]) -> dict[str, Any]:
         text = re.sub(r'cmd: "\S+ ', 'cmd: "BINARY ', text)
         if name.endswith((".yaml", ".ini")):
             out[name] = text
+        elif name == "llamanix-exporter.service":
+            # No llama-server in it; line 1 names the source, as for the instances, and the
+            # command reads the config it was rendered from (the TOML, or the module's JSON).
+            body = text.split("\n", 1)[1]
+            out[name] = re.sub(r" metrics \S+ ", " metrics CONFIG ", body)
         elif name.endswith(".service"):
             instance = name.removeprefix("llamanix-").removesuffix(".service")
             body = text.split("\n", 1)[
@@ -187,11 +225,16 @@ def test_toml_and_module_render_the_same_units(
 
     direct_files, module_files = rendered(direct), rendered(via_module)
     assert sorted(direct_files) == sorted(module_files)
+    # The module links each file the render writes under /etc/llamanix, one by one: the
+    # directory stays one where a key file can live beside them.
+    shared = sorted(p.name for p in (via_module / "share/llamanix").iterdir())
+    assert sorted(evaluated["etc"]) == [f"llamanix/{name}" for name in shared]
     router = cfg.hosts[host].router
     members = router.members if router else ()
     assert sorted(n for n in direct_files if n.endswith(".service")) == sorted(
         [f"llamanix-{name}.service" for name in names if name not in members]
         + (["llamanix-router.service"] if router else [])
+        + (["llamanix-exporter.service"] if cfg.metrics is not None else [])
     )
     assert normalised(direct_files) == normalised(module_files)
 
@@ -394,17 +437,35 @@ def test_router_package_is_nixpkgs_llama_swap_read_only_by_a_llama_swap_router(
 GATEWAY_TOML = ROOT / "tests/data/fleet-gateway-nixos.toml"
 LIB_PATHS = ["", REAL_LIB] if REAL_LIB else [""]
 LIB_IDS = ["stub", "real"][: len(LIB_PATHS)]
+# What the keys reach LiteLLM through: an environment file the keys unit writes.
+KEYS_UNIT = "llamanix-gateway-keys"
+ENVIRONMENT_FILE = f"/run/{KEYS_UNIT}/litellm.env"
 
 
-def gateway_eval(lib_path: str, litellm_version: str | None = None) -> Any:
-    argv = ["nix-instantiate", "--readonly-mode", "--eval", "--strict", "--json"]
-    argv += [str(ROOT / "tests/nix/module-eval.nix"), "--argstr", "toml", str(GATEWAY_TOML)]
-    argv += ["--argstr", "host", "box3", "--argstr", "libPath", lib_path, "-A", "gateway"]
-    if litellm_version is not None:
-        argv += ["--argstr", "litellmVersion", litellm_version]
-    proc = subprocess.run(argv, capture_output=True, text=True, check=False)
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)
+def gateway_eval(
+    lib_path: str,
+    litellm_version: str | None = None,
+    toml: Path = GATEWAY_TOML,
+    extra: dict[str, Any] | None = None,
+    litellm_module: str | None = None,
+) -> Any:
+    return module_eval(
+        toml,
+        "box3",
+        lib_path,
+        attr="gateway",
+        litellm_version=litellm_version,
+        extra=extra,
+        litellm_module=litellm_module,
+    )
+
+
+def gateway_toml(tmp_path: Path, old: str, new: str) -> Path:
+    path = tmp_path / "llamanix.toml"
+    text = GATEWAY_TOML.read_text()
+    assert old in text
+    path.write_text(text.replace(old, new))
+    return path
 
 
 @pytest.mark.parametrize("lib_path", LIB_PATHS, ids=LIB_IDS)
@@ -416,55 +477,211 @@ def test_the_module_gives_litellm_the_settings_python_renders(lib_path: str) -> 
     evaluated = gateway_eval(lib_path)
     text = gateway.config_text(cfg)
     assert text.startswith("# Generated by llamanix")
-    assert evaluated["settings"] == json.loads(text.split("\n", 1)[1])
+    python = json.loads(text.split("\n", 1)[1])
+    if lib_path:
+        # nixpkgs' settings option adds its one default section, an empty one.
+        assert evaluated["settings"] == {**python, "environment_variables": {}}
+    else:
+        assert evaluated["settings"] == python
     assert [r["url"] for r in evaluated["replicas"]] == [
         d.api_base for d in gateway.deployments(cfg)
     ]
-    assert evaluated["loadCredential"] == [
-        "master-key:/etc/llamanix/gateway.key",
-        "key-qwen-b:/etc/llamanix/qwen-b.key",
+    # The replica on the gateway's own host (box3) is reached on loopback.
+    assert evaluated["replicas"][-1]["url"] == "http://127.0.0.1:8080/v1"
+    credentials = [
+        "master-key:/run/secrets/llamanix-gateway-key",
+        "key-qwen-b:/run/secrets/qwen-b-key",
+        "key-qwen-c:/run/secrets/qwen-c-key",
     ]
-    # The keys come from credentials; no key file, let alone a key, is in the script.
-    script = evaluated["startScript"]
-    assert evaluated["execStart"].endswith("-llamanix-gateway-start")
-    assert "/etc/llamanix" not in script
-    assert 'LITELLM_MASTER_KEY=$(cat "$CREDENTIALS_DIRECTORY/master-key")' in script
-    assert 'LLAMANIX_KEY_QWEN_B=$(cat "$CREDENTIALS_DIRECTORY/key-qwen-b")' in script
-    assert script.rstrip().splitlines()[-1] == (
-        "exec /nix/store/00000000000000000000000000000000-litellm/bin/litellm --host 0.0.0.0 "
-        "--port 4000 --config /nix/store/00000000000000000000000000000000-config.yaml"
-    )
-    assert evaluated["refusal"] is None
+    script = evaluated["keysUnit"]["scripts"]["ExecStart"] if lib_path else evaluated["keysScript"]
+    for credential in credentials:
+        name, path = credential.split(":")
+        # Each key from its credential, the file named only where a key is refused.
+        assert f" {name} {path}\n" in script
+    assert evaluated["failed"] == []
     if lib_path:
+        assert evaluated["keysUnit"]["serviceConfig"]["LoadCredential"] == credentials
         assert evaluated["service"] == {
             "enable": True,
             "host": "0.0.0.0",
             "port": 4000,
+            "openFirewall": False,
             "package": "/nix/store/00000000000000000000000000000000-litellm",
-            # Left to nixpkgs: its default turns telemetry off, and a definition would replace it.
-            "environment": None,
+            # nixpkgs' way to hand a service its secrets.
+            "environmentFile": ENVIRONMENT_FILE,
         }
-        assert evaluated["unitEnvironment"] == {"LITELLM_LOCAL_MODEL_COST_MAP": "True"}
-        assert evaluated["warnings"] == []
+        env = evaluated["litellmUnit"]["environment"]
+        assert env["LITELLM_LOCAL_MODEL_COST_MAP"] == "True"
+        # nixpkgs' telemetry-off default stays: the module does not define its option.
+        assert env["DO_NOT_TRACK"] == "True"
+    else:
+        assert evaluated["loadCredential"] == credentials
+
+
+@needs_real_lib
+def test_the_nixos_gateway_restarts_waits_for_the_network_and_is_checked() -> None:
+    """What the Debian gateway unit has: restart on failure, ordering after the network is
+    online, and an ExecStartPost= that fails the start (and `nixos-rebuild switch`) when
+    LiteLLM does not serve; and the keys unit before it."""
+    evaluated = gateway_eval(REAL_LIB)
+    unit = evaluated["litellmUnit"]
+    config = unit["serviceConfig"]
+    assert (config["Restart"], config["RestartSec"], config["TimeoutStartSec"]) == (
+        "on-failure",
+        "10s",
+        180,
+    )
+    assert (unit["startLimitIntervalSec"], unit["startLimitBurst"]) == (600, 5)
+    assert {"network-online.target", f"{KEYS_UNIT}.service"} <= set(unit["after"])
+    assert unit["wants"] == ["network-online.target"]
+    assert unit["requires"] == [f"{KEYS_UNIT}.service"]
+    [ready] = unit["scripts"]["ExecStartPost"]
+    stub = gateway_eval("")
+    assert ready == stub["readyScript"]
+    assert "http://127.0.0.1:4000/health/liveliness" in ready
+    assert 'kill -0 "$MAINPID"' in ready
+    keys = evaluated["keysUnit"]
+    assert keys["before"] == ["litellm.service"] and keys["partOf"] == ["litellm.service"]
+    assert keys["serviceConfig"]["Type"] == "oneshot"
+    assert keys["serviceConfig"]["RemainAfterExit"] is True
+    assert keys["serviceConfig"]["RuntimeDirectory"] == KEYS_UNIT
+    assert keys["scripts"]["ExecStart"] == stub["keysScript"]
+
+
+@needs_real_lib
+def test_the_module_keeps_everything_nixpkgs_litellm_unit_has() -> None:
+    """nixpkgs' ExecStart, ExecStartPre and hardening stay as nixpkgs' module alone makes them
+    (no mkForce): the module only adds to the unit."""
+    evaluated = gateway_eval(REAL_LIB)
+    merged, alone = evaluated["litellmUnit"], evaluated["litellmAlone"]
+    for key, value in alone["serviceConfig"].items():
+        assert merged["serviceConfig"][key] == value, key
+    assert merged["serviceConfig"]["ExecStart"].startswith(
+        "/nix/store/00000000000000000000000000000000-litellm/bin/litellm --host "
+    )
+    assert merged["serviceConfig"]["EnvironmentFile"] == [ENVIRONMENT_FILE]
+    added = set(merged["serviceConfig"]) - set(alone["serviceConfig"])
+    assert added == {"Restart", "RestartSec", "TimeoutStartSec", "ExecStartPost"}
+    assert set(alone["after"]) <= set(merged["after"])
+    for key, value in alone["environment"].items():
+        assert merged["environment"][key] == value, key
 
 
 @pytest.mark.parametrize("lib_path", LIB_PATHS, ids=LIB_IDS)
 def test_a_compromised_litellm_package_is_refused_in_one_line(lib_path: str) -> None:
-    refusal = gateway_eval(lib_path, "1.82.7")["refusal"]
-    assert refusal == (
+    assert gateway_eval(lib_path, "1.82.7")["failed"] == [
         "services.llamanix.gateway.package: LiteLLM 1.82.7 was a compromised release on PyPI "
         "and is refused (use a litellm package of another release)"
-    )
+    ]
+
+
+FIREWALL_WARNING = (
+    "services.llamanix.gateway: LiteLLM listens on 0.0.0.0, but the firewall keeps port 4000 "
+    "closed, so no other machine reaches it (set services.llamanix.gateway.openFirewall = true, "
+    "or listen on 127.0.0.1)."
+)
 
 
 @needs_real_lib
-def test_a_package_of_another_version_than_the_config_names_warns() -> None:
-    assert gateway_eval(REAL_LIB, "1.80.0")["warnings"] == [
+def test_a_gateway_the_firewall_closes_warns_and_open_firewall_opens_it() -> None:
+    """fromToml's gateway on 0.0.0.0 with the port closed says so; openFirewall, written beside
+    fromToml, opens it through nixpkgs' services.litellm.openFirewall."""
+    closed = gateway_eval(REAL_LIB)
+    assert closed["warnings"] == [FIREWALL_WARNING]
+    # docs/gateway.md shows this very line.
+    assert FIREWALL_WARNING in (ROOT / "docs/gateway.md").read_text()
+    assert module_eval(GATEWAY_TOML, "box3", REAL_LIB, attr="firewall") == []
+    extra = {"gateway": {"openFirewall": True}}
+    opened = gateway_eval(REAL_LIB, extra=extra)
+    assert opened["warnings"] == []
+    assert opened["service"]["openFirewall"] is True
+    assert module_eval(GATEWAY_TOML, "box3", REAL_LIB, attr="firewall", extra=extra) == [4000]
+
+
+@needs_real_lib
+def test_the_default_gateway_config_warns_of_nothing() -> None:
+    """A config that names no LiteLLM version runs nixpkgs' package, whatever its release,
+    without a warning (nixpkgs' release is never the pinned default)."""
+    assert "version" not in load_config(GATEWAY_TOML).raw["gateway"]
+    opened = {"gateway": {"openFirewall": True}}
+    for version in ("1.80.0", "1.106.12"):
+        assert gateway_eval(REAL_LIB, version, extra=opened)["warnings"] == [], version
+
+
+@needs_real_lib
+def test_a_package_of_another_version_than_the_config_names_warns(tmp_path: Path) -> None:
+    toml = gateway_toml(tmp_path, 'kind = "litellm"\n', 'kind = "litellm"\nversion = "1.106.12"\n')
+    opened = {"gateway": {"openFirewall": True}}
+    assert gateway_eval(REAL_LIB, "1.80.0", toml, extra=opened)["warnings"] == [
         "services.llamanix.gateway.version: llamanix.toml names LiteLLM 1.106.12, but this "
         "NixOS runs nixpkgs' LiteLLM 1.80.0 (services.llamanix.gateway.package), which "
         'validate did not check the config against (set version = "1.80.0" in [gateway], or '
         "pick a package of 1.106.12)"
     ]
+    assert gateway_eval(REAL_LIB, "1.106.12", toml, extra=opened)["warnings"] == []
+
+
+@needs_real_lib
+def test_a_key_under_etc_llamanix_can_exist_on_a_host_that_also_serves(tmp_path: Path) -> None:
+    """/etc/llamanix is a directory of single links, so a key file can be created beside them
+    (the documented Debian path) on the NixOS host that serves and runs the gateway."""
+    toml = gateway_toml(tmp_path, "/run/secrets/llamanix-gateway-key", "/etc/llamanix/gateway.key")
+    etc = module_eval(toml, "box3", REAL_LIB, attr="etc")
+    assert etc == ["llamanix/manifest.json", "llamanix/qwen-c.argv.json"]
+    keys = gateway_eval(REAL_LIB, toml=toml)["keysUnit"]["serviceConfig"]["LoadCredential"]
+    for credential in keys:
+        path = credential.split(":", 1)[1]
+        for entry in etc:
+            linked = f"/etc/{entry}"
+            assert path != linked and not path.startswith(linked + "/"), (path, entry)
+
+
+@needs_real_lib
+def test_a_nixos_without_the_litellm_module_evaluates_without_a_gateway(tmp_path: Path) -> None:
+    """Before NixOS 25.05 there is no services.litellm: a host without a gateway evaluates, and
+    one with a gateway stops with the module's line instead of "option does not exist"."""
+    router = ROOT / "tests/data/configs/router-llama-server.toml"
+    config = module_eval(router, "gpu1", REAL_LIB, attr="config", litellm_module="none")
+    assert config["hosts"]["gpu1"]["router"]["kind"] == "llama-server"
+    assert gateway_eval(REAL_LIB, litellm_module="none")["failed"] == [
+        "services.llamanix.gateway: this NixOS has no services.litellm, nixpkgs' LiteLLM "
+        "module, which runs the gateway (use a nixpkgs of NixOS 25.05 or later, or run the "
+        "gateway on a Debian host)"
+    ]
+
+
+def test_the_keys_unit_writes_litellms_environment_file(tmp_path: Path) -> None:
+    """The keys unit's script, run as systemd runs it (credentials and a runtime directory):
+    one NAME='key' line per key; a key an environment file cannot carry fails it, naming the
+    file, and writes nothing."""
+    script = tmp_path / "keys.sh"
+    script.write_text(gateway_eval("")["keysScript"])
+    creds, run = tmp_path / "credentials", tmp_path / "run"
+    creds.mkdir()
+    run.mkdir()
+    env = {"PATH": os.environ["PATH"], "CREDENTIALS_DIRECTORY": str(creds)}
+    env["RUNTIME_DIRECTORY"] = str(run)
+    keys = {"master-key": "m-1\n", "key-qwen-b": "b.2", "key-qwen-c": "c_3\n\n"}
+    for name, key in keys.items():
+        (creds / name).write_text(key)
+    proc = subprocess.run(["sh", str(script)], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    written = run / "litellm.env"
+    assert written.read_text() == (
+        "LITELLM_MASTER_KEY='m-1'\nLLAMANIX_KEY_QWEN_B='b.2'\nLLAMANIX_KEY_QWEN_C='c_3'\n"
+    )
+    assert written.stat().st_mode & 0o777 == 0o600
+    written.unlink()
+    for bad, why in (
+        ("it's", "holds a quote"),
+        ("a\nb", "holds a quote or a line break"),
+        ("", "is empty"),
+    ):
+        (creds / "key-qwen-c").write_text(bad)
+        proc = subprocess.run(["sh", str(script)], env=env, capture_output=True, text=True)
+        assert proc.returncode == 1
+        assert why in proc.stderr and "/run/secrets/qwen-c-key" in proc.stderr
+        assert not written.exists()
 
 
 def nix_lib_value(expr: str) -> Any:
@@ -519,4 +736,15 @@ def test_nix_reaches_replicas_at_the_addresses_python_does() -> None:
 
     assert nix_lib_value(f"map lib.gatewayKeyEnv {json.dumps(names).replace(',', ' ')}") == [
         key_env(n) for n in names
+    ]
+
+
+def test_nix_checks_the_liveliness_url_python_checks() -> None:
+    """The NixOS gateway's ExecStartPost= asks the URL the Debian unit's does."""
+    from llamanix.core.address import connect_url
+
+    listens = ["0.0.0.0", "::", "[::]", "127.0.0.1", "localhost", "10.0.0.5", "fd00::2"]
+    exprs = [f'(lib.gatewayLivelinessUrl {{ listen = "{h}"; port = 4000; }})' for h in listens]
+    assert nix_lib_value("[ " + " ".join(exprs) + " ]") == [
+        connect_url(h, 4000) + "/health/liveliness" for h in listens
     ]

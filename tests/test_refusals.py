@@ -424,7 +424,7 @@ def test_validate_takes_several_files(tmp_path: Path) -> None:
     bad = write(tmp_path, H + 'variant = "upstrem"')
     result = CliRunner().invoke(main, ["validate", "--remote", str(good), str(bad)])
     assert result.exit_code == 2
-    assert result.stdout == f"{good}: ok (1 instances on 1 hosts)\n"
+    assert result.stdout == f"{good}: ok (1 instance on 1 host)\n"
     [line] = result.stderr.strip().splitlines()
     assert line.startswith(f"{bad}: instances.a.variant: unknown value 'upstrem'")
     result = CliRunner().invoke(main, ["validate", "--remote", "--json", str(good), str(bad)])

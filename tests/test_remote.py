@@ -876,7 +876,9 @@ def test_switch_host_all_ends_with_its_table_when_a_host_is_unreachable(
     path = tmp_path / "fleet.toml"
     path.write_text(
         '[hosts.box2]\nkind = "systemd"\ntarget = "admin@box2"\n'
+        'binaries = { upstream = "/usr/local/bin/llama-server" }\n'
         '[hosts.box3]\nkind = "systemd"\ntarget = "admin@box3"\n'
+        'binaries = { upstream = "/usr/local/bin/llama-server" }\n'
         '[instances.a]\nhost = "box2"\nmodel = "/m.gguf"\nport = 8080\n'
         '[instances.b]\nhost = "box3"\nmodel = "/m.gguf"\nport = 8081\n'
     )

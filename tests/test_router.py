@@ -896,3 +896,43 @@ def test_up_refuses_a_routed_host_in_one_line(tmp_path: Path) -> None:
         "host (switch without --manager up), or leave the router out)"
     ]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["llamanix.toml"]  # nothing written
+
+
+@pytest.mark.server
+def test_the_exporter_reads_each_member_through_the_router_and_loads_none(
+    running_router: RunningRouter,
+) -> None:
+    """The exporter's reading of a routed host: a member the router has not loaded is
+    `unloaded` (and stays unloaded: the scrape asks with autoload=false); a loaded one is read
+    through the router with its own labels."""
+    from llamanix.deploy.exporter import reading_families
+    from llamanix.deploy.host_reading import HostReader
+
+    reader = HostReader(running_router.config_path, "box")
+    try:
+        first = {r.target.instance: r for r in reader.read().instances}
+        assert {n: r.scrape.state for n, r in first.items()} == {
+            "alpha": "unloaded",
+            "beta": "unloaded",
+        }
+        assert {k: v["value"] for k, v in _statuses(running_router.url).items()} == {
+            "alpha": "unloaded",
+            "beta-model": "unloaded",
+        }
+        assert _chat(running_router.url, "beta-model").status_code == 200
+        reading = reader.read()
+    finally:
+        reader.close()
+    rows = {r.target.instance: r for r in reading.instances}
+    assert rows["alpha"].scrape.state == "unloaded"
+    beta = rows["beta"]
+    assert beta.scrape.state == "ok" and beta.figures is not None
+    assert beta.figures.tokens_predicted and beta.figures.tokens_predicted > 0
+    assert beta.target.labels["spec_type"] == "ngram-mod" and beta.build != "unknown"
+    assert _statuses(running_router.url)["alpha"]["value"] == "unloaded"
+    families = {f.name: f for f in reading_families(reading)}
+    loaded = {s.labels["instance"]: s.value for s in families["llamanix_loaded"].samples}
+    up = {s.labels["instance"]: s.value for s in families["llamanix_up"].samples}
+    assert loaded == {"alpha": 0.0, "beta": 1.0} and up == {"alpha": 1.0, "beta": 1.0}
+    predicted = families["llamacpp:tokens_predicted"].samples
+    assert [s.labels["instance"] for s in predicted] == ["beta"]

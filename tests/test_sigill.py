@@ -99,7 +99,7 @@ def test_smoke_names_the_sigill(sigill_server: Path, tmp_path: Path) -> None:
 def test_doctor_names_a_sigill_in_the_log(tmp_path: Path) -> None:
     config = tmp_path / "llamanix.toml"
     config.write_text(
-        '[hosts.box]\nkind = "systemd"\n\n'
+        '[hosts.box]\nkind = "systemd"\nbinaries = { upstream = "/usr/local/bin/llama-server" }\n\n'
         '[instances.chat]\nvariant = "upstream"\nmodel = "/srv/models/m.gguf"\nport = 8080\n'
     )
     log = tmp_path / "journal.txt"

@@ -11,16 +11,24 @@
 - The VM's router (llama-server's router mode over two CPU members, at most one loaded) renders
   through the module's JSON, and the script's router checks (/v1/models, a completion through
   the router's port, a swap) run against a real router started from that render.
+- The VM's gateway: a real LiteLLM (the pinned release, from the test bed's cached wheels) in
+  front of that router, with the settings, the keys unit's environment file and the readiness
+  check the module gives nixpkgs' services.litellm; the script's gateway checks (a chat with the
+  key, refused without) run against it.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -32,6 +40,7 @@ from llamanix.core.config import load_config
 from llamanix.core.probe import Capabilities
 from llamanix.measure.server_process import LlamaServer, free_port
 from llamanix.render.units import render_host
+from llamanix.testbed.gateway_wheels import local_litellm
 from llamanix.testbed.synth import SynthSpec, synth_model
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -573,3 +582,197 @@ def test_script_router_swap_check_fails_when_both_stay_loaded(
             script.check_router(LocalShell(), server.port, served)
     finally:
         server.stop()
+
+
+# --- the gateway: a real LiteLLM in front of the VM's router --------------------------------
+
+# What nix/lib.nix gives the module for the VM's gateway, its options' defaults applied as the
+# module system applies them: the settings, the keys unit's script and the readiness check.
+GATEWAY_EVAL = """
+{ spec }:
+let
+  lib = import ./tests/nix/stub-lib.nix;
+  l = import ./nix/lib.nix;
+  args = builtins.fromJSON spec;
+  options = (import ./nix/schema-options.nix { inherit lib; }).gatewayOptions;
+  gateway = builtins.mapAttrs (name: o: args.gateway.${name} or (o.default or null)) options;
+  given = { inherit gateway; inherit (args) replicas; };
+in
+{
+  settings = l.gatewaySettings given;
+  keysScript = l.gatewayKeysScript (given // { shellArg = lib.escapeShellArg; });
+  readyScript = l.gatewayReadyScript { inherit gateway; curl = "curl"; };
+  environmentFile = l.gatewayEnvironmentFile;
+}
+"""
+
+
+def gateway_eval(gateway: dict[str, Any], replicas: list[dict[str, Any]]) -> Any:
+    spec = json.dumps({"gateway": gateway, "replicas": replicas})
+    proc = subprocess.run(
+        ["nix-instantiate", "--readonly-mode", "--eval", "--strict", "--json", "-E",
+         GATEWAY_EVAL, "--argstr", "spec", spec],
+        cwd=ROOT, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def environment_file(text: str) -> dict[str, str]:
+    """NAME='value' lines, as systemd reads a single-quoted EnvironmentFile= value."""
+    out = {}
+    for line in text.splitlines():
+        m = re.fullmatch(r"([A-Z_][A-Z0-9_]*)='([^']*)'", line)
+        assert m, line
+        out[m.group(1)] = m.group(2)
+    return out
+
+
+def test_vm_gateway_runs_nixpkgs_litellm_in_front_of_the_router(vm: Any) -> None:
+    expected = vm["expected"]
+    gateway = vm["services"]["llamanix"]["gateway"]
+    assert gateway["port"] == expected["gateway"]["port"]
+    assert gateway["api_key_file"] == expected["gateway"]["keyFile"]
+    assert gateway["api_key_file"].startswith("/run/secrets/")
+    router = expected["router"]
+    assert gateway["replicas"] == [
+        {"instance": name, "alias": name, "url": f"http://127.0.0.1:{router['port']}/v1",
+         "apiKeyFile": None}
+        for name in router["members"]
+    ]  # fmt: skip
+    assert expected["gateway"]["models"] == router["members"]
+    assert expected["gateway"]["unit"] == "litellm.service"
+    assert expected["gateway"]["keysUnit"] == "llamanix-gateway-keys.service"
+
+
+class Gateway:
+    """LiteLLM as the VM's litellm.service runs it: nixpkgs' command line, the module's
+    settings, the keys from the environment file the keys unit's script wrote."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], port: int, key_file: Path) -> None:
+        self.proc, self.port, self.key_file = proc, port, key_file
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def vm_gateway(
+    tmp_path_factory: pytest.TempPathFactory, llama_server_bin: Path
+) -> Iterator[tuple[Gateway, list[str], Any]]:
+    """The VM's router (real llama-server) and in front of it a real LiteLLM, set up from
+    what the module gives services.litellm."""
+    if shutil.which("nix-instantiate") is None:
+        pytest.skip("nix-instantiate is not installed")
+    tmp = tmp_path_factory.mktemp("gateway")
+    litellm = local_litellm()
+    vm_config = vm_eval(str(synth_model(SynthSpec(), tmp / "model.gguf")))
+    capabilities = probe_of(llama_server_bin, tmp / "capabilities.json")
+    router, served = start_vm_router(tmp, vm_config, llama_server_bin, capabilities)
+    gateway: dict[str, Any] = dict(vm_config["services"]["llamanix"]["gateway"])
+    gateway["port"] = free_port()
+    replicas = [r | {"url": f"http://127.0.0.1:{router.port}/v1"} for r in gateway.pop("replicas")]
+    given = gateway_eval(gateway, replicas)
+    # The keys unit: its credential (the key file), its runtime directory.
+    key_file = tmp / "llamanix-gateway-key"
+    key_file.write_text(os.urandom(12).hex())
+    creds, run = tmp / "credentials", tmp / "run"
+    creds.mkdir()
+    run.mkdir()
+    shutil.copy(key_file, creds / "master-key")
+    keys = subprocess.run(
+        ["sh", "-c", given["keysScript"]],
+        env={**os.environ, "CREDENTIALS_DIRECTORY": str(creds), "RUNTIME_DIRECTORY": str(run)},
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert keys.returncode == 0, keys.stderr
+    keys_env = environment_file((run / "litellm.env").read_text())
+    assert set(keys_env) == {"LITELLM_MASTER_KEY"}
+    config = tmp / "config.yaml"
+    config.write_text(json.dumps(given["settings"]))
+    env = {
+        **os.environ,
+        **keys_env,
+        "HOME": str(tmp),
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        # nixpkgs' services.litellm.environment default.
+        "SCARF_NO_ANALYTICS": "True",
+        "DO_NOT_TRACK": "True",
+        "ANONYMIZED_TELEMETRY": "False",
+    }
+    log = (tmp / "litellm.log").open("wb")
+    proc = subprocess.Popen(
+        [str(litellm), "--host", "127.0.0.1", "--port", str(gateway["port"]),
+         "--config", str(config)],
+        env=env, cwd=tmp, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    running = Gateway(proc, gateway["port"], key_file)
+    started = time.monotonic()
+    try:
+        # The unit's ExecStartPost=, as systemd runs it: $MAINPID is LiteLLM.
+        ready = subprocess.run(
+            ["sh", "-c", given["readyScript"]],
+            env={**os.environ, "MAINPID": str(proc.pid)},
+            capture_output=True, text=True, check=False, timeout=300,
+        )  # fmt: skip
+        log.flush()
+        assert ready.returncode == 0, (tmp / "litellm.log").read_text()[-3000:]
+        print(f"LiteLLM live {time.monotonic() - started:.1f} s after its start")
+        yield running, served, given
+    finally:
+        running.stop()
+        router.stop()
+        log.close()
+
+
+@needs_nix
+@pytest.mark.server
+def test_script_gateway_checks_pass_on_the_vm_gateway(
+    vm_gateway: tuple[Gateway, list[str], Any],
+) -> None:
+    """A chat through LiteLLM with the master key reaches each member behind the router; one
+    without the key is refused."""
+    script = load_script()
+    gateway, served, _ = vm_gateway
+    script.check_gateway(LocalShell(), gateway.port, str(gateway.key_file), served)
+
+
+@needs_nix
+@pytest.mark.server
+def test_script_gateway_check_fails_with_the_wrong_key(
+    vm_gateway: tuple[Gateway, list[str], Any], tmp_path: Path
+) -> None:
+    script = load_script()
+    gateway, served, _ = vm_gateway
+    wrong = tmp_path / "wrong-key"
+    wrong.write_text("not-the-master-key")
+    # LiteLLM looks a key that is not the master key up among its virtual keys: 400 or 401.
+    with pytest.raises(AssertionError, match=r"alpha through the gateway: 40[01] "):
+        script.check_gateway(LocalShell(), gateway.port, str(wrong), served)
+
+
+@needs_nix
+@pytest.mark.server
+def test_the_readiness_check_fails_once_litellm_has_exited(
+    vm_gateway: tuple[Gateway, list[str], Any],
+) -> None:
+    """The ExecStartPost= that passed above fails at once for a LiteLLM that exited before it
+    served: the dead pid, a port where nothing listens."""
+    _, _, given = vm_gateway
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    script = given["readyScript"].replace(
+        "127.0.0.1:" + str(vm_gateway[0].port), f"127.0.0.1:{free_port()}"
+    )
+    # Without the pid check it would wait for ever: the time limit fails the test then.
+    proc = subprocess.run(
+        ["sh", "-c", script], env={**os.environ, "MAINPID": str(dead.pid)},
+        capture_output=True, text=True, check=False, timeout=30,
+    )  # fmt: skip
+    assert proc.returncode == 1

@@ -8,7 +8,8 @@ llama-server).
 
 The VM runs one llamanix instance on a synthetic model, built from the CPU build of variant
 `base`; the specialisation named `other` is the same instance on variant `other`. Beside it runs
-a router: llama-server's router mode over two more CPU instances of `base`, at most one loaded.
+a router: llama-server's router mode over two more CPU instances of `base`, at most one loaded,
+and in front of the router the gateway (nixpkgs' LiteLLM, its master key in /run/secrets).
 What the script expects (ports, store paths, each build's probe, the router's members) is
 /etc/llamanix-vm-test.json, written by vm.nix from the same derivations the module uses.
 """
@@ -151,6 +152,69 @@ def check_router(node: Node, port: int, members: list[str]) -> None:
         assert set(others.values()) == {"unloaded"}, f"{name} loaded beside {others}"
 
 
+# --- the gateway -------------------------------------------------------------------------------
+
+
+def gateway_status(node: Node, port: int, model: str, key_file: str | None) -> tuple[int, Any]:
+    """(HTTP status, reply) of a chat through the gateway. The key goes from its file into
+    curl's config on stdin (a shell builtin writes it), never into an argv or the log."""
+    request = {
+        "model": model,
+        "messages": [{"role": "user", "content": PROMPT}],
+        "max_tokens": 8,
+        "temperature": 0,
+    }
+    argv = [
+        "curl", "--silent", "--show-error", "--max-time", str(SERVE_TIMEOUT_S),
+        "--header", "Content-Type: application/json", "--data", json.dumps(request),
+        "--write-out", "\n%{http_code}", f"http://127.0.0.1:{port}/v1/chat/completions",
+    ]  # fmt: skip
+    command = shlex.join(argv)
+    if key_file is not None:
+        key = f'"$(cat {shlex.quote(key_file)})"'
+        command = (
+            f"printf 'header = \"Authorization: Bearer %s\"\\n' {key} | "
+            f"{shlex.join(argv[:1])} --config - {shlex.join(argv[1:])}"
+        )
+    body, _, status = node.succeed(command).rpartition("\n")
+    try:
+        reply = json.loads(body)
+    except ValueError:
+        reply = body
+    return int(status), reply
+
+
+def check_gateway(node: Node, port: int, key_file: str, models: list[str]) -> None:
+    """LiteLLM serves: live, each model group answers a chat through it with the master key,
+    and it refuses a chat without the key. Refused, not necessarily 401: LiteLLM 1.106.12 from
+    PyPI answers 500 there (its error handler imports prisma, which its [proxy] extra lacks)."""
+    node.succeed(f"curl --silent --fail http://127.0.0.1:{port}/health/liveliness")
+    for model in models:
+        status, reply = gateway_status(node, port, model, key_file)
+        assert status == 200, f"{model} through the gateway: {status} {reply}"
+        assert reply["choices"][0]["message"]["role"] == "assistant", reply
+        assert reply["usage"]["completion_tokens"] > 0, f"{model}: nothing generated: {reply}"
+    status, reply = gateway_status(node, port, models[0], None)
+    refused = status in (401, 403) or status >= 500
+    assert refused and "choices" not in str(reply), f"without the key: {status} {reply}"
+    node.log(f"the gateway refused a chat without the key: HTTP {status}")
+
+
+def check_gateway_unit(node: Node, unit: str, keys_unit: str, key_file: str) -> None:
+    """What the module adds to nixpkgs' unit: restart, ordering after the network is online and
+    after the keys unit; and no key in either unit's text or any process's argv."""
+    shown = node.succeed(f"systemctl show --property=Restart,After,Wants,Requires {unit}")
+    props = {k: v for k, _, v in (line.partition("=") for line in shown.splitlines())}
+    assert props["Restart"] == "on-failure", props
+    assert {"network-online.target", keys_unit} <= set(props["After"].split()), props
+    assert "network-online.target" in props["Wants"].split(), props
+    assert keys_unit in props["Requires"].split(), props
+    # grep reads the key from its file: in its argv, grep would find the key in its own.
+    find = f"grep --fixed-strings --quiet --file={shlex.quote(key_file)}"
+    node.succeed(f"! systemctl cat {unit} {keys_unit} | {find}")
+    node.succeed(f"! cat /proc/[0-9]*/cmdline | {find}")
+
+
 # --- which build answers ----------------------------------------------------------------------
 
 
@@ -285,6 +349,12 @@ def run(
         machine.wait_for_unit(router["unit"])
         check_router(machine, router["port"], router["members"])
         check_hardening(machine, router["unit"])
+
+    gateway = expected["gateway"]
+    with subtest(f"{gateway['unit']} serves {', '.join(gateway['models'])} with its key only"):
+        machine.wait_for_unit(gateway["unit"])
+        check_gateway_unit(machine, gateway["unit"], gateway["keysUnit"], gateway["keyFile"])
+        check_gateway(machine, gateway["port"], gateway["keyFile"], gateway["models"])
 
     with subtest(f"the specialisation flips {unit} to the {other} build"):
         machine.succeed(

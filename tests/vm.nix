@@ -13,6 +13,11 @@
 # hardening, that /v1/models lists both members, a completion through the router's port, and
 # that asking for the other member swaps them.
 #
+# In front of the router, the gateway: nixpkgs' services.litellm as the module runs it, one
+# model group per member. Its master key is made at boot into /run/secrets, where sops-nix
+# would put it. The script checks the unit's restart and ordering, a chat through the gateway
+# with the key, and a refusal without it.
+#
 # Needs KVM (the builder's system-features must include kvm and nixos-test).
 {
   pkgs,
@@ -33,6 +38,10 @@ let
       "alpha"
       "beta"
     ];
+  };
+  gateway = {
+    port = 4000;
+    keyFile = "/run/secrets/llamanix-gateway-key";
   };
 in
 pkgs.testers.runNixOSTest {
@@ -97,6 +106,34 @@ pkgs.testers.runNixOSTest {
           # One member loaded at a time: asking for the other one swaps them.
           max_loaded = 1;
         };
+        # What fromToml computes from a whole llamanix.toml, written out: each member is a
+        # model group reached through the router.
+        gateway = {
+          inherit (gateway) port;
+          api_key_file = gateway.keyFile;
+          replicas = map (name: {
+            instance = name;
+            alias = name;
+            url = "http://127.0.0.1:${toString router.port}/v1";
+            apiKeyFile = null;
+          }) router.members;
+        };
+      };
+
+      # The master key, made at boot where sops-nix would put it, before the gateway's keys
+      # unit reads it.
+      systemd.services.vm-test-gateway-key = {
+        requiredBy = [ "llamanix-gateway-keys.service" ];
+        before = [ "llamanix-gateway-keys.service" ];
+        serviceConfig = {
+          Type = "oneshot";
+          RemainAfterExit = true;
+        };
+        script = ''
+          install -d -m 0751 /run/secrets
+          umask 077
+          head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' > ${gateway.keyFile}
+        '';
       };
 
       # The same instance, served by the other variant's build.
@@ -117,6 +154,11 @@ pkgs.testers.runNixOSTest {
         unit = "llamanix-${instance}.service";
         router = router // {
           unit = "llamanix-router.service";
+        };
+        gateway = gateway // {
+          unit = "litellm.service";
+          keysUnit = "llamanix-gateway-keys.service";
+          models = router.members;
         };
         builds = {
           ${base} = expected base;

@@ -14,6 +14,11 @@ let
     inherit self;
     nixpkgs = {
       inherit lib;
+      # Importing it says which unfree predicate the flake passes (./fake-nixpkgs).
+      outPath = ./fake-nixpkgs;
+      legacyPackages = lib.genAttrs supported.systems (_: {
+        _cuda.lib.allowUnfreeCudaPredicate = "nixpkgs' _cuda.lib.allowUnfreeCudaPredicate";
+      });
     };
     llama-cpp-upstream = source "upstream";
     ik-llama-cpp = source "ik";
@@ -78,6 +83,10 @@ let
 in
 {
   inherit importedTwice;
+  # The flake's nixpkgs, imported for its packages: throws the config it was imported with.
+  nixpkgsImport = builtins.seq outputs.packages.x86_64-linux.llamanix null;
+  # What the overlay adds to a nixpkgs.
+  overlayAttrs = builtins.attrNames (outputs.overlays.default { } { });
   # What makes a module one module however often it is imported.
   moduleIdentity = builtins.intersectAttrs {
     key = null;

@@ -18,17 +18,26 @@
 # With libPath, `-A checks` gives the module's failed assertions and warnings without failing,
 # and `-A routerPackage` what services.llamanix.router.package declares.
 #
-# `-A gateway` (a host that runs the [gateway]): what services.litellm gets, { settings;
-# replicas; loadCredential; execStart; startScript; }; from the module with libPath, from the
-# same nix/lib.nix functions the module calls without. litellmVersion: the version of the fake
-# pkgs.litellm.
+# `-A gateway` (a host that runs the [gateway]): what services.litellm gets and the units that
+# run it; from the module with libPath, from the same nix/lib.nix functions the module calls
+# without. litellmVersion: the version of the fake pkgs.litellm.
+#
+# With libPath, litellmModule is nixpkgs' own nixos/modules/services/misc/litellm.nix (a file
+# fetched from NixOS/nixpkgs, never committed: scripts/nix-real-lib), which is loaded beside the
+# module, so the merged litellm unit is the one a NixOS host would get; "none" evaluates a NixOS
+# that has no such module. `-A etc` and `-A firewall` give the files linked under /etc and the
+# opened ports.
 {
   toml,
   host,
   libPath ? "",
+  litellmModule ? "",
   nvidia ? "false",
   llamaSwap ? "true",
-  litellmVersion ? (import ../../nix/lib.nix).schema.gateway.version.default,
+  litellmVersion ? "1.80.0",
+  # JSON of one more definition of services.llamanix, merged as the module system merges a
+  # second module's (what a host writes beside fromToml: `openFirewall`, say).
+  extra ? "{}",
 }:
 let
   llamanixLib = import ../../nix/lib.nix;
@@ -103,7 +112,18 @@ let
           binary = "${packages.${name}}/bin/llama-server";
           instance = instance values;
         }) settings.instances;
-      };
+      }
+      # As modules/llamanix.nix: the exporter and rules are rendered when prometheus is enabled.
+      // (
+        if (settings.prometheus.enable or false) then
+          {
+            metrics = llamanixLib.schemaValues llamanixLib.schema.metrics (
+              withDefaults schemaOptions.metricsOptions settings.prometheus
+            );
+          }
+        else
+          { }
+      );
       cudaArchs = builtins.mapAttrs (_: p: p.cudaArchs) packages;
       gateway =
         if !(settings ? gateway) then
@@ -115,46 +135,86 @@ let
               inherit gateway;
               inherit (settings.gateway) replicas;
             };
-            configFile = "/nix/store/00000000000000000000000000000000-config.yaml";
-            startScript = llamanixLib.gatewayStartScript (
-              args
-              // {
-                program = "${fakeLitellm}/bin/litellm";
-                inherit configFile;
-                shellArg = lib.escapeShellArg;
-              }
-            );
           in
           {
             settings = llamanixLib.gatewaySettings args;
             inherit (settings.gateway) replicas;
             loadCredential = llamanixLib.gatewayCredentials args;
-            execStart = "/nix/store/00000000000000000000000000000000-llamanix-gateway-start";
-            inherit startScript;
-            refusal = llamanixLib.litellmRefusal litellmVersion;
+            keysScript = llamanixLib.gatewayKeysScript (args // { shellArg = lib.escapeShellArg; });
+            readyScript = llamanixLib.gatewayReadyScript {
+              inherit gateway;
+              curl = "/nix/store/00000000000000000000000000000000-curl/bin/curl";
+            };
+            failed =
+              let
+                refusal = llamanixLib.litellmRefusal litellmVersion;
+              in
+              if refusal == null then [ ] else [ refusal ];
           };
+      etc =
+        if settings.instances == { } then
+          [ ]
+        else
+          map (file: "llamanix/${file}") (
+            llamanixLib.renderedFiles {
+              instanceNames = builtins.attrNames settings.instances;
+              router =
+                if settings ? router then withDefaults schemaOptions.routerOptions settings.router else null;
+              metrics = settings.prometheus.enable or false;
+            }
+          );
     };
 
   realEval =
     let
       lib = import libPath;
       nixosStub = import ./nixos-stub.nix { inherit lib; };
+      fake = name: "/nix/store/00000000000000000000000000000000-${name}";
+      # nixpkgs' YAML format type (pkgs/pkgs-lib/formats.nix): what services.litellm.settings
+      # accepts, freeform.
+      yamlValue =
+        with lib.types;
+        nullOr (oneOf [
+          bool
+          int
+          float
+          str
+          path
+          (attrsOf yamlValue)
+          (listOf yamlValue)
+        ])
+        // {
+          description = "YAML value";
+        };
       pkgs = {
         writeText = name: text: {
           inherit name text;
-          outPath = "/nix/store/00000000000000000000000000000000-${name}";
+          outPath = fake name;
         };
         runCommand = name: attrs: script: attrs // { inherit name script; };
         runtimeShell = "/bin/sh";
         writeShellScript = name: text: {
           inherit name text;
-          outPath = "/nix/store/00000000000000000000000000000000-${name}";
+          outPath = fake name;
         };
+        fetchurl =
+          { url, hash }:
+          {
+            inherit url hash;
+            outPath = fake (baseNameOf url);
+          };
         formats.yaml = _: {
+          type = yamlValue;
           generate = name: value: {
             inherit name value;
-            outPath = "/nix/store/00000000000000000000000000000000-${name}";
+            outPath = fake name;
           };
+        };
+        curl = {
+          type = "derivation";
+          name = "curl";
+          outPath = fake "curl";
+          meta.mainProgram = "curl";
         };
         litellm = fakeLitellm;
         stdenv.hostPlatform.system = "x86_64-linux";
@@ -166,13 +226,20 @@ let
             llama-swap = {
               type = "derivation";
               name = "llama-swap";
-              outPath = "/nix/store/00000000000000000000000000000000-llama-swap";
+              outPath = fake "llama-swap";
               meta.mainProgram = "llama-swap";
             };
           }
         else
           { }
       );
+      litellmModules =
+        if litellmModule == "none" then
+          [ ]
+        else if litellmModule == "" then
+          throw "module-eval.nix: with libPath, give litellmModule: nixpkgs' nixos/modules/services/misc/litellm.nix (scripts/nix-real-lib says where to get it), or \"none\""
+        else
+          [ (/. + litellmModule) ];
       evaluated = lib.evalModules {
         modules = [
           ../../modules/llamanix.nix
@@ -185,10 +252,71 @@ let
               enable = true;
             };
           }
-        ];
+          { services.llamanix = builtins.fromJSON extra; }
+        ]
+        ++ litellmModules;
       };
+      # nixpkgs' litellm module alone, given what the module handed it: what its unit is without
+      # services.llamanix, so a test can see that the module keeps all of it.
+      litellmAlone =
+        let
+          handed = evaluated.config.services.litellm;
+          alone = lib.evalModules {
+            modules = [
+              nixosStub
+              { _module.args.pkgs = pkgs; }
+              {
+                services.litellm = {
+                  inherit (handed)
+                    enable
+                    package
+                    host
+                    port
+                    settings
+                    environmentFile
+                    openFirewall
+                    ;
+                };
+              }
+            ]
+            ++ litellmModules;
+          };
+        in
+        describeUnit alone.config.systemd.services.litellm;
       cfg = evaluated.config.services.llamanix;
       failed = map (a: a.message) (builtins.filter (a: !a.assertion) evaluated.config.assertions);
+      services = evaluated.config.systemd.services;
+      # A unit as data: store paths for scripts, each script's text beside it.
+      describeUnit =
+        unit:
+        let
+          textOf = value: value.text or null;
+          pathOf = value: value.outPath or value;
+          serviceConfig = builtins.mapAttrs (
+            _: value: if builtins.isList value then map pathOf value else pathOf value
+          ) unit.serviceConfig;
+          scripts = builtins.mapAttrs (_: value: if builtins.isList value then map textOf value else textOf value) (
+            builtins.intersectAttrs {
+              ExecStart = null;
+              ExecStartPre = null;
+              ExecStartPost = null;
+            } unit.serviceConfig
+          );
+        in
+        {
+          inherit (unit)
+            after
+            wants
+            requires
+            before
+            partOf
+            wantedBy
+            environment
+            startLimitIntervalSec
+            startLimitBurst
+            ;
+          inherit serviceConfig scripts;
+        };
     in
     {
       config =
@@ -213,36 +341,37 @@ let
       gateway =
         if cfg.gateway == null then
           null
+        else if failed != [ ] then
+          { inherit failed; }
         else
           let
             litellm = evaluated.config.services.litellm;
-            unit = evaluated.config.systemd.services.litellm;
-            service = unit.serviceConfig;
           in
           {
+            inherit failed;
             inherit (litellm) settings;
             inherit (cfg.gateway) replicas;
-            loadCredential = service.LoadCredential;
-            # The script's store path, and the script.
-            execStart = service.ExecStart.outPath or service.ExecStart;
-            startScript = service.ExecStart.text or null;
-            refusal =
-              let
-                failed = map (a: a.message) (
-                  builtins.filter (a: !a.assertion) evaluated.config.assertions
-                );
-              in
-              if failed == [ ] then null else builtins.head failed;
-            # What the module hands nixpkgs' services.litellm besides the settings, and what it
-            # adds to the unit's environment.
+            # What the module hands nixpkgs' services.litellm besides the settings.
             service = {
-              inherit (litellm) enable host port;
+              inherit (litellm)
+                enable
+                host
+                port
+                openFirewall
+                environmentFile
+                ;
               package = litellm.package.outPath;
-              environment = litellm.environment or null;
             };
-            unitEnvironment = unit.environment;
+            # The units as NixOS merges them: nixpkgs' litellm unit with the module's additions,
+            # and the unit that writes the keys into its environment file.
+            litellmUnit = describeUnit services.litellm;
+            keysUnit = describeUnit services.${(import ../../nix/lib.nix).gatewayKeysUnit};
+            inherit litellmAlone;
             inherit (evaluated.config) warnings;
           };
+      # The files linked under /etc.
+      etc = builtins.attrNames evaluated.config.environment.etc;
+      firewall = evaluated.config.networking.firewall.allowedTCPPorts;
       # The units NixOS enables (a router's members have none) and the ports it opens.
       units = builtins.attrNames evaluated.config.systemd.services;
       ports = evaluated.config.networking.firewall.allowedTCPPorts or [ ];

@@ -51,13 +51,22 @@ let
   # The real module file, evaluated only as far as its option declarations.
   module = import ../../modules/llamanix.nix {
     inherit lib;
+    options = { };
     pkgs = { };
     config = {
       services.llamanix = { };
       networking.hostName = "test";
     };
   };
-  top = module.options.services.llamanix;
+  # With the options of the modules it imports (modules/prometheus.nix).
+  prometheusModule = import ../../modules/prometheus.nix {
+    inherit lib;
+    config = module.config // {
+      services.llamanix = { };
+      networking.hostName = "test";
+    };
+  };
+  top = module.options.services.llamanix // prometheusModule.options.services.llamanix;
   instanceOptions =
     (top.instances.type.elem.module {
       name = "test";

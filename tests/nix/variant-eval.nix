@@ -17,7 +17,16 @@ let
     pname = "llama-cpp";
     version = "7000";
     cmakeFlags = [ ];
-    postInstall = "installShellCompletion --cmd llama-server --bash <($out/bin/llama-server --completion-bash)";
+    # nixpkgs' llama-cpp postInstall (pkgs/by-name/ll/llama-cpp/package.nix), as its lines read.
+    postInstall = ''
+      # Match previous binary name for this package
+      ln -sf $out/bin/llama-cli $out/bin/llama
+
+      mkdir -p $out/include
+      cp $src/include/llama.h $out/include/
+
+      installShellCompletion --cmd llama-server --bash <($out/bin/llama-server --completion-bash)
+    '';
     nativeBuildInputs = [ ];
     passthru = { };
     meta = { };
@@ -31,17 +40,35 @@ let
       in
       final;
   };
+  # A nixpkgs CUDA database that knows one capability more than llamanix's copy, so a case can
+  # tell which table the builder read.
+  nixpkgsCuda.db.cudaCapabilityToInfo = (import ../../nix/lib.nix).cudaCapabilities // {
+    "8.8" = {
+      archName = "Ampere";
+      minCudaMajorMinorVersion = "13.0";
+      maxCudaMajorMinorVersion = null;
+      isJetson = false;
+    };
+  };
   build =
     {
       variant,
       cudaArchs,
       fromSource ? true,
       cuda ? "12.8",
+      system ? "x86_64-linux",
+      jetsonPackages ? false,
+      withNixpkgsDb ? false,
     }:
     import ../../pkgs/llama-cpp-variant.nix {
       inherit lib llama-cpp variant cudaArchs;
       callPackage = _: _: { };
-      cudaPackages.cudaMajorMinorVersion = cuda;
+      stdenv.hostPlatform.system = system;
+      _cuda = if withNixpkgsDb then nixpkgsCuda else null;
+      cudaPackages = {
+        cudaMajorMinorVersion = cuda;
+        backendStdenv.hasJetsonCudaCapability = jetsonPackages;
+      };
       llamanix = { };
       source =
         if fromSource then
@@ -66,6 +93,10 @@ let
         evaluates = true;
         inherit (drv) pname;
         completionAtBuild = lib.hasInfix "completion-bash" drv.postInstall;
+        # The rest of nixpkgs' postInstall stays.
+        keepsNixpkgsPostInstall =
+          lib.hasInfix "cp $src/include/llama.h $out/include/" drv.postInstall
+          && lib.hasInfix "ln -sf $out/bin/llama-cli $out/bin/llama" drv.postInstall;
         webui = builtins.elem "-DLLAMA_BUILD_WEBUI:BOOL=TRUE" drv.cmakeFlags;
       };
 in
@@ -75,6 +106,12 @@ in
     (build {
       variant = "upstream";
       cudaArchs = [ "10.3" ];
+    }).pname;
+  # `-A jetsonOnX86`: Jetson capabilities on x86_64-linux (nixpkgs' rule).
+  jetsonOnX86 =
+    (build {
+      variant = "upstream";
+      cudaArchs = [ "8.7" ];
     }).pname;
 
   cases.nixpkgsCpu = describe {
@@ -111,7 +148,7 @@ in
     cudaArchs = [ "12.1" ];
     cuda = "12.9";
   };
-  # The builder's table of CUDA releases per architecture (nix/lib.nix cudaArchReleases).
+  # The CUDA releases per capability (nix/lib.nix cudaCapabilities, without a nixpkgs database).
   cases.b300OnCuda128 = describe {
     variant = "upstream";
     cudaArchs = [
@@ -128,6 +165,39 @@ in
     variant = "upstream";
     cudaArchs = [ "10.1" ];
     cuda = "13.0";
+  };
+  # nixpkgs' CUDA database decides where there is one: 8.8 is only in the fake one above.
+  cases.dbOnlyCapabilityWithDb = describe {
+    variant = "upstream";
+    cudaArchs = [ "8.8" ];
+    cuda = "13.0";
+    withNixpkgsDb = true;
+  };
+  cases.dbOnlyCapabilityWithoutDb = describe {
+    variant = "upstream";
+    cudaArchs = [ "8.8" ];
+    cuda = "13.0";
+  };
+  # Jetson Orin: only on aarch64-linux, alone, with nixpkgs' Jetson packages.
+  cases.orinOnAarch64 = describe {
+    variant = "upstream";
+    cudaArchs = [ "8.7" ];
+    system = "aarch64-linux";
+    jetsonPackages = true;
+  };
+  cases.orinWithoutJetsonPackages = describe {
+    variant = "upstream";
+    cudaArchs = [ "8.7" ];
+    system = "aarch64-linux";
+  };
+  cases.orinBesideAnRtx3090 = describe {
+    variant = "upstream";
+    cudaArchs = [
+      "8.7"
+      "8.6"
+    ];
+    system = "aarch64-linux";
+    jetsonPackages = true;
   };
   cases.pascalOnCuda130 = describe {
     variant = "upstream";

@@ -41,6 +41,8 @@ COMMAND_GROUPS: dict[str, tuple[str, ...]] = {
         "readiness",
     ),
     "Measure and diagnose": (
+        "top",
+        "metrics",
         "bench",
         "lossless",
         "ceiling",
@@ -128,6 +130,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "smoke": (
         "checks",
         "Start a llama-server with all layers offloaded and check that it really serves.",
+    ),
+    "metrics": (
+        "observe",
+        "Serve a host's Prometheus exporter: every local llama-server's /metrics, labelled.",
+    ),
+    "top": (
+        "observe",
+        "A live view of every instance: in flight, decode tok/s, TTFT, acceptance, ceiling share.",
     ),
     "fleet-agent": (
         "fleet_agent",

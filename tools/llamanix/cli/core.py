@@ -27,7 +27,9 @@ from llamanix.core.probe_diff import probe_diff
 from llamanix.deploy.host_plan import print_plan
 from llamanix.deploy.host_render import render_host
 from llamanix.deploy.plan import plan_config, unseen
+from llamanix.external.files import atomic_write
 from llamanix.external.llama_server import probe_binary
+from llamanix.render.observability import observability_files
 from llamanix.render.units import CapabilityMap, write_render
 
 FC = TypeVar("FC", bound=Callable[..., Any])
@@ -100,8 +102,10 @@ def validate(
             continue
         results.append({"config": str(config), "ok": True, "instances": sorted(cfg.instances)})
         if not as_json:
-            hosts = len(cfg.hosts)
-            click.echo(f"{config}: ok ({len(cfg.instances)} instances on {hosts} hosts)")
+            click.echo(
+                f"{config}: ok ({_count(len(cfg.instances), 'instance')} on "
+                f"{_count(len(cfg.hosts), 'host')})"
+            )
     if as_json:
         _echo_json(results[0] if len(results) == 1 else results)
         if failed:
@@ -109,6 +113,10 @@ def validate(
         return
     if failed:
         raise UserError([p for err in failed for p in err.problems])
+
+
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
 def _validate_one(config: Path, caps: CapabilityMap, remote: bool) -> Config:
@@ -119,6 +127,7 @@ def _validate_one(config: Path, caps: CapabilityMap, remote: bool) -> Config:
             continue
         try:
             problems += unseen(cfg, render_host(cfg, host, caps), here=not remote)
+            observability_files(cfg, host, user=cfg.hosts[host].kind == "systemd-user")
         except UserError as err:
             problems += err.problems
     if cfg.gateway is not None:
@@ -213,11 +222,18 @@ def render(
     """Write llamanix-NAME.service, NAME.argv.json and manifest.json for a host."""
     cfg = load_config(config)
     result = render_host(cfg, host, _load_caps(capabilities), user=True if user else None)
+    # The exporter, Prometheus and Grafana files ([metrics]): computed before anything is
+    # written, so a mistake there writes nothing either.
+    extra = observability_files(cfg, result.host, user=result.kind == "systemd-user")
     for inst in result.instances:
         for warning in inst.warnings:
             click.echo(f"warning: {inst.name}: {warning}", err=True)
     for path in write_render(result, out):
         click.echo(str(path))
+    for name, text in extra.items():
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(out / name, text)
+        click.echo(str(out / name))
 
 
 @click.command()

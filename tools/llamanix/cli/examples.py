@@ -64,6 +64,16 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "llamanix up llamanix.toml",
         "llamanix up llamanix.toml --host dev --timeout 600",
     ),
+    "metrics": (
+        "llamanix metrics llamanix.toml --host gpu1",
+        "llamanix metrics llamanix.toml --once",
+        "llamanix metrics llamanix.toml --listen 0.0.0.0 --port 9465",
+    ),
+    "top": (
+        "llamanix top llamanix.toml",
+        "llamanix top llamanix.toml --host gpu1 --interval 1",
+        "llamanix top llamanix.toml --once --json --window 5",
+    ),
     "readiness": (
         "llamanix readiness --url http://127.0.0.1:8080 --model /srv/models/qwen.gguf",
         "llamanix readiness --url http://127.0.0.1:8080 --timeout 30",

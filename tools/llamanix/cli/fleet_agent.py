@@ -145,6 +145,36 @@ def generations(ctx: click.Context, protocol: int, host: str) -> None:
     click.echo(GENERATIONS + json.dumps(agent.generations(d, host)))
 
 
+@fleet_agent.command("top", context_settings=_LENIENT)
+@click.pass_context
+@_agent_options
+@click.option(
+    "--window",
+    type=click.FloatRange(min=0.0),
+    default=0.0,
+    help="Read twice this many seconds apart and take the rates over that window.",
+)
+def top(ctx: click.Context, protocol: int, host: str, window: float) -> None:
+    """This host's `llamanix top --once --json`, read with the fleet's copy of the config
+    (what `llamanix top` on the controller shows of this host)."""
+    from llamanix.cli.top_view import run_top
+
+    d = _begin(ctx, protocol)
+    config = d.existing_config()
+    if config is None:
+        raise UserError(
+            Problem(
+                str(d.root),
+                "",
+                "no fleet copy of the config on this host",
+                "switch this host once from the controller with llamanix switch",
+            )
+        )
+    code = run_top(config, host, once=True, as_json=True, interval=0.0, window=window)
+    if code:
+        exit_with(code)
+
+
 _DIR = click.option(
     "--dir", "root", required=True, type=click.Path(path_type=Path, file_okay=False)
 )

@@ -29,6 +29,7 @@ from llamanix.core.schema import (
     GatewayKind,
     GpuSandbox,
     HostKind,
+    NixosSudo,
     RouterKind,
     RoutingStrategy,
     VariantName,
@@ -116,6 +117,18 @@ class Gateway:
 
 
 @dataclass(frozen=True)
+class Metrics:
+    """Each host's exporter and the alerts rendered for it (``[metrics]``,
+    docs/observability.md)."""
+
+    listen: str = "127.0.0.1"
+    port: int = 9465
+    scrape_interval: int = 15
+    min_ceiling_share: float = 0.25
+    min_acceptance_share: float = 0.8
+
+
+@dataclass(frozen=True)
 class Host:
     name: str
     kind: HostKind = "nixos"
@@ -125,6 +138,9 @@ class Host:
     binaries: dict[str, str] = field(default_factory=dict)
     gpu_sandbox: GpuSandbox = "device-allow"
     router: Router | None = None
+    # NixOS hosts: where nixos-rebuild builds, and how it gets root on the target.
+    build_host: str | None = None
+    sudo: NixosSudo = "auto"
 
     @property
     def has_gpu(self) -> bool:
@@ -173,6 +189,7 @@ class Config:
     instances: dict[str, Instance]
     raw: dict[str, Any]
     gateway: Gateway | None = None
+    metrics: Metrics | None = None
 
     def host_of(self, instance: Instance) -> Host:
         return self.hosts[instance.host]
@@ -444,6 +461,9 @@ def parse_config(data: dict[str, Any], source: str) -> Config:
         gateway = _parse_gateway(c, data["gateway"], hosts)
         if gateway is not None:
             _check_gateway(c, gateway, hosts, instances)
+    metrics = None
+    if "metrics" in data:
+        metrics = _parse_metrics(c, data["metrics"], hosts, instances, gateway)
     for inst in instances.values():
         for where, message, fix in check_instance(inst, hosts[inst.host]):
             c.add(
@@ -453,7 +473,14 @@ def parse_config(data: dict[str, Any], source: str) -> Config:
             )
     if c.problems:
         raise UserError(c.problems)
-    return Config(source=source, hosts=hosts, instances=instances, raw=data, gateway=gateway)
+    return Config(
+        source=source,
+        hosts=hosts,
+        instances=instances,
+        raw=data,
+        gateway=gateway,
+        metrics=metrics,
+    )
 
 
 def _parse_hosts(c: _Checker, raw: dict[str, Any]) -> dict[str, Host]:
@@ -504,7 +531,18 @@ def _parse_hosts(c: _Checker, raw: dict[str, Any]) -> dict[str, Host]:
             # checked against the enum
             gpu_sandbox=cast(GpuSandbox, values.get("gpu_sandbox") or "device-allow"),
             router=_parse_router(c, where, table["router"]) if "router" in table else None,
+            build_host=values.get("build_host"),
+            sudo=cast(NixosSudo, values.get("sudo") or "auto"),  # checked against the enum
         )
+        if hosts[name].kind != "nixos":
+            for key in ("build_host", "sudo"):
+                if key in table:
+                    c.add(
+                        f"{where}.{key}",
+                        f"only a NixOS host is switched by nixos-rebuild, and '{name}' is "
+                        f"of kind {hosts[name].kind}",
+                        f"remove {key}",
+                    )
     return hosts
 
 
@@ -603,6 +641,49 @@ def _parse_gateway(c: _Checker, raw: Any, hosts: dict[str, Host]) -> Gateway | N
         )
         return None
     return Gateway(**values)
+
+
+def _parse_metrics(
+    c: _Checker,
+    raw: Any,
+    hosts: dict[str, Host],
+    instances: dict[str, Instance],
+    gateway: Gateway | None,
+) -> Metrics | None:
+    """``[metrics]``: typed, and its exporter's port free on every host."""
+    table = c.table("metrics", raw)
+    c.unknown_keys("metrics", table, tuple(schema.METRICS))
+    values = {
+        key: c.value(f"metrics.{key}", f, table[key])
+        for key, f in schema.METRICS.items()
+        if key in table
+    }
+    if any(v is None for v in values.values()):
+        return None
+    metrics = Metrics(**values)
+    for inst in instances.values():
+        router = hosts[inst.host].router
+        if (router is None or inst.name not in router.members) and inst.port == metrics.port:
+            c.add(
+                "metrics.port",
+                f"port {metrics.port} on host '{inst.host}' is already used by instance "
+                f"'{inst.name}'",
+                "give the exporter its own port",
+            )
+    for host in hosts.values():
+        if host.router is not None and host.router.port == metrics.port:
+            c.add(
+                "metrics.port",
+                f"port {metrics.port} on host '{host.name}' is already used by its router",
+                "give the exporter its own port",
+            )
+    if gateway is not None and gateway.port == metrics.port:
+        c.add(
+            "metrics.port",
+            f"port {metrics.port} on host '{gateway.host}' is already used by the gateway",
+            "give the exporter its own port",
+        )
+    return metrics
 
 
 def _check_gateway(

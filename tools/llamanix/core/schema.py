@@ -89,6 +89,9 @@ ROUTING_STRATEGIES: tuple[RoutingStrategy, ...] = get_args(RoutingStrategy)
 # "private-dev" has not yet run CUDA on a real GPU.
 GpuSandbox = Literal["device-allow", "private-dev"]
 GPU_SANDBOXES: tuple[GpuSandbox, ...] = get_args(GpuSandbox)
+# How nixos-rebuild gets root on a NixOS host's target (external/nix.py's sudo_flag).
+NixosSudo = Literal["auto", "sudo", "use-remote-sudo", "none"]
+NIXOS_SUDO: tuple[NixosSudo, ...] = get_args(NixosSudo)
 FLASH_ATTN = ("on", "off", "auto")
 # The cache types every variant shares; a variant may add more (ik: q6_0, q8_KV; BeeLlama: the
 # TurboQuant types). The config accepts all of them; the variant check narrows it down.
@@ -178,6 +181,24 @@ HOST_FIELDS: tuple[Field, ...] = (
         "on a real GPU). User units and CPU units ignore it.",
         "device-allow",
         GPU_SANDBOXES,
+    ),
+    Field(
+        "build_host",
+        STR,
+        "NixOS hosts: the ssh target whose Nix builds the system (nixos-rebuild --build-host), "
+        "so CUDA builds run there rather than on the machine running llamanix; absent: this "
+        "machine builds.",
+        example="root@builder",
+    ),
+    Field(
+        "sudo",
+        ENUM,
+        "NixOS hosts: how nixos-rebuild gets root on `target`. `auto`: nothing for a `root@` "
+        "target or this machine, else `--sudo` (nixos-rebuild-ng, NixOS 25.11 on); `sudo`: "
+        "always `--sudo`; `use-remote-sudo`: the older nixos-rebuild's `--use-remote-sudo`; "
+        "`none`: nothing.",
+        "auto",
+        NIXOS_SUDO,
     ),
 )
 
@@ -282,6 +303,45 @@ GATEWAY_FIELDS: tuple[Field, ...] = (
         5,
         minimum=1,
         maximum=MAX_SECONDS,
+    ),
+)
+
+# Each host's exporter (llamanix-exporter.service) and what Prometheus is told about it
+# (docs/observability.md). The default port is one no other llamanix service takes.
+METRICS_FIELDS: tuple[Field, ...] = (
+    Field(
+        "listen",
+        STR,
+        "Address each host's exporter (llamanix-exporter.service) listens on; loopback keeps it "
+        "to a Prometheus on the same machine.",
+        "127.0.0.1",
+    ),
+    Field("port", INT, "Port of each host's exporter.", 9465, minimum=1, maximum=65535),
+    Field(
+        "scrape_interval",
+        INT,
+        "Seconds between Prometheus scrapes of the exporters (the rendered scrape config).",
+        15,
+        minimum=1,
+        maximum=3600,
+    ),
+    Field(
+        "min_ceiling_share",
+        FLOAT,
+        "Alert when a busy instance decodes below this share of its bandwidth ceiling (the "
+        "host's `gpu` and the model file give the ceiling).",
+        0.25,
+        minimum=0.0,
+        maximum=1.0,
+    ),
+    Field(
+        "min_acceptance_share",
+        FLOAT,
+        "Alert when an instance's draft acceptance falls below this share of the acceptance its "
+        "bench gate measured when it kept the generation.",
+        0.8,
+        minimum=0.0,
+        maximum=1.0,
     ),
 )
 
@@ -434,13 +494,14 @@ SPECULATIVE_FIELDS: tuple[Field, ...] = (
 HOSTS = {f.name: f for f in HOST_FIELDS}
 ROUTER = {f.name: f for f in ROUTER_FIELDS}
 GATEWAY = {f.name: f for f in GATEWAY_FIELDS}
+METRICS = {f.name: f for f in METRICS_FIELDS}
 # Keys a host table may hold besides its fields.
 HOST_TABLES = ("router",)
 INSTANCE = {f.name: f for f in INSTANCE_FIELDS}
 SPECULATIVE = {f.name: f for f in SPECULATIVE_FIELDS}
 # Keys an instance table may hold besides its fields.
 INSTANCE_TABLES = ("speculative",)
-TOP_LEVEL = ("defaults", "hosts", "instances", "gateway")
+TOP_LEVEL = ("defaults", "hosts", "instances", "gateway", "metrics")
 
 
 def schema_json() -> JsonObject:
@@ -449,6 +510,7 @@ def schema_json() -> JsonObject:
         "hosts": {f.name: f.to_json() for f in HOST_FIELDS},
         "router": {f.name: f.to_json() for f in ROUTER_FIELDS},
         "gateway": {f.name: f.to_json() for f in GATEWAY_FIELDS},
+        "metrics": {f.name: f.to_json() for f in METRICS_FIELDS},
         "instances": {f.name: f.to_json() for f in INSTANCE_FIELDS},
         "speculative": {f.name: f.to_json() for f in SPECULATIVE_FIELDS},
     }
@@ -495,6 +557,7 @@ def schema_markdown() -> str:
         ("`[hosts.NAME]`", HOST_FIELDS),
         ("`[hosts.NAME.router]`", ROUTER_FIELDS),
         ("`[gateway]`", GATEWAY_FIELDS),
+        ("`[metrics]`", METRICS_FIELDS),
         ("`[instances.NAME]` (and `[defaults]`)", INSTANCE_FIELDS),
         ("`[instances.NAME.speculative]`", SPECULATIVE_FIELDS),
     ):

@@ -137,11 +137,30 @@ class GatePrompts:
         return [self.prompts[(start + k) % len(self.prompts)] for k in range(runs)]
 
 
+@dataclass(frozen=True)
+class BenchRuns:
+    """What bench runs measured: each run's decode rate, and the draft tokens of all of them."""
+
+    rates: list[float]
+    drafted: int = 0
+    accepted: int = 0
+
+    def __add__(self, more: BenchRuns) -> BenchRuns:
+        return BenchRuns(
+            self.rates + more.rates, self.drafted + more.drafted, self.accepted + more.accepted
+        )
+
+    @property
+    def acceptance(self) -> float | None:
+        return self.accepted / self.drafted if self.drafted else None
+
+
 def bench_samples(
     target: GateTarget, runs: int, warmup: int, prompts: GatePrompts, start: int = 0
-) -> list[float]:
+) -> BenchRuns:
     """Decode tok/s of each of ``runs`` runs (BENCH_MAX_TOKENS tokens), run ``k`` on prompt
-    ``start + k`` of ``prompts`` (in turn), after ``warmup`` warm-ups on another text."""
+    ``start + k`` of ``prompts`` (in turn), after ``warmup`` warm-ups on another text; and
+    their drafted and accepted tokens."""
     # httpx (here and in the two functions below) loads only when a gate talks to a server:
     # every deploy command imports this module, and httpx alone adds a tenth of a second.
     import httpx
@@ -167,13 +186,13 @@ def bench_samples(
         result = run_bench(settings, prompts.in_turn(start, runs), api_key=target.api_key)
     except (UserError, ExternalCommandError, httpx.HTTPError) as err:
         raise GateFailed(f"bench: {err}") from None
+    requests = [q for run in result.runs for q in run.requests]
     # The server's own rate where it reports one (it excludes HTTP and streaming).
-    return [
-        rate
-        for run in result.runs
-        for q in run.requests
-        if (rate := q.server_decode_tok_s or q.client_decode_tok_s)
-    ]
+    return BenchRuns(
+        [rate for q in requests if (rate := q.server_decode_tok_s or q.client_decode_tok_s)],
+        sum(q.draft_n or 0 for q in requests),
+        sum(q.draft_n_accepted or 0 for q in requests),
+    )
 
 
 def measure_baseline(target: GateTarget, prompts: GatePrompts | None = None) -> Baseline | None:
@@ -187,7 +206,7 @@ def measure_baseline(target: GateTarget, prompts: GatePrompts | None = None) -> 
         with LlamaClient(target.url, api_key=target.api_key, timeout_s=30.0, connect_s=5.0) as c:
             if c.health().status_code != 200:
                 return None
-        samples = bench_samples(target, BASELINE_RUNS, 1, prompts or GatePrompts.load())
+        samples = bench_samples(target, BASELINE_RUNS, 1, prompts or GatePrompts.load()).rates
     except (GateFailed, httpx.HTTPError):
         return None
     if len(samples) < MIN_SAMPLES:
@@ -202,9 +221,12 @@ def resolve(decision: Decision, inconclusive: Action) -> Action:
     return "keep" if decision == "pass" else "rollback"
 
 
-def _bench(target: GateTarget, limits: Thresholds) -> BenchVerdict:
+def _bench(target: GateTarget, limits: Thresholds) -> tuple[BenchVerdict, float | None]:
+    """The verdict, and the candidate's draft acceptance over its runs (None without
+    speculation): what the generation is kept at."""
     prompts = limits.prompts or GatePrompts.load()
-    samples = bench_samples(target, BENCH_RUNS, 1, prompts)
+    drafts = bench_samples(target, BENCH_RUNS, 1, prompts)
+    samples = list(drafts.rates)
     runs = BENCH_RUNS
     if len(samples) < MIN_SAMPLES:
         raise GateFailed(
@@ -218,16 +240,19 @@ def _bench(target: GateTarget, limits: Thresholds) -> BenchVerdict:
     if limits.min_tok_s is not None:
         if median < limits.min_tok_s:
             note = f"{measured} is below --min-tok-s {limits.min_tok_s:g}"
-            return BenchVerdict(tuple(samples), "rollback", note, prompts=prompts.spec)
-        return BenchVerdict(tuple(samples), "keep", measured, prompts=prompts.spec)
+            verdict = BenchVerdict(tuple(samples), "rollback", note, prompts=prompts.spec)
+            return verdict, drafts.acceptance
+        verdict = BenchVerdict(tuple(samples), "keep", measured, prompts=prompts.spec)
+        return verdict, drafts.acceptance
     pct = limits.max_regression_pct
     baseline = limits.baseline
     if pct is None or baseline is None:
         if pct is not None:
             measured += "; no baseline to compare with (these runs become the baseline)"
-        return BenchVerdict(
+        verdict = BenchVerdict(
             tuple(samples), "keep", measured, max_regression_pct=pct, prompts=prompts.spec
         )
+        return verdict, drafts.acceptance
     threshold = threshold_of(pct)
     while True:
         interval = ratio_interval(baseline.samples, samples)
@@ -235,7 +260,9 @@ def _bench(target: GateTarget, limits: Thresholds) -> BenchVerdict:
         if decision != "inconclusive" or runs >= limits.max_runs:
             break
         more = min(BENCH_BATCH, limits.max_runs - runs)
-        samples += bench_samples(target, more, 0, prompts, start=runs)
+        extra = bench_samples(target, more, 0, prompts, start=runs)
+        samples += extra.rates
+        drafts += extra
         runs += more
     action = resolve(decision, limits.inconclusive)
     note = (
@@ -248,7 +275,7 @@ def _bench(target: GateTarget, limits: Thresholds) -> BenchVerdict:
     if decision == "inconclusive":
         resolved = "kept" if action == "keep" else "rolled back"
         note += f" after {runs} runs, {resolved} (--inconclusive {limits.inconclusive})"
-    return BenchVerdict(
+    verdict = BenchVerdict(
         samples=tuple(samples),
         action=action,
         note=note,
@@ -259,6 +286,7 @@ def _bench(target: GateTarget, limits: Thresholds) -> BenchVerdict:
         baseline=baseline,
         prompts=prompts.spec,
     )
+    return verdict, drafts.acceptance
 
 
 def confirm_regression(verdict: BenchVerdict, again: Baseline, on_drift: Action) -> BenchVerdict:
@@ -302,6 +330,7 @@ def run_gate(
     notes: list[str] = []
     tok_s: float | None = None
     verdict: BenchVerdict | None = None
+    acceptance: float | None = None
     try:
         with LlamaClient(
             target.url,
@@ -321,7 +350,7 @@ def run_gate(
                 if extra:
                     notes.append(extra)
         if gate == "bench":
-            verdict = _bench(target, limits)
+            verdict, acceptance = _bench(target, limits)
             tok_s = verdict.median
             if verdict.action == "rollback":
                 return GateResult(target.name, gate, False, verdict.note, tok_s, bench=verdict)
@@ -330,4 +359,8 @@ def run_gate(
         return GateResult(target.name, gate, False, str(err), err.tok_s)
     except httpx.HTTPError as err:
         return GateResult(target.name, gate, False, f"{err.__class__.__name__}: {err}", tok_s)
-    return GateResult(target.name, gate, True, "; ".join(notes), tok_s, bench=verdict)
+    # The acceptance the generation is kept at: the exporter's alert compares the serving
+    # acceptance with it.
+    return GateResult(
+        target.name, gate, True, "; ".join(notes), tok_s, bench=verdict, acceptance=acceptance
+    )

@@ -263,17 +263,23 @@ class GateResult:
     detail: str
     tok_s: float | None = None
     bench: BenchVerdict | None = None
+    # Accepted / drafted tokens over a bench gate's runs of a speculative instance: what the
+    # exporter's acceptance alert compares the serving acceptance with.
+    acceptance: float | None = None
 
     # Hand-written: the instance's name is the key its result is kept under, not a field of
     # its JSON.
     def to_json(self) -> JsonObject:
-        return {
+        found: JsonObject = {
             "gate": self.gate,
             "passed": self.passed,
             "detail": self.detail,
             "tok_s": self.tok_s,
             "bench": self.bench.to_json() if self.bench else None,
         }
+        if self.acceptance is not None:
+            found["acceptance"] = self.acceptance
+        return found
 
     @staticmethod
     def from_json(name: str, data: object) -> GateResult | None:
@@ -290,4 +296,5 @@ class GateResult:
             jf.text(found.get("detail")) or "",
             jf.number(found.get("tok_s")),
             BenchVerdict.from_json(found.get("bench")) if found.get("bench") else None,
+            jf.number(found.get("acceptance")),
         )

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Protocol
 from llamanix.core.config import Config
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
 from llamanix.core.process_end import FAULT_SIGNALS, died_of
+from llamanix.core.schema import NixosSudo
 from llamanix.deploy.generations import (
     HostState,
     InstanceSummary,
@@ -353,6 +354,8 @@ class NixosManager:
     flake_dir: Path
     host: str
     target: str | None
+    build_host: str | None = None
+    sudo: NixosSudo = "auto"
 
     @property
     def name(self) -> ManagerKind:
@@ -396,13 +399,15 @@ class NixosManager:
     def activate(
         self, runner: Runner, new: dict[str, str], old: dict[str, str], timeout_s: float
     ) -> dict[str, str]:
-        nix.nixos_rebuild_switch(runner, self.flake_dir, self.host, self.target)
+        nix.nixos_rebuild_switch(
+            runner, self.flake_dir, self.host, self.target, self.build_host, self.sudo
+        )
         return {}
 
     def restore(
         self, runner: Runner, old: dict[str, str], new: dict[str, str], timeout_s: float
     ) -> None:
-        nix.nixos_rebuild_rollback(runner, self.flake_dir, self.target)
+        nix.nixos_rebuild_rollback(runner, self.flake_dir, self.target, self.sudo)
 
 
 def as_installed(
@@ -453,9 +458,12 @@ def make_manager(
         units_dir = Path(recorded.units_dir)
     target = config.hosts[host].target
     if kind == "nixos":
+        table = config.hosts[host]
         # nixos-rebuild --target-host takes the destination alone (validate refuses a port).
         destination = target.destination if target else None
-        return NixosManager(Path(config.source).resolve().parent, host, destination)
+        return NixosManager(
+            Path(config.source).resolve().parent, host, destination, table.build_host, table.sudo
+        )
     if target:
         raise UserError(
             Problem(

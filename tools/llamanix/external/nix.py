@@ -6,26 +6,71 @@ import json
 from pathlib import Path
 from typing import Any
 
+from llamanix.core.schema import NixosSudo
 from llamanix.external.process import Runner
 
 
-def remote_args(target: str | None) -> list[str]:
-    # --use-remote-sudo: activation needs root on the target, the ssh login need not be root.
-    return ["--target-host", target, "--use-remote-sudo"] if target else []
+def login_user(target: str) -> str | None:
+    """The ssh login of a target ("root@gpu1:22" -> "root"), or None where ssh picks it."""
+    user, at, _ = target.rpartition("@")
+    return user if at else None
 
 
-def nixos_rebuild_switch(runner: Runner, flake_dir: Path, host: str, target: str | None) -> None:
-    runner.run(
-        ["nixos-rebuild", "switch", "--flake", f".#{host}", *remote_args(target)], cwd=flake_dir
-    )
+def sudo_flag(target: str | None, sudo: NixosSudo) -> list[str]:
+    """How nixos-rebuild gets root for activation. ``auto``: no flag for this machine or a
+    ``root@`` target (so the target needs no sudo installed), else nixos-rebuild-ng's
+    ``--sudo`` (the older nixos-rebuild's ``--use-remote-sudo`` is deprecated there)."""
+    if sudo == "sudo":
+        return ["--sudo"]
+    if sudo == "use-remote-sudo":
+        return ["--use-remote-sudo"]
+    if sudo == "none" or target is None or login_user(target) == "root":
+        return []
+    return ["--sudo"]
 
 
-def nixos_rebuild_rollback(runner: Runner, flake_dir: Path, target: str | None) -> None:
-    runner.run(["nixos-rebuild", "switch", "--rollback", *remote_args(target)], cwd=flake_dir)
+def remote_args(target: str | None, build_host: str | None, sudo: NixosSudo) -> list[str]:
+    """--target-host, --build-host (so a CUDA build runs on the builder, not here) and the
+    sudo flag, in the order nixos-rebuild's manual writes them."""
+    out = ["--target-host", target] if target else []
+    out += ["--build-host", build_host] if build_host else []
+    return out + sudo_flag(target, sudo)
+
+
+def nixos_rebuild_switch_argv(
+    host: str, target: str | None, build_host: str | None = None, sudo: NixosSudo = "auto"
+) -> list[str]:
+    return [
+        "nixos-rebuild", "switch", "--flake", f".#{host}", *remote_args(target, build_host, sudo)
+    ]  # fmt: skip
+
+
+def nixos_rebuild_rollback_argv(target: str | None, sudo: NixosSudo = "auto") -> list[str]:
+    # No --build-host: the previous generation is on the target already, nothing is built.
+    return ["nixos-rebuild", "switch", "--rollback", *remote_args(target, None, sudo)]
+
+
+def nixos_rebuild_switch(
+    runner: Runner,
+    flake_dir: Path,
+    host: str,
+    target: str | None,
+    build_host: str | None = None,
+    sudo: NixosSudo = "auto",
+) -> None:
+    runner.run(nixos_rebuild_switch_argv(host, target, build_host, sudo), cwd=flake_dir)
+
+
+def nixos_rebuild_rollback(
+    runner: Runner, flake_dir: Path, target: str | None, sudo: NixosSudo = "auto"
+) -> None:
+    runner.run(nixos_rebuild_rollback_argv(target, sudo), cwd=flake_dir)
 
 
 def flake_lock_update_input(runner: Runner, flake_dir: Path, flake_input: str) -> None:
-    runner.run(["nix", "flake", "lock", "--update-input", flake_input], cwd=flake_dir)
+    # `nix flake update INPUT` (Nix 2.19 and later); `nix flake lock --update-input` is its
+    # deprecated spelling.
+    runner.run(["nix", "flake", "update", flake_input], cwd=flake_dir)
 
 
 def flake_lock_override_input(runner: Runner, flake_dir: Path, flake_input: str, url: str) -> None:

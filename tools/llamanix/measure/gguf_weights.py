@@ -1,0 +1,131 @@
+"""The weight bytes a decode step reads, straight from a GGUF's header: fast enough for ``top``.
+
+``gguf_info.read_gguf`` builds the gguf library's view of every field, which takes seconds on a
+262k-token vocabulary (tens of seconds on a busy machine); the exporter and ``llamanix top``
+need only the tensor table and two expert counts. This walks the key/value section with
+``struct`` over a memory map as ``gguf_header`` does, then reads each tensor's shape and type,
+and sizes it with the gguf library's own block sizes. The sum follows
+``GgufInfo.weight_bytes_per_token`` (a test keeps the two equal).
+"""
+
+from __future__ import annotations
+
+import mmap
+import struct
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from llamanix.core.errors import Problem, UserError
+
+_MAGIC = b"GGUF"
+_STRING, _ARRAY = 8, 9
+_UINT32, _UINT64, _INT32, _INT64 = 4, 10, 5, 11
+# Bytes per value of GGUF's fixed-size types (uint8 .. float64, bool).
+_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+_INTEGERS = {_UINT32: "<I", _INT32: "<i", _UINT64: "<Q", _INT64: "<q"}
+
+
+@dataclass(frozen=True)
+class WeightTable:
+    tensor_bytes: int
+    token_embd_bytes: int
+    output_tied: bool
+    expert_tensor_bytes: int
+    expert_count: int
+    expert_used_count: int
+
+    def weight_bytes_per_token(self) -> float:
+        """As ``GgufInfo.weight_bytes_per_token`` (no active fraction)."""
+        base = float(self.tensor_bytes)
+        if not self.output_tied:
+            base -= self.token_embd_bytes
+        if self.expert_count > 0 and self.expert_used_count > 0:
+            dense = base - self.expert_tensor_bytes
+            return dense + self.expert_tensor_bytes * self.expert_used_count / self.expert_count
+        return base
+
+
+def weight_table(path: Path) -> WeightTable:
+    """The tensor table of ``path``; UserError naming the file when it is not a readable GGUF."""
+    try:
+        stat = path.stat()
+        return _read_cached(path.resolve(), stat.st_mtime_ns, stat.st_size)
+    except OSError as err:
+        raise UserError(
+            Problem(str(path), "model", f"cannot read: {err.strerror}", "check the path")
+        ) from None
+    except (ValueError, struct.error, KeyError) as err:
+        raise UserError(
+            Problem(str(path), "model", f"not a readable GGUF ({err})", "give a .gguf model")
+        ) from None
+
+
+def _string(m: mmap.mmap, offset: int) -> tuple[str, int]:
+    (length,) = struct.unpack_from("<Q", m, offset)
+    start = offset + 8
+    return m[start : start + length].decode("utf-8", errors="replace"), start + length
+
+
+@lru_cache(maxsize=32)
+def _read_cached(path: Path, mtime_ns: int, size: int) -> WeightTable:
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    with path.open("rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        if m[:4] != _MAGIC:
+            raise ValueError("no GGUF magic")
+        n_tensors, n_kv = struct.unpack_from("<QQ", m, 8)
+        offset = 24
+        integers: dict[str, int] = {}
+        arch = ""
+        for _ in range(n_kv):
+            key, offset = _string(m, offset)
+            (kind,) = struct.unpack_from("<I", m, offset)
+            offset += 4
+            if kind == _STRING:
+                value, offset = _string(m, offset)
+                arch = value if key == "general.architecture" else arch
+            elif kind == _ARRAY:
+                element, count = struct.unpack_from("<IQ", m, offset)
+                offset += 12
+                if element == _STRING:
+                    for _ in range(count):
+                        (length,) = struct.unpack_from("<Q", m, offset)
+                        offset += 8 + length
+                else:
+                    offset += _SIZES[element] * count
+            else:
+                if kind in _INTEGERS:
+                    (integers[key],) = struct.unpack_from(_INTEGERS[kind], m, offset)
+                offset += _SIZES[kind]
+            if offset > size:
+                raise ValueError("truncated")
+        tensor_bytes = embd = experts = 0
+        has_output = False
+        for _ in range(n_tensors):
+            name, offset = _string(m, offset)
+            (n_dims,) = struct.unpack_from("<I", m, offset)
+            dims = struct.unpack_from(f"<{n_dims}Q", m, offset + 4)
+            offset += 4 + 8 * n_dims
+            (ggml_type,) = struct.unpack_from("<I", m, offset)
+            offset += 12  # the type, and the data offset
+            elements = 1
+            for d in dims:
+                elements *= d
+            block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
+            n_bytes = elements // block * type_size
+            tensor_bytes += n_bytes
+            if "_exps" in name:
+                experts += n_bytes
+            if name == "token_embd.weight":
+                embd = n_bytes
+            if name == "output.weight":
+                has_output = True
+    return WeightTable(
+        tensor_bytes=tensor_bytes,
+        token_embd_bytes=embd,
+        output_tied=bool(embd) and not has_output,
+        expert_tensor_bytes=experts,
+        expert_count=integers.get(f"{arch}.expert_count", 0),
+        expert_used_count=integers.get(f"{arch}.expert_used_count", 0),
+    )
