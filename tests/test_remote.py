@@ -217,7 +217,8 @@ def test_the_switch_options_travel_as_one_record_on_stdin(tmp_path: Path) -> Non
         "sets": [], "gate": "bench", "min_tok_s": None, "max_regression": 5.0, "max_runs": 12,
         "inconclusive": "rollback", "timeout_s": 300.0, "drain_timeout_s": 30.0,
         "wait_s": 10.0, "manager": None, "units_dir": None, "gate_prompts": "realtext:edit",
-        "run_timeout_s": 900.0, "follow_timeout_s": None,
+        "run_timeout_s": 900.0, "follow_timeout_s": None, "on_drift": "keep",
+        "warm_limit_gib": 16.0, "blue_green": False,
     }  # fmt: skip
     with pytest.raises(ValueError, match=r"^stdin\.options\.gate: unknown gate 'fast'"):
         SwitchOrder.parse(json.dumps({**order.to_json(), "options": {"gate": "fast"}}), "stdin")
@@ -608,6 +609,7 @@ def test_generations_of_a_remote_host_come_from_it(tmp_path: Path, ssh: Ssh) -> 
         "gaps": {
             "chat": {"drain_s": 0.0, "drained": True, "gap_s": 0.3, "in_flight": 0, "load_s": 0.2}
         },
+        "warm": {},
         "not_serving_now": {},
     }
     ssh.reply(([HELLO, GENERATIONS + json.dumps([row])], "", 0))

@@ -46,7 +46,9 @@ def first_turn() -> str:
 
 def config_text(model: Path, binary: Path, port: int, *, warm: bool = True) -> str:
     return (
-        f'[hosts.dev]\nkind = "systemd"\nbinaries = {{ upstream = "{binary}" }}\n\n'
+        # A binary for each variant the tests switch to: a variant without one is refused.
+        f'[hosts.dev]\nkind = "systemd"\nbinaries = {{ upstream = "{binary}", ik = "{binary}", '
+        f'beellama = "{binary}", nixpkgs = "{binary}" }}\n\n'
         f"[instances.{INSTANCE}]\n"
         f'model = "{model}"\nport = {port}\ncontext = 2048\nparallel = 1\nthreads = 2\n'
         f'warm_switch = {"true" if warm else "false"}\nextra_args = ["--swa-full"]\n'
