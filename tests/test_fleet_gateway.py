@@ -401,8 +401,10 @@ def test_a_blue_green_switch_leaves_no_gap_for_other_machines(bed: Bed) -> None:
     gap = row["gaps"]["chat-box1"]
     FIGURES.append(
         f"blue-green of box1: a direct client on another machine: {direct.requests} streamed "
-        f"chats, {len(direct.refused)} refused, /health failing {direct.silence_s:.3f} s "
-        f"(from {direct.silence_at:+.2f} s); "
+        f"chats, {len(direct.refused)} refused, /health failing {direct.silence_s:.3f} s"
+        # When no probe failed there is no start to show.
+        + (f" (from {direct.silence_at:+.2f} s)" if direct.silence_s else "")
+        + "; "
         f"through the gateway {gateway.requests} requests, {len(gateway.failed)} failed; the "
         f"switch ({stopped - started:.1f} s): {gap}"
         + "".join(f"\n  refused {r}" for r in direct.refused[:6])
