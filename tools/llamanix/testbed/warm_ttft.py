@@ -124,7 +124,14 @@ def switch(command: Sequence[str], instance: str, round_: int, cold: bool) -> tu
         rows = json.loads(done.stdout)
         warm = next(r["warm"][instance] for r in rows if instance in r.get("warm", {}))
     except (ValueError, StopIteration, KeyError, TypeError):
-        return took, f"no warm record: {done.stderr[-1500:]}"
+        # A fleet switch's --json has no warm record (the host keeps it in its generation):
+        # what the host's switch printed about the caches says the same.
+        said_lines = [
+            line.split(f"{instance}: ", 1)[1]
+            for line in done.stderr.splitlines()
+            if f" {instance}: warm: " in line or f" {instance}: cold: " in line
+        ]
+        return took, "; ".join(said_lines) or f"no warm record: {done.stderr[-1500:]}"
     if warm.get("cold"):
         return took, f"cold: {warm['cold']}"
     said = [
