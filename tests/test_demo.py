@@ -254,3 +254,19 @@ def test_the_real_text_table_prints_every_row(demo_run: DemoRun) -> None:
         )
         assert row.speedup is not None and row.speedup.text() in line
         assert f"{row.identical}/{row.prompts}" in line
+
+
+def test_a_confirmed_regression_is_shown_once() -> None:
+    """The switch says the bench gate's verdict, then again once the baseline measured after the
+    rollback confirms it (that line repeats the first): the demo's table shows the last one."""
+    output = (
+        "  gate health chat: passed: health ok, chat ok\n"
+        "  gate bench chat: regression: decode 35.9 tok/s against 129.7: ratio 0.277\n"
+        "  chat: confirming the regression: the baseline measured again\n"
+        "  gate bench chat: regression: decode 35.9 tok/s against 129.7: ratio 0.277; "
+        "confirmed: the baseline measured again after the rollback: decode 131.1 tok/s\n"
+    )
+    assert demo._gate_detail(output) == (
+        "health ok, chat ok; decode 35.9 tok/s against 129.7: ratio 0.277; "
+        "confirmed: the baseline measured again after the rollback: decode 131.1 tok/s"
+    )

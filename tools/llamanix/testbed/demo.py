@@ -389,9 +389,14 @@ def real_gate_plan() -> list[PlannedSwitch]:
 
 
 def _gate_detail(output: str) -> str:
-    """The gate's own line(s) from switch's output, e.g. the decode rate it measured."""
-    lines = [ln.strip() for ln in output.splitlines() if ln.strip().startswith("gate ")]
-    return "; ".join(ln.split(": ", 2)[-1] for ln in lines) or output.strip()[-300:]
+    """The gate's own line(s) from switch's output, e.g. the decode rate it measured. A gate
+    said again for the same instance (a regression confirmed by measuring the baseline again)
+    replaces what it said first: the later line carries the first verdict too."""
+    said: dict[str, str] = {}
+    for ln in (ln.strip() for ln in output.splitlines()):
+        if ln.startswith("gate "):
+            said[ln.split(": ", 1)[0]] = ln.split(": ", 2)[-1]
+    return "; ".join(said.values()) or output.strip()[-300:]
 
 
 def run_switch(config: Path, switch: PlannedSwitch, log: Path) -> tuple[GateOutcome, str]:
