@@ -169,6 +169,9 @@ class DrainingRestart:
         started_at = time.monotonic()
         ok = False
         try:
+            # Conntrack follows the port's connections from now: those made while the bridge
+            # loads are known from their SYN when the redirect comes (``nft.redirect_script``).
+            nft.track(port)
             systemctl.daemon_reload(runner, user)
             if not systemctl.restart(runner, user, [bridge.unit], check=False):
                 self.no_bridge = {**self.no_bridge, name: f"its bridge {bridge.unit} did not start"}
@@ -193,10 +196,11 @@ class DrainingRestart:
                 started = systemctl.show(user, unit).main_started
                 steps["unit served"] = time.monotonic()
                 # Back to the unit's own port: new connections go there, and the bridge's
-                # open ones are refused new requests (its fence) while it drains.
+                # open ones are refused new requests (its fence) while it drains; those it has
+                # keep their redirect until the table goes, after the bridge has stopped.
                 # The fence first: without the redirect, a new connection would meet it.
                 nft.unfence(port)
-                nft.unredirect(port)
+                nft.end_redirect(port)
                 steps["port back"] = time.monotonic()
                 # As at the handover: a connection made to the bridge just before delivers its
                 # request, then the bridge's own fence refuses new ones.
@@ -214,7 +218,7 @@ class DrainingRestart:
                 steps["bridge stopped"] = ended
         finally:
             nft.unfence(port)
-            nft.unredirect(port)
+            nft.untrack(port)
             nft.unfence(bridge.port)
             if path.exists():
                 path.unlink()
@@ -264,7 +268,7 @@ def tidy_after_a_killed_switch(runner: Runner, user: bool) -> list[str]:
             nft.unfence(port)
             done.append(f"lifted the fence a killed switch left on port {port}")
         for port in nft.redirected_ports():
-            nft.unredirect(port)
+            nft.untrack(port)
             done.append(f"ended the redirect a killed switch left on port {port}")
     if user:
         return done

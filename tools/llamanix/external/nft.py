@@ -7,10 +7,13 @@ drain, a *fence* is put on the port: one nftables table per port (``inet llamani
 whose input chain, for packets from any interface but loopback,
 
 - drops a new connection's SYN: the client's TCP sends it again (after 1 s, then 2 s more, ...)
-  and is answered once the fence is lifted, by the new server. A refused connection would be
-  retried by a gateway on a replica picked at random, maybe this one again: LiteLLM, whose
-  retries do not leave out the replica that failed, used up its eight retries on the fenced
-  replica now and then (one request in about a thousand that met a fence);
+  and is answered once the fence is lifted, by the new server. The SYN is told by its flags
+  (SYN without ACK), not by conntrack's state: conntrack runs in a network namespace only while
+  a rule needs it, and when it starts it takes the next packet of a connection already open for
+  a new connection's. A refused connection would be retried by a gateway on a replica picked
+  at random, maybe this one again: LiteLLM, whose retries do not leave out the replica that
+  failed, used up its eight retries on the fenced replica now and then (one request in about a
+  thousand that met a fence);
 - answers a segment that carries data on a connection already open (a new request on a
   kept-alive connection) with a TCP reset: the request never reaches the server, and the
   client, which got no byte of an answer, sends it again on a new connection;
@@ -39,6 +42,8 @@ from llamanix.external.process import run_captured
 
 TABLE_PREFIX = "llamanix-fence-"
 _TABLE = re.compile(rf"^table inet {re.escape(TABLE_PREFIX)}(\d+)$", re.MULTILINE)
+# A connection's first segment: SYN set, ACK not.
+_SYN = "tcp flags & (syn | ack) == syn"
 # TCP header lengths in 32-bit words (5: no options, 15: the most options).
 _DOFF = range(5, 16)
 
@@ -51,7 +56,7 @@ def fence_script(port: int) -> str:
     """The nft script that puts the fence on ``port`` (one table, made in one transaction)."""
     rules = [
         'iifname "lo" accept',
-        f"tcp dport {port} ct state new drop",
+        f"tcp dport {port} {_SYN} drop",
     ]
     for doff in _DOFF:
         header = 4 * doff
@@ -104,33 +109,75 @@ REDIRECT_PREFIX = "llamanix-redirect-"
 _REDIRECT = re.compile(rf"^table inet {re.escape(REDIRECT_PREFIX)}(\d+)$", re.MULTILINE)
 
 
-def redirect_script(port: int, to_port: int) -> str:
-    """New connections from other machines to ``port`` go to ``to_port`` on this machine (a
-    blue-green switch's bridge); connections already open stay where they are (conntrack)."""
+def redirect_table(port: int) -> str:
+    return f"{REDIRECT_PREFIX}{port}"
+
+
+def redirect_script(port: int, to_port: int | None) -> str:
+    """The nft script that makes ``port``'s redirect table what a blue-green switch needs now:
+    new connections from other machines to ``port`` go to ``to_port`` on this machine (its
+    bridge), or stay on ``port`` (None); in one transaction, so the table is never empty.
+
+    Its first rule follows every new connection to ``port`` (``ct state new``): a rule that
+    reads conntrack is what keeps conntrack running in this network namespace, and it must run
+    from before the redirect (so that each connection is known from its SYN) until the bridge
+    has stopped: without conntrack the redirect of a connection already made is forgotten, and
+    its next packets go to the old port, which resets them. The redirect itself takes SYNs only
+    (``_SYN``): conntrack takes the first packet it sees of a connection opened before it ran
+    for a new connection's, and such a connection stays where it is."""
+    table = redirect_table(port)
+    rules = [f'iifname != "lo" tcp dport {port} ct state new counter']
+    if to_port is not None:
+        rules.append(f'iifname != "lo" tcp dport {port} {_SYN} redirect to :{to_port}')
+    body = "\n".join(f"    {r}" for r in rules)
     return (
-        f"table inet {REDIRECT_PREFIX}{port} {{\n"
+        # Made if it is not there, then emptied and filled again: one transaction.
+        f"table inet {table} {{}}\n"
+        f"flush table inet {table}\n"
+        f"table inet {table} {{\n"
         "  chain prerouting {\n"
         "    type nat hook prerouting priority dstnat; policy accept;\n"
-        f'    iifname != "lo" tcp dport {port} redirect to :{to_port}\n'
+        f"{body}\n"
         "  }\n"
         "}\n"
     )
 
 
-def redirect(port: int, to_port: int) -> None:
-    unredirect(port)
-    done = run_captured(["nft", "-f", "-"], input_text=redirect_script(port, to_port), timeout_s=30)
+def _apply_redirect(port: int, to_port: int | None, what: str) -> None:
+    script = redirect_script(port, to_port)
+    done = run_captured(["nft", "-f", "-"], input_text=script, timeout_s=30)
     if done.returncode != 0:
-        raise ExternalCommandError(f"nft: redirect port {port}: {done.stderr.strip()[:300]}")
+        raise ExternalCommandError(f"nft: {what} port {port}: {done.stderr.strip()[:300]}")
 
 
-def unredirect(port: int) -> None:
+def track(port: int) -> None:
+    """Start following the connections to ``port`` (its redirect table, with no redirect yet):
+    before a bridge starts, so that the connections made while it loads are known from their
+    SYN."""
+    _apply_redirect(port, None, "follow the connections to")
+
+
+def redirect(port: int, to_port: int) -> None:
+    """New connections from other machines to ``port`` go to ``to_port``; those already open
+    stay where they are."""
+    _apply_redirect(port, to_port, "redirect")
+
+
+def end_redirect(port: int) -> None:
+    """New connections to ``port`` stay on it again; those redirected before keep going to
+    where they were sent until ``untrack``."""
+    _apply_redirect(port, None, "end the redirect of")
+
+
+def untrack(port: int) -> None:
+    """Remove ``port``'s redirect table (once its bridge has stopped); none there is no
+    error."""
     if port not in redirected_ports():
         return
-    table = f"{REDIRECT_PREFIX}{port}"
-    done = run_captured(["nft", "delete", "table", "inet", table], timeout_s=30)
+    done = run_captured(["nft", "delete", "table", "inet", redirect_table(port)], timeout_s=30)
     if done.returncode != 0:
-        raise ExternalCommandError(f"nft: end the redirect of port {port}: {done.stderr.strip()}")
+        why = done.stderr.strip()
+        raise ExternalCommandError(f"nft: remove the redirect of port {port}: {why}")
 
 
 def redirected_ports() -> list[int]:
