@@ -132,9 +132,11 @@ while True:
         sys.exit("the gateway did not answer within 300 s")
     time.sleep(0.5)
 results = []
+# Ten minutes at most: a test killed before it made the stop file leaves no client behind.
+give_up = time.monotonic() + 600
 def client():
     with httpx.Client(timeout=120, headers=headers) as c:
-        while not os.path.exists(stop):
+        while not os.path.exists(stop) and time.monotonic() < give_up:
             began, ok, why = time.monotonic(), False, ""
             try:
                 with c.stream("POST", url + "/v1/chat/completions", json=body) as r:
@@ -249,8 +251,12 @@ _DIRECT = """
 import json, os, sys, threading, time, httpx
 url, ready, stop, out = sys.argv[1:5]
 health, chats = [], []
+# Ten minutes at most: a test killed before it made the stop file leaves no client behind.
+give_up = time.monotonic() + 600
+def going():
+    return not os.path.exists(stop) and time.monotonic() < give_up
 def watch():
-    while not os.path.exists(stop):
+    while going():
         began, ok = time.monotonic(), False
         try:
             r = httpx.get(url + "/health", headers={"Connection": "close"}, timeout=2)
@@ -261,7 +267,7 @@ def watch():
         time.sleep(0.02)
 body = {"stream": True, "max_tokens": 24, "messages": [{"role": "user", "content": "Hi."}]}
 def chat():
-    while not os.path.exists(stop):
+    while going():
         began, ok, why = time.monotonic(), False, ""
         try:
             with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=60,

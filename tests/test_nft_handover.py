@@ -167,10 +167,11 @@ def test_a_handover_breaks_no_connection(pair: Pair, tmp_path: Path) -> None:
         )
         for port, name in ((OLD_PORT, "old"), (BRIDGE_PORT, "bridge"))
     ]
+    stop, out = tmp_path / "stop", tmp_path / "out.json"
+    clients: subprocess.Popen[bytes] | None = None
     try:
         for port in (OLD_PORT, BRIDGE_PORT):
             _wait_listening(pair.server_ns, port)
-        stop, out = tmp_path / "stop", tmp_path / "out.json"
         url = f"http://{SERVER_ADDRESS}:{OLD_PORT}/"
         clients = subprocess.Popen(_in(pair.client_ns, "-c", _CLIENTS, url, str(stop), str(out)))
         # The kept connections are open before the first handover starts.
@@ -191,6 +192,14 @@ def test_a_handover_breaks_no_connection(pair: Pair, tmp_path: Path) -> None:
         assert clients.wait(timeout=60) == 0
         seen = json.loads(out.read_text())
     finally:
+        # The clients end on the stop file, whatever failed above.
+        stop.touch()
+        if clients is not None and clients.poll() is None:
+            try:
+                clients.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                clients.kill()
+                clients.wait()
         for server in servers:
             os.killpg(server.pid, signal.SIGKILL)
             server.wait(timeout=10)

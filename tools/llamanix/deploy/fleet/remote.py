@@ -350,14 +350,8 @@ def remote_switch(
     opts.gate_kind(rh.source)  # bad options: one line before anything connects
     echo(f"{rh.name}: switching over ssh ({rh.target})")
     order = switch_order(rh, new_text, opts).text()
-    try:
-        reply = _call(rh, "switch", (), runner, echo, order)
-    except _Lost as lost:
-        return _after_lost(rh, "switch", lost, opts.follow_s, runner, echo)
-    if runner.dry_run:
-        runner.note(f"the config and options go on ssh's stdin; {rh.target} switches its own copy")
-        return HostOutcome(rh.name, "dry-run")
-    return _outcome(rh, "switch", reply.report, opts.follow_s)
+    dry_note = f"the config and options go on ssh's stdin; {rh.target} switches its own copy"
+    return _run_order(rh, "switch", order, dry_note, opts.follow_s, runner, echo)
 
 
 def remote_rollback(
@@ -368,15 +362,30 @@ def remote_rollback(
     to ``opts.wait_s`` for a run that still goes on there."""
     _refuse_local_options(rh, opts.manager, opts.units_dir)
     echo(f"{rh.name}: rolling back over ssh ({rh.target})")
-    text = json.dumps(opts.to_json())
+    order = json.dumps(opts.to_json())
+    dry_note = f"the options go on ssh's stdin: {order}"
+    return _run_order(rh, "rollback", order, dry_note, opts.follow_s, runner, echo)
+
+
+def _run_order(
+    rh: RemoteHost,
+    op: Literal["switch", "rollback"],
+    order: str,
+    dry_note: str,
+    follow_s: float,
+    runner: Runner,
+    echo: Echo,
+) -> HostOutcome:
+    """Send ``order`` to the host's agent for ``op`` on ssh's stdin and follow the run to its
+    outcome, once again through ``status`` when the connection drops."""
     try:
-        reply = _call(rh, "rollback", (), runner, echo, text)
+        reply = _call(rh, op, (), runner, echo, order)
     except _Lost as lost:
-        return _after_lost(rh, "rollback", lost, opts.follow_s, runner, echo)
+        return _after_lost(rh, op, lost, follow_s, runner, echo)
     if runner.dry_run:
-        runner.note(f"the options go on ssh's stdin: {text}")
+        runner.note(dry_note)
         return HostOutcome(rh.name, "dry-run")
-    return _outcome(rh, "rollback", reply.report, opts.follow_s)
+    return _outcome(rh, op, reply.report, follow_s)
 
 
 def remote_status(rh: RemoteHost, follow_s: float, runner: Runner, echo: Echo) -> RunReport:
