@@ -73,6 +73,9 @@ WHEELS = "/var/cache/llamanix-wheels"
 MODELS = "/srv/models"
 ROOT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # The normal user of the user-unit scenarios.
+# How long a host's way down may take: longer than the longest stop timeout of its units
+# (user@.service: 120 s), after which systemd kills what still runs and goes on.
+SHUTDOWN_WAIT_S = 180.0
 USER = "alice"
 USER_UID = 1000
 
@@ -251,10 +254,13 @@ class Host:
             self._closed()
 
     def reboot(self, timeout_s: float = 120.0) -> None:
-        """``systemctl reboot`` inside: nspawn exits (133, "reboot") and the same root boots."""
+        """``systemctl reboot`` inside: nspawn exits (133, "reboot") and the same root boots.
+        The way down may take up to ``SHUTDOWN_WAIT_S``: systemd itself kills a unit that
+        does not stop in its stop timeout (a Debian 13 user manager hung on its exit.target
+        once, and user@.service waits 120 s)."""
         assert self._nspawn is not None, "reboot of a host that is not running"
         container.nsenter(self.pid, ["systemctl", "reboot", "--no-block"], timeout_s=30)
-        code = self._wait_exit(timeout_s)
+        code = self._wait_exit(max(timeout_s, SHUTDOWN_WAIT_S))
         if code is None:
             self.kill()
             raise ExternalCommandError(f"{self.spec.name}: did not go down for the reboot")
