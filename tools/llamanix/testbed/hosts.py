@@ -72,10 +72,10 @@ LLAMANIX = f"{VENV}/bin/llamanix"
 WHEELS = "/var/cache/llamanix-wheels"
 MODELS = "/srv/models"
 ROOT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-# The normal user of the user-unit scenarios.
 # How long a host's way down may take: longer than the longest stop timeout of its units
 # (user@.service: 120 s), after which systemd kills what still runs and goes on.
 SHUTDOWN_WAIT_S = 180.0
+# The normal user of the user-unit scenarios.
 USER = "alice"
 USER_UID = 1000
 
