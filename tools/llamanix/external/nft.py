@@ -98,11 +98,22 @@ def fence(port: int) -> None:
 
 def unfence(port: int) -> None:
     """Lift the fence from ``port``; none there is no error."""
-    if port not in fenced_ports():
-        return
-    done = run_captured(["nft", "delete", "table", "inet", table_of(port)], timeout_s=30)
+    if port in fenced_ports():
+        _delete_table(table_of(port), f"lift the fence on port {port}")
+
+
+def _delete_table(table: str, what: str) -> None:
+    done = run_captured(["nft", "delete", "table", "inet", table], timeout_s=30)
     if done.returncode != 0:
-        raise ExternalCommandError(f"nft: lift the fence on port {port}: {done.stderr.strip()}")
+        raise ExternalCommandError(f"nft: {what}: {done.stderr.strip()}")
+
+
+def _ports(tables: re.Pattern[str]) -> list[int]:
+    """The ports of the inet tables whose names ``tables`` matches (none where nft fails)."""
+    done = run_captured(["nft", "list", "tables", "inet"], timeout_s=30)
+    if done.returncode != 0:
+        return []
+    return sorted(int(m.group(1)) for m in tables.finditer(done.stdout))
 
 
 REDIRECT_PREFIX = "llamanix-redirect-"
@@ -172,24 +183,14 @@ def end_redirect(port: int) -> None:
 def untrack(port: int) -> None:
     """Remove ``port``'s redirect table (once its bridge has stopped); none there is no
     error."""
-    if port not in redirected_ports():
-        return
-    done = run_captured(["nft", "delete", "table", "inet", redirect_table(port)], timeout_s=30)
-    if done.returncode != 0:
-        why = done.stderr.strip()
-        raise ExternalCommandError(f"nft: remove the redirect of port {port}: {why}")
+    if port in redirected_ports():
+        _delete_table(redirect_table(port), f"remove the redirect of port {port}")
 
 
 def redirected_ports() -> list[int]:
-    done = run_captured(["nft", "list", "tables", "inet"], timeout_s=30)
-    if done.returncode != 0:
-        return []
-    return sorted(int(m.group(1)) for m in _REDIRECT.finditer(done.stdout))
+    return _ports(_REDIRECT)
 
 
 def fenced_ports() -> list[int]:
     """The ports a fence is up on now."""
-    done = run_captured(["nft", "list", "tables", "inet"], timeout_s=30)
-    if done.returncode != 0:
-        return []
-    return sorted(int(m.group(1)) for m in _TABLE.finditer(done.stdout))
+    return _ports(_TABLE)
