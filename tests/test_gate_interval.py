@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from test_deploy_e2e import DEADLINE_S, llamanix, serving, settled_files
 
-from llamanix.deploy.gate import BASELINE_RUNS, BENCH_RUNS, resolve
-from llamanix.deploy.gate_records import Baseline, BaselineRecord
+from llamanix.deploy.gate import BASELINE_RUNS, BENCH_RUNS, confirm_regression, resolve
+from llamanix.deploy.gate_records import Baseline, BaselineRecord, BenchVerdict
 from llamanix.measure.interval import (
     MIN_SAMPLES,
     RatioInterval,
@@ -123,6 +123,55 @@ def test_stored_baselines() -> None:
     assert found.to_json()["median"] == 41.0
 
 
+def regressed(candidate: list[float]) -> BenchVerdict:
+    """A bench verdict as the gate records it: 5% tolerated, a fresh baseline (BASE twice)."""
+    fresh = Baseline(tuple(BASE * 2), "fresh")
+    interval = ratio_interval(fresh.samples, candidate)
+    decision = decide(interval, threshold_of(5))
+    return BenchVerdict(
+        tuple(candidate),
+        resolve(decision, "keep"),
+        "",
+        decision,
+        interval,
+        threshold_of(5),
+        5.0,
+        fresh,
+    )
+
+
+@pytest.mark.parametrize(
+    ("again", "decision", "verdict"),
+    [
+        (BASE, "regression", "regression (confirmed)"),
+        (
+            [90.0, 91.0, 89.0, 92.0, 88.0],
+            "inconclusive",
+            "inconclusive: the baseline moved by -10.0%",
+        ),
+    ],
+)
+def test_check_comparison_follows_an_a_b_a_record(
+    again: list[float], decision: str, verdict: str
+) -> None:
+    """The helper the real-server test below judges its records with, on records made by the
+    gate's own functions: a regression confirmed, and one the baseline's move explains (what
+    a busy machine gives the change with no effect on speed)."""
+    candidate = [v * 0.9 for v in BASE]
+    first = regressed(candidate)
+    assert first.decision == "regression"
+    found = confirm_regression(first, Baseline(tuple(again * 2), "fresh"), "keep")
+    record = json.loads(json.dumps(found.to_json()))
+    assert (record["decision"], record["verdict"]) == (decision, verdict)
+    check_comparison(record, 5.0, 8)
+
+
+def test_check_comparison_refuses_an_unchecked_regression() -> None:
+    record = json.loads(json.dumps(regressed([v * 0.9 for v in BASE]).to_json()))
+    with pytest.raises(AssertionError, match="measured again"):
+        check_comparison(record, 5.0, 8)
+
+
 # --- the gate on the real server --------------------------------------------------------------
 
 
@@ -164,8 +213,12 @@ def recorded_gate(gate_dir: Path, number: int) -> dict[str, Any]:
     return gate
 
 
-def check_comparison(bench: dict[str, Any], max_regression: float, max_runs: int) -> None:
-    """The recorded verdict follows from the recorded runs: same interval, same decision."""
+def check_comparison(
+    bench: dict[str, Any], max_regression: float, max_runs: int, on_drift: str = "keep"
+) -> None:
+    """The recorded verdict follows from the recorded runs: same interval, same decision; a
+    regression measured again (A, B, A) is confirmed or, the baseline having moved, inconclusive
+    and resolved by --on-drift."""
     baseline, samples = bench["baseline"]["samples"], bench["samples"]
     assert bench["baseline"]["source"] == "fresh" and len(baseline) == BASELINE_RUNS
     assert MIN_SAMPLES <= len(samples) == bench["runs"] <= max_runs
@@ -180,11 +233,34 @@ def check_comparison(bench: dict[str, Any], max_regression: float, max_runs: int
         again.high,
     )
     assert recorded["low"] <= recorded["ratio"] <= recorded["high"]
-    assert bench["decision"] == decide(again, threshold)
-    if bench["decision"] == "inconclusive":
-        assert bench["runs"] == max_runs  # it asked for more runs until it could ask no more
+    first = decide(again, threshold)
+    if "baseline_after" not in bench:
+        assert first != "regression", "a regression is measured again (A, B, A)"
+        assert bench["decision"] == first
+        if first == "inconclusive":
+            assert bench["runs"] == max_runs  # it asked for more runs until it could ask no more
+        else:
+            assert bench["action"] == ("keep" if first == "pass" else "rollback")
+        return
+    # A, B, A: the regression was checked against the baseline measured again after the
+    # rollback. Not a regression against that: the machine moved (a busy CI machine does),
+    # not the change, and the verdict is inconclusive with how far the baseline moved.
+    assert first == "regression"
+    after = bench["baseline_after"]["samples"]
+    assert len(after) == BASELINE_RUNS
+    confirmed = ratio_interval(after, samples)
+    assert (bench["confirmation"]["low"], bench["confirmation"]["high"]) == (
+        confirmed.low,
+        confirmed.high,
+    )
+    moved = (statistics.median(after) / statistics.median(baseline) - 1) * 100
+    assert bench["baseline_moved_pct"] == pytest.approx(moved)
+    if decide(confirmed, threshold) == "regression":
+        assert (bench["decision"], bench["verdict"]) == ("regression", "regression (confirmed)")
+        assert bench["action"] == "rollback"
     else:
-        assert bench["action"] == ("keep" if bench["decision"] == "pass" else "rollback")
+        assert bench["decision"] == "inconclusive" and bench["action"] == on_drift
+        assert bench["verdict"] == f"inconclusive: the baseline moved by {moved:+.1f}%"
 
 
 @pytest.mark.server
@@ -248,10 +324,12 @@ def test_bench_gate_keeps_runs_and_judges_by_interval(
         "--max-runs",
         "8",
     )
-    assert code == 1, err
+    assert code == 1, f"{err}\n{slow}"
     bench = slow["gate"]["chat"]["bench"]
+    # The runs on both sides, should the verdict not be the one expected.
+    runs = f"baseline {bench['baseline']['samples']}, candidate {bench['samples']}"
     check_comparison(bench, 5.0, 8)
-    assert (bench["decision"], bench["action"]) == ("regression", "rollback")
+    assert (bench["decision"], bench["action"]) == ("regression", "rollback"), runs
     assert bench["interval"]["high"] < bench["threshold"]
     assert slow["result"] == "failed" and "regression" in slow["detail"]
     assert "previous generation serving again" in slow["detail"]

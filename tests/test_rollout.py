@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -221,34 +222,40 @@ def test_a_second_stop_signal_ends_the_batch_under_way() -> None:
     """A KeyboardInterrupt (what the second signal raises) while a batch runs: the hosts of
     the batch are interrupted, the rest too, and nothing is rolled back."""
     started = threading.Barrier(3)
+    release = threading.Event()
+    seen: list[object] = []  # SIGINT's handler when the signal was sent
 
     @dataclass
     class Slow(Recorded):
         def switch(self, host: str, first: bool) -> HostOutcome:
             if first:
                 return super().switch(host, first)
-            started.wait(10)
-            release.wait(10)
+            started.wait(60)
+            release.wait(60)
             return super().switch(host, first)
 
-    release = threading.Event()
-
     def interrupt_once_both_run() -> None:
-        started.wait(10)
+        started.wait(60)
         # What the second signal does: KeyboardInterrupt on the main thread, and the hosts'
-        # ssh ended (here: their switches let go).
-        import _thread
-
-        _thread.interrupt_main()
+        # ssh ended (here: their switches let go). A real SIGINT to the main thread, as a
+        # Ctrl-C gives: it wakes the main thread from its wait for the batch at once, where
+        # _thread.interrupt_main only flags it until that wait ends by itself.
+        seen.append(signal.getsignal(signal.SIGINT))
+        signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
         release.set()
 
     ops = Slow()
-    threading.Thread(target=interrupt_once_both_run, daemon=True).start()
-    opts = RolloutOptions(batch=2, on_failure="rollback-all")
+    # Python's own handler, whatever an earlier test left: a SIGINT the test sends must raise
+    # KeyboardInterrupt here, never end pytest.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
+        threading.Thread(target=interrupt_once_both_run, daemon=True).start()
+        opts = RolloutOptions(batch=2, on_failure="rollback-all")
         rollout = run_rollout(["a", "b", "c", "d"], opts, ops, lambda _: None)
     finally:
         release.set()
+        signal.signal(signal.SIGINT, previous)
+    assert seen == [signal.default_int_handler]
     assert rollout.aborted and not rollout.ok
     assert [(r.host, r.verdict) for r in rollout.ordered()] == [
         ("a", "passed"),
