@@ -20,6 +20,8 @@ from llamanix.cli.options import OneOf, exit_with
 from llamanix.core.errors import Problem, UserError
 from llamanix.deploy.fleet import agent
 from llamanix.deploy.fleet.protocol import (
+    ANSWER,
+    DATA,
     EXIT_FAILED,
     EXIT_INCOMPATIBLE,
     FORMATS,
@@ -173,6 +175,111 @@ def top(ctx: click.Context, protocol: int, host: str, window: float) -> None:
     code = run_top(config, host, once=True, as_json=True, interval=0.0, window=window)
     if code:
         exit_with(code)
+
+
+# --- a rolling switch's cache move (deploy/cache_moves.py) ---------------------------------------
+
+
+def _answer(value: object) -> None:
+    click.echo(ANSWER + json.dumps(value))
+
+
+def _order(command: str) -> dict[str, Any]:
+    source = f"llamanix fleet-agent {command}: stdin"
+    try:
+        order = json.loads(click.get_text_stream("stdin").readline())
+    except ValueError as err:
+        raise UserError(Problem(source, "", f"not JSON: {err}")) from None
+    if not isinstance(order, dict):
+        raise UserError(Problem(source, "", "not a JSON object"))
+    return order
+
+
+def _host_config(d: agent.FleetDir, host: str) -> Any:
+    from llamanix.deploy.config_edit import lenient_parse
+
+    path = d.existing_config()
+    config = lenient_parse(path, path.read_text()) if path is not None else None
+    if config is None or host not in config.hosts:
+        raise UserError(
+            Problem(
+                str(d.root),
+                "",
+                f"no fleet copy of a config that names host '{host}' on this host",
+                "switch this host once from the controller with llamanix switch",
+            )
+        )
+    return config
+
+
+@fleet_agent.command("caches-save", context_settings=_LENIENT)
+@click.pass_context
+@_agent_options
+def caches_save(ctx: click.Context, protocol: int, host: str) -> None:
+    """Save the caches of the instance on stdin ({"instance": NAME}), stamped, for a move."""
+    from llamanix.deploy import cache_moves
+
+    d = _begin(ctx, protocol)
+    order = _order("caches-save")
+    config = _host_config(d, host)
+    source = "llamanix fleet-agent caches-save: stdin"
+    _answer(cache_moves.save(config, host, str(order.get("instance")), source))
+
+
+@fleet_agent.command("caches-send", context_settings=_LENIENT)
+@click.pass_context
+@_agent_options
+def caches_send(ctx: click.Context, protocol: int, host: str) -> None:
+    """Print one saved file of a move ({"instance": NAME, "file": FILE} on stdin) as data
+    lines, then delete it."""
+    from llamanix.deploy import cache_moves
+
+    d = _begin(ctx, protocol)
+    order = _order("caches-send")
+    config = _host_config(d, host)
+    source = "llamanix fleet-agent caches-send: stdin"
+    lines = cache_moves.send(
+        config, host, str(order.get("instance")), str(order.get("file")), source
+    )
+    last = None
+    for line in lines:
+        if last is not None:
+            click.echo(DATA + last)
+        last = line
+    _answer(json.loads(last) if last is not None else {})
+
+
+@fleet_agent.command("caches-take", context_settings=_LENIENT)
+@click.pass_context
+@_agent_options
+def caches_take(ctx: click.Context, protocol: int, host: str) -> None:
+    """Restore a moved file into an idle slot: its header (JSON) on stdin's first line, then
+    its bytes as base64 lines."""
+    from llamanix.deploy import cache_moves
+
+    d = _begin(ctx, protocol)
+    header = _order("caches-take")
+    config = _host_config(d, host)
+    stdin = click.get_text_stream("stdin")
+    chunks = (line.strip() for line in stdin if line.strip())
+    source = "llamanix fleet-agent caches-take: stdin"
+    _answer(cache_moves.take(config, host, header, chunks, source))
+
+
+@fleet_agent.command("gateway-route", context_settings=_LENIENT)
+@click.pass_context
+@_agent_options
+def gateway_route(ctx: click.Context, protocol: int, host: str) -> None:
+    """Hand this host's gateway the routes on stdin (draining replicas, moved conversations)
+    and wait until it applied them."""
+    from llamanix.deploy import cache_moves
+
+    d = _begin(ctx, protocol)
+    routes = _order("gateway-route")
+    config = _host_config(d, host)
+    if config.gateway is None or config.gateway.host != host:
+        raise UserError(Problem(str(d.root), "", f"host '{host}' runs no gateway"))
+    _answer(cache_moves.route(routes))
 
 
 _DIR = click.option(

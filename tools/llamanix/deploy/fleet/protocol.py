@@ -29,6 +29,10 @@ HELLO = "llamanix-fleet-agent: "
 STARTED = "llamanix-fleet-started: "
 OUTCOME = "llamanix-fleet-outcome: "
 GENERATIONS = "llamanix-fleet-generations: "
+# A cache move's commands (deploy/cache_moves.py): their one answer, and the lines of a file's
+# bytes (base64) that ``caches-send`` prints and ``caches-take`` reads.
+ANSWER = "llamanix-fleet-answer: "
+DATA = "llamanix-fleet-data: "
 EXIT_FAILED = 1
 EXIT_USER_ERROR = 2
 EXIT_INCOMPATIBLE = 3
@@ -37,7 +41,16 @@ EXIT_INCOMPATIBLE = 3
 Op = Literal["switch", "rollback"]
 OPS: tuple[Op, ...] = get_args(Op)
 # The agent's commands (the controller's ``op`` for remote_argv).
-AgentCommand = Literal["switch", "rollback", "status", "generations"]
+AgentCommand = Literal[
+    "switch",
+    "rollback",
+    "status",
+    "generations",
+    "caches-save",
+    "caches-send",
+    "caches-take",
+    "gateway-route",
+]
 # How the config is spelled: the agent keeps its copy in the controller's format.
 ConfigFormat = Literal["toml", "json"]
 FORMATS: tuple[ConfigFormat, ...] = get_args(ConfigFormat)

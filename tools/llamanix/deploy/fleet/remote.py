@@ -28,6 +28,8 @@ from llamanix.core.config import Config
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
 from llamanix.core.json_value import JsonObject
 from llamanix.deploy.fleet.protocol import (
+    ANSWER,
+    DATA,
     EXIT_USER_ERROR,
     GENERATIONS,
     PROTOCOL,
@@ -127,6 +129,9 @@ class _Reply:
     started: str | None = None
     report: RunReport | None = None
     generations: list[JsonObject] | None = None
+    # A cache move's command: its answer, and the data lines it printed.
+    answer: JsonObject | None = None
+    data: list[str] = field(default_factory=list)
     result: SshResult = field(default_factory=lambda: SshResult(0, ()))
 
 
@@ -168,6 +173,17 @@ def _call(
         report = RunReport.parse(line)
         if report is not None:
             reply.report = report
+            return
+        if line.startswith(DATA):
+            reply.data.append(line[len(DATA) :])
+            return
+        if line.startswith(ANSWER):
+            try:
+                found = json.loads(line[len(ANSWER) :])
+            except ValueError:
+                found = None
+            if isinstance(found, dict):
+                reply.answer = found
             return
         if line.startswith(GENERATIONS):
             try:
@@ -234,7 +250,7 @@ def _check(rh: RemoteHost, reply: _Reply, runner: Runner) -> None:
                 f"{hello.protocol}, this one {PROTOCOL}; {fix}",
             )
         )
-    if reply.report is None and reply.generations is None:
+    if reply.report is None and reply.generations is None and reply.answer is None:
         if result.returncode == EXIT_USER_ERROR and said:
             raise UserError(Problem(rh.name, "", f"{rh.target}: {said}"))
         raise ExternalCommandError(
@@ -413,3 +429,18 @@ def remote_generations(rh: RemoteHost, runner: Runner) -> list[JsonObject]:
             f"{rh.name}: lost {rh.target} over ssh: {lost.reply.result.last_error}"
         ) from None
     return reply.generations or []
+
+
+def remote_call(
+    rh: RemoteHost, op: AgentCommand, stdin_text: str, runner: Runner, echo: Echo
+) -> tuple[JsonObject, list[str]]:
+    """One of a cache move's agent commands (deploy/cache_moves.py): its answer and the data
+    lines it printed. ``RemoteUnreachable`` when ssh cannot reach the host or loses it; a dry
+    run prints the ssh argv and answers nothing."""
+    try:
+        reply = _call(rh, op, (), runner, echo, stdin_text, show=False)
+    except _Lost as lost:
+        raise RemoteUnreachable(
+            f"{rh.name}: lost {rh.target} over ssh: {lost.reply.result.last_error}"
+        ) from None
+    return reply.answer or {}, reply.data
