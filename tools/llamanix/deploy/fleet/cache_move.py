@@ -76,6 +76,8 @@ class CacheMoves:
     echo: Echo
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _draining: set[str] = field(default_factory=set)
+    # The hosts this rollout has switched so far (their instances run the new config).
+    _switched: set[str] = field(default_factory=set)
 
     @property
     def _gateway(self) -> remote.RemoteHost | None:
@@ -117,40 +119,71 @@ class CacheMoves:
 
     def before(self, host: str) -> dict[str, CacheMove]:
         """Move the caches of ``host``'s replicas that its switch restarts; each one's
-        record."""
-        replicas = self._replicas(host)
-        if not replicas:
-            return {}
+        record. Where none can move (their reasons are known here), nothing is asked of any
+        host."""
         records: dict[str, CacheMove] = {}
-        if self._gateway is None:
-            why = f"the gateway's host '{self.new.gateway.host if self.new.gateway else ''}' "
-            why += "is not reached by a fleet agent (a Debian host with a target)"
-            return {r.name: CacheMove(cold=why) for r in replicas}
-        with self._lock:
-            self._draining |= {r.name for r in replicas}
-        try:
-            self._route({})
-        except (ExternalCommandError, UserError) as err:
-            self.echo(f"{host}: the gateway was not told of the drain: {err}")
-        for inst in replicas:
+        movable: list[tuple[Instance, Instance]] = []
+        for inst in self._replicas(host):
+            taker = self._taker(host, inst)
+            why = self._cold(host, inst, taker)
+            if why is not None or taker is None:
+                records[inst.name] = CacheMove(to=taker.name if taker else None, cold=why)
+            else:
+                movable.append((inst, taker))
+        if movable:
+            with self._lock:
+                self._draining |= {inst.name for inst, _ in movable}
             try:
-                records[inst.name] = self._move(host, inst)
+                self._route({})
             except (ExternalCommandError, UserError) as err:
-                records[inst.name] = CacheMove(cold=f"the move stopped: {err}")
-            self.echo(f"{host}:   {inst.name}: {records[inst.name].describe()}")
+                self.echo(f"{host}: the gateway was not told of the drain: {err}")
+        for inst, taker in movable:
+            try:
+                records[inst.name] = self._move(host, inst, taker)
+            except (ExternalCommandError, UserError) as err:
+                records[inst.name] = CacheMove(to=taker.name, cold=f"the move stopped: {err}")
+        for name, record in records.items():
+            self.echo(f"{host}:   {name}: {record.describe()}")
         return records
 
     def after(self, host: str) -> None:
         """``host``'s switch has ended: its replicas take new conversations again."""
         names = {r.name for r in self._replicas(host)}
-        if not names or self._gateway is None:
-            return
         with self._lock:
-            self._draining -= names
+            self._switched.add(host)
+            ended = names & self._draining
+            self._draining -= ended
+        if not ended:
+            return
         try:
             self._route({})
         except (ExternalCommandError, UserError) as err:
             self.echo(f"{host}: the gateway was not told the drain ended: {err}")
+
+    def _running(self, inst: Instance) -> Instance:
+        """The instance as its host runs it now: the new config's once this rollout switched
+        its host, else the old one's."""
+        if inst.host in self._switched:
+            return self.new.instances.get(inst.name, inst)
+        return self.old.instances.get(inst.name, inst)
+
+    def _cold(self, host: str, inst: Instance, taker: Instance | None) -> str | None:
+        """Why ``inst``'s caches cannot move, as far as the configs tell (the stamps tell the
+        rest, on the taker's host)."""
+        if self._gateway is None:
+            gateway = self.new.gateway.host if self.new.gateway else ""
+            return f"the gateway's host '{gateway}' is not reached by a fleet agent"
+        if remote.remote_host(self.new, host) is None:
+            return f"host '{host}' is not reached by a fleet agent"
+        if taker is None:
+            return f"no other replica of {_group(inst)} outside this batch takes them over"
+        for side in (self._running(inst), self._running(taker)):
+            if not side.warm_switch:
+                return (
+                    f"{side.name} runs without warm_switch (no --slot-save-path to move "
+                    "caches through)"
+                )
+        return None
 
     def _taker(self, host: str, inst: Instance) -> Instance | None:
         """Another replica of the group, on a host outside the batch that a fleet agent runs
@@ -166,17 +199,10 @@ class CacheMoves:
                 return other
         return None
 
-    def _move(self, host: str, inst: Instance) -> CacheMove:
+    def _move(self, host: str, inst: Instance, taker: Instance) -> CacheMove:
         source = remote.remote_host(self.new, host)
-        if source is None:
-            return CacheMove(cold=f"host '{host}' is not reached by a fleet agent")
-        taker = self._taker(host, inst)
-        if taker is None:
-            return CacheMove(
-                cold=f"no other replica of {_group(inst)} outside this batch takes them over"
-            )
         target = remote.remote_host(self.new, taker.host)
-        assert target is not None
+        assert source is not None and target is not None
         run = self.runner, self.echo
         order = json.dumps({"instance": inst.name})
         saved, _ = remote.remote_call(source, "caches-save", order, *run)
