@@ -496,19 +496,23 @@ class Handler(CustomLogger):  # type: ignore[misc]
         if call is not None:
             self.router.ended(call)
 
-    def log_success_event(self, kwargs: Any, response_obj: Any, start: Any, end: Any) -> None:
-        self._ended(_dict(kwargs))
-
-    async def async_log_success_event(
-        self, kwargs: Any, response_obj: Any, start: Any, end: Any
+    def log_success_event(
+        self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any
     ) -> None:
         self._ended(_dict(kwargs))
 
-    def log_failure_event(self, kwargs: Any, response_obj: Any, start: Any, end: Any) -> None:
+    async def async_log_success_event(
+        self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any
+    ) -> None:
+        self._ended(_dict(kwargs))
+
+    def log_failure_event(
+        self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any
+    ) -> None:
         self._ended(_dict(kwargs))
 
     async def async_log_failure_event(
-        self, kwargs: Any, response_obj: Any, start: Any, end: Any
+        self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any
     ) -> None:
         self._ended(_dict(kwargs))
 
