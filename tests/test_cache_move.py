@@ -5,10 +5,16 @@ tests/test_fleet_gateway.py."""
 
 from __future__ import annotations
 
+import base64
+import json
+import threading
 import tomllib
 from pathlib import Path
 
+import pytest
+
 from llamanix.core.config import Config, parse_config
+from llamanix.core.errors import UserError
 from llamanix.deploy.fleet.cache_move import CacheMoves
 from llamanix.external.process import Runner
 
@@ -99,3 +105,60 @@ def test_caches_go_cold_saying_why(tmp_path: Path) -> None:
     # A replica the switch does not restart keeps its caches where they are.
     plan, said = moves(config(tmp_path), config(tmp_path), [["box1"], ["box2"]])
     assert plan.before("box1") == {}
+
+
+def test_the_agent_sends_only_a_file_a_move_saved(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The controller names the file to send; only a move's own file names pass, and a link
+    planted in the unit's state directory (the server's user owns it) is not followed."""
+    from llamanix.deploy import cache_moves
+
+    cfg = config(tmp_path)
+    state = tmp_path / "state"
+    state.mkdir()
+    monkeypatch.setattr(cache_moves, "state_directory", lambda name, manager: state)
+    secret = tmp_path / "secret"
+    secret.write_text("root's own\n")
+    for name in ("../secret", "/etc/shadow", "llamanix-warm-0.bin", "llamanix-move-in.bin"):
+        with pytest.raises(UserError, match="is not a file a move saves"):
+            list(cache_moves.send(cfg, "box1", "chat-box1", name, "stdin"))
+    (state / "llamanix-move-0.bin").symlink_to(secret)
+    with pytest.raises(UserError, match=r"llamanix-move-0\.bin: Too many levels of symbolic links"):
+        list(cache_moves.send(cfg, "box1", "chat-box1", "llamanix-move-0.bin", "stdin"))
+    with pytest.raises(UserError, match="no instance 'chat-box2' on host 'box1'"):
+        list(cache_moves.send(cfg, "box1", "chat-box2", "llamanix-move-0.bin", "stdin"))
+    # A saved file: its bytes, then its size and digest, and it is gone.
+    (state / "llamanix-move-0.bin").unlink()
+    (state / "llamanix-move-1.bin").write_bytes(b"\x00" * 100_000)
+    lines = list(cache_moves.send(cfg, "box1", "chat-box1", "llamanix-move-1.bin", "stdin"))
+    data = b"".join(base64.b64decode(line) for line in lines[:-1])
+    assert data == b"\x00" * 100_000
+    assert json.loads(lines[-1])["bytes"] == 100_000
+    assert not (state / "llamanix-move-1.bin").exists()
+
+
+def test_the_gateway_routes_are_written_and_their_answer_awaited(tmp_path: Path) -> None:
+    """What the gateway's agent does: the routes file written whole, then the plugin's answer
+    awaited; a plugin that does not answer in time is said so, and nothing else fails."""
+    from llamanix.deploy import cache_moves
+    from llamanix.render.litellm_plugin import llamanix_gateway as plugin
+
+    routes = tmp_path / "routes.json"
+    router = plugin.Router(
+        plugin.Settings(5.0, str(routes), 10, {"chat": True}, {"chat-box1": "http://x/health"})
+    )
+    stop = threading.Event()
+    watcher = threading.Thread(target=plugin.watch_routes, args=(router, routes, stop))
+    watcher.start()
+    try:
+        answer = cache_moves.route({"seq": 5, "draining": ["chat-box1"], "moves": {}}, routes)
+    finally:
+        stop.set()
+        watcher.join()
+    assert answer == {"applied": True}
+    assert router.draining == {"chat-box1"}
+    late = cache_moves.route({"seq": 6, "draining": [], "moves": {}}, routes, wait_s=0.3)
+    assert late == {"applied": False, "why": "the gateway did not apply them within 0.3 s"}
+    gone = cache_moves.route({"seq": 7}, tmp_path / "none" / "routes.json")
+    assert gone["applied"] is False and "the gateway never ran here" in str(gone["why"])
