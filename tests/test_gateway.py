@@ -78,6 +78,12 @@ def _write(tmp_path: Path, gateway_text: str = GATEWAY, listen: str = "0.0.0.0")
             "host's target set)",
         ),
         (
+            GATEWAY + '\nno_affinity = ["qwn"]',
+            "0.0.0.0",
+            "gateway.no_affinity: no model group 'qwn' (a group is an instance's alias, else its "
+            "name) (did you mean 'qwen'?)",
+        ),
+        (
             GATEWAY.replace('"litellm"', '"litelm"'),
             "0.0.0.0",
             "gateway.kind: unknown value 'litelm' (did you mean 'litellm'?)",
@@ -105,6 +111,7 @@ def _write(tmp_path: Path, gateway_text: str = GATEWAY, listen: str = "0.0.0.0")
         "compromised version",
         "missing host",
         "unreachable loopback replica",
+        "unknown group without affinity",
         "bad kind",
         "no key",
         "key variables collide",
