@@ -105,6 +105,10 @@ def test_caches_go_cold_saying_why(tmp_path: Path) -> None:
     # A replica the switch does not restart keeps its caches where they are.
     plan, said = moves(config(tmp_path), config(tmp_path), [["box1"], ["box2"]])
     assert plan.before("box1") == {}
+    # A switch to the file as it is cannot tell here what the host runs: its replicas move.
+    same = config(tmp_path)
+    plan, said = moves(same, same, [["box1"], ["box2"]])
+    assert plan.before("box1")["chat-box1"].to == "chat-box2"
 
 
 def test_the_agent_sends_only_a_file_a_move_saved(

@@ -85,14 +85,19 @@ class CacheMoves:
         return None if gateway is None else remote.remote_host(self.new, gateway.host)
 
     def _replicas(self, host: str) -> list[Instance]:
-        """The host's instances the switch restarts, in groups with affinity."""
+        """The host's instances the switch restarts, in groups with affinity. A switch to the
+        file as it is (no --set) cannot tell here what changed since the host's last switch
+        (the host knows): every replica of the host's is taken to restart."""
         gateway = self.new.gateway
         if gateway is None:
             return []
+        edited = self.old is not self.new
         return [
             inst
             for inst in self.old.instances_on(host)
-            if gateway.affinity_of(_group(inst)) and _changed(self.old, self.new, host, inst.name)
+            if gateway.affinity_of(_group(inst))
+            and (_changed(self.old, self.new, host, inst.name) if edited else True)
+            and inst.name in self.new.instances
         ]
 
     def _batch(self, host: str) -> set[str]:
