@@ -488,7 +488,8 @@ while not os.path.exists(stop) and time.monotonic() < give_up:
 with open(out, "w") as f:
     json.dump(turns, f)
 """
-CONVERSATIONS = 2
+# Three: whatever conversations the earlier tests left, new ones land on both replicas.
+CONVERSATIONS = 3
 
 
 def test_conversations_keep_their_cache_across_a_rolling_switch(bed: Bed) -> None:

@@ -10,7 +10,8 @@ replica of the same model group, which takes them over:
 - ``send``, there: one file's bytes, for the controller to carry (the file is deleted);
 - ``take``, on the other replica's host: the stamp is checked against that server's build and
   layout (another build or layout: refused, and the reason says which), the bytes are written
-  into its state directory and restored into a slot that is idle (one never used first), and the
+  into its state directory and restored into a slot that is idle (one never used first; the
+  conversation a used one holds is first kept in the server's prompt cache in RAM), and the
   file is deleted;
 - ``route``, on the gateway's host: the routes file the gateway's plugin follows (which replicas
   are draining, whose conversations now live where), and its answer that it applied them.
@@ -166,10 +167,10 @@ def send(config: Config, host: str, name: str, filename: str, source: str) -> It
     yield json.dumps({"bytes": size, "sha256": digest.hexdigest(), "stamp": stamp})
 
 
-def _free_slot(endpoint: Endpoint, avoid: set[int]) -> int | None:
-    """An idle slot to restore into: one that never served first, else the one that served
-    longest ago (its cache is likely in the server's prompt cache in RAM too, which llama-server
-    fills with idle slots as it starts each task); None when every slot is busy or taken."""
+def _free_slot(endpoint: Endpoint, avoid: set[int]) -> tuple[int, bool] | None:
+    """An idle slot to restore into, and whether it holds a conversation: one that never
+    served first, else the one that served longest ago; None when every slot is busy or
+    taken."""
     try:
         with endpoint.client(10.0) as http:
             data = http.get("/slots").json()
@@ -184,7 +185,19 @@ def _free_slot(endpoint: Endpoint, avoid: set[int]) -> int | None:
     if not idle:
         return None
     best = min(idle, key=lambda s: (s.get("id_task") is not None, s.get("id_task") or 0))
-    return int(best["id"])
+    return int(best["id"]), best.get("id_task") is not None
+
+
+def _park(endpoint: Endpoint, slot: int) -> None:
+    """Keep the conversation ``slot`` holds in the server's prompt cache in RAM before a
+    restore overwrites the slot: a completion of no new token pinned to the slot makes
+    llama-server save the slot's cache there first (it does so whenever a slot takes a prompt
+    that keeps less than half of what it held), and that conversation's next turn loads it
+    back. With the prompt cache off (``--cache-ram 0``) it is lost; it is one conversation's
+    prefill, not a failure."""
+    body = {"prompt": " ", "n_predict": 0, "id_slot": slot, "cache_prompt": True}
+    with contextlib.suppress(httpx.HTTPError), endpoint.client(120.0) as http:
+        http.post("/completion", json=body)
 
 
 def _write_incoming(directory: Path, chunks: Iterable[str], limit: int) -> tuple[int, str]:
@@ -242,9 +255,12 @@ def take(
         return refused(why)
     avoid = header.get("avoid")
     taken = {s for s in (avoid if isinstance(avoid, list) else []) if isinstance(s, int)}
-    slot = _free_slot(endpoint, taken)
-    if slot is None:
+    chosen = _free_slot(endpoint, taken)
+    if chosen is None:
         return refused(f"{name} has no idle slot left to restore into")
+    slot, held = chosen
+    if held:
+        _park(endpoint, slot)
     directory = state_directory(name, "systemd")
     free = shutil.disk_usage(directory).free - FREE_RESERVE_BYTES
     try:
