@@ -166,3 +166,42 @@ def test_the_gateway_routes_are_written_and_their_answer_awaited(tmp_path: Path)
     assert late == {"applied": False, "why": "the gateway did not apply them within 0.3 s"}
     gone = cache_moves.route({"seq": 7}, tmp_path / "none" / "routes.json")
     assert gone["applied"] is False and "the gateway never ran here" in str(gone["why"])
+
+
+def test_the_agent_reads_a_moved_file_whole_from_stdin(tmp_path: Path) -> None:
+    """``caches-take`` gets its header and megabytes of data lines on one stdin: every byte
+    reaches the restore (read through one stream: a second wrapper of stdin would begin after
+    what the first read ahead)."""
+    import os
+    import subprocess
+    import sys
+
+    from llamanix.deploy.fleet.protocol import ANSWER
+
+    config(tmp_path)
+    fleet_dir = tmp_path / "fleet"
+    fleet_dir.mkdir()
+    (fleet_dir / "llamanix.toml").write_text((tmp_path / "llamanix.toml").read_text())
+    data = os.urandom(3 << 20)
+    lines = [base64.b64encode(data[i : i + 49152]).decode() for i in range(0, len(data), 49152)]
+    header = json.dumps({"instance": "chat-box2", "bytes": len(data)})
+    stand_in = (
+        "import base64, sys\n"
+        "import llamanix.deploy.cache_moves as m\n"
+        "m.take = lambda c, h, hd, ch, s: {'bytes': sum(len(base64.b64decode(x)) for x in ch),"
+        " 'header': hd}\n"
+        "from llamanix.cli import main\n"
+        "sys.argv[0] = 'llamanix'\n"
+        "main()\n"
+    )
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run(
+        [sys.executable, "-c", stand_in, "fleet-agent", "caches-take", "--protocol", "2",
+         "--host", "box2"],
+        input="\n".join([header, *lines]) + "\n",
+        env={**os.environ, "PYTHONPATH": str(root / "tools"), "LLAMANIX_FLEET_DIR": str(fleet_dir)},
+        capture_output=True, text=True, check=False, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    answer = next(line for line in done.stdout.splitlines() if line.startswith(ANSWER))
+    assert json.loads(answer[len(ANSWER) :]) == {"bytes": len(data), "header": json.loads(header)}

@@ -184,10 +184,13 @@ def _answer(value: object) -> None:
     click.echo(ANSWER + json.dumps(value))
 
 
-def _order(command: str) -> dict[str, Any]:
+def _order(command: str, stdin: Any = None) -> dict[str, Any]:
+    """The first line of stdin, a JSON object (``stdin``: the stream the rest is read from,
+    too: another wrapper of the same file would start after what this one read ahead)."""
     source = f"llamanix fleet-agent {command}: stdin"
+    stream = stdin if stdin is not None else click.get_text_stream("stdin")
     try:
-        order = json.loads(click.get_text_stream("stdin").readline())
+        order = json.loads(stream.readline())
     except ValueError as err:
         raise UserError(Problem(source, "", f"not JSON: {err}")) from None
     if not isinstance(order, dict):
@@ -258,9 +261,9 @@ def caches_take(ctx: click.Context, protocol: int, host: str) -> None:
     from llamanix.deploy import cache_moves
 
     d = _begin(ctx, protocol)
-    header = _order("caches-take")
-    config = _host_config(d, host)
     stdin = click.get_text_stream("stdin")
+    header = _order("caches-take", stdin)
+    config = _host_config(d, host)
     chunks = (line.strip() for line in stdin if line.strip())
     source = "llamanix fleet-agent caches-take: stdin"
     _answer(cache_moves.take(config, host, header, chunks, source))
