@@ -4,7 +4,7 @@ token and the tokens its replica had to prefill. Prints figures; asserts nothing
 
 Run on the machine the clients are on (``python -m llamanix.testbed.affinity_conversations``):
 ``--conversations`` clients at once, each a conversation of ``--turns`` turns that starts with
-about 1,500 tokens of the real-text set and adds about 330 a turn (a question of real text and
+about 1,800 tokens of the real-text set and adds about 330 a turn (a question of real text and
 a 32-token answer), so the last turns carry over 4k tokens. Each turn streams its answer: its
 time to first token is the time to the first streamed text; its prefill is ``usage``'s prompt
 tokens less the ones the server took from its cache (``prompt_tokens_details.cached_tokens``,
@@ -29,7 +29,7 @@ import httpx
 
 from llamanix.measure.prompts import load_prompts
 
-FIRST_CHARS = 6000  # about 1,500 tokens of English text
+FIRST_CHARS = 7200  # about 1,800 tokens of English text
 TURN_CHARS = 1200  # about 300
 ANSWER_TOKENS = 32
 
