@@ -65,6 +65,9 @@ LIMIT_BYTES = int(DEFAULT_LIMIT_GIB * GIB)
 # How long the gateway's plugin has to say it applied new routes (it looks every 0.2 s).
 ROUTE_ACK_S = 10.0
 ROUTES_APPLIED = "routes-applied.json"
+# How long a restore waits for a slot of the taker's to be idle (each busy one frees up when
+# the answer it writes ends).
+SLOT_WAIT_S = 120.0
 
 
 def _instance(config: Config, host: str, name: str, source: str) -> Instance:
@@ -255,9 +258,12 @@ def take(
         return refused(why)
     avoid = header.get("avoid")
     taken = {s for s in (avoid if isinstance(avoid, list) else []) if isinstance(s, int)}
-    chosen = _free_slot(endpoint, taken)
+    # Every slot may be busy with a turn: each frees up when its answer ends.
+    deadline = time.monotonic() + SLOT_WAIT_S
+    while (chosen := _free_slot(endpoint, taken)) is None and time.monotonic() < deadline:
+        time.sleep(0.2)
     if chosen is None:
-        return refused(f"{name} has no idle slot left to restore into")
+        return refused(f"{name} had no idle slot to restore into for {SLOT_WAIT_S:g} s")
     slot, held = chosen
     if held:
         _park(endpoint, slot)

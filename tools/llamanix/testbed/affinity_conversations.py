@@ -127,7 +127,9 @@ def main() -> None:
     def converse(n: int) -> None:
         url = urls[n % len(urls)]
         messages: list[dict[str, str]] = []
-        with httpx.Client(timeout=900, headers=headers) as client:
+        # A new connection each turn: a server closes an idle kept-alive one after a few
+        # seconds, and a request sent on it then fails ("disconnected without a response").
+        with httpx.Client(timeout=900, headers={**headers, "Connection": "close"}) as client:
             for turn, content in enumerate(plan[n]):
                 if turn == opts.turns // 2:
                     half.wait()
