@@ -38,9 +38,10 @@ from llamanix.core.address import is_loopback
 from llamanix.core.config import Config
 from llamanix.core.errors import UserError
 from llamanix.core.gpus import load_gpus
+from llamanix.core.schema import BRIDGE_SUFFIX
 from llamanix.render.units import config_hash, render_instance
 
-SUFFIX = "-bridge"
+SUFFIX = BRIDGE_SUFFIX  # no instance name ends in it (core.schema)
 RUNTIME_UNITS = "/run/systemd/system"
 GIB = 1 << 30
 
