@@ -99,6 +99,7 @@ class Router:
     idle_ttl: int = 0  # seconds; 0 = never unloaded
     max_loaded: int | None = None  # None: what fits together (plan), else all
     api_key_file: str | None = None
+    keyless: bool = False  # open beyond loopback without a key, on purpose
     binary: str | None = None  # llama-swap on systemd hosts
 
 
@@ -178,6 +179,7 @@ class Instance:
     metrics: bool = True
     warm_switch: bool = False
     api_key_file: str | None = None
+    keyless: bool = False  # open beyond loopback without a key, on purpose
     extra_args: tuple[str, ...] = ()
     environment: dict[str, str] = field(default_factory=dict)
     speculative: Speculative = field(default_factory=Speculative)
@@ -313,6 +315,13 @@ class _Checker:
     def text(self, where: str, f: Field, value: str) -> str | None:
         """A string checked against its field's declared type (core.types)."""
         assert f.text is not None  # every string field declares one (core.schema)
+        if f.text == "ssh_target":
+            # ssh's own reading says more precisely what is wrong than the pattern does.
+            try:
+                parse_target(value)
+            except ValueError as err:
+                self.add(where, f"{shown(value)} {err}", TARGET_FIX)
+                return None
         problem = text_problem(f.text, value)
         if problem is not None:
             self.add(where, problem, TYPES[f.text].fix)
@@ -511,6 +520,7 @@ def parse_config(data: dict[str, Any], source: str) -> Config:
 
     _check_ports(c, instances, hosts)
     _check_routers(c, hosts, instances)
+    _check_keys(c, hosts, instances)
     gateway = None
     if "gateway" in data:
         gateway = _parse_gateway(c, data["gateway"], hosts)
@@ -806,6 +816,34 @@ def _check_gateway(
             f"port {gateway.port} on host '{gateway.host}' is already used by its router",
             "give the gateway its own port",
         )
+
+
+def _check_keys(c: _Checker, hosts: dict[str, Host], instances: dict[str, Instance]) -> None:
+    """A server reachable beyond loopback has a key, or the config says it is open on purpose
+    (``keyless = true``): an open llama-server runs anyone's prompts on the GPU."""
+    open_fix = 'set api_key_file = "/etc/llamanix/{0}.key", or keyless = true to serve it open'
+    for inst in instances.values():
+        router = hosts[inst.host].router
+        if router is not None and inst.name in router.members:
+            continue  # its address is the router's, on loopback
+        if not is_loopback(inst.listen) and inst.api_key_file is None and not inst.keyless:
+            c.add(
+                f"instances.{inst.name}.listen",
+                f"listens on {inst.listen} without api_key_file: anyone who reaches the port "
+                "can use it",
+                open_fix.format(inst.name),
+            )
+    for host in hosts.values():
+        router = host.router
+        if router is None or is_loopback(router.listen):
+            continue
+        if router.api_key_file is None and not router.keyless:
+            c.add(
+                f"hosts.{host.name}.router.listen",
+                f"listens on {router.listen} without api_key_file: anyone who reaches the port "
+                "can use it",
+                open_fix.format(f"{host.name}-router"),
+            )
 
 
 def _check_routers(c: _Checker, hosts: dict[str, Host], instances: dict[str, Instance]) -> None:

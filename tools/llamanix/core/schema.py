@@ -193,7 +193,7 @@ HOST_FIELDS: tuple[Field, ...] = (
         "Path of llama-server per variant on systemd hosts; an instance whose variant has no "
         "entry (and no `binary` of its own) is refused. NixOS hosts use the flake's packages.",
         example={"upstream": "/opt/llama.cpp/bin/llama-server"},
-        text="path",
+        text="program",
         keys="name",
     ),
     Field(
@@ -269,10 +269,18 @@ ROUTER_FIELDS: tuple[Field, ...] = (
         "File holding the router endpoint's API key (read at start, never in argv or unit text).",
     ),
     Field(
+        "keyless",
+        BOOL,
+        "Serve on a `listen` beyond loopback without `api_key_file`, on purpose: anyone who "
+        "reaches the port can use the router. Without it, validate refuses such a listener.",
+        False,
+    ),
+    Field(
         "binary",
         PATH,
         "llama-swap's path on systemd hosts (NixOS hosts use nixpkgs' llama-swap package).",
         example="/usr/local/bin/llama-swap",
+        text="program",
     ),
 )
 
@@ -392,6 +400,7 @@ INSTANCE_FIELDS: tuple[Field, ...] = (
         "binary",
         PATH,
         "Explicit llama-server path; overrides the host's `binaries` entry for the variant.",
+        text="program",
     ),
     Field("model", PATH, "Absolute path of the GGUF model.", required=True),
     Field(
@@ -457,6 +466,13 @@ INSTANCE_FIELDS: tuple[Field, ...] = (
         "api_key_file",
         PATH,
         "File holding the API key; passed as a systemd credential, never in argv or unit text.",
+    ),
+    Field(
+        "keyless",
+        BOOL,
+        "Serve on a `listen` beyond loopback without `api_key_file`, on purpose: anyone who "
+        "reaches the port can use the server. Without it, validate refuses such a listener.",
+        False,
     ),
     Field(
         "extra_args",
@@ -603,14 +619,14 @@ def _markdown_type(f: Field) -> str:
     bounds = ""
     if f.minimum is not None and f.maximum is not None:
         bounds = f" {_markdown_number(f.minimum)} to {_markdown_number(f.maximum)}"
-    text = f" ([{f.text}](#{f.text}))" if f.text and f.kind != PATH else ""
-    keys = f" keyed by [{f.keys}](#{f.keys})" if f.keys else ""
+    text = f" ([{f.text}](#strings))" if f.text and f.kind != PATH else ""
+    keys = f" keyed by [{f.keys}](#strings)" if f.keys else ""
     return {
         STR: "string",
         INT: "integer" + bounds,
         FLOAT: "number" + bounds,
         BOOL: "boolean",
-        PATH: "absolute path",
+        PATH: "absolute path" if f.text == "path" else f"absolute path ([{f.text}](#strings))",
         LAYERS: f'integer{bounds}, `"all"`, `"auto"`',
         LIST_STR: "list of strings",
         DICT_STR: "table of strings" + keys,
@@ -643,7 +659,7 @@ def schema_markdown() -> str:
         "### Strings",
         "",
         f"Every name and string has one of these types. The names of `[hosts.NAME]` and "
-        f"`[instances.NAME]` tables are of type [{TABLE_NAME}](#{TABLE_NAME}); an instance may "
+        f"`[instances.NAME]` tables are of type `{TABLE_NAME}`; an instance may "
         "not be named " + ", ".join(f"`{n}`" for n in RESERVED_NAMES) + f" or end in "
         f"`{BRIDGE_SUFFIX}` (docs/security.md says why). A NUL byte is refused everywhere, and "
         "lengths are in bytes of UTF-8.",
@@ -653,6 +669,6 @@ def schema_markdown() -> str:
     ]
     for kind, t in TYPES.items():
         example = ", ".join(f"`{g}`" for g in t.good[:3] if g)
-        out.append(f'| <a id="{kind}"></a>`{kind}` | {t.doc} | {t.max_length} | {example} |')
+        out.append(f"| `{kind}` | {t.doc} | {t.max_length} | {example} |")
     out.append("")
     return "\n".join(out)

@@ -30,6 +30,7 @@ TextKind = Literal[
     "name",
     "alias",
     "path",
+    "program",
     "listen",
     "ssh_target",
     "version",
@@ -62,7 +63,13 @@ _IPV6 = "|".join(
     )
 )
 _LABEL = "[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?"
-_DNS_NAME = f"{_LABEL}(\\.{_LABEL})*\\.?"
+# The last label starts with a letter (RFC 1123 2.1): "0", "127.1" or "0x7f" would be read as
+# an address by inet_aton, and a name gets no IP filter.
+_TOP_LABEL = "[A-Za-z]([A-Za-z0-9-]*[A-Za-z0-9])?"
+_DNS_NAME = f"({_LABEL}\\.)*{_TOP_LABEL}\\.?"
+# A path component "." or "..", or "//": systemd ignores a credential path that is not
+# normalized, and a path means what it says.
+_NOT_NORMAL = ".*(//|/[.][.]?/).*|.*/[.][.]?"
 
 
 @dataclass(frozen=True)
@@ -116,13 +123,36 @@ TYPES: dict[TextKind, TextType] = {
         ),
         TextType(
             "path",
-            "an absolute path with no control characters",
+            "an absolute, normalized path (no '.', '..' or empty component) with no control "
+            "characters",
             f"/[^{_CONTROL}]*",
             4096,
-            "use an absolute path without line breaks or other control characters",
-            None,
-            ("/srv/models/a.gguf", "/opt/x y/llama-server", "/var/lib/100%/m.gguf", "/é"),
-            ("", "models/a.gguf", "/a\nExecStartPre=+/bin/true", "/a\rb", "/a\tb", "~/m.gguf"),
+            "use an absolute path without '.', '..', '//', line breaks or other control characters",
+            (_NOT_NORMAL, "a '.' or '..' component or '//'"),
+            ("/srv/models/a.gguf", "/opt/x y/llama-server", "/var/lib/100%/m.gguf", "/é", "/a/.b"),
+            (
+                "",
+                "models/a.gguf",
+                "/a\nExecStartPre=+/bin/true",
+                "/a\rb",
+                "/a\tb",
+                "~/m.gguf",
+                "//etc/x",
+                "/a/../etc/shadow",
+                "/a/./b",
+                "/a/..",
+            ),
+        ),
+        TextType(
+            "program",
+            "an absolute, normalized path of a program, without quotes or backslashes (systemd "
+            "refuses them in a command's name)",
+            f"/[^{_CONTROL}\"'\\\\]*",
+            4096,
+            "use an absolute path without quotes, backslashes, '.', '..' or '//'",
+            (_NOT_NORMAL, "a '.' or '..' component or '//'"),
+            ("/usr/local/bin/llama-server", "/opt/x y/llama-server", "/opt/ik/bin/llama-server"),
+            ("", "llama-server", "/opt/a'b", '/opt/a"b', "/opt/a\\b", "/a/../b", "/a\nb"),
         ),
         TextType(
             "listen",
@@ -132,7 +162,20 @@ TYPES: dict[TextKind, TextType] = {
             'write an IP address ("127.0.0.1", "0.0.0.0", "::1") or a host name',
             None,
             ("127.0.0.1", "0.0.0.0", "::", "::1", "fe80::1", "2001:db8::8:800:200c:417a", "box1"),
-            ("", "not an address!", "0.0.0.0\n", "[::1]", "1.2.3.4:80", "a..b", "::::::", "-x"),
+            (
+                "",
+                "not an address!",
+                "0.0.0.0\n",
+                "[::1]",
+                "1.2.3.4:80",
+                "a..b",
+                "::::::",
+                "-x",
+                "0",
+                "127.1",
+                "0x7f.1",
+                "1.2.3.999",
+            ),
         ),
         TextType(
             "ssh_target",
@@ -227,7 +270,7 @@ def text_problem(kind: TextKind, value: str) -> str | None:
         # Bytes, as Nix's stringLength counts them.
         return f"{_shown(value[:40])}... is {size} bytes long, above {t.max_length}"
     control = next((ch for ch in value if ord(ch) < 32 or ord(ch) == 127), None)
-    if control is not None and kind in ("path", "text", "word"):
+    if control is not None and kind in ("path", "program", "text", "word"):
         return f"{shown} holds the control character {control!r}"
     if not _compiled(kind).fullmatch(value):
         return f"{shown} is not {_article(t.doc)}"
@@ -254,3 +297,19 @@ def shown(value: str) -> str:
 def types_json() -> JsonObject:
     """The table as ``data/schema.json`` carries it (under ``types``)."""
     return {kind: t.to_json() for kind, t in TYPES.items()}
+
+
+def child_name(name: str) -> str:
+    """``name`` as one file name inside a directory, or ValueError: no '/', not empty, not
+    '.' or '..', no control character. Every path made from a name (a unit file, a state
+    directory, a record read back from disk) goes through here before anything is written or
+    deleted, so that no name, however it reached us, leaves its directory."""
+    if (
+        not name
+        or name in (".", "..")
+        or "/" in name
+        or any(ord(ch) < 32 or ord(ch) == 127 for ch in name)
+        or len(name.encode("utf-8", "surrogatepass")) > 255
+    ):
+        raise ValueError(f"{shown(name)} is not a file name inside its directory")
+    return name

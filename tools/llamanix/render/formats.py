@@ -35,8 +35,20 @@ def json_text(data: JsonValue) -> str:
 
 
 def yaml_scalar(value: str | int | float | bool) -> str:
-    """A YAML scalar: JSON's double-quoted strings (ASCII, escaped) are YAML's."""
-    return json.dumps(value, ensure_ascii=True)
+    """A YAML scalar: a JSON number or boolean, or a double-quoted string in ASCII. YAML's
+    escapes are JSON's but for characters beyond 16 bits, which YAML writes as one \\U
+    escape where JSON writes a surrogate pair (a YAML reader would keep two lone halves)."""
+    if not isinstance(value, str):
+        return json.dumps(value)
+    text = json.dumps(value, ensure_ascii=False)
+    return "".join(_yaml_escape(ch) for ch in text)
+
+
+def _yaml_escape(ch: str) -> str:
+    code = ord(ch)
+    if 0x20 <= code < 0x7F:
+        return ch
+    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
 
 
 # Keys left bare: identifiers that no YAML reader takes for anything but a string (YAML 1.1
@@ -64,7 +76,7 @@ def yaml_block(data: Mapping[str, JsonValue], indent: int = 0) -> list[str]:
             out.append(f"{pad}{yaml_key(key)}:" + ("" if value else " []"))
             for item in value:
                 if isinstance(item, Mapping | list):
-                    out.append(f"{pad}  - {json.dumps(item, ensure_ascii=True)}")
+                    raise FormatError("a list of tables or lists has no YAML writer here")
                 else:
                     out.append(f"{pad}  - {_scalar(item)}")
         else:
@@ -77,7 +89,7 @@ def _scalar(value: JsonValue) -> str:
         return "null"
     if isinstance(value, str | int | float | bool):
         return yaml_scalar(value)
-    return json.dumps(value, ensure_ascii=True)
+    raise FormatError("a nested value has no YAML writer here")
 
 
 def yaml_text(header: Sequence[str], data: Mapping[str, JsonValue]) -> str:

@@ -136,6 +136,10 @@ def exec_line(argv: Iterable[str], *, keep: Iterable[str] = (), prefix: str = ""
             raise UnitValueError(token, "an unescaped word")
     if prefix not in ("", "+", "-", "!", "@"):
         raise UnitValueError(prefix, "an Exec prefix")
+    argv = list(argv)
+    if argv and any(ch in argv[0] for ch in "\"'\\"):
+        # systemd refuses a command whose name holds these ("special characters").
+        raise UnitValueError(argv[0], "a program's path with a quote or a backslash")
     return UnitText(prefix + " ".join(t if t in kept else exec_word(t) for t in argv))
 
 
@@ -179,3 +183,121 @@ def finalize(value: object) -> object:
     if isinstance(value, str) and PLAIN.fullmatch(value):
         return value
     raise UnitValueError(str(value), "a value not written by render/systemd.py")
+
+
+# --- reading back what the writers wrote -------------------------------------------------------
+# The same rules as systemd's: specifiers expanded first, then words split at blanks with quotes
+# removed and C escapes resolved (extract_first_word with EXTRACT_UNQUOTE|EXTRACT_CUNESCAPE).
+# `llamanix up` runs the units it reads through these, and the boundary tests read every
+# rendered unit back with them (and, on the host bed, with systemd itself).
+
+_C_ESCAPES = {
+    "a": "\a",
+    "b": "\b",
+    "f": "\f",
+    "n": "\n",
+    "r": "\r",
+    "t": "\t",
+    "v": "\v",
+    "\\": "\\",
+    '"': '"',
+    "'": "'",
+    "s": " ",
+}
+_HEX_ESCAPES = {"x": 2, "u": 4, "U": 8}
+
+
+def expand_specifiers(value: str, known: dict[str, str] | None = None) -> str:
+    """``%%`` as ``%``; ``%X`` as ``known[X]`` where given, else left as it is."""
+    table = known or {}
+    return re.sub(r"%(.)", lambda m: "%" if m[1] == "%" else table.get(m[1], m[0]), value)
+
+
+def split_words(value: str) -> list[str]:
+    """A directive's value as systemd splits it into words (unquoted, C escapes resolved);
+    ValueError for what systemd would not read (an open quote, a bad escape)."""
+    words: list[str] = []
+    i, n = 0, len(value)
+    while True:
+        while i < n and value[i] in " \t\n\r":
+            i += 1
+        if i >= n:
+            return words
+        word: list[str] = []
+        quote: str | None = None
+        while i < n:
+            ch = value[i]
+            if quote is None and ch in " \t\n\r":
+                break
+            if ch == quote:
+                quote, i = None, i + 1
+                continue
+            if quote is None and ch in "'\"":
+                quote, i = ch, i + 1
+                continue
+            if ch == "\\":
+                if i + 1 >= n:
+                    raise ValueError("a backslash at the end")
+                escape = value[i + 1]
+                if escape in _C_ESCAPES:
+                    word.append(_C_ESCAPES[escape])
+                    i += 2
+                elif escape in _HEX_ESCAPES:
+                    digits = value[i + 2 : i + 2 + _HEX_ESCAPES[escape]]
+                    word.append(chr(int(digits, 16)))
+                    i += 2 + len(digits)
+                elif escape in "01234567":
+                    word.append(chr(int(value[i + 1 : i + 4], 8)))
+                    i += 4
+                else:
+                    raise ValueError(f"an unknown escape \\{escape}")
+                continue
+            word.append(ch)
+            i += 1
+        if quote is not None:
+            raise ValueError("an open quote")
+        words.append("".join(word))
+
+
+def exec_argv(value: str, known: dict[str, str] | None = None) -> tuple[str, list[str]]:
+    """An ``Exec*=`` value as systemd runs it: (its prefix characters, its argv). ``$$`` is a
+    dollar; ``$NAME`` words are left for the caller (llamanix writes only ``$MAINPID``)."""
+    prefix = ""
+    while value[:1] in ("+", "-", "!", "@", ":") and value:
+        prefix, value = prefix + value[0], value[1:]
+    words = split_words(expand_specifiers(value, known))
+    return prefix, [w.replace("$$", "$") for w in words]
+
+
+def assignments(value: str, known: dict[str, str] | None = None) -> list[tuple[str, str]]:
+    """An ``Environment=`` value as systemd reads it: its ``KEY=VALUE`` words."""
+    out = []
+    for word in split_words(expand_specifiers(value, known)):
+        key, _, val = word.partition("=")
+        out.append((key, val))
+    return out
+
+
+def read_unit(text: str) -> dict[str, dict[str, list[str]]]:
+    """A unit file's directives by section, as systemd's parser sees the lines: comments
+    dropped, a line ending in a backslash joined to the next, values stripped."""
+    sections: dict[str, dict[str, list[str]]] = {}
+    current: dict[str, list[str]] | None = None
+    pending = ""
+    for raw in text.split("\n"):
+        line = pending + raw
+        if line.endswith("\\") and not line.lstrip().startswith(("#", ";")):
+            pending = line[:-1] + " "
+            continue
+        pending = ""
+        stripped = line.strip()
+        if not stripped or stripped.startswith(("#", ";")):
+            continue
+        if stripped.startswith("[") and stripped.endswith("]"):
+            current = sections.setdefault(stripped[1:-1], {})
+            continue
+        if current is None or "=" not in stripped:
+            raise ValueError(f"a line systemd would not read: {one_line(stripped)}")
+        key, _, val = stripped.partition("=")
+        current.setdefault(key.strip(), []).append(val.strip())
+    return sections

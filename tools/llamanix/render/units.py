@@ -32,6 +32,7 @@ from llamanix.core.errors import Problem, UserError
 from llamanix.core.host_choice import pick_host
 from llamanix.core.probe import Capabilities
 from llamanix.core.readiness import start_timeout_s
+from llamanix.core.types import child_name
 from llamanix.core.visibility import protect_home
 from llamanix.external.files import atomic_write
 from llamanix.external.paths import script_interpreter
@@ -537,6 +538,8 @@ def write_render(render: Render, out: Path) -> list[Path]:
     """Keep the current render as .previous, then write the new one file by file, atomically."""
     out.mkdir(parents=True, exist_ok=True)
     current = _rendered_files(out)
+    for name in current:
+        _inside(out, name)
     if current:
         staging = out / f"{PREVIOUS}.tmp"
         shutil.rmtree(staging, ignore_errors=True)
@@ -550,6 +553,8 @@ def write_render(render: Render, out: Path) -> list[Path]:
         staging.rename(out / PREVIOUS)
         shutil.rmtree(old, ignore_errors=True)
     files = render.files()
+    for name in files:
+        _inside(out, name)
     written: list[Path] = []
     for name, text in files.items():
         if name == MANIFEST:
@@ -561,6 +566,17 @@ def write_render(render: Render, out: Path) -> list[Path]:
     for name in set(current) - set(files):
         (out / name).unlink(missing_ok=True)
     return written
+
+
+def _inside(out: Path, name: str) -> Path:
+    """``out/name``, or UserError when the name would leave ``out`` (a name in a manifest read
+    back from disk is as untrusted as one from a config)."""
+    try:
+        return out / child_name(name)
+    except ValueError as err:
+        raise UserError(
+            Problem(str(out), "", f"refused to write or remove {err}", "check the manifest")
+        ) from None
 
 
 def _rendered_files(out: Path) -> list[str]:
