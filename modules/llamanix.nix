@@ -362,6 +362,12 @@ in
           message = llamanixLib.unsupportedSystem pkgs.stdenv.hostPlatform.system;
         }
       ]
+      # Instance names become unit names, state directories and file names: the config's one
+      # name type (core/types.py), refused here before anything is built.
+      ++ map (name: {
+        assertion = schemaOptions.textOk llamanixLib.schema.names.type name;
+        message = "services.llamanix.instances.${builtins.toJSON name}: ${llamanixLib.schema.types.name.doc}";
+      }) (lib.attrNames cfg.instances)
       # What `llamanix render` would refuse at build time, in its words, before anything is built.
       ++ map (message: {
         assertion = false;

@@ -295,14 +295,23 @@ def _int_type(lo: int | None, hi: int | None) -> dict[str, Any]:
     return {"name": "int"}
 
 
+def _text_type(kind: str) -> dict[str, Any]:
+    """A declared string type (core/types.py) as the module's option type: its pattern, and
+    a check for the length and the refused infix (tests/test_types.py runs that check)."""
+    t = SCHEMA["types"][kind]
+    return {
+        "name": "addCheck",
+        "elem": {"name": "strMatching", "pattern": t["pattern"]},
+        "description": f"{kind}: {t['doc']} (at most {t['max_length']} bytes)",
+    }
+
+
 def expected_type(field: dict[str, Any]) -> dict[str, Any]:
     """What nix/schema-options.nix must make of a schema field (as the stub lib shows types)."""
     kind = field["type"]
     lo, hi = field.get("minimum"), field.get("maximum")
-    if kind == "str":
-        t: dict[str, Any] = {"name": "str"}
-    elif kind == "path":
-        t = {"name": "strMatching", "pattern": "/.*", "description": "absolute path (a string)"}
+    if kind in ("str", "path"):
+        t: dict[str, Any] = _text_type(field["text"])
     elif kind == "int":
         t = _int_type(lo, hi)
     elif kind == "float":
@@ -322,9 +331,13 @@ def expected_type(field: dict[str, Any]) -> dict[str, Any]:
             "right": {"name": "enum", "values": ["all", "auto"]},
         }
     elif kind == "list_str":
-        t = {"name": "listOf", "elem": {"name": "str"}}
+        t = {"name": "listOf", "elem": _text_type(field["text"])}
     elif kind == "dict_str":
-        t = {"name": "attrsOf", "elem": {"name": "str"}}
+        t = {
+            "name": "addCheck",
+            "elem": {"name": "attrsOf", "elem": _text_type(field["text"])},
+            "description": f"table of {field['text']} keyed by {field['keys']}",
+        }
     else:
         raise AssertionError(f"schema kind {kind} is new: map it in nix/schema-options.nix")
     absent = field["default"] is None and not field.get("required", False)

@@ -95,7 +95,7 @@ def test_plan_reports_vram_fit_and_ceiling(tmp_path: Path) -> None:
 def test_plan_warns_about_a_draft_that_is_never_loaded(tmp_path: Path) -> None:
     cfg = tmp_path / "llamanix.toml"
     cfg.write_text(
-        '[instances.a]\nmodel = "/m/t.gguf"\nlisten = "0.0.0.0"\n'
+        '[instances.a]\nmodel = "/m/t.gguf"\nlisten = "0.0.0.0"\nkeyless = true\n'
         '[instances.a.speculative]\ndraft_model = "/m/d.gguf"\n'
     )
     result = CliRunner().invoke(main, ["plan", "--json", "--no-security", str(cfg)])

@@ -450,7 +450,9 @@ def test_validate_remote_leaves_this_machine_out(
     cfg.write_text(DEBIAN.format(kind="systemd", variant="upstream"))
     here = CliRunner().invoke(main, ["validate", str(cfg)])
     assert here.exit_code == 2
-    assert here.stderr.startswith(f"{cfg}: llamanix itself: {home}/bin/llamanix ")
+    assert f"{cfg}: llamanix itself: {home}/bin/llamanix " in here.stderr
+    # The files the units would open are named too where they are not here (a typo's case).
+    assert f"{cfg}: instances.chat.model: /srv/models/q.gguf does not exist" in here.stderr
     there = CliRunner().invoke(main, ["validate", "--remote", str(cfg)])
     assert there.exit_code == 0, there.output
     # Where a path lies still counts: no unit sees /tmp's files after a reboot.
