@@ -70,9 +70,11 @@ def module_eval_proc(
     litellm_module: str | None = None,
     litellm_version: str | None = None,
     extra: dict[str, Any] | None = None,
+    system: dict[str, Any] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """tests/nix/module-eval.nix; with a real lib, nixpkgs' litellm module beside the module
-    (`litellm_module`: another file, or "none" for a NixOS without it)."""
+    (`litellm_module`: another file, or "none" for a NixOS without it), and `system`, one more
+    module of the system (what else the host sets)."""
     argv = ["nix-instantiate", "--readonly-mode", "--eval", "--strict", "--json"]
     argv += [str(ROOT / "tests/nix/module-eval.nix"), "--argstr", "toml", str(toml)]
     argv += ["--argstr", "host", host, "--argstr", "libPath", lib_path]
@@ -85,6 +87,8 @@ def module_eval_proc(
         argv += ["--argstr", "litellmVersion", litellm_version]
     if extra is not None:
         argv += ["--argstr", "extra", json.dumps(extra)]
+    if system is not None:
+        argv += ["--argstr", "module", json.dumps(system)]
     argv += ["-A", attr] if attr else []
     return subprocess.run(argv, capture_output=True, text=True, check=False)
 
@@ -99,6 +103,7 @@ def module_eval(
     litellm_module: str | None = None,
     litellm_version: str | None = None,
     extra: dict[str, Any] | None = None,
+    system: dict[str, Any] | None = None,
 ) -> Any:
     proc = module_eval_proc(
         toml,
@@ -109,6 +114,7 @@ def module_eval(
         litellm_module=litellm_module,
         litellm_version=litellm_version,
         extra=extra,
+        system=system,
     )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
@@ -634,6 +640,38 @@ def test_a_key_under_etc_llamanix_can_exist_on_a_host_that_also_serves(tmp_path:
         for entry in etc:
             linked = f"/etc/{entry}"
             assert path != linked and not path.startswith(linked + "/"), (path, entry)
+
+
+FLEET_EXAMPLE = ROOT / "examples/fleet-rtx5090-rtx3090-gateway.toml"
+PROMETHEUS_ON = {"services": {"prometheus": {"enable": True}}}
+
+
+@needs_real_lib
+def test_a_gateway_only_host_evaluates_with_prometheus_on() -> None:
+    """The fleet example's gateway box serves no instance: fromToml turns the exporter on (the
+    TOML has [metrics]), but the exporter, its drop-in and the Prometheus parts belong to hosts
+    with instances, as `llamanix render` renders them. Its gateway evaluates in full."""
+    cfg = load_config(FLEET_EXAMPLE)
+    assert cfg.metrics is not None and not cfg.instances_on("gateway")
+    found = module_eval(FLEET_EXAMPLE, "gateway", REAL_LIB, attr="prometheus", system=PROMETHEUS_ON)
+    assert found == {"prometheus": {"enable": True}, "exporter": None}
+    assert module_eval(FLEET_EXAMPLE, "gateway", REAL_LIB, attr="units", system=PROMETHEUS_ON) == [
+        "litellm",
+        KEYS_UNIT,
+    ]
+    assert module_eval(FLEET_EXAMPLE, "gateway", REAL_LIB, attr="etc", system=PROMETHEUS_ON) == []
+    gateway = module_eval(FLEET_EXAMPLE, "gateway", REAL_LIB, attr="gateway", system=PROMETHEUS_ON)
+    assert gateway["failed"] == []
+    assert [r["instance"] for r in gateway["replicas"]] == ["qwen-3090", "qwen-5090"]
+    # A host with instances still gets all of it.
+    served = module_eval(
+        FLEET_EXAMPLE, "gpu5090", REAL_LIB, attr="prometheus", system=PROMETHEUS_ON
+    )
+    assert served["exporter"]["overrideStrategy"] == "asDropin"
+    [job] = served["prometheus"]["scrapeConfigs"]
+    assert job["job_name"] == "llamanix"
+    [rules] = served["prometheus"]["ruleFiles"]
+    assert rules.endswith("/share/llamanix/prometheus/llamanix.rules.yml")
 
 
 @needs_real_lib

@@ -26,7 +26,7 @@
 # fetched from NixOS/nixpkgs, never committed: scripts/nix-real-lib), which is loaded beside the
 # module, so the merged litellm unit is the one a NixOS host would get; "none" evaluates a NixOS
 # that has no such module. `-A etc` and `-A firewall` give the files linked under /etc and the
-# opened ports.
+# opened ports, `-A prometheus` what services.prometheus gets and the exporter's drop-in.
 {
   toml,
   host,
@@ -38,6 +38,9 @@
   # JSON of one more definition of services.llamanix, merged as the module system merges a
   # second module's (what a host writes beside fromToml: `openFirewall`, say).
   extra ? "{}",
+  # JSON of one more module of the system, beside services.llamanix (with libPath only): what
+  # else the host sets, `services.prometheus.enable` or `services.litellm.environmentFile`, say.
+  module ? "{}",
 }:
 let
   llamanixLib = import ../../nix/lib.nix;
@@ -191,7 +194,13 @@ let
           inherit name text;
           outPath = fake name;
         };
-        runCommand = name: attrs: script: attrs // { inherit name script; };
+        runCommand =
+          name: attrs: script:
+          attrs
+          // {
+            inherit name script;
+            outPath = fake name;
+          };
         runtimeShell = "/bin/sh";
         writeShellScript = name: text: {
           inherit name text;
@@ -253,6 +262,7 @@ let
             };
           }
           { services.llamanix = builtins.fromJSON extra; }
+          (builtins.fromJSON module)
         ]
         ++ litellmModules;
       };
@@ -369,6 +379,11 @@ let
             inherit litellmAlone;
             inherit (evaluated.config) warnings;
           };
+      # The Prometheus parts and the exporter's drop-in, as NixOS would merge them (null: not set).
+      prometheus = {
+        inherit (evaluated.config.services) prometheus;
+        exporter = services.llamanix-exporter or null;
+      };
       # The files linked under /etc.
       etc = builtins.attrNames evaluated.config.environment.etc;
       firewall = evaluated.config.networking.firewall.allowedTCPPorts;
