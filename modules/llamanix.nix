@@ -143,19 +143,22 @@ let
 
   # The gateway (docs/gateway.md): nixpkgs' services.litellm
   # (nixos/modules/services/misc/litellm.nix) with render/gateway.py's settings. Its ExecStart
-  # stays nixpkgs'; the keys reach LiteLLM through its environmentFile, which a oneshot unit
-  # writes from the key files (nix/lib.nix gatewayKeysScript).
+  # stays nixpkgs'; the keys reach LiteLLM through an EnvironmentFile= of the unit, which a
+  # oneshot unit writes from the key files (nix/lib.nix gatewayKeysScript).
   gw = cfg.gateway;
   gatewayArgs = {
     gateway = gw;
     inherit (gw) replicas;
   };
-  gatewayVersion = gw.package.version or (lib.getVersion gw.package);
-  gatewayRefusal = llamanixLib.litellmRefusal gatewayVersion;
   keysUnit = llamanixLib.gatewayKeysUnit;
   # A NixOS without nixpkgs' LiteLLM module (before 25.05) must still evaluate without a
   # gateway: a definition of an option that does not exist fails even under a false mkIf.
   hasLitellm = options ? services && options.services ? litellm;
+  # What services.litellm runs and opens: gateway.package and gateway.openFirewall are aliases
+  # of its options, so these are read from there (its defaults where neither is set).
+  litellm = config.services.litellm;
+  gatewayVersion = litellm.package.version or (lib.getVersion litellm.package);
+  gatewayRefusal = if hasLitellm then llamanixLib.litellmRefusal gatewayVersion else null;
 
   replicaModule = {
     options = {
@@ -320,14 +323,26 @@ in
                 these from the whole llamanix.toml.
               '';
             };
-            # Read only when a gateway is set, so a nixpkgs without litellm still evaluates.
-            package = lib.mkPackageOption pkgs "litellm" {
-              extraDescription = "NixOS runs this LiteLLM, not the `version` a Debian host installs.";
+            # Aliases of nixpkgs' own options, which stay the one place these are decided: set,
+            # each defines its services.litellm option; unset, nixpkgs' default applies.
+            package = mkOption {
+              type = types.nullOr types.package;
+              default = null;
+              defaultText = literalMD "unset: `services.litellm.package` decides (nixpkgs' default `pkgs.litellm`)";
+              description = ''
+                An alias of `services.litellm.package`, the LiteLLM NixOS runs (whatever its
+                release: not the `version` a Debian host installs). Set either one; setting
+                both is a conflict, as for any NixOS option.
+              '';
             };
             openFirewall = mkOption {
-              type = types.bool;
-              default = false;
-              description = "Open the gateway's `port` in the firewall.";
+              type = types.nullOr types.bool;
+              default = null;
+              defaultText = literalMD "unset: `services.litellm.openFirewall` decides (default `false`)";
+              description = ''
+                An alias of `services.litellm.openFirewall`: open the gateway's `port` in the
+                firewall.
+              '';
             };
           };
         }
@@ -447,19 +462,22 @@ in
       ];
       # validate checked the settings against the keys of the version llamanix.toml names; a
       # config that names none runs whatever nixpkgs has, without a word.
-      warnings =
+      warnings = lib.optionals hasLitellm (
         llamanixLib.firewallWarnings {
           instances = { };
           router = null;
-          gateway = gw;
+          gateway = gw // {
+            inherit (litellm) openFirewall;
+          };
           inherit (config.networking) firewall;
         }
         ++ lib.optional (gw.version != null && gatewayVersion != gw.version) (
           "services.llamanix.gateway.version: llamanix.toml names LiteLLM ${gw.version}, but this "
-          + "NixOS runs nixpkgs' LiteLLM ${gatewayVersion} (services.llamanix.gateway.package), "
+          + "NixOS runs nixpkgs' LiteLLM ${gatewayVersion} (services.litellm.package), "
           + "which validate did not check the config against (set version = \"${gatewayVersion}\" "
           + "in [gateway], or pick a package of ${gw.version})"
-        );
+        )
+      );
 
       systemd.services.litellm = {
         # The replicas are on other hosts: ordered after the network is online, as the Debian
@@ -476,6 +494,9 @@ in
         # not services.litellm.environment, whose telemetry-off default a definition replaces.
         environment.LITELLM_LOCAL_MODEL_COST_MAP = "True";
         serviceConfig = {
+          # The keys, as one more EnvironmentFile= beside the one services.litellm.environmentFile
+          # names: that option takes one file, and it stays the user's (provider keys, say).
+          EnvironmentFile = [ llamanixLib.gatewayEnvironmentFile ];
           Restart = "on-failure";
           RestartSec = "10s";
           TimeoutStartSec = 180;
@@ -493,7 +514,10 @@ in
 
       # Writes LiteLLM's environment file from the key files, loaded as credentials: the
       # files may be root's alone (agenix's /run/agenix, sops-nix's /run/secrets), no key
-      # enters the store, argv or unit text.
+      # enters the store, argv or unit text. It needs no root: systemd reads the key files and
+      # LiteLLM's EnvironmentFile=, so the script runs as a dynamic user with nothing but its
+      # credentials and its runtime directory (`systemd-analyze security` scores it; a test
+      # keeps it there).
       systemd.services.${keysUnit} = {
         description = "The keys of llamanix's LiteLLM gateway, from their files into its environment file";
         before = [ "litellm.service" ];
@@ -509,19 +533,41 @@ in
           RuntimeDirectory = keysUnit;
           RuntimeDirectoryMode = "0700";
           UMask = "0077";
+          DynamicUser = true;
+          PrivateUsers = true;
           CapabilityBoundingSet = "";
+          AmbientCapabilities = "";
           NoNewPrivileges = true;
           PrivateNetwork = true;
+          IPAddressDeny = "any";
+          RestrictAddressFamilies = "none";
           PrivateTmp = true;
           PrivateDevices = true;
+          DevicePolicy = "closed";
+          PrivateIPC = true;
           ProtectSystem = "strict";
           ProtectHome = true;
+          ProtectProc = "invisible";
+          ProcSubset = "pid";
+          ProtectClock = true;
+          ProtectHostname = true;
           ProtectKernelTunables = true;
           ProtectKernelModules = true;
+          ProtectKernelLogs = true;
           ProtectControlGroups = true;
-          RestrictAddressFamilies = "none";
+          RestrictNamespaces = true;
+          RestrictRealtime = true;
+          RestrictSUIDSGID = true;
+          LockPersonality = true;
+          MemoryDenyWriteExecute = true;
+          RemoveIPC = true;
+          PrivateMounts = true;
           SystemCallArchitectures = "native";
-          SystemCallFilter = [ "@system-service" ];
+          SystemCallFilter = [
+            "@system-service"
+            "~@privileged"
+          ];
+          SystemCallErrorNumber = "EPERM";
         };
       };
     })
@@ -529,10 +575,11 @@ in
     (lib.optionalAttrs hasLitellm {
       services.litellm = mkIf (cfg.enable && gw != null) {
         enable = true;
-        inherit (gw) package port openFirewall;
+        inherit (gw) port;
         host = gw.listen;
+        package = mkIf (gw.package != null) gw.package;
+        openFirewall = mkIf (gw.openFirewall != null) gw.openFirewall;
         settings = llamanixLib.gatewaySettings gatewayArgs;
-        environmentFile = llamanixLib.gatewayEnvironmentFile;
       };
     })
   ];

@@ -31,6 +31,7 @@ from recorded_help import RECORDED_PROBE, probe_of, recorded, write_probe
 
 from llamanix.core.config import load_config
 from llamanix.core.probe import parse_capabilities
+from llamanix.external import systemd_analyze
 
 ROOT = Path(__file__).resolve().parent.parent
 RENDER_UNITS = ROOT / "modules/render-units.sh"
@@ -454,6 +455,7 @@ def gateway_eval(
     toml: Path = GATEWAY_TOML,
     extra: dict[str, Any] | None = None,
     litellm_module: str | None = None,
+    system: dict[str, Any] | None = None,
 ) -> Any:
     return module_eval(
         toml,
@@ -463,6 +465,7 @@ def gateway_eval(
         litellm_version=litellm_version,
         extra=extra,
         litellm_module=litellm_module,
+        system=system,
     )
 
 
@@ -513,9 +516,11 @@ def test_the_module_gives_litellm_the_settings_python_renders(lib_path: str) -> 
             "port": 4000,
             "openFirewall": False,
             "package": "/nix/store/00000000000000000000000000000000-litellm",
-            # nixpkgs' way to hand a service its secrets.
-            "environmentFile": ENVIRONMENT_FILE,
+            # nixpkgs' way to hand a service its secrets stays the user's: the keys are one
+            # more EnvironmentFile= of the unit.
+            "environmentFile": None,
         }
+        assert evaluated["litellmUnit"]["serviceConfig"]["EnvironmentFile"] == [ENVIRONMENT_FILE]
         env = evaluated["litellmUnit"]["environment"]
         assert env["LITELLM_LOCAL_MODEL_COST_MAP"] == "True"
         # nixpkgs' telemetry-off default stays: the module does not define its option.
@@ -561,16 +566,33 @@ def test_the_module_keeps_everything_nixpkgs_litellm_unit_has() -> None:
     evaluated = gateway_eval(REAL_LIB)
     merged, alone = evaluated["litellmUnit"], evaluated["litellmAlone"]
     for key, value in alone["serviceConfig"].items():
+        if key == "EnvironmentFile":
+            # nixpkgs' list (the user's services.litellm.environmentFile), then the keys'.
+            assert merged["serviceConfig"][key] == [*value, ENVIRONMENT_FILE]
+            continue
         assert merged["serviceConfig"][key] == value, key
     assert merged["serviceConfig"]["ExecStart"].startswith(
         "/nix/store/00000000000000000000000000000000-litellm/bin/litellm --host "
     )
     assert merged["serviceConfig"]["EnvironmentFile"] == [ENVIRONMENT_FILE]
     added = set(merged["serviceConfig"]) - set(alone["serviceConfig"])
-    assert added == {"Restart", "RestartSec", "TimeoutStartSec", "ExecStartPost"}
+    assert added <= {"Restart", "RestartSec", "TimeoutStartSec", "ExecStartPost", "EnvironmentFile"}
+    assert added >= {"Restart", "RestartSec", "TimeoutStartSec", "ExecStartPost"}
     assert set(alone["after"]) <= set(merged["after"])
     for key, value in alone["environment"].items():
         assert merged["environment"][key] == value, key
+
+
+@needs_real_lib
+def test_the_users_litellm_environment_file_stays_beside_the_keys() -> None:
+    """services.litellm.environmentFile takes one file: the module leaves it to the user (a
+    provider's key, say) and hands LiteLLM the keys as one more EnvironmentFile= of the unit."""
+    own = "/run/secrets/litellm-providers.env"
+    evaluated = gateway_eval(REAL_LIB, system={"services": {"litellm": {"environmentFile": own}}})
+    assert evaluated["service"]["environmentFile"] == own
+    files = evaluated["litellmUnit"]["serviceConfig"]["EnvironmentFile"]
+    assert sorted(files) == sorted([own, ENVIRONMENT_FILE])
+    assert evaluated["litellmAlone"]["serviceConfig"]["EnvironmentFile"] == [own]
 
 
 @pytest.mark.parametrize("lib_path", LIB_PATHS, ids=LIB_IDS)
@@ -604,6 +626,73 @@ def test_a_gateway_the_firewall_closes_warns_and_open_firewall_opens_it() -> Non
     assert module_eval(GATEWAY_TOML, "box3", REAL_LIB, attr="firewall", extra=extra) == [4000]
 
 
+def unit_file(path: Path, description: str, service_config: dict[str, Any]) -> Path:
+    """A [Service] section as NixOS writes one from serviceConfig: a list is one line per
+    item, a bool true or false."""
+    lines = ["[Unit]", f"Description={description}", "", "[Service]"]
+    for key, value in service_config.items():
+        for item in value if isinstance(value, list) else [value]:
+            text = ("true" if item else "false") if isinstance(item, bool) else str(item)
+            lines.append(f"{key}={text}")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@needs_real_lib
+@pytest.mark.skipif(not systemd_analyze.available(), reason="needs systemd-analyze")
+def test_the_gateway_keys_unit_is_hardened(tmp_path: Path) -> None:
+    """The keys unit reads the key files only through its credentials and writes one file into
+    its runtime directory: no root, no network, no devices. systemd-analyze scores the unit as
+    NixOS writes it."""
+    keys = gateway_eval(REAL_LIB)["keysUnit"]["serviceConfig"]
+    assert keys["DynamicUser"] is True and "User" not in keys
+    assert keys["CapabilityBoundingSet"] == "" and keys["RestrictAddressFamilies"] == "none"
+    unit = unit_file(tmp_path / f"{KEYS_UNIT}.service", "keys", keys)
+    exposure = systemd_analyze.security_exposure(unit)
+    assert exposure is not None and exposure <= 1.0, exposure
+
+
+def fake_litellm(version: str) -> dict[str, Any]:
+    """A package as JSON: what NixOS' package type takes."""
+    return {
+        "type": "derivation",
+        "name": f"litellm-{version}",
+        "version": version,
+        "outPath": f"/nix/store/00000000000000000000000000000000-litellm-{version}",
+        "meta": {"mainProgram": "litellm"},
+    }
+
+
+@needs_real_lib
+@pytest.mark.parametrize("where", ["services.litellm", "services.llamanix.gateway"])
+def test_the_gateway_package_and_firewall_are_services_litellms(where: str) -> None:
+    """gateway.package and gateway.openFirewall are aliases of nixpkgs' services.litellm
+    options: set either way, it is services.litellm's value that runs, is checked and opens."""
+
+    def set_(values: dict[str, Any]) -> dict[str, Any]:
+        if where == "services.litellm":
+            return {"system": {"services": {"litellm": values}}}
+        return {"extra": {"gateway": values}}
+
+    refused = gateway_eval(REAL_LIB, **set_({"package": fake_litellm("1.82.7")}))
+    assert refused["failed"] == [
+        "services.llamanix.gateway.package: LiteLLM 1.82.7 was a compromised release on PyPI "
+        "and is refused (use a litellm package of another release)"
+    ]
+    chosen = gateway_eval(REAL_LIB, **set_({"package": fake_litellm("1.106.12")}))
+    assert chosen["service"]["package"].endswith("-litellm-1.106.12")
+    assert chosen["litellmUnit"]["serviceConfig"]["ExecStart"].startswith(
+        "/nix/store/00000000000000000000000000000000-litellm-1.106.12/bin/litellm "
+    )
+    opened = gateway_eval(REAL_LIB, **set_({"openFirewall": True}))
+    assert opened["service"]["openFirewall"] is True
+    assert opened["warnings"] == []
+    ports = module_eval(
+        GATEWAY_TOML, "box3", REAL_LIB, attr="firewall", **set_({"openFirewall": True})
+    )
+    assert ports == [4000]
+
+
 @needs_real_lib
 def test_the_default_gateway_config_warns_of_nothing() -> None:
     """A config that names no LiteLLM version runs nixpkgs' package, whatever its release,
@@ -620,7 +709,7 @@ def test_a_package_of_another_version_than_the_config_names_warns(tmp_path: Path
     opened = {"gateway": {"openFirewall": True}}
     assert gateway_eval(REAL_LIB, "1.80.0", toml, extra=opened)["warnings"] == [
         "services.llamanix.gateway.version: llamanix.toml names LiteLLM 1.106.12, but this "
-        "NixOS runs nixpkgs' LiteLLM 1.80.0 (services.llamanix.gateway.package), which "
+        "NixOS runs nixpkgs' LiteLLM 1.80.0 (services.litellm.package), which "
         'validate did not check the config against (set version = "1.80.0" in [gateway], or '
         "pick a package of 1.106.12)"
     ]
