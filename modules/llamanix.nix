@@ -37,6 +37,10 @@ let
   nvidiaEnabled =
     config.hardware.nvidia.enabled
       or (builtins.elem "nvidia" (config.services.xserver.videoDrivers or [ ]));
+  # nixpkgs' own CUDA capabilities, as this system's pkgs were made with them (nixpkgs.config,
+  # or the config of a given nixpkgs.pkgs); null where nothing says.
+  nixpkgsCudaCapabilities =
+    pkgs.config.cudaCapabilities or config.nixpkgs.config.cudaCapabilities or null;
   cudaArchType = types.strMatching "[0-9]+\\.[0-9]+[af]?";
 
   instanceModule =
@@ -264,11 +268,16 @@ in
 
     cudaArchs = mkOption {
       type = types.listOf cudaArchType;
-      # A CUDA build takes hours: only a host that runs the NVIDIA driver gets one by default.
-      default = if nvidiaEnabled then llamanixLib.archSets."" else [ ];
+      # A CUDA build takes hours: only a host that asks for one (nixpkgs' cudaCapabilities, or
+      # the NVIDIA driver) gets one by default.
+      default = llamanixLib.defaultCudaArchs {
+        cudaCapabilities = nixpkgsCudaCapabilities;
+        inherit nvidiaEnabled;
+      };
       defaultText = literalMD ''
+        nixpkgs' `config.cudaCapabilities` when the system sets it (`nixpkgs.config`); else
         `[ "8.6" "12.0" ]` (RTX 3090 and RTX 5090) when the host enables the NVIDIA driver
-        (`hardware.nvidia.enabled`, which `services.xserver.videoDrivers = [ "nvidia" ]` sets),
+        (`hardware.nvidia.enabled`, which `services.xserver.videoDrivers = [ "nvidia" ]` sets);
         else `[ ]` (the CPU)
       '';
       example = [ "12.0" ];
@@ -276,6 +285,12 @@ in
         ${hostSchema.cuda_archs.doc} The default of every instance's `cudaArchs`; `[ ]` builds
         for the CPU. The key `cuda_archs` of llamanix.toml's `[hosts.NAME]` table (a TOML host
         that names archs sets this option through `fromToml`).
+
+        Name your GPU's compute capability here (or in nixpkgs' `cudaCapabilities`, which the
+        default follows): a build without it gets "no kernel image" at the first start (an
+        A100 is 8.0, a T4 7.5, a V100 7.0, an RTX 20xx 7.5), or JIT-compiles the PTX of
+        every kernel at start (an H100 is 9.0). `llamanix plan` and `llamanix doctor` name
+        such a mismatch between a host's `gpu` and `cuda_archs` in llamanix.toml.
       '';
     };
 

@@ -43,6 +43,23 @@ rec {
     "-cpu" = [ ];
   };
 
+  # The default of services.llamanix.cudaArchs. nixpkgs' own `config.cudaCapabilities`, where
+  # the system sets it: what every other CUDA package of it is built for, the GPUs the user
+  # named (an A100's 8.0, a T4's 7.5), which [ "8.6" "12.0" ] would leave without a kernel
+  # image. Else llamanix's RTX 3090 + RTX 5090 build on a host that runs the NVIDIA driver,
+  # else the CPU: a CUDA build takes hours. nixpkgs declares the setting with [ ] for unset.
+  defaultCudaArchs =
+    {
+      cudaCapabilities ? null,
+      nvidiaEnabled ? false,
+    }:
+    if cudaCapabilities != null && cudaCapabilities != [ ] then
+      cudaCapabilities
+    else if nvidiaEnabled then
+      archSets.""
+    else
+      [ ];
+
   # packages.<system> attribute name -> { variant; cudaArchs; }
   variantPackages = builtins.listToAttrs (
     builtins.concatMap (

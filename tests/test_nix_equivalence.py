@@ -66,6 +66,7 @@ def module_eval_proc(
     lib_path: str,
     *,
     nvidia: bool = False,
+    cuda_capabilities: list[str] | None = None,
     llama_swap: bool = True,
     attr: str | None = None,
     litellm_module: str | None = None,
@@ -83,6 +84,7 @@ def module_eval_proc(
         module = LITELLM_MODULE if litellm_module is None else litellm_module
         argv += ["--argstr", "litellmModule", module]
     argv += ["--argstr", "nvidia", "true" if nvidia else "false"]
+    argv += ["--argstr", "cudaCapabilities", json.dumps(cuda_capabilities)]
     argv += ["--argstr", "llamaSwap", "true" if llama_swap else "false"]
     if litellm_version is not None:
         argv += ["--argstr", "litellmVersion", litellm_version]
@@ -100,6 +102,7 @@ def module_eval(
     lib_path: str,
     *,
     nvidia: bool = False,
+    cuda_capabilities: list[str] | None = None,
     attr: str | None = None,
     litellm_module: str | None = None,
     litellm_version: str | None = None,
@@ -111,6 +114,7 @@ def module_eval(
         host,
         lib_path,
         nvidia=nvidia,
+        cuda_capabilities=cuda_capabilities,
         attr=attr,
         litellm_module=litellm_module,
         litellm_version=litellm_version,
@@ -306,11 +310,25 @@ def test_stub_and_real_lib_agree(toml: Path, host: str) -> None:
 @pytest.mark.parametrize(
     "lib_path", ["", REAL_LIB] if REAL_LIB else [""], ids=["stub", "real"][: 2 if REAL_LIB else 1]
 )
-@pytest.mark.parametrize(("nvidia", "archs"), [(False, []), (True, ["8.6", "12.0"])])
-def test_cuda_archs_default_to_the_cpu_unless_the_host_enables_nvidia(
-    tmp_path: Path, lib_path: str, nvidia: bool, archs: list[str]
+@pytest.mark.parametrize(
+    ("nvidia", "capabilities", "archs"),
+    [
+        (False, None, []),
+        (True, None, ["8.6", "12.0"]),
+        # nixpkgs' own cudaCapabilities win over llamanix's default: an A100 with a T4 beside.
+        (True, ["7.5", "8.0"], ["7.5", "8.0"]),
+        (False, ["9.0"], ["9.0"]),
+        # nixpkgs declares the setting with [ ] for "not set".
+        (True, [], ["8.6", "12.0"]),
+    ],
+    ids=["cpu", "nvidia", "nixpkgs-capabilities", "capabilities-without-driver", "unset"],
+)
+def test_cuda_archs_default_to_nixpkgs_then_the_driver_then_the_cpu(
+    tmp_path: Path, lib_path: str, nvidia: bool, capabilities: list[str] | None, archs: list[str]
 ) -> None:
-    """A host without the NVIDIA driver must not start a multi-hour CUDA build by default."""
+    """The CUDA architectures a host builds for, when neither it nor its TOML names them:
+    nixpkgs' config.cudaCapabilities where the system sets it, else llamanix's default with the
+    NVIDIA driver; a host without either must not start a multi-hour CUDA build."""
     source = ROOT / "tests/data/configs/draft-and-key.toml"
     text = "\n".join(
         line for line in source.read_text().splitlines() if not line.startswith("cuda_archs")
@@ -319,8 +337,9 @@ def test_cuda_archs_default_to_the_cpu_unless_the_host_enables_nvidia(
     toml.write_text(text + "\n")
     name = "gpu5090"
     assert load_config(toml).hosts[name].cuda_archs == ()
-    evaluated = module_eval(toml, name, lib_path, nvidia=nvidia)
+    evaluated = module_eval(toml, name, lib_path, nvidia=nvidia, cuda_capabilities=capabilities)
     assert set(map(tuple, evaluated["cudaArchs"].values())) == {tuple(archs)}
+    assert evaluated["config"]["hosts"][name].get("cuda_archs", []) == archs
 
 
 @pytest.mark.skipif(not REAL_LIB, reason="set LLAMANIX_NIXPKGS_LIB to a nixpkgs lib/ directory")

@@ -12,7 +12,8 @@
 # lib/ directory) the real modules/llamanix.nix is evaluated by lib.evalModules, with the few
 # NixOS options it reads or sets declared loosely and a package set whose derivations are plain
 # attribute sets, so nothing is built. nvidia = "true" evaluates a host that enables the NVIDIA
-# driver (hardware.nvidia.enabled), which changes the default of services.llamanix.cudaArchs.
+# driver (hardware.nvidia.enabled), and cudaCapabilities (JSON) one whose nixpkgs config names
+# CUDA capabilities: both change the default of services.llamanix.cudaArchs.
 # llamaSwap = "false" evaluates against a pkgs without llama-swap.
 #
 # With libPath, `-A checks` gives the module's failed assertions and warnings without failing,
@@ -33,6 +34,8 @@
   libPath ? "",
   litellmModule ? "",
   nvidia ? "false",
+  # JSON: nixpkgs' config.cudaCapabilities of the system's pkgs (null: not set).
+  cudaCapabilities ? "null",
   llamaSwap ? "true",
   litellmVersion ? "1.80.0",
   # JSON of one more definition of services.llamanix, merged as the module system merges a
@@ -78,7 +81,11 @@ let
         options: values: builtins.mapAttrs (name: option: values.${name} or (option.default or null)) options;
       # The module's own defaults: variant and gpuSandbox from the schema, cudaArchs from the
       # host.
-      hostArchs = settings.cudaArchs or (if nvidia == "true" then llamanixLib.archSets."" else [ ]);
+      hostArchs =
+        settings.cudaArchs or (llamanixLib.defaultCudaArchs {
+          cudaCapabilities = builtins.fromJSON cudaCapabilities;
+          nvidiaEnabled = nvidia == "true";
+        });
       instance =
         values:
         withDefaults schemaOptions.instanceOptions values
@@ -227,6 +234,10 @@ let
         };
         litellm = fakeLitellm;
         stdenv.hostPlatform.system = "x86_64-linux";
+        # What nixpkgs' own config says (pkgs.config), as far as the module reads it.
+        config = {
+          cudaCapabilities = builtins.fromJSON cudaCapabilities;
+        };
         llamanixPackages = packageSet;
       }
       // (
