@@ -219,6 +219,15 @@ in
         are the keys of an `[instances.<name>]` table of llamanix.toml, with the same names
         and meanings; an option left at null is not passed, so llama-server's own default
         applies.
+
+        A unit is started once its server serves (`/health` and a one-token completion), within
+        its `TimeoutStartSec=`: 120 s plus 20 s per GiB of model (plus 30 s), up to about 24
+        minutes where the model's size is not known at build time. Boot does not wait for that:
+        the units are wanted by `llamanix.target`, which `multi-user.target` wants without
+        waiting for it, so the machine comes up and each server becomes active when it serves.
+        `nixos-rebuild switch` does wait: it restarts each changed unit and waits for its start,
+        so it fails, after at most that timeout, when a new backend does not serve (and
+        `llamanix switch` gates on top of that).
       '';
     };
 
@@ -418,7 +427,7 @@ in
       # would otherwise generate its own unit text from systemd.services). What NixOS does not do
       # for packaged units is honour their [Install] section, hence the entries below: with
       # overrideStrategy = "asDropin" each becomes only a drop-in (llamanix-NAME.service.d/) that
-      # adds the multi-user.target.wants link, and a new render (a new store path) restarts the
+      # adds the llamanix.target.wants link, and a new render (a new store path) restarts the
       # instance on switch. State and cache directories are the units' StateDirectory= and
       # CacheDirectory=: systemd creates them at start, owned by the unit's dynamic user (a
       # tmpfiles rule here would create them owned by root, which DynamicUser= refuses).
@@ -429,15 +438,29 @@ in
           name: _:
           lib.nameValuePair "llamanix-${name}" {
             overrideStrategy = "asDropin";
-            wantedBy = [ "multi-user.target" ];
+            wantedBy = [ "llamanix.target" ];
           }
         ) (lib.filterAttrs (name: _: !(builtins.elem name routed)) cfg.instances)
         // lib.optionalAttrs (cfg.router != null) {
           llamanix-router = {
             overrideStrategy = "asDropin";
-            wantedBy = [ "multi-user.target" ];
+            wantedBy = [ "llamanix.target" ];
           };
         };
+
+      # Readiness and boot. A unit is started once its server serves (ExecStartPost=, up to
+      # TimeoutStartSec=: the model's load, 20 minutes for a big one), and a target waits for the
+      # units it wants. So the servers hang off a target of their own, wanted by
+      # multi-user.target, without default dependencies: multi-user.target does not wait for it,
+      # and it waits for none of its units. Boot starts every server and goes on; each becomes
+      # active when it serves. `nixos-rebuild switch` restarts a changed unit and waits for that
+      # start, as it does for every unit: it still fails when the new backend does not serve,
+      # after at most that unit's TimeoutStartSec=.
+      systemd.targets.llamanix = {
+        description = "llama-server instances of llamanix (boot does not wait for them to serve)";
+        wantedBy = [ "multi-user.target" ];
+        unitConfig.DefaultDependencies = false;
+      };
 
       networking.firewall.allowedTCPPorts = lib.unique (
         map (inst: inst.port) exposed

@@ -342,6 +342,63 @@ def test_cuda_archs_default_to_nixpkgs_then_the_driver_then_the_cpu(
     assert evaluated["config"]["hosts"][name].get("cuda_archs", []) == archs
 
 
+def waited_for(boot: dict[str, Any], target: str) -> set[str]:
+    """The units `target` is not reached before, by systemd.target(5): a target is ordered
+    after each unit it wants or requires when both keep their default dependencies and the unit
+    is not ordered before it; a target it waits for passes on what that one waits for. NixOS'
+    own targets keep their default dependencies."""
+    units = {f"{n}.service": u for n, u in boot["services"].items()}
+    units |= {f"{n}.target": u for n, u in boot["targets"].items()}
+
+    def defaults(name: str) -> bool:
+        return bool(units[name]["defaultDependencies"]) if name in units else True
+
+    out: set[str] = set()
+    todo = [target]
+    while todo:
+        waiting = todo.pop()
+        for name, unit in units.items():
+            wanted = waiting in unit["wantedBy"] + unit["requiredBy"]
+            ordered = defaults(waiting) and defaults(name) and waiting not in unit["before"]
+            if wanted and ordered and name not in out:
+                out.add(name)
+                todo.append(name)
+    return out
+
+
+def started_at_boot(boot: dict[str, Any], unit: str) -> bool:
+    """Whether multi-user.target pulls the unit in, directly or through targets it wants."""
+    units = {f"{n}.service": u for n, u in boot["services"].items()}
+    units |= {f"{n}.target": u for n, u in boot["targets"].items()}
+    wanted_by = units[unit]["wantedBy"] + units[unit]["requiredBy"]
+    return "multi-user.target" in wanted_by or any(
+        t in units and started_at_boot(boot, t) for t in wanted_by
+    )
+
+
+@pytest.mark.skipif(not REAL_LIB, reason="set LLAMANIX_NIXPKGS_LIB to a nixpkgs lib/ directory")
+@pytest.mark.parametrize(
+    ("toml", "host"),
+    [(p, h) for p, h in CASES if p.parent.name == "examples"],
+    ids=[f"{p.stem}:{h}" for p, h in CASES if p.parent.name == "examples"],
+)
+def test_boot_starts_the_servers_and_does_not_wait_for_them_to_serve(toml: Path, host: str) -> None:
+    """A server's unit is started once it serves, which may take 20 minutes for a big model:
+    multi-user.target (boot) must not wait for that. Boot still starts every server."""
+    boot = module_eval(toml, host, REAL_LIB, attr="boot")
+    cfg = load_config(toml)
+    router = cfg.hosts[host].router
+    members = router.members if router else ()
+    servers = [
+        f"llamanix-{i.name}.service" for i in cfg.instances_on(host) if i.name not in members
+    ]
+    servers += ["llamanix-router.service"] if router else []
+    assert servers
+    waited = waited_for(boot, "multi-user.target")
+    assert not [s for s in servers if s in waited], waited
+    assert all(started_at_boot(boot, s) for s in servers)
+
+
 @pytest.mark.skipif(not REAL_LIB, reason="set LLAMANIX_NIXPKGS_LIB to a nixpkgs lib/ directory")
 def test_a_routed_host_enables_the_router_unit_and_no_member_unit(tmp_path: Path) -> None:
     toml = ROOT / "tests/data/configs/router-llama-server.toml"

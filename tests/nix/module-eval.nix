@@ -398,6 +398,24 @@ let
       # The files linked under /etc.
       etc = builtins.attrNames evaluated.config.environment.etc;
       firewall = evaluated.config.networking.firewall.allowedTCPPorts;
+      # What decides whether a target waits for a unit: who wants or requires it, its ordering
+      # and its default dependencies (systemd.target(5)), for every service and target.
+      boot =
+        let
+          edges = unit: {
+            inherit (unit)
+              wantedBy
+              requiredBy
+              after
+              before
+              ;
+            defaultDependencies = unit.unitConfig.DefaultDependencies or true;
+          };
+        in
+        {
+          services = builtins.mapAttrs (_: edges) services;
+          targets = builtins.mapAttrs (_: edges) evaluated.config.systemd.targets;
+        };
       # The units NixOS enables (a router's members have none) and the ports it opens.
       units = builtins.attrNames evaluated.config.systemd.services;
       ports = evaluated.config.networking.firewall.allowedTCPPorts or [ ];
