@@ -289,6 +289,32 @@ rec {
     in
     builtins.filter (p: p != null) (map release cudaArchs) ++ jetsonProblems;
 
+  # The unfree licenses CUDA packages carry, as nixpkgs' _cuda.lib.allowUnfreeCudaPredicate
+  # admits them, for a nixpkgs without _cuda (flake.nix): every license of lib.licenses whose
+  # name starts with "nvidia" (nvidiaCuda, nvidiaCudaRedist, ...), by short name.
+  # licenses: lib.licenses.
+  nvidiaLicenseNames =
+    licenses:
+    builtins.foldl' (acc: name: if builtins.elem name acc then acc else acc ++ [ name ]) [ ] (
+      builtins.filter (name: name != null) (
+        map (name: licenses.${name}.shortName or null) (
+          builtins.filter (name: hasPrefix "nvidia" name && builtins.isAttrs licenses.${name}) (
+            builtins.attrNames licenses
+          )
+        )
+      )
+    );
+  # package -> whether each of its licenses is free or one of those.
+  cudaLicensePredicate =
+    licenses: package:
+    let
+      names = nvidiaLicenseNames licenses;
+      license = package.meta.license or [ ];
+    in
+    builtins.all (l: (l.free or false) || builtins.elem (l.shortName or null) names) (
+      if builtins.isList license then license else [ license ]
+    );
+
   # --- The NixOS module's checks that need no build ------------------------------------------
 
   # Python's difflib.get_close_matches(word, choices, n = 1, cutoff = 0.6), which llamanix's "did

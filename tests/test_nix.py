@@ -180,16 +180,42 @@ def test_smoke_app_arch_words_name_packages() -> None:
         assert all(f"llama-cpp-{variant}-{arch}" in packages for arch in archs)
 
 
+CUDA_FALLBACK_WARNING = (
+    "llamanix: this nixpkgs has no _cuda (nixpkgs' CUDA helpers): CUDA's unfree licenses are "
+    "allowed by llamanix's copy of its predicate, over the NVIDIA licenses lib.licenses names "
+    "(CUDA EULA); a newer nixpkgs has its own"
+)
+
+
 def test_the_flake_allows_the_cuda_licenses_by_nixpkgs_own_predicate() -> None:
     """CUDA is unfree: the pinned nixpkgs is imported with nixpkgs' own
-    `_cuda.lib.allowUnfreeCudaPredicate`, not a list of licence names of llamanix's."""
-    proc = flake_outputs("nixpkgsImport")
-    assert proc.returncode != 0
-    assert (
-        "nixpkgs imported with config.allowUnfreePredicate = nixpkgs' "
-        "_cuda.lib.allowUnfreeCudaPredicate"
-    ) in proc.stderr
-    assert "allowCudaUnfree" not in lib_call("builtins.attrNames l")
+    `_cuda.lib.allowUnfreeCudaPredicate`, read from that very package set: no second nixpkgs is
+    instantiated for it (the stand-in's nixpkgs.legacyPackages throws)."""
+    proc = flake_outputs("unfree")
+    assert proc.returncode == 0, proc.stderr
+    # The stand-in's _cuda admits its own licence name, and only it.
+    assert json.loads(proc.stdout) == {
+        "nixpkgsCuda": True,
+        "nvidiaCuda": False,
+        "otherUnfree": False,
+        "free": True,
+    }
+    assert "warning" not in proc.stderr
+
+
+def test_a_nixpkgs_without_cuda_helpers_still_evaluates_with_a_warning() -> None:
+    """With inputs.nixpkgs.follows pointing at a nixpkgs from before _cuda, every output still
+    evaluates: the NVIDIA licenses its lib names are admitted, with a warning saying so."""
+    proc = flake_outputs("unfree", cuda=False)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == {
+        "nixpkgsCuda": False,
+        "nvidiaCuda": True,
+        "otherUnfree": False,
+        "free": True,
+    }
+    assert CUDA_FALLBACK_WARNING in " ".join(proc.stderr.split())
+    assert flake_outputs("systems", cuda=False).returncode == 0
 
 
 def test_the_overlay_adds_only_the_llamanix_package_set() -> None:
@@ -648,9 +674,10 @@ def test_render_command_usage() -> None:
 REAL_LIB = os.environ.get("LLAMANIX_NIXPKGS_LIB", "")
 
 
-def flake_outputs(attr: str) -> subprocess.CompletedProcess[str]:
+def flake_outputs(attr: str, cuda: bool = True) -> subprocess.CompletedProcess[str]:
     argv = ["nix-instantiate", "--readonly-mode", "--eval", "--strict", "--json"]
     argv += [str(ROOT / "tests/nix/flake-outputs.nix"), "--argstr", "libPath", REAL_LIB, "-A", attr]
+    argv += ["--argstr", "cuda", "true" if cuda else "false"]
     return subprocess.run(argv, capture_output=True, text=True, check=False)
 
 
