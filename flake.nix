@@ -223,6 +223,10 @@
           _file = key;
           inherit key;
           imports = [ ./modules/llamanix.nix ];
+          # Every module of the system gets this flake as the argument `llamanix`, so one written
+          # `{ llamanix, ... }:` (llamanix.lib.fromToml, say) works without specialArgs; the docs
+          # write modules so. A `llamanix` of the user's own (specialArgs, _module.args) wins.
+          _module.args.llamanix = lib.mkDefault self;
           nixpkgs.overlays = lib.mkIf (useSystemNixpkgs && !readOnlyPkgs) [ overlay ];
           assertions = [
             {

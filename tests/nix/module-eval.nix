@@ -49,29 +49,15 @@ let
   llamanixLib = import ../../nix/lib.nix;
   settings = llamanixLib.fromToml (/. + toml) host;
 
-  # What mkVariant would build: a store-like path naming the variant and its architectures.
-  fakePackage =
-    { variant, cudaArchs }:
-    {
-      outPath = "/nix/store/00000000000000000000000000000000-llama-cpp-${variant}-${builtins.concatStringsSep "_" cudaArchs}";
-      passthru.cudaSupport = cudaArchs != [ ];
-      inherit variant cudaArchs;
-    };
-  packageSet = {
-    llamanix = {
-      outPath = "/nix/store/00000000000000000000000000000000-llamanix";
-    };
-    mkVariant = fakePackage;
-    mkCapabilities = _: "/nix/store/00000000000000000000000000000000-capabilities.json";
+  # What mkVariant would build, the package set, pkgs.litellm: tests/nix/fake-pkgs.nix (whose
+  # lib is only read by the real evaluation: the stub needs none of it here).
+  fakes = import ./fake-pkgs.nix {
+    lib = if libPath == "" then import ./stub-lib.nix else import libPath;
+    llamaSwap = llamaSwap == "true";
+    inherit litellmVersion;
+    cudaCapabilities = builtins.fromJSON cudaCapabilities;
   };
-
-  fakeLitellm = {
-    type = "derivation";
-    name = "litellm-${litellmVersion}";
-    version = litellmVersion;
-    outPath = "/nix/store/00000000000000000000000000000000-litellm";
-    meta.mainProgram = "litellm";
-  };
+  inherit (fakes) fakePackage;
 
   stubEval =
     let
@@ -179,80 +165,7 @@ let
     let
       lib = import libPath;
       nixosStub = import ./nixos-stub.nix { inherit lib; };
-      fake = name: "/nix/store/00000000000000000000000000000000-${name}";
-      # nixpkgs' YAML format type (pkgs/pkgs-lib/formats.nix): what services.litellm.settings
-      # accepts, freeform.
-      yamlValue =
-        with lib.types;
-        nullOr (oneOf [
-          bool
-          int
-          float
-          str
-          path
-          (attrsOf yamlValue)
-          (listOf yamlValue)
-        ])
-        // {
-          description = "YAML value";
-        };
-      pkgs = {
-        writeText = name: text: {
-          inherit name text;
-          outPath = fake name;
-        };
-        runCommand =
-          name: attrs: script:
-          attrs
-          // {
-            inherit name script;
-            outPath = fake name;
-          };
-        runtimeShell = "/bin/sh";
-        writeShellScript = name: text: {
-          inherit name text;
-          outPath = fake name;
-        };
-        fetchurl =
-          { url, hash }:
-          {
-            inherit url hash;
-            outPath = fake (baseNameOf url);
-          };
-        formats.yaml = _: {
-          type = yamlValue;
-          generate = name: value: {
-            inherit name value;
-            outPath = fake name;
-          };
-        };
-        curl = {
-          type = "derivation";
-          name = "curl";
-          outPath = fake "curl";
-          meta.mainProgram = "curl";
-        };
-        litellm = fakeLitellm;
-        stdenv.hostPlatform.system = "x86_64-linux";
-        # What nixpkgs' own config says (pkgs.config), as far as the module reads it.
-        config = {
-          cudaCapabilities = builtins.fromJSON cudaCapabilities;
-        };
-        llamanixPackages = packageSet;
-      }
-      // (
-        if llamaSwap == "true" then
-          {
-            llama-swap = {
-              type = "derivation";
-              name = "llama-swap";
-              outPath = fake "llama-swap";
-              meta.mainProgram = "llama-swap";
-            };
-          }
-        else
-          { }
-      );
+      inherit (fakes) pkgs;
       litellmModules =
         if litellmModule == "none" then
           [ ]
