@@ -1398,6 +1398,19 @@ def test_the_flake_module_is_one_module_however_often_imported() -> None:
 
 
 @pytest.mark.skipif(not REAL_LIB, reason="set LLAMANIX_NIXPKGS_LIB to a nixpkgs lib/ directory")
+def test_every_module_gets_the_flake_as_llamanix_without_special_args() -> None:
+    """The docs write modules `{ llamanix, ... }:` and pass no specialArgs: the flake's module
+    hands every module the flake; a llamanix of the user's own takes its place, no conflict."""
+    proc = flake_outputs("llamanixArgument")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == {
+        "flake": "/nix/store/00000000000000000000000000000000-source",
+        "own": "the user's",
+        "special": "specialArgs'",
+    }
+
+
+@pytest.mark.skipif(not REAL_LIB, reason="set LLAMANIX_NIXPKGS_LIB to a nixpkgs lib/ directory")
 def test_importing_the_flake_module_twice_evaluates() -> None:
     proc = flake_outputs("importedTwice")
     assert proc.returncode == 0, proc.stderr

@@ -83,9 +83,39 @@ let
       overlays = builtins.length evaluated.config.nixpkgs.overlays;
       failed = map (a: a.message) (builtins.filter (a: !a.assertion) evaluated.config.assertions);
     };
+  # What a module written `{ llamanix, ... }:` gets: the flake, from its module's _module.args,
+  # or the user's own llamanix (their _module.args, or specialArgs) in its place.
+  llamanixArgument =
+    let
+      probe =
+        { llamanix, ... }:
+        {
+          options.probe = lib.mkOption { default = llamanix.outPath or llamanix; };
+        };
+      given =
+        modules: specialArgs:
+        (lib.evalModules {
+          modules = [
+            outputs.nixosModules.default
+            (import ./nixos-stub.nix { inherit lib; })
+            probe
+            {
+              _module.args.pkgs.stdenv.hostPlatform.system = "x86_64-linux";
+              services.llamanix.packageSet = { };
+            }
+          ]
+          ++ modules;
+          inherit specialArgs;
+        }).config.probe;
+    in
+    {
+      flake = given [ ] { };
+      own = given [ { _module.args.llamanix = "the user's"; } ] { };
+      special = given [ ] { llamanix = "specialArgs'"; };
+    };
 in
 {
-  inherit importedTwice;
+  inherit importedTwice llamanixArgument;
   # The flake's nixpkgs, imported for its packages: which unfree licenses its config admits, for
   # a package of nixpkgs' _cuda licence, of NVIDIA's CUDA licence (lib.licenses.nvidiaCuda), of
   # another unfree licence, and a free one.
