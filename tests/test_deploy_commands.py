@@ -160,10 +160,16 @@ def test_nixos_rebuild_failure_is_not_rolled_back(
     ids=["user", "ssh-user", "root", "local", "use-remote-sudo", "none", "sudo", "build-host"],
 )
 def test_nixos_rebuild_gets_the_hosts_sudo_and_build_host(
-    tmp_path: Path, recorder: Path, target: str | None, host_lines: str, remote: list[str]
+    tmp_path: Path,
+    recorder: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    target: str | None,
+    host_lines: str,
+    remote: list[str],
 ) -> None:
     """The exact argv of a failed switch (nothing listens) and its rollback: the build host
-    only where something is built."""
+    only where something is built. llamanix runs as root here (a user's local switch: below)."""
+    monkeypatch.setattr(nix, "running_as_root", lambda: True)
     config = write_config(tmp_path, "nixos", free_port(), target=target, host_lines=host_lines)
     result = cli(
         "switch", str(config), "--host", "gpu1", "--set", "instances.qwen.context=8192",
