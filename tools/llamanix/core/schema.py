@@ -219,9 +219,9 @@ HOST_FIELDS: tuple[Field, ...] = (
         "sudo",
         ENUM,
         "NixOS hosts: how nixos-rebuild gets root on `target`. `auto`: nothing for a `root@` "
-        "target or this machine, else `--sudo` (nixos-rebuild-ng, NixOS 25.11 on); `sudo`: "
-        "always `--sudo`; `use-remote-sudo`: the older nixos-rebuild's `--use-remote-sudo`; "
-        "`none`: nothing.",
+        "target, or for this machine when llamanix runs as root, else `--sudo` "
+        "(nixos-rebuild-ng, NixOS 25.11 on); `sudo`: always `--sudo`; `use-remote-sudo`: the "
+        "older nixos-rebuild's `--use-remote-sudo`; `none`: nothing.",
         "auto",
         NIXOS_SUDO,
     ),
