@@ -72,9 +72,9 @@ MANAGERS: tuple[ManagerKind, ...] = get_args(ManagerKind)
 # What to do about a state file that does not read: it was not written by llamanix (whose
 # writes are atomic), so it is named, never taken for no record.
 _GENERATION_FIX = "restore it from a backup, or remove this generation's directory"
-_MANAGER_FIX = "remove it: the next switch records it again (pass --manager to say which)"
+_MANAGER_FIX = "remove it, and pass --manager to the next switch, which records it again"
 _BASELINE_FIX = "remove it: the next bench before a switch records it again"
-_CURRENT_FIX = "write the number of the generation that serves into it (llamanix generations)"
+_CURRENT_FIX = "write into it the number of the generation that serves, as generations lists"
 
 
 def _unreadable(err: UserError, fix: str) -> UserError:
