@@ -33,7 +33,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
-from llamanix.core.errors import Problem, UserError
+from llamanix.core.errors import Problem, UserError, printable
 
 __all__ = [
     "LIMIT",
@@ -71,28 +71,19 @@ class FileRefused(UserError):
 
 
 def shown_path(path: str | Path) -> str:
-    """A path as one printable line: control characters and bytes that are not UTF-8
-    escaped, and a very long path cut to its head and its length."""
+    """A path as one printable line (see ``errors.printable``), a very long one cut to its
+    head and its length."""
     text = os.fspath(path)
-    escaped = "".join(_shown_char(ch) for ch in text)
+    escaped = printable(text)
     if len(escaped) > _SHOWN_MAX:
         return f"{escaped[:_SHOWN_MAX]}... ({len(text)} characters)"
     return escaped
 
 
-def _shown_char(ch: str) -> str:
-    code = ord(ch)
-    if 0xDC80 <= code <= 0xDCFF:  # a byte that is not UTF-8, as os.fsdecode keeps it
-        return f"\\x{code - 0xDC00:02x}"
-    if code < 0x20 or code == 0x7F:
-        return f"\\x{code:02x}"
-    return ch
-
-
 def _refuse(
     source: str, message: str, fix: str, field: str = "", code: int | None = None
 ) -> FileRefused:
-    return FileRefused(Problem(source, field, message, fix), code)
+    return FileRefused(Problem(shown_path(source), field, message, fix), code)
 
 
 _KINDS = (

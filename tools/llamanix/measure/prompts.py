@@ -436,12 +436,13 @@ def load_prompts(spec: str) -> list[Prompt]:
 
 def read_user_json(source: str, field: str, missing_fix: str, syntax_fix: str) -> Any:
     """A user-named JSON file, or one UserError line naming it as the user wrote it."""
+    shown = file_reader.shown_path(source)
     text = file_reader.text_if_present(
-        Path(source), limit=USER_JSON_LIMIT, source=source, field=field
+        Path(source), limit=USER_JSON_LIMIT, source=shown, field=field
     )
     if text is None:
-        raise UserError(Problem(source, field, "no such file", missing_fix))
+        raise UserError(Problem(shown, field, "no such file", missing_fix))
     try:
-        return file_reader.parse_json(text, source, field)
+        return file_reader.parse_json(text, shown, field)
     except file_reader.FileRefused as err:
         raise UserError(replace(err.problems[0], fix=syntax_fix)) from None
