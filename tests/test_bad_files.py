@@ -335,6 +335,9 @@ def test_a_full_disk_during_a_switch_changes_nothing(tmp_path: Path) -> None:
     config and the generations exactly as they were, wherever its write failed."""
     if os.geteuid() != 0:
         pytest.skip("mounting a small tmpfs (in a private mount namespace) needs root")
+    for program, package in (("mount", "mount"), ("umount", "mount"), ("unshare", "util-linux")):
+        if shutil.which(program) is None:
+            pytest.skip(f"{program} is missing: apt-get install {package} (.ci/run does)")
     src = tmp_path / "src"
     src.mkdir()
     path = config(src, CONFIG.replace('kind = "systemd-user"', 'kind = "nixos"'))
