@@ -40,6 +40,7 @@ __all__ = [
     "MAX_DEPTH",
     "FileRefused",
     "decode_utf8",
+    "depth",
     "json_if_present",
     "open_regular",
     "parse_json",
