@@ -58,8 +58,10 @@ __all__ = [
 LIMIT = 16 * 1024 * 1024
 # The deepest nesting of tables and lists a config or record may have (a config needs 5).
 MAX_DEPTH = 64
-# Paths longer than this are shown by their head and their length.
-_SHOWN_MAX = 160
+# Paths longer than _SHOWN_MAX are shown by their first _SHOWN_HEAD characters and their
+# length (which leaves a path shown so as it is: shortening is done once).
+_SHOWN_MAX = 200
+_SHOWN_HEAD = 160
 _BOM = b"\xef\xbb\xbf"
 
 
@@ -77,7 +79,7 @@ def shown_path(path: str | Path) -> str:
     text = os.fspath(path)
     escaped = printable(text)
     if len(escaped) > _SHOWN_MAX:
-        return f"{escaped[:_SHOWN_MAX]}... ({len(text)} characters)"
+        return f"{escaped[:_SHOWN_HEAD]}... ({len(text)} characters)"
     return escaped
 
 
