@@ -435,7 +435,8 @@ def test_a_recorded_manifest_that_does_not_read_is_one_line_naming_it(
     result = CliRunner().invoke(main, ["switch", str(config), "--dry-run"])
     assert result.exit_code == 2, result.output
     assert result.output.strip().splitlines() == [
-        f"{manifest}: not a llamanix manifest: Expecting value: line 1 column 24 (char 23) "
+        f"{manifest}: not a llamanix manifest: JSON syntax error at line 1, column 24: "
+        "Expecting value "
         "(restore it from a backup, or remove this generation's directory)"
     ]
     assert recorded(recorder) == []

@@ -771,9 +771,9 @@ def test_a_run_record_that_does_not_read_is_one_line_naming_it(
     with pytest.raises(UserError) as err:
         remote.remote_status(rh, 120.0, Runner(echo=lambda _: None), lambda _: None)
     assert str(err.value) == (
-        f"box2: admin@box2: {far_end / 'run.json'}: not a fleet run's record: Expecting value: "
-        "line 1 column 25 (char 24) (see `systemctl status llamanix-fleet` there, then remove "
-        "the file)"
+        f"box2: admin@box2: {far_end / 'run.json'}: not a fleet run's record: JSON syntax "
+        "error at line 1, column 25: Expecting value (see `systemctl status llamanix-fleet` "
+        "there, then remove the file)"
     )
 
 

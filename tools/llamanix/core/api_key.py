@@ -8,7 +8,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from llamanix.core import file_reader
 from llamanix.core.errors import Problem, UserError
+
+# A key file holds a key or a few: anything larger is some other file.
+KEY_FILE_LIMIT = 64 * 1024
 
 __all__ = ["key_env", "key_if_readable", "read_api_key"]
 
@@ -23,17 +27,15 @@ def key_env(instance: str) -> str:
 def read_api_key(path: Path, field: str = "--api-key-file") -> str | None:
     """The key in a key file (whitespace around it ignored; an empty file means no key), or
     one line naming the file and ``field`` when it cannot be read."""
+    data = file_reader.read_bytes(path, limit=KEY_FILE_LIMIT, field=field)
     try:
-        return path.read_text().strip() or None
-    except OSError as err:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        # Where and which byte would be a piece of the key: the line says neither.
         raise UserError(
-            Problem(
-                str(path),
-                field,
-                f"cannot read ({err.strerror})",
-                "give a readable file holding the key",
-            )
+            Problem(str(path), field, "is not UTF-8 text", "give a file holding the key as text")
         ) from None
+    return text.strip() or None
 
 
 def key_if_readable(path: str | Path | None) -> str | None:

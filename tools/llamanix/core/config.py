@@ -11,13 +11,12 @@ from __future__ import annotations
 import json
 import math
 import re
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-from llamanix.core import schema
+from llamanix.core import file_reader, schema
 from llamanix.core.address import SshTarget, is_loopback, parse_target
 from llamanix.core.api_key import key_env
 from llamanix.core.errors import Problem, UserError, one_line
@@ -425,70 +424,57 @@ def _describe(value: Any) -> str:
     return repr(value)
 
 
-_BOM = b"\xef\xbb\xbf"
-
-
 def config_text(data: bytes, source: str) -> str:
     """A config file's bytes as text: UTF-8, with or without the byte order mark some Windows
     editors write; anything else is refused at its line."""
-    try:
-        return data.removeprefix(_BOM).decode("utf-8")
-    except UnicodeDecodeError as err:
-        start = err.start + (len(_BOM) if data.startswith(_BOM) else 0)
-        line = data.count(b"\n", 0, start) + 1
-        column = start - (data.rfind(b"\n", 0, start) + 1) + 1
-        raise UserError(
-            Problem(
-                source,
-                "",
-                f"line {line}, column {column}: byte 0x{data[start]:02x} is not UTF-8",
-                "save the file as UTF-8, e.g. with iconv -f latin1 -t utf-8",
-            )
-        ) from None
+    return file_reader.decode_utf8(data, source)
 
 
 def read_config_text(path: Path) -> str:
-    """The config file's text (see config_text); UserError when it cannot be read."""
-    source = str(path)
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise UserError(Problem(source, "", "no such file", "check the path")) from None
-    except (IsADirectoryError, PermissionError) as err:
-        raise UserError(Problem(source, "", f"cannot read: {err}")) from None
-    return config_text(data, source)
+    """The config file's text (see config_text); UserError when it cannot be read: through
+    the one bounded reader, so a FIFO, a device or a symlink loop is one line, not a hang."""
+    return file_reader.read_text(path)
+
+
+def config_data(text: str, source: str, is_json: bool) -> dict[str, Any]:
+    """A config's text as the table ``parse_config`` checks: JSON (a key given twice refused)
+    or TOML, nesting bounded, and no string or key holding a NUL byte (no path, name or
+    argument can hold one: the kernel, systemd and argv all end a string there)."""
+    data = file_reader.parse_json(text, source) if is_json else file_reader.parse_toml(text, source)
+    if not isinstance(data, dict):
+        raise UserError(Problem(source, "", "the top level must be a table"))
+    nul = _nul_field(data)
+    if nul is not None:
+        raise UserError(
+            Problem(source, nul, "holds a NUL byte", "remove it: no path, name or flag holds one")
+        )
+    return data
+
+
+def _nul_field(data: dict[str, Any]) -> str | None:
+    """The dotted name of the first key or string value that holds a NUL byte, else None."""
+    stack: list[tuple[str, Any]] = [("", data)]
+    while stack:
+        where, node = stack.pop()
+        if isinstance(node, str):
+            if "\x00" in node:
+                return where
+        elif isinstance(node, dict):
+            for key, value in node.items():
+                name = f"{where}.{key}" if where else str(key)
+                if "\x00" in str(key):
+                    return name.replace("\x00", "\\x00")
+                stack.append((name, value))
+        elif isinstance(node, list):
+            stack.extend((f"{where}[{i}]", item) for i, item in enumerate(node))
+    return None
 
 
 def load_config(path: Path) -> Config:
     """Read llamanix.toml (or a .json of the same shape, which the NixOS module writes)."""
     source = str(path)
     text = read_config_text(path)
-    if path.suffix == ".json":
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise UserError(
-                Problem(
-                    source,
-                    "",
-                    f"JSON syntax error at line {err.lineno}, column {err.colno}: {err.msg}",
-                )
-            ) from None
-    else:
-        try:
-            data = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as err:
-            raise UserError(
-                Problem(
-                    source,
-                    "",
-                    f"TOML syntax error: {err}",
-                    "fix the syntax at that line and column",
-                )
-            ) from None
-    if not isinstance(data, dict):
-        raise UserError(Problem(source, "", "the top level must be a table"))
-    return parse_config(data, source)
+    return parse_config(config_data(text, source, path.suffix == ".json"), source)
 
 
 def parse_config(data: dict[str, Any], source: str) -> Config:

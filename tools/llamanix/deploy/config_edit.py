@@ -15,7 +15,8 @@ from typing import Any
 import tomlkit
 import tomlkit.exceptions
 
-from llamanix.core.config import Config, parse_config, read_config_text, suggest
+from llamanix.core import file_reader
+from llamanix.core.config import Config, config_data, parse_config, read_config_text, suggest
 from llamanix.core.errors import Problem, UserError
 
 
@@ -23,7 +24,9 @@ def _parse_value(text: str) -> Any:
     """A TOML value (3, 0.75, true, "x", ["a"]); anything else is taken as a bare string."""
     try:
         return tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
+    except (tomllib.TOMLDecodeError, RecursionError, ValueError):
+        # ValueError: an integer of more digits than Python converts. Nesting too deep for
+        # the parser is no value either; the config's check names what the field wants.
         return text
 
 
@@ -38,7 +41,7 @@ def _key_parts(path: Path, item: str, key: str) -> list[str]:
     parts: list[str] = []
     try:
         node: Any = tomllib.loads(f"{key} = 0")
-    except tomllib.TOMLDecodeError:
+    except (tomllib.TOMLDecodeError, RecursionError):
         node = None
     while isinstance(node, dict) and len(node) == 1:
         [(name, node)] = node.items()
@@ -104,18 +107,27 @@ def apply_sets(path: Path, text: str, sets: tuple[str, ...]) -> str:
     """The config text with each ``KEY.PATH=VALUE`` applied (comments and layout kept)."""
     if not sets:
         return text
+    # The file as it is first, through the one reader's checks (nesting, a key twice, NUL),
+    # which tomlkit's recursive parser does not make.
+    data = config_data(text, str(path), path.suffix == ".json")
     edits: list[tuple[list[str], Any]] = []
     for item in sets:
         _as_text(path, item)
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise UserError(Problem(str(path), "--set", f"'{item}' is not KEY=VALUE", _SET_EXAMPLE))
-        edits.append((_key_parts(path, item, key.strip()), _parse_value(value.strip())))
+        parts, parsed = _key_parts(path, item, key.strip()), _parse_value(value.strip())
+        if len(parts) + file_reader.depth(parsed) > file_reader.MAX_DEPTH:
+            raise UserError(
+                Problem(
+                    str(path),
+                    "--set",
+                    f"{'.'.join(parts)}: nested more than {file_reader.MAX_DEPTH} levels deep",
+                    "no config field nests that deep: give the value it takes",
+                )
+            )
+        edits.append((parts, parsed))
     if path.suffix == ".json":
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise UserError(Problem(str(path), "", f"JSON syntax error: {err}")) from None
         for parts, value in edits:
             _check_named(path, data, parts)
             _assign(data, parts, value, path)
@@ -151,11 +163,7 @@ def _assign(container: Any, parts: list[str], value: Any, path: Path) -> None:
 
 def parse_text(path: Path, text: str) -> Config:
     """Validate a (changed) config text as if it were the file."""
-    try:
-        data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
-    except (json.JSONDecodeError, tomllib.TOMLDecodeError) as err:
-        raise UserError(Problem(str(path), "", f"syntax error: {err}")) from None
-    return parse_config(data, str(path))
+    return parse_config(config_data(text, str(path), path.suffix == ".json"), str(path))
 
 
 # What identifies one state of a file without reading it: device, inode, size, and the
@@ -192,8 +200,10 @@ def read_config(path: Path) -> ConfigText:
         # The stamp first: a write between the two then reads as a change (a second read),
         # never as a text that is not the file's.
         stamp = _stamp(path)
-    except FileNotFoundError:
-        raise UserError(Problem(str(path), "", "no such file", "check the path")) from None
+    except (OSError, ValueError):
+        # The reader says why in one line (no such file, a loop of links, a NUL in the path).
+        read_config_text(path)
+        raise
     return ConfigText(path, read_config_text(path), stamp)
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from llamanix.core import file_reader
 from llamanix.core.config import Config
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
 from llamanix.core.process_end import FAULT_SIGNALS, died_of
@@ -199,7 +200,7 @@ class SystemdManager(_InstallsFiles):
     def installed(self) -> dict[str, str]:
         if not self.units_dir.is_dir():
             return {}
-        return {p.name: p.read_text() for p in sorted(self.units_dir.glob("llamanix-*.service"))}
+        return {p.name: _unit_text(p) for p in sorted(self.units_dir.glob("llamanix-*.service"))}
 
     def activate(
         self, runner: Runner, new: dict[str, str], old: dict[str, str], timeout_s: float
@@ -290,16 +291,18 @@ class UpManager(_InstallsFiles):
             )
 
     def installed(self) -> dict[str, str]:
-        try:
-            manifest = (self.units_dir / MANIFEST).read_text()
-        except FileNotFoundError:
+        path = self.units_dir / MANIFEST
+        manifest = file_reader.text_if_present(path, source=str(path))
+        if manifest is None:
             return {}
         files = {MANIFEST: manifest}
         check_manifest(files, self.units_dir)
         for name, entry in manifest_instances(files).items():
             for fname in (entry.unit, f"{name}.argv.json"):
-                if (self.units_dir / fname).exists():
-                    files[fname] = (self.units_dir / fname).read_text()
+                path = self.units_dir / fname
+                text = file_reader.text_if_present(path, source=str(path))
+                if text is not None:
+                    files[fname] = text
         return files
 
     def activate(
@@ -437,6 +440,14 @@ def as_installed(
         return recorded, []
     keep = set(recorded) | set(new)
     return {**recorded, **{k: v for k, v in installed.items() if k in keep}}, drifted
+
+
+def _unit_text(path: Path) -> str:
+    """An installed unit's text; a masked unit (a link to /dev/null, ``systemctl mask``) is
+    empty, as systemd reads it, rather than a device the reader refuses."""
+    if os.path.realpath(path) == os.devnull:
+        return ""
+    return file_reader.read_text(path, source=str(path))
 
 
 def user_units_dir() -> Path:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from llamanix.core import file_reader
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
 from llamanix.deploy.crash_point import crash_point
 from llamanix.deploy.generations import Generation, HostState
@@ -46,7 +47,9 @@ def rollback_host(request: RollbackRequest, runner: Runner, echo: Echo) -> Gener
     old_files = current.files() if current else manager.installed()
     old_files, _ = as_installed(manager, old_files, new_files)
     snapshot = target.config_snapshot()
-    snapshot_text = snapshot.read_text() if snapshot is not None else None
+    snapshot_text = (
+        file_reader.read_text(snapshot, source=str(snapshot)) if snapshot is not None else None
+    )
     echo(f"{name}: rolling back to generation {target.number} via {manager.name}")
     if runner.dry_run:
         if snapshot_text is not None:

@@ -18,6 +18,7 @@ the same for any number of readers, and survives a reader that crashes.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import itertools
 import json
@@ -33,6 +34,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from llamanix.core import file_reader
 from llamanix.core.argv import SLOT_SAVE_FLAG, state_dir_spec
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
 from llamanix.core.process_end import describe_returncode
@@ -173,10 +175,14 @@ def one_line(message: str) -> str:
 
 
 def manifest_digest(units_dir: Path) -> str | None:
+    path = units_dir / MANIFEST
     try:
-        return hashlib.sha256((units_dir / MANIFEST).read_bytes()).hexdigest()
-    except FileNotFoundError:
-        return None
+        data = file_reader.read_bytes(path, source=str(path))
+    except file_reader.FileRefused as err:
+        if err.errno == errno.ENOENT:
+            return None
+        raise
+    return hashlib.sha256(data).hexdigest()
 
 
 def _exec_argv(line: str) -> tuple[str, ...]:
@@ -189,9 +195,8 @@ def _exec_argv(line: str) -> tuple[str, ...]:
 def load_specs(units_dir: Path) -> dict[str, ServiceSpec]:
     """The services a render directory describes; UserError when it is not a render."""
     manifest_path = units_dir / MANIFEST
-    try:
-        manifest = Manifest.from_json(manifest_path.read_text())
-    except FileNotFoundError:
+    text = file_reader.text_if_present(manifest_path, source=str(manifest_path))
+    if text is None:
         raise UserError(
             Problem(
                 str(manifest_path),
@@ -199,7 +204,9 @@ def load_specs(units_dir: Path) -> dict[str, ServiceSpec]:
                 "no render here",
                 "run llamanix up CONFIG or llamanix render first",
             )
-        ) from None
+        )
+    try:
+        manifest = Manifest.from_json(text)
     except ValueError as err:
         raise UserError(
             Problem(str(manifest_path), "", f"not a llamanix manifest: {err}")
@@ -209,9 +216,9 @@ def load_specs(units_dir: Path) -> dict[str, ServiceSpec]:
     for name, entry in manifest.instances.items():
         unit = entry.unit
         try:
-            argv = json.loads((units_dir / f"{name}.argv.json").read_text())
-            settings = unit_settings((units_dir / unit).read_text())
-        except (FileNotFoundError, json.JSONDecodeError) as err:
+            argv = file_reader.read_json(units_dir / f"{name}.argv.json")
+            settings = unit_settings(file_reader.read_text(units_dir / unit))
+        except file_reader.FileRefused as err:
             raise UserError(Problem(str(units_dir), name, f"incomplete render: {err}")) from None
         try:
             specs[name] = ServiceSpec(

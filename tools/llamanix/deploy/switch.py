@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from llamanix.core.config import Config
-from llamanix.core.errors import ExternalCommandError
+from llamanix.core.errors import ExternalCommandError, UserError
 from llamanix.deploy import gateway_venv
 from llamanix.deploy.binary_dialect import refuse_other_dialect
 from llamanix.deploy.blue_green import Bridge, bridge_for, why_not
@@ -63,7 +63,7 @@ from llamanix.deploy.serving import (
 from llamanix.deploy.switch_records import Echo, HostOutcome, Restore, SwitchOptions
 from llamanix.deploy.warm import GIB, WarmCaches, WarmPlan, plan_for, state_directory
 from llamanix.deploy.warm_records import WarmRecord
-from llamanix.external.files import atomic_write
+from llamanix.external.files import WriteFailed, atomic_write
 from llamanix.external.process import Runner
 from llamanix.render.changes import manifest_instances, render_changes, served_names
 from llamanix.render.gateway import UNIT_NAME as GATEWAY_UNIT
@@ -291,25 +291,35 @@ def _dry_run(sw: _HostSwitch) -> HostOutcome:
 def _stage(sw: _HostSwitch) -> Generation:
     """Record the new generation (gate "pending"), then write the config."""
     suffix = sw.path.suffix or ".toml"
-    if sw.current is None and sw.old_files:
-        found = GenerationRecord(
-            instances=summary_of(sw.old_files),
-            gate=GateRecord("unverified"),
-            note="found installed before the first switch",
+    try:
+        # A write that fails (a full disk) undoes the others: nothing is activated yet.
+        with sw.state.all_or_nothing():
+            if sw.current is None and sw.old_files:
+                found = GenerationRecord(
+                    instances=summary_of(sw.old_files),
+                    gate=GateRecord("unverified"),
+                    note="found installed before the first switch",
+                )
+                sw.state.set_current(sw.state.create(sw.old_files, sw.file_text, suffix, found))
+            record = GenerationRecord(
+                instances=render_summary(sw.render),
+                changed=tuple(sw.changed),
+                removed=tuple(sw.removed),
+                manager=sw.manager.describe(),
+                gate=GateRecord("pending", sw.gate),
+            )
+            gen = sw.state.create(sw.new_files, sw.new_text, suffix, record)
+            sw.state.set_manager(sw.manager.describe())
+            crash_point("switch:staged")
+            if sw.file_text != sw.new_text:
+                atomic_write(sw.path, sw.new_text)
+    except WriteFailed as err:
+        [problem] = err.problems
+        said = (
+            f"{problem.message}; {sw.host} was not switched "
+            "(its config and generations are as they were)"
         )
-        sw.state.set_current(sw.state.create(sw.old_files, sw.file_text, suffix, found))
-    record = GenerationRecord(
-        instances=render_summary(sw.render),
-        changed=tuple(sw.changed),
-        removed=tuple(sw.removed),
-        manager=sw.manager.describe(),
-        gate=GateRecord("pending", sw.gate),
-    )
-    gen = sw.state.create(sw.new_files, sw.new_text, suffix, record)
-    sw.state.set_manager(sw.manager.describe())
-    crash_point("switch:staged")
-    if sw.file_text != sw.new_text:
-        atomic_write(sw.path, sw.new_text)
+        raise UserError(replace(problem, message=said)) from None
     crash_point("switch:config-written")
     return gen
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
 
+from llamanix.core import file_reader
 from llamanix.core.schema import NixosSudo
 from llamanix.external.process import Runner
 
@@ -89,9 +89,9 @@ def flake_lock_override_input(runner: Runner, flake_dir: Path, flake_input: str,
 
 def locked_revisions(flake_dir: Path) -> dict[str, str]:
     """Input name -> locked revision, read from flake.lock (empty when there is none)."""
-    try:
-        data: Any = json.loads((flake_dir / "flake.lock").read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
+    path = flake_dir / "flake.lock"
+    data: Any = file_reader.json_if_present(path, source=str(path))
+    if data is None:
         return {}
     nodes = data.get("nodes", {}) if isinstance(data, dict) else {}
     root = nodes.get(data.get("root", "root"), {}) if isinstance(nodes, dict) else {}

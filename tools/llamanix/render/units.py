@@ -18,6 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import llamanix
+from llamanix.core import file_reader
 from llamanix.core.address import connect_url, is_loopback
 from llamanix.core.argv import (
     SLOT_SAVE_FLAG,
@@ -580,12 +581,12 @@ def _inside(out: Path, name: str) -> Path:
 
 
 def _rendered_files(out: Path) -> list[str]:
-    manifest = out / MANIFEST
-    if not manifest.exists():
-        return []
     try:
-        found = Manifest.from_json(manifest.read_text())
-    except ValueError:
+        text = file_reader.text_if_present(out / MANIFEST)
+        found = Manifest.from_json(text) if text is not None else None
+    except (UserError, ValueError):
+        found = None
+    if found is None:
         return []
     names = [MANIFEST]
     for name, entry in found.instances.items():

@@ -37,6 +37,7 @@ import tomlkit.exceptions
 import tomlkit.items
 
 from llamanix import __version__
+from llamanix.core import file_reader
 from llamanix.core import json_fields as jf
 from llamanix.core.config import Config, suggest
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
@@ -150,11 +151,19 @@ class RunRecord(JsonRecord):
         """The last run's record; None before the first. One that does not read is one line
         naming the file: never taken for "no run yet", which would hide a run that goes on."""
         try:
-            text = d.run_record.read_text()
-        except FileNotFoundError:
-            return None
-        try:
-            return RunRecord.from_json(json.loads(text), "")
+            text = file_reader.text_if_present(d.run_record, source=str(d.run_record))
+            if text is None:
+                return None
+            return RunRecord.from_json(file_reader.parse_json(text, str(d.run_record)), "")
+        except file_reader.FileRefused as err:
+            raise UserError(
+                Problem(
+                    str(d.run_record),
+                    "",
+                    f"not a fleet run's record: {err.problems[0].message}",
+                    "see `systemctl status llamanix-fleet` there, then remove the file",
+                )
+            ) from None
         except ValueError as err:
             raise UserError(
                 Problem(
@@ -236,8 +245,9 @@ def _unit_word(state: systemctl.UnitState) -> str:
 
 def _read_outcome(d: FleetDir) -> HostOutcome | None:
     try:
-        return from_json_lenient(HostOutcome, json.loads(d.outcome.read_text()))
-    except (FileNotFoundError, ValueError):
+        data = file_reader.json_if_present(d.outcome, source=str(d.outcome))
+        return None if data is None else from_json_lenient(HostOutcome, data)
+    except (UserError, ValueError):
         return None
 
 
@@ -414,7 +424,7 @@ def generations(d: FleetDir, host: str) -> list[JsonObject]:
     path = d.existing_config()
     if path is None:
         return []
-    config = lenient_parse(path, path.read_text())
+    config = lenient_parse(path, file_reader.read_text(path, source=str(path)))
     if config is not None and host not in config.hosts:
         config = None
     return [row.to_json() for row in generation_rows(config, HostState.beside(path, host))]
@@ -449,7 +459,7 @@ def unit_switch(d: FleetDir, host: str, fmt: ConfigFormat, echo: Echo) -> HostOu
     with _logged(d, echo) as log:
         try:
             opts = _read_options(d)
-            new_text = upcoming.read_text() if upcoming.exists() else None
+            new_text = file_reader.text_if_present(upcoming, source=str(upcoming))
             outcome = switch(path, host, opts, Runner(echo=log), log, new_text)
         except (UserError, ExternalCommandError) as err:
             log(f"{host}: {err}")
@@ -462,9 +472,13 @@ def unit_switch(d: FleetDir, host: str, fmt: ConfigFormat, echo: Echo) -> HostOu
 
 def _read_options(d: FleetDir) -> SwitchOptions:
     try:
-        return SwitchOptions.from_json(json.loads(d.options.read_text()), "options")
-    except (OSError, ValueError) as err:
-        raise UserError(Problem(str(d.options), "", f"not the switch's options: {err}")) from None
+        data = file_reader.read_json(d.options, source=str(d.options))
+        return SwitchOptions.from_json(data, "options")
+    except file_reader.FileRefused as err:
+        message = err.problems[0].message
+    except ValueError as err:
+        message = str(err)
+    raise UserError(Problem(str(d.options), "", f"not the switch's options: {message}"))
 
 
 def unit_rollback(

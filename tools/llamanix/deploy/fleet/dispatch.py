@@ -7,6 +7,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
+from llamanix.core import file_reader
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
 from llamanix.deploy.fleet import remote
 from llamanix.deploy.fleet.rollout import HostOps, Lost, Unreachable
@@ -120,7 +121,9 @@ class FleetOps(HostOps):
 
     def config_back(self) -> None:
         req = self.request
-        if req.old_text == req.new_text or req.path.read_text() != req.new_text:
+        if req.old_text == req.new_text:
+            return
+        if file_reader.read_text(req.path, source=str(req.path)) != req.new_text:
             return
         atomic_write(req.path, req.old_text)
         self.echo(f"rollout: {req.path} has its text from before the rollout again")
