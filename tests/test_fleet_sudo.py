@@ -150,20 +150,34 @@ def sudoers_and_units(bed: Fleet, name: str) -> str:
 @contextmanager
 def nothing_changes(bed: Fleet) -> Iterator[None]:
     """Around an attempt: on every host, nothing under KEPT is newer than before it, the
-    sudoers files and the units are as they were, and admin's sudo lists what it listed."""
+    sudoers files and the units are as they were, and admin's sudo lists what it listed and
+    still asks a password for anything else. Checked even when the attempt's own assertions
+    failed, so that a failure says what the attempt changed too."""
     before = {}
     for name in bed.names:
         bed.host(name).run(["touch", MARKER])
         before[name] = (sudoers_and_units(bed, name), sudo_list(bed, name))
-    yield
-    for name in bed.names:
-        host = bed.host(name)
-        newer = host.run(["find", *KEPT, "-xdev", "-newer", MARKER], check=False).stdout
-        assert newer == "", f"{name}: changed by the attempt:\n{newer}"
-        assert (sudoers_and_units(bed, name), sudo_list(bed, name)) == before[name], name
-        assert not host.path(AIMED).exists()
-        still = as_admin(bed, name, ["sudo", "-n", "true"])
-        assert still.returncode != 0 and "password is required" in still.stderr, still.stderr
+    try:
+        yield
+    finally:
+        changed = []
+        for name in bed.names:
+            host = bed.host(name)
+            newer = host.run(["find", *KEPT, "-xdev", "-newer", MARKER], check=False).stdout
+            if newer:
+                changed.append(f"{name}: changed:\n{newer}")
+            now = (sudoers_and_units(bed, name), sudo_list(bed, name))
+            if now != before[name]:
+                changed.append(f"{name}: sudo's files, the units or sudo -l:\n{now}")
+            aimed = host.path(AIMED)
+            if aimed.is_dir():
+                changed.append(f"{name}: {AIMED} was made: {sorted(aimed.rglob('*'))}")
+            elif aimed.exists():
+                changed.append(f"{name}: {AIMED} was written:\n{aimed.read_text()}")
+            still = as_admin(bed, name, ["sudo", "-n", "true"])
+            if still.returncode == 0 or "password is required" not in still.stderr:
+                changed.append(f"{name}: admin runs anything as root now: {still.stderr}")
+        assert not changed, "\n".join(changed)
 
 
 def refused(done: Finished, *words: str) -> None:
