@@ -621,19 +621,33 @@ def generations(d: FleetDir, host: str) -> list[JsonObject]:
 # --- inside the unit ---------------------------------------------------------------------------
 
 
+def _cgroups(pid: str) -> dict[str, str]:
+    """A process's cgroup in the hierarchies systemd keeps its units in: the unified one and,
+    on a hybrid or legacy machine, name=systemd."""
+    found: dict[str, str] = {}
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, controllers, path = [*line.split(":", 2), "", ""][:3]
+        if controllers in ("", "name=systemd"):
+            found[controllers] = path
+    return found
+
+
 def in_run_unit(d: FleetDir) -> bool:
     """Whether this process runs in the run's unit, which only the manager puts a process in.
-    For root, the system manager's (a user's own manager could give a unit of its own the
-    same name, under the user's slice)."""
+    For root, the system manager's: its cgroup is system.slice/llamanix-fleet.service beside
+    the manager's own init.scope (a user's own manager could give a unit of its own the same
+    name, but under the user's slice). A container without a cgroup namespace of its own sees
+    the host's path above both."""
     if d.user:
         return True  # a user's agent does nothing its user could not
     try:
-        text = Path("/proc/self/cgroup").read_text()
+        own, manager = _cgroups("self"), _cgroups("1")
     except OSError:
         return False
-    for line in text.splitlines():
-        _, controllers, path = [*line.split(":", 2), "", ""][:3]
-        if controllers in ("", "name=systemd") and path == SYSTEM_CGROUP:
+    for hierarchy, path in own.items():
+        init = manager.get(hierarchy, "")
+        root = init.removesuffix("/init.scope") if init.endswith("/init.scope") else ""
+        if path == root + SYSTEM_CGROUP:
             return True
     return False
 
