@@ -326,12 +326,15 @@ def test_a_config_that_names_other_hosts_and_paths_is_refused(bed: Fleet) -> Non
             for command in ("rollback", "generations", "top"):
                 done = agent_call(bed, name, command, other, rollback=RollbackOptions())
                 refused(done, f"hosts.{other}.target: is another machine")
-            up = fleet_config(1024).replace(
-                f'[hosts.{name}]\nkind = "systemd"', f'[hosts.{name}]\nkind = "up"'
-            )
-            order = SwitchOrder("toml", up, SwitchOptions())
-            done = agent_call(bed, name, "switch", name, order=order)
-            refused(done, f"hosts.{name}.kind: is 'up', but this fleet agent runs as root's")
+            for kind in ("systemd-user", "nixos"):
+                text = fleet_config(1024).replace(
+                    f'[hosts.{name}]\nkind = "systemd"', f'[hosts.{name}]\nkind = "{kind}"'
+                )
+                order = SwitchOrder("toml", text, SwitchOptions())
+                done = agent_call(bed, name, "switch", name, order=order)
+                refused(
+                    done, f"hosts.{name}.kind: is '{kind}', but this fleet agent runs as root's"
+                )
 
 
 def test_arguments_and_environment_are_not_the_callers(bed: Fleet) -> None:
