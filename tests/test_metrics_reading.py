@@ -348,28 +348,28 @@ def test_the_docs_tables_are_the_code_s() -> None:
 
 
 def test_top_reads_the_fleet_agents_copy_as_a_remote_host_does(tmp_path: Path) -> None:
-    """What `ssh TARGET -- sudo -n llamanix fleet-agent top ...` runs there (the command the
-    host's sudoers line allows): the fleet agent's copy of the config (LLAMANIX_FLEET_DIR
-    stands for /var/lib/llamanix/fleet), read back by the controller's parser; without a copy,
-    one line."""
+    """What `ssh TARGET -- sudo -n llamanix fleet-agent top` runs there (a command the host's
+    sudoers line allows, its request on stdin): the fleet agent's copy of the config
+    (LLAMANIX_FLEET_DIR stands for /var/lib/llamanix/fleet), read back by the controller's
+    parser; without a copy, one line."""
     import os
 
-    from llamanix.deploy.fleet.protocol import HELLO, PROTOCOL
+    from llamanix.deploy.fleet.protocol import HELLO, PROTOCOL, AgentRequest
     from llamanix.deploy.top_rows import parse_top_json
 
     fleet = tmp_path / "fleet"
-    fleet.mkdir()
-    argv = [sys.executable, "-m", "llamanix", "fleet-agent", "top", "--protocol", str(PROTOCOL)]
-    argv += ["--host", "box"]
+    fleet.mkdir(mode=0o700)
+    argv = [sys.executable, "-m", "llamanix", "fleet-agent", "top"]
+    request = AgentRequest(PROTOCOL, "box").text()
     env = {**os.environ, "LLAMANIX_FLEET_DIR": str(fleet)}
-    missing = subprocess.run(argv, capture_output=True, text=True, env=env)
+    missing = subprocess.run(argv, capture_output=True, text=True, env=env, input=request)
     assert missing.returncode == 2
     assert missing.stderr.strip() == (
         f"{fleet}: no fleet copy of the config on this host (switch this host once from the "
         "controller with llamanix switch)"
     )
     (fleet / "llamanix.toml").write_text(BASE)
-    done = subprocess.run(argv, capture_output=True, text=True, env=env)
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, input=request)
     assert done.returncode == 0, done.stderr
     hello, *rest = done.stdout.splitlines()
     assert hello.startswith(HELLO)

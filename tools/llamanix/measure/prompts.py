@@ -407,6 +407,12 @@ def _named_set(spec: str, prompts: list[Prompt]) -> list[Prompt]:
     return [p for p in prompts if p.name in wanted or p.workload in wanted]
 
 
+def names_a_file(spec: str) -> bool:
+    """Whether ``load_prompts`` reads ``spec`` as a JSON file (not a named set)."""
+    named = spec in ("builtin", "realtext") or spec.startswith(("agent:", "builtin:", "realtext:"))
+    return not named
+
+
 def load_prompts(spec: str) -> list[Prompt]:
     """``builtin``, ``builtin:NAME[,NAME]``, ``realtext``, ``realtext:WORKLOAD|NAME[,...]``,
     ``agent:N`` or a JSON file."""

@@ -78,8 +78,9 @@ class FleetOps(HostOps):
         if rh is None:
             return
         if self.runner.dry_run:
-            argv = remote.remote_argv(rh, "status", ["--follow-timeout", repr(self.preflight_s)])
-            self.runner.echo(shlex.join(argv))
+            self.runner.echo(shlex.join(remote.remote_argv(rh, "status")))
+            request = remote.agent_request(rh, follow_timeout_s=self.preflight_s)
+            self.runner.note(f"on ssh's stdin: {request}")
             return
         try:
             # How its last run ended: the report of a switch whose ssh was lost comes here.
