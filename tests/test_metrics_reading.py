@@ -80,7 +80,8 @@ def test_a_remote_host_needs_an_exporter_beyond_loopback(tmp_path: Path) -> None
     with pytest.raises(UserError) as err:
         prometheus_config(cfg)
     assert "metrics.listen: the exporters listen on 127.0.0.1" in str(err.value.problems[0])
-    cfg = load_config(config_with(tmp_path, text + '[metrics]\nlisten = "0.0.0.0"\n'))
+    remote = '[metrics]\nlisten = "0.0.0.0"\nallow_remote = true\n'
+    cfg = load_config(config_with(tmp_path, text + remote))
     job = prometheus_config(cfg)["scrape_configs"][0]  # type: ignore[index]
     assert job["static_configs"] == [{"targets": ["gpu1:9465"], "labels": {"host": "box"}}]  # type: ignore[index]
 
@@ -245,7 +246,7 @@ def test_rates_over_the_window_else_since_start() -> None:
 def test_switch_figures_from_the_records(tmp_path: Path) -> None:
     path = config_with(tmp_path, BASE)
     state = HostState.beside(path, "box")
-    assert not switch_figures(path, "box").any
+    assert not switch_figures(state).any
     gate = GateResult("chat", "smoke", True, "ok", acceptance=0.7)
     first = state.create({}, BASE, ".toml", GenerationRecord(gate=GateRecord("unverified")))
     kept = state.create(
@@ -264,7 +265,7 @@ def test_switch_figures_from_the_records(tmp_path: Path) -> None:
         ".toml",
         GenerationRecord(gate=GateRecord("failed", "smoke"), rollback=RollbackRecord(True)),
     )
-    found = switch_figures(path, "box")
+    found = switch_figures(state)
     assert (found.serving, found.newest, found.newest_verdict) == (kept.number, 3, "failed")
     assert (found.switches, found.rollbacks) == (2, 1)  # the first was found installed
     assert found.restarts["chat"].generation == kept.number

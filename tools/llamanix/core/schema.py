@@ -316,6 +316,14 @@ METRICS_FIELDS: tuple[Field, ...] = (
         "to a Prometheus on the same machine.",
         "127.0.0.1",
     ),
+    Field(
+        "allow_remote",
+        BOOL,
+        "Let the exporter listen on an address other than loopback. It serves every instance's "
+        "metrics, keyed ones included, to whoever reaches `listen` and `port`, without a key: "
+        "a `listen` beyond loopback is refused unless this says so.",
+        False,
+    ),
     Field("port", INT, "Port of each host's exporter.", 9465, minimum=1, maximum=65535),
     Field(
         "scrape_interval",

@@ -294,8 +294,10 @@ class HostState:
         config_text: str,
         config_suffix: str,
         record: GenerationRecord,
+        config_mode: int = 0o600,
     ) -> Generation:
-        """A new numbered generation, complete on disk before it becomes visible."""
+        """A new numbered generation, complete on disk before it becomes visible. Its copy of
+        the config gets ``config_mode`` (the file's own: readable by no more users)."""
         self.generations_dir.mkdir(parents=True, exist_ok=True)
         existing = self.generations()
         number = existing[-1].number + 1 if existing else 1
@@ -304,7 +306,7 @@ class HostState:
         (staging / FILES).mkdir(parents=True)
         for name, text in files.items():
             atomic_write(staging / FILES / name, text)
-        atomic_write(staging / f"config{config_suffix}", config_text)
+        atomic_write(staging / f"config{config_suffix}", config_text, mode=config_mode)
         _write_json(staging / RESULT, replace(record, number=number, date=now()).to_json())
         crash_point("generation:before-rename")
         os.replace(staging, self.generations_dir / str(number))

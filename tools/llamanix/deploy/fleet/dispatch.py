@@ -8,13 +8,13 @@ import shlex
 from dataclasses import dataclass
 
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
+from llamanix.deploy.config_edit import write_config
 from llamanix.deploy.fleet import remote
 from llamanix.deploy.fleet.rollout import HostOps, Lost, Unreachable
 from llamanix.deploy.request import RollbackRequest, SwitchRequest
 from llamanix.deploy.rollback import rollback_host
 from llamanix.deploy.switch import switch_host
 from llamanix.deploy.switch_records import Echo, HostOutcome, RollbackOptions
-from llamanix.external.files import atomic_write
 from llamanix.external.process import Runner
 
 
@@ -39,7 +39,7 @@ def switch_one(
         if runner.dry_run:
             runner.note(f"write {request.path} once {name} passes")
         elif outcome.result == "passed":
-            atomic_write(request.path, request.new_text)
+            write_config(request.path, request.new_text)
     return outcome
 
 
@@ -122,7 +122,7 @@ class FleetOps(HostOps):
         req = self.request
         if req.old_text == req.new_text or req.path.read_text() != req.new_text:
             return
-        atomic_write(req.path, req.old_text)
+        write_config(req.path, req.old_text)
         self.echo(f"rollout: {req.path} has its text from before the rollout again")
 
 
