@@ -424,7 +424,9 @@ INSTANCE_FIELDS: tuple[Field, ...] = (
     Field(
         "api_key_file",
         PATH,
-        "File holding the API key; passed as a systemd credential, never in argv or unit text.",
+        "File holding the API key; passed as a systemd credential, never in argv or unit text. "
+        "As llama-server reads it: one key per line, empty and `#` lines skipped; llamanix's "
+        "own clients (readiness, gates, bench, top, the exporter) use the first.",
     ),
     Field("extra_args", LIST_STR, "Arguments appended verbatim (checked against a probe).", []),
     Field("environment", DICT_STR, "Extra environment variables for the service.", {}),
