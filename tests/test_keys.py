@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
-from llamanix.core.api_key import first_key
+from llamanix.core.api_key import read_api_key
 from llamanix.core.errors import UserError
 from llamanix.deploy.fleet.agent import DIR_ENV
 from llamanix.deploy.fleet.protocol import PROTOCOL
@@ -42,8 +42,12 @@ from llamanix.deploy.fleet.protocol import PROTOCOL
     ],
     ids=["one", "no-newline", "several", "comment-first", "inner-space", "empty", "comments"],
 )
-def test_the_first_key_is_the_first_line_llama_server_keeps(text: bytes, key: str | None) -> None:
-    assert first_key(text, "k", "api_key_file") == key
+def test_the_first_key_is_the_first_line_llama_server_keeps(
+    tmp_path: Path, text: bytes, key: str | None
+) -> None:
+    path = tmp_path / "api-key"
+    path.write_bytes(text)
+    assert read_api_key(path, "api_key_file") == key
 
 
 @pytest.mark.parametrize(
@@ -59,15 +63,17 @@ def test_the_first_key_is_the_first_line_llama_server_keeps(text: bytes, key: st
     ids=["crlf", "leading-space", "trailing-tab", "control", "non-ascii", "not-utf8"],
 )
 def test_a_first_key_no_client_can_send_is_one_line_without_it(
-    text: bytes, line: int, says: str
+    tmp_path: Path, text: bytes, line: int, says: str
 ) -> None:
     """llama-server would hold the line whole (its carriage return, its spaces), which no HTTP
     client sends: refused, naming the line by its number and never by its text."""
+    path = tmp_path / "api-key"
+    path.write_bytes(text)
     with pytest.raises(UserError) as err:
-        first_key(text, "/etc/llamanix/api-key", "api_key_file")
+        read_api_key(path, "api_key_file")
     [problem] = err.value.problems
     message = str(problem)
-    assert message.startswith(f"/etc/llamanix/api-key: api_key_file: line {line} "), message
+    assert message.startswith(f"{path}: api_key_file: line {line} "), message
     assert says in message
     assert "secret" not in message and "\\x" not in message
 
