@@ -593,7 +593,7 @@ def test_the_exporter_unit_reads_a_keyed_instance_hardened(host: Host) -> None:
         f"{host.spec.name}: exporter unit exposure {online} online (running; no capability, "
         "the config and key as credentials, the records in a read-only bind)"
     )
-    assert online <= 2.5
+    assert online <= 1.0
     for each in (key, other):
         places = ("/etc/llamanix", "/var/lib", "/var/cache", "/run/systemd", "/run/render")
         assert key_leaks(host, each, UNITS, *places) == []
