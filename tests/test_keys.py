@@ -101,7 +101,7 @@ def test_every_reader_uses_the_first_key_and_prints_none(
             "-m",
             str(synth_models.target),
             "-c",
-            "256",
+            "1024",
             "-t",
             "1",
             "--metrics",
@@ -118,7 +118,7 @@ def test_every_reader_uses_the_first_key_and_prints_none(
     config.write_text(
         f'[hosts.dev]\nkind = "systemd"\nbinaries = {{ upstream = "{llama_server_bin}" }}\n'
         f'\n[instances.chat]\nmodel = "{synth_models.target}"\nport = {server.port}\n'
-        f'context = 256\nthreads = 1\napi_key_file = "{key_file}"\n'
+        f'context = 1024\nthreads = 1\napi_key_file = "{key_file}"\n'
     )
     fleet = tmp_path / "fleet"
     fleet.mkdir(mode=0o700)
