@@ -183,6 +183,9 @@ def normalised(files: dict[str, str]) -> dict[str, Any]:
             # No llama-server in it; line 1 names the source, as for the instances, and the
             # command reads the config it was rendered from (the TOML, or the module's JSON).
             body = text.split("\n", 1)[1]
+            # It reads the config as a credential, and the records beside it in a bind.
+            body = re.sub(r"LoadCredential=config\.(toml|json):\S+", "LoadCredential=CONFIG", body)
+            body = re.sub(r"BindReadOnlyPaths=-\S+:", "BindReadOnlyPaths=-STATE:", body)
             out[name] = re.sub(r" metrics \S+ ", " metrics CONFIG ", body)
         elif name.endswith(".service"):
             instance = name.removeprefix("llamanix-").removesuffix(".service")

@@ -30,6 +30,7 @@ from llamanix.deploy.plan import plan_config, unseen
 from llamanix.external.files import atomic_write
 from llamanix.external.llama_server import probe_binary
 from llamanix.render.observability import observability_files
+from llamanix.render.paths import open_key_files
 from llamanix.render.units import CapabilityMap, write_render
 
 FC = TypeVar("FC", bound=Callable[..., Any])
@@ -137,6 +138,9 @@ def _validate_one(config: Path, caps: CapabilityMap, remote: bool) -> Config:
         problems += found
         for line in warnings:
             click.echo(f"warning: {line}", err=True)
+    if not remote:
+        for open_key in open_key_files(cfg):
+            click.echo(f"warning: {open_key}", err=True)
     if problems:
         raise UserError(problems)
     return cfg

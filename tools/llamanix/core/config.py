@@ -123,6 +123,7 @@ class Metrics:
     docs/observability.md)."""
 
     listen: str = "127.0.0.1"
+    allow_remote: bool = False
     port: int = 9465
     scrape_interval: int = 15
     min_ceiling_share: float = 0.25
@@ -716,6 +717,17 @@ def _parse_gateway(c: _Checker, raw: Any, hosts: dict[str, Host]) -> Gateway | N
     return Gateway(**values)
 
 
+def remote_exporter_refusal(listen: str) -> tuple[str, str]:
+    """(message, fix) for an exporter asked to listen beyond loopback without
+    ``allow_remote``: it would re-serve keyed instances' metrics to anyone, with no key."""
+    return (
+        f"the exporter would serve every instance's metrics, keyed ones included, on {listen} "
+        "to whoever reaches it, without a key",
+        'keep listen = "127.0.0.1" for a Prometheus on the same machine, or add '
+        "allow_remote = true to [metrics] to mean it",
+    )
+
+
 def _parse_metrics(
     c: _Checker,
     raw: Any,
@@ -734,6 +746,8 @@ def _parse_metrics(
     if any(v is None for v in values.values()):
         return None
     metrics = Metrics(**values)
+    if not is_loopback(metrics.listen) and not metrics.allow_remote:
+        c.add("metrics.listen", *remote_exporter_refusal(metrics.listen))
     for inst in instances.values():
         router = hosts[inst.host].router
         if (router is None or inst.name not in router.members) and inst.port == metrics.port:

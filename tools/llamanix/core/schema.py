@@ -353,6 +353,14 @@ METRICS_FIELDS: tuple[Field, ...] = (
         "127.0.0.1",
         text="listen",
     ),
+    Field(
+        "allow_remote",
+        BOOL,
+        "Let the exporter listen on an address other than loopback. It serves every instance's "
+        "metrics, keyed ones included, to whoever reaches `listen` and `port`, without a key: "
+        "a `listen` beyond loopback is refused unless this says so.",
+        False,
+    ),
     Field("port", INT, "Port of each host's exporter.", 9465, minimum=1, maximum=65535),
     Field(
         "scrape_interval",
@@ -465,7 +473,9 @@ INSTANCE_FIELDS: tuple[Field, ...] = (
     Field(
         "api_key_file",
         PATH,
-        "File holding the API key; passed as a systemd credential, never in argv or unit text.",
+        "File holding the API key; passed as a systemd credential, never in argv or unit text. "
+        "As llama-server reads it: one key per line, empty and `#` lines skipped; llamanix's "
+        "own clients (readiness, gates, bench, top, the exporter) use the first.",
     ),
     Field(
         "keyless",

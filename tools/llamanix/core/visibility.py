@@ -221,3 +221,21 @@ def finding(
                 role, reader
             )
     return None
+
+
+def key_open_to_all(path: str, state: PathState) -> tuple[str, str] | None:
+    """(message, fix) when a key file is readable by every user of the machine: "other" may
+    read it and search every directory on the way to it. Any local process could then use the
+    key; the unit needs no such thing (systemd reads the key, as root or as the unit's user)."""
+    if state.target is None or state.target.is_dir:
+        return None
+    anyone = Reader(None)
+    if not all(_bits(node, anyone) & 1 for node in state.dirs):
+        return None
+    if not _bits(state.target, anyone) & 4:
+        return None
+    return (
+        f"{path} is readable by every user of this machine ({_mode(state.target, path)}): "
+        "any local process can use the key",
+        f"chmod 600 {path}",
+    )

@@ -1,11 +1,13 @@
 """Edits of llamanix.toml: the one read of the file a switch or rollback makes, ``--set
-KEY=VALUE`` applied with tomlkit (comments and layout kept), and the parse of an edited text
-before anything is written."""
+KEY=VALUE`` applied with tomlkit (comments and layout kept), the parse of an edited text
+before anything is written, and the write itself, which keeps the file as its owner set it up
+(through a symlink, its mode and owner kept)."""
 
 from __future__ import annotations
 
 import json
 import os
+import stat
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -18,6 +20,7 @@ import tomlkit.exceptions
 from llamanix.core import file_reader
 from llamanix.core.config import Config, config_data, parse_config, read_config_text, suggest
 from llamanix.core.errors import Problem, UserError
+from llamanix.external.files import rewrite
 
 
 def _parse_value(text: str) -> Any:
@@ -213,3 +216,62 @@ def lenient_parse(path: Path, text: str) -> Config | None:
         return parse_text(path, text)
     except UserError:
         return None
+
+
+_KEEP_FIX = "run llamanix as the file's owner, or as root"
+
+
+def rewrite_problem(path: Path) -> Problem | None:
+    """Why this process could not write the config at ``path`` with its mode and owner kept
+    (``write_config``), or None: checked before a switch changes anything."""
+    target = Path(os.path.realpath(path))
+    try:
+        st = os.stat(target)
+    except OSError as err:
+        return Problem(str(path), "", f"cannot read it ({err.strerror})", "check the path")
+    shown = f"{path} (a link to {target})" if path.is_symlink() else str(path)
+    if not os.access(target.parent, os.W_OK | os.X_OK):
+        return Problem(
+            str(path),
+            "",
+            f"cannot write {shown}: its directory {target.parent} is not writable here",
+            _KEEP_FIX,
+        )
+    if os.geteuid() == 0:
+        return None
+    if st.st_uid != os.geteuid():
+        return Problem(
+            str(path),
+            "",
+            f"{shown} belongs to uid {st.st_uid}: written as uid {os.geteuid()}, it would "
+            "change owners",
+            _KEEP_FIX,
+        )
+    if st.st_gid not in {os.getegid(), *os.getgroups()}:
+        return Problem(
+            str(path),
+            "",
+            f"{shown} has group {st.st_gid}, which uid {os.geteuid()} is not in: written "
+            "here, it would change groups",
+            _KEEP_FIX,
+        )
+    return None
+
+
+def write_config(path: Path, text: str) -> None:
+    """Write a switch's or rollback's text to the config at ``path`` atomically, as its owner
+    set it up: through a symlink to its target, with its mode and owner (a 0600 file stays
+    0600). One line, with nothing written, where that cannot be done."""
+    try:
+        rewrite(path, text)
+    except OSError as err:
+        found = rewrite_problem(path)
+        raise UserError(
+            found or Problem(str(path), "", f"cannot write it ({err.strerror})", _KEEP_FIX)
+        ) from None
+
+
+def config_mode(path: Path) -> int:
+    """The config file's permission bits, for its copies (a generation's snapshot): no
+    copy is readable by more users than the file is."""
+    return stat.S_IMODE(os.stat(path).st_mode) & 0o666

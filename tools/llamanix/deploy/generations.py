@@ -323,8 +323,10 @@ class HostState:
         config_text: str,
         config_suffix: str,
         record: GenerationRecord,
+        config_mode: int = 0o600,
     ) -> Generation:
-        """A new numbered generation, complete on disk before it becomes visible."""
+        """A new numbered generation, complete on disk before it becomes visible. Its copy of
+        the config gets ``config_mode`` (the file's own: readable by no more users)."""
         self.generations_dir.mkdir(parents=True, exist_ok=True)
         existing = self.generations()
         number = existing[-1].number + 1 if existing else 1
@@ -337,7 +339,7 @@ class HostState:
                 raise WriteFailed(staging / FILES, err) from None
             for name, text in files.items():
                 atomic_write(staging / FILES / name, text)
-            atomic_write(staging / f"config{config_suffix}", config_text)
+            atomic_write(staging / f"config{config_suffix}", config_text, mode=config_mode)
             _write_json(staging / RESULT, replace(record, number=number, date=now()).to_json())
         except WriteFailed:
             shutil.rmtree(staging, ignore_errors=True)  # a full disk leaves no half generation
@@ -385,7 +387,9 @@ class HostState:
         numbers = {g.number for g in self.generations()}
         try:
             yield
-        except WriteFailed:
+        except BaseException:
+            # Nothing is activated yet: whatever failed (a full disk, a config that cannot be
+            # rewritten as its owner set it up, Ctrl-C), the state goes back as it was.
             for gen in self.generations():
                 if gen.number not in numbers:
                     shutil.rmtree(gen.path, ignore_errors=True)

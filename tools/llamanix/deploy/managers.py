@@ -36,6 +36,7 @@ from llamanix.render.changes import (
     manifest_router,
     routed_members,
 )
+from llamanix.render.exporter_unit import UNIT as EXPORTER_UNIT
 from llamanix.render.manifest import MANIFEST, Render, same_unit, unit_name
 
 if TYPE_CHECKING:
@@ -200,7 +201,9 @@ class SystemdManager(_InstallsFiles):
     def installed(self) -> dict[str, str]:
         if not self.units_dir.is_dir():
             return {}
-        return {p.name: _unit_text(p) for p in sorted(self.units_dir.glob("llamanix-*.service"))}
+        # The exporter's unit is installed by hand, beside the render's: never the switch's.
+        found = sorted(self.units_dir.glob("llamanix-*.service"))
+        return {p.name: _unit_text(p) for p in found if p.name != EXPORTER_UNIT}
 
     def activate(
         self, runner: Runner, new: dict[str, str], old: dict[str, str], timeout_s: float
@@ -220,6 +223,11 @@ class SystemdManager(_InstallsFiles):
             started = systemctl.restart(runner, self.user, changed, check=False)
         else:
             started = self.restarts.restart(runner, self.user, changed)
+        if not self.user and (self.units_dir / EXPORTER_UNIT).exists():
+            # A system exporter has the config as a credential, a copy made when it started,
+            # and its records' bind only where they existed then: it starts again to see
+            # what this activation changed.
+            systemctl.try_restart(runner, self.user, [EXPORTER_UNIT])
         if started or runner.dry_run:
             return {}
         return self.not_serving(changed)

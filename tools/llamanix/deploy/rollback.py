@@ -8,6 +8,7 @@ from dataclasses import replace
 
 from llamanix.core import file_reader
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
+from llamanix.deploy.config_edit import write_config
 from llamanix.deploy.crash_point import crash_point
 from llamanix.deploy.generations import Generation, HostState
 from llamanix.deploy.managers import as_installed, make_manager
@@ -15,7 +16,6 @@ from llamanix.deploy.request import RollbackRequest
 from llamanix.deploy.serving import check_serving
 from llamanix.deploy.switch_records import Echo
 from llamanix.external.clock import now
-from llamanix.external.files import atomic_write
 from llamanix.external.process import Runner
 from llamanix.render.changes import diff_files
 
@@ -55,7 +55,7 @@ def rollback_host(request: RollbackRequest, runner: Runner, echo: Echo) -> Gener
         if snapshot_text is not None:
             runner.note(f"write {path}")
     elif snapshot_text is not None:
-        atomic_write(path, snapshot_text)
+        write_config(path, snapshot_text)
         crash_point("rollback:config-written")
     if manager.restores_the_previous_generation and opts.to is None:
         manager.restore(runner, new_files, old_files, timeout_s)

@@ -1,17 +1,8 @@
-"""Where a host's deploy state lives: ``.llamanix-state/HOST/`` beside the config (its
-generations, its manager record, and ``up``'s render directory). Its own module so that a
-command can see whether there is any state without loading the records that read it."""
+"""Where a host's deploy state lives (``core.state_dir``, which render reads too), for the
+deploy modules that name it here."""
 
 from __future__ import annotations
 
-from pathlib import Path
+from llamanix.core.state_dir import STATE_DIR, host_state_root
 
-from llamanix.core.types import child_name
-
-STATE_DIR = ".llamanix-state"
-
-
-def host_state_root(config: Path, host: str) -> Path:
-    """``.llamanix-state/HOST``: a host's name is one directory's name (core.types checks it
-    in the config; this holds for a name from anywhere else, e.g. --host)."""
-    return config.resolve().parent / STATE_DIR / child_name(host)
+__all__ = ["STATE_DIR", "host_state_root"]

@@ -22,6 +22,7 @@ from llamanix.core.errors import ExternalCommandError, UserError
 from llamanix.deploy import gateway_venv
 from llamanix.deploy.binary_dialect import refuse_other_dialect
 from llamanix.deploy.blue_green import Bridge, bridge_for, why_not
+from llamanix.deploy.config_edit import config_mode, write_config
 from llamanix.deploy.crash_point import crash_point
 from llamanix.deploy.gap_records import GapRecord
 from llamanix.deploy.gate import GatePrompts, confirm_regression, measure_baseline, run_gate
@@ -63,7 +64,7 @@ from llamanix.deploy.serving import (
 from llamanix.deploy.switch_records import Echo, HostOutcome, Restore, SwitchOptions
 from llamanix.deploy.warm import GIB, WarmCaches, WarmPlan, plan_for, state_directory
 from llamanix.deploy.warm_records import WarmRecord
-from llamanix.external.files import WriteFailed, atomic_write
+from llamanix.external.files import WriteFailed
 from llamanix.external.process import Runner
 from llamanix.render.changes import manifest_instances, render_changes, served_names
 from llamanix.render.gateway import UNIT_NAME as GATEWAY_UNIT
@@ -291,6 +292,7 @@ def _dry_run(sw: _HostSwitch) -> HostOutcome:
 def _stage(sw: _HostSwitch) -> Generation:
     """Record the new generation (gate "pending"), then write the config."""
     suffix = sw.path.suffix or ".toml"
+    mode = config_mode(sw.path)
     try:
         # A write that fails (a full disk) undoes the others: nothing is activated yet.
         with sw.state.all_or_nothing():
@@ -300,7 +302,9 @@ def _stage(sw: _HostSwitch) -> Generation:
                     gate=GateRecord("unverified"),
                     note="found installed before the first switch",
                 )
-                sw.state.set_current(sw.state.create(sw.old_files, sw.file_text, suffix, found))
+                sw.state.set_current(
+                    sw.state.create(sw.old_files, sw.file_text, suffix, found, mode)
+                )
             record = GenerationRecord(
                 instances=render_summary(sw.render),
                 changed=tuple(sw.changed),
@@ -308,11 +312,11 @@ def _stage(sw: _HostSwitch) -> Generation:
                 manager=sw.manager.describe(),
                 gate=GateRecord("pending", sw.gate),
             )
-            gen = sw.state.create(sw.new_files, sw.new_text, suffix, record)
+            gen = sw.state.create(sw.new_files, sw.new_text, suffix, record, mode)
             sw.state.set_manager(sw.manager.describe())
             crash_point("switch:staged")
             if sw.file_text != sw.new_text:
-                atomic_write(sw.path, sw.new_text)
+                write_config(sw.path, sw.new_text)
     except WriteFailed as err:
         [problem] = err.problems
         said = (
@@ -489,7 +493,7 @@ def _restore(
         f"{restored.number if restored else 'none (nothing was installed)'}"
     )
     if restore_config and sw.new_text != sw.old_text:  # _stage left the new text there
-        atomic_write(sw.path, sw.old_text)
+        write_config(sw.path, sw.old_text)
     if sw.manager.failed_activation_changes_nothing and not activated:
         detail = (
             f"{failed.name}: {failed.detail}; nixos-rebuild did not finish, so nothing "
@@ -587,7 +591,7 @@ def _reapply(
         f"generation {gen.number} again"
     )
     if restore_config and sw.new_text != sw.old_text:
-        atomic_write(sw.path, sw.new_text)
+        write_config(sw.path, sw.new_text)
     _reverse_restarts(sw)
     started = time.monotonic()
     try:

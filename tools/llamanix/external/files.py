@@ -7,6 +7,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import stat
 import tarfile
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -58,6 +59,30 @@ def atomic_write(path: Path, data: str | bytes, mode: int = 0o644) -> None:
     except OSError as err:
         Path(tmp).unlink(missing_ok=True)
         raise WriteFailed(path, err) from None
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def rewrite(path: Path, data: str | bytes) -> None:
+    """Give the existing file at ``path`` new content atomically, as its owner set it up: a
+    symlink is followed and its target replaced (the link stays a link), and the new file gets
+    the old one's mode and owner before it holds anything. OSError, with nothing changed, where
+    that cannot be done (PermissionError: this process may not give the file its owner)."""
+    target = Path(os.path.realpath(path))
+    st = os.stat(target)
+    raw = data.encode() if isinstance(data, str) else data
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            if (st.st_uid, st.st_gid) != (os.geteuid(), os.getegid()):
+                os.fchown(fh.fileno(), st.st_uid, st.st_gid)
+            # After the owner: chown clears the set-id bits.
+            os.fchmod(fh.fileno(), stat.S_IMODE(st.st_mode))
+            fh.write(raw)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

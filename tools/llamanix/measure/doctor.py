@@ -34,6 +34,7 @@ from llamanix.measure.gguf_header import has_chat_template
 from llamanix.measure.gguf_info import GgufInfo, read_gguf, read_vocab, vocab_mismatch
 from llamanix.measure.server_log import ServerLog
 from llamanix.measure.workloads import WorkloadFigures
+from llamanix.render.paths import key_files, open_key_files
 
 Severity = Literal["error", "warning", "info"]
 # What each check looks at; a report lists every check that ran under its name.
@@ -52,6 +53,7 @@ CheckName = Literal[
     "spec-bench",
     "spec-crossover",
     "spec-workloads",
+    "key-file",
 ]
 # A check passed, found something, or could not look (and says why).
 Outcome = Literal["ok", "finding", "skipped"]
@@ -74,6 +76,7 @@ FindingCode = Literal[
     "spec-workload-costs",
     "spec-workload-pays",
     "spec-workload-unclear",
+    "key-readable",
 ]
 # Below this share of drafted tokens kept, drafting costs more than it saves (users of a 27B
 # model reported 12% on ik, and 50% with a draft spending 78% of the time: both slower).
@@ -312,6 +315,28 @@ def check_chat_template(report: Report, inst: Instance) -> None:
         'send raw text to /completion (bench, lossless and doctor: --prompts with "text" '
         "prompts, e.g. realtext), or serve an instruction-tuned model",
     )
+
+
+def check_key_file(report: Report, config: Config, inst: Instance) -> None:
+    """The key file clients of the instance use (its router's, for a member): one every user
+    of this machine can read is a warning."""
+    router = config.hosts[inst.host].router
+    routed = router is not None and inst.name in router.members
+    owner = f"hosts.{inst.host}.router" if routed else f"instances.{inst.name}"
+    field = f"{owner}.api_key_file"
+    fields = [f for f in key_files(config) if f[0] == field]
+    if not fields:
+        report.skipped("key-file", "no api_key_file")
+        return
+    if config.hosts[inst.host].target is not None:
+        report.skipped("key-file", "the key file is on another host")
+        return
+    found = open_key_files(config, fields)
+    if not found:
+        report.ran("key-file")
+        return
+    report.ran("key-file", "finding")
+    report.add("warning", "key-readable", inst.name, found[0].message, found[0].fix)
 
 
 def check_vram(report: Report, inst: Instance, gpu: Gpu | None) -> None:
@@ -797,6 +822,7 @@ def diagnose(
         local = host.target is None
         gpu = instance_gpu(config, host, gpu_override, smi if local else None)
         check_server_exit(report, inst, inputs.log)
+        check_key_file(report, config, inst)
         check_vocab(report, inst)
         check_chat_template(report, inst)
         check_vram(report, inst, gpu)

@@ -104,6 +104,16 @@ def path(value: str) -> UnitText:
     return UnitText(value.replace("%", "%%"))
 
 
+def bind_path(source: str, destination: str, *, optional: bool = True) -> UnitText:
+    """One ``BindReadOnlyPaths=`` item, ``[-]SOURCE:DESTINATION``: a list item that systemd
+    splits at blanks and at ':', so neither path may hold one (nor a quote or a backslash)."""
+    for value in (source, destination):
+        path(value)
+        if any(ch in value for ch in " :\"'\\"):
+            raise UnitValueError(value, "a bound path with a blank, ':', a quote or a backslash")
+    return UnitText(("-" if optional else "") + f"{path(source)}:{path(destination)}")
+
+
 def credential_path(credential: str, source: str) -> UnitText:
     """``LoadCredential=``'s value: the credential's id and the file systemd reads it from."""
     return UnitText(f"{word(credential)}:{path(source)}")

@@ -9,13 +9,13 @@ from dataclasses import dataclass
 
 from llamanix.core import file_reader
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
+from llamanix.deploy.config_edit import write_config
 from llamanix.deploy.fleet import remote
 from llamanix.deploy.fleet.rollout import HostOps, Lost, Unreachable
 from llamanix.deploy.request import RollbackRequest, SwitchRequest
 from llamanix.deploy.rollback import rollback_host
 from llamanix.deploy.switch import switch_host
 from llamanix.deploy.switch_records import Echo, HostOutcome, RollbackOptions
-from llamanix.external.files import atomic_write
 from llamanix.external.process import Runner
 
 
@@ -40,7 +40,7 @@ def switch_one(
         if runner.dry_run:
             runner.note(f"write {request.path} once {name} passes")
         elif outcome.result == "passed":
-            atomic_write(request.path, request.new_text)
+            write_config(request.path, request.new_text)
     return outcome
 
 
@@ -126,7 +126,7 @@ class FleetOps(HostOps):
             return
         if file_reader.read_text(req.path, source=str(req.path)) != req.new_text:
             return
-        atomic_write(req.path, req.old_text)
+        write_config(req.path, req.old_text)
         self.echo(f"rollout: {req.path} has its text from before the rollout again")
 
 
