@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 
 import click
 
+from llamanix.cli.host_flag import host_flag
 from llamanix.cli.options import (
     DIRECTORY,
     FILE,
@@ -24,9 +25,11 @@ from llamanix.core.config import Config, load_config
 from llamanix.core.errors import Problem, UserError
 from llamanix.core.probe import Capabilities, load_capabilities
 from llamanix.core.probe_diff import probe_diff
+from llamanix.deploy.host_kind import refuse_unstated_nixos, unstated_nixos
 from llamanix.deploy.host_plan import print_plan
 from llamanix.deploy.host_render import render_host
 from llamanix.deploy.plan import plan_config, unseen
+from llamanix.deploy.port_check import taken_ports
 from llamanix.external.files import atomic_write
 from llamanix.external.llama_server import probe_binary
 from llamanix.render.observability import observability_files
@@ -107,7 +110,8 @@ def validate(
                 f"{_count(len(cfg.hosts), 'host')})"
             )
     if as_json:
-        _echo_json(results[0] if len(results) == 1 else results)
+        # One shape however many files: a list, one object per CONFIG.
+        _echo_json(results)
         if failed:
             exit_with(2)
         return
@@ -125,6 +129,12 @@ def _validate_one(config: Path, caps: CapabilityMap, remote: bool) -> Config:
     for host in cfg.hosts:
         if not cfg.instances_on(host):
             continue
+        here = not remote and cfg.hosts[host].target is None
+        unstated = unstated_nixos(cfg, host) if here else None
+        if unstated is not None:
+            problems.append(unstated)
+        if here:
+            problems += taken_ports(cfg, host)
         try:
             problems += unseen(cfg, render_host(cfg, host, caps), here=not remote)
             observability_files(cfg, host, user=cfg.hosts[host].kind == "systemd-user")
@@ -221,7 +231,9 @@ def render(
 ) -> None:
     """Write llamanix-NAME.service, NAME.argv.json and manifest.json for a host."""
     cfg = load_config(config)
-    result = render_host(cfg, host, _load_caps(capabilities), user=True if user else None)
+    with host_flag(host):
+        result = render_host(cfg, host, _load_caps(capabilities), user=True if user else None)
+    refuse_unstated_nixos(cfg, [result.host])
     # The exporter, Prometheus and Grafana files ([metrics]): computed before anything is
     # written, so a mistake there writes nothing either.
     extra = observability_files(cfg, result.host, user=result.kind == "systemd-user")
