@@ -357,7 +357,7 @@ def test_llamanix_itself_is_named_once(
     cfg.write_text(
         '[hosts.box]\nkind = "systemd"\n'
         f'binaries = {{ upstream = "{make(base / "bin" / "llama-server", 0o755)}" }}\n'
-        '[instances.a]\nmodel = "/srv/a.gguf"\n[instances.b]\nmodel = "/srv/b.gguf"\nport = 9\n'
+        '[instances.a]\nmodel = "/srv/a.gguf"\n[instances.b]\nmodel = "/srv/b.gguf"\nport = 9009\n'
     )
     result = CliRunner().invoke(main, ["validate", str(cfg)])
     assert result.exit_code == 2

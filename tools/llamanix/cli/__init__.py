@@ -28,6 +28,7 @@ from llamanix.external import interrupt
 # under "Other commands" so nothing is hidden.
 COMMAND_GROUPS: dict[str, tuple[str, ...]] = {
     "Serve and deploy": (
+        "init",
         "plan",
         "validate",
         "render",
@@ -38,6 +39,7 @@ COMMAND_GROUPS: dict[str, tuple[str, ...]] = {
         "rollback",
         "generations",
         "pin",
+        "build",
         "up",
         "readiness",
     ),
@@ -58,6 +60,10 @@ COMMAND_GROUPS: dict[str, tuple[str, ...]] = {
 # help, which `--help` and completion show without importing that module. tests/test_cli.py
 # checks both against the commands themselves.
 COMMANDS: dict[str, tuple[str, str]] = {
+    "init": (
+        "init",
+        "Write a starter config (default ./llamanix.toml) from what this machine has.",
+    ),
     "validate": ("core", "Check each CONFIG; exit 2 with one line per problem."),
     "argv": ("core", "Print INSTANCE's exact llama-server argv as a JSON list, program first."),
     "plan": ("core", "Per host: each instance's variant, address, speculation and command line."),
@@ -124,6 +130,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "List a host's generations: date, variant and source revision per instance, gate.",
     ),
     "pin": ("deploy", "Pin a variant's flake input to REV (or --latest); `plan` shows the pins."),
+    "build": (
+        "build",
+        "Build VARIANT with Nix from the flake's pins, and record it in hosts.NAME.binaries.",
+    ),
     "readiness": (
         "readiness",
         "Exit 0 once a llama-server serves: /health is 200 and a one-token completion answers.",

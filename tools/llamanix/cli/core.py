@@ -125,6 +125,12 @@ def _count(n: int, word: str) -> str:
 
 def _validate_one(config: Path, caps: CapabilityMap, remote: bool) -> Config:
     cfg = load_config(config)
+    validate_loaded(cfg, caps, remote)
+    return cfg
+
+
+def validate_loaded(cfg: Config, caps: CapabilityMap, remote: bool) -> None:
+    """What validate checks beyond reading the file: UserError with every problem."""
     problems: list[Problem] = []
     for host in cfg.hosts:
         if not cfg.instances_on(host):
@@ -149,7 +155,6 @@ def _validate_one(config: Path, caps: CapabilityMap, remote: bool) -> Config:
             click.echo(f"warning: {line}", err=True)
     if problems:
         raise UserError(problems)
-    return cfg
 
 
 @click.command("argv")

@@ -31,8 +31,13 @@ def _address(hex_address: str) -> str:
     return str(ipaddress.ip_address(words))
 
 
-def _sockets(port: int) -> dict[int, tuple[str, int]]:
-    """inode -> (address, port) of the sockets listening on ``port``."""
+def listening_ports() -> frozenset[int]:
+    """Every TCP port something listens on here."""
+    return frozenset(port for _, port in _sockets(None).values())
+
+
+def _sockets(port: int | None) -> dict[int, tuple[str, int]]:
+    """inode -> (address, port) of the sockets listening on ``port`` (None: on any)."""
     found: dict[int, tuple[str, int]] = {}
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
@@ -44,8 +49,9 @@ def _sockets(port: int) -> dict[int, tuple[str, int]]:
             if len(fields) < 10 or fields[3] != _LISTEN:
                 continue
             address, _, hex_port = fields[1].rpartition(":")
-            if int(hex_port, 16) == port:
-                found[int(fields[9])] = (_address(address), port)
+            number = int(hex_port, 16)
+            if port is None or number == port:
+                found[int(fields[9])] = (_address(address), number)
     return found
 
 
