@@ -62,6 +62,18 @@ def dialect_problems(config: Config, host: str) -> list[Problem]:
     return problems
 
 
+def probed_binaries(config: Config, host: str) -> dict[str, bool]:
+    """Each binary of ``host``'s units, once, and whether this check can ask it (an absolute
+    path it may run here): what a dry run says it probed."""
+    h = config.hosts[host]
+    found: dict[str, bool] = {}
+    for inst in config.instances_on(host):
+        binary = binary_of(inst, h, VARIANTS[inst.variant])
+        if binary is not None and binary not in found:
+            found[binary] = os.path.isabs(binary) and os.access(binary, os.X_OK)
+    return found
+
+
 def refuse_other_dialect(config: Config, host: str) -> None:
     """UserError, before anything is written or installed, when a binary of ``host`` is another
     project's build than its variant names."""
