@@ -7,9 +7,9 @@ from pathlib import Path
 
 import click
 from click.core import ParameterSource
-from rich.console import Console
 from rich.table import Table
 
+from llamanix.cli.console import console
 from llamanix.cli.fleet import EXIT_INTERRUPTED, one_of_host_flags, print_rollout
 from llamanix.cli.host_flag import host_flag
 from llamanix.cli.options import (
@@ -26,7 +26,7 @@ from llamanix.cli.options import (
     json_flag,
     timeout_option,
 )
-from llamanix.cli.switch_options import WAIT, rollback_options, switch_options
+from llamanix.cli.switch_options import PIN_WAIT, rollback_options, switch_options
 from llamanix.core.config import load_config
 from llamanix.core.errors import Problem, UserError
 from llamanix.core.host_choice import pick_host
@@ -103,6 +103,16 @@ _HOSTS = click.option(
     "--hosts",
     metavar="A,B,...",
     help="A rolling switch of these hosts, in this order: the first is the canary.",
+)
+_ROLLBACK_HOSTS = click.option(
+    "--hosts",
+    metavar="A,B,...",
+    help="Roll back each of these hosts, in this order, stopping at the first that fails.",
+)
+_GENERATIONS_HOSTS = click.option(
+    "--hosts",
+    metavar="A,B,...",
+    help="List the generations of each of these hosts, in this order.",
 )
 _ALL_HOSTS = click.option(
     "--all-hosts", is_flag=True, help="A rolling switch of every host, in config order."
@@ -192,7 +202,7 @@ def switch(
 @click.command()
 @config_argument(default="llamanix.toml")
 @host_option("Host to roll back (may be left out when the config has one).")
-@_HOSTS
+@_ROLLBACK_HOSTS
 @click.option("--dry-run", is_flag=True, help="Print the commands a real run would execute.")
 @rollback_options
 def rollback(
@@ -224,7 +234,7 @@ def rollback(
 @click.command()
 @config_argument(default="llamanix.toml")
 @host_option()
-@_HOSTS
+@_GENERATIONS_HOSTS
 @json_flag
 def generations(config: Path, host: str | None, hosts: str | None, as_json: bool) -> None:
     """List a host's generations: date, variant and source revision per instance, gate.
@@ -270,7 +280,7 @@ def generations(config: Path, host: str | None, hosts: str | None, as_json: bool
                 _verdict_cell(row.record, row.not_serving_now),
             ]
             table.add_row(*cells, *([gap] if any(gaps) else []))
-        Console().print(table)
+        console().print(table)
 
 
 def _default_config_exists(config: Path, command: str) -> None:
@@ -342,7 +352,7 @@ def _verdict_cell(record: GenerationRecord, not_serving: dict[str, str]) -> str:
     show_default=True,
     help="The llamanix flake (with flake.lock).",
 )
-@WAIT
+@PIN_WAIT
 @click.option("--dry-run", is_flag=True, help="Print the command instead of running it.")
 @config_option("Config whose instances of VARIANT the drift report covers.")
 @click.option(

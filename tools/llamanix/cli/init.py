@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import click
 
-from llamanix.cli.options import FILE, exit_with
+from llamanix.cli.options import DIRECTORY, FILE, exit_with
 from llamanix.core.config import load_config
 from llamanix.core.errors import Problem, UserError
 from llamanix.deploy import init_config
@@ -18,14 +19,14 @@ from llamanix.external.files import create_new
 @click.option(
     "--models",
     "models_dir",
-    type=click.Path(path_type=Path, file_okay=False, exists=True),
+    type=DIRECTORY,
     help="A directory of GGUF files: the first becomes the instance's model.",
 )
 @click.option(
     "--binary",
     "binaries",
     multiple=True,
-    type=click.Path(path_type=Path, dir_okay=False, exists=True),
+    type=FILE,
     help="A llama-server to probe besides those on PATH, /usr/local/bin and /opt; repeatable.",
 )
 @click.option("--host", "host", help="The host's name in the config (default: this machine's).")
@@ -48,6 +49,17 @@ def init_cmd(
         )  # fmt: skip
     if not out.parent.is_dir():
         raise UserError(Problem(str(out), "", "its directory does not exist", "create it first"))
+    if models_dir is not None and not models_dir.is_dir():
+        raise UserError(
+            Problem("llamanix init", "--models", f"{models_dir} is not a directory",
+                    "name the directory that holds your GGUF files")
+        )  # fmt: skip
+    for binary in binaries:
+        if not binary.is_file() or not os.access(binary, os.X_OK):
+            raise UserError(
+                Problem("llamanix init", "--binary", f"{binary} is not an executable file",
+                        "give the path of a llama-server binary")
+            )  # fmt: skip
     name = host or init_config.host_name_here()
     found = init_config.look(models_dir, binaries)
     text = init_config.config_text(found, name, instance, models_dir)
