@@ -86,9 +86,17 @@
             # CUDA is unfree; allow exactly its licenses, by nixpkgs' own predicate
             # (pkgs/development/cuda-modules/_cuda/lib). CUDA itself is switched on per package
             # (cudaArchs), not with nixpkgs' global cudaSupport, so nothing else is rebuilt.
-            config.allowUnfreePredicate =
-              nixpkgs.legacyPackages.${system}._cuda.lib.allowUnfreeCudaPredicate;
+            config.allowUnfreePredicate = package: allowUnfreeCuda package;
           };
+          # Read from this very package set: nixpkgs calls the predicate only on a package's
+          # license, long after the set exists, so no second nixpkgs is instantiated for it. A
+          # nixpkgs from before _cuda (an older one through inputs.nixpkgs.follows) gets the same
+          # rule over the NVIDIA licenses its lib names, and a warning.
+          allowUnfreeCuda =
+            pkgs._cuda.lib.allowUnfreeCudaPredicate or (lib.warn
+              "llamanix: this nixpkgs has no _cuda (nixpkgs' CUDA helpers): CUDA's unfree licenses are allowed by llamanix's copy of its predicate, over the NVIDIA licenses lib.licenses names (${builtins.concatStringsSep ", " (llamanixLib.nvidiaLicenseNames lib.licenses)}); a newer nixpkgs has its own"
+              (llamanixLib.cudaLicensePredicate lib.licenses)
+            );
 
           # A tiny GGUF made at build time (`llamanix synth-model`): the model of the VM test and
           # the GPU smoke checks, which may download nothing.
@@ -215,6 +223,10 @@
           _file = key;
           inherit key;
           imports = [ ./modules/llamanix.nix ];
+          # Every module of the system gets this flake as the argument `llamanix`, so one written
+          # `{ llamanix, ... }:` (llamanix.lib.fromToml, say) works without specialArgs; the docs
+          # write modules so. A `llamanix` of the user's own (specialArgs, _module.args) wins.
+          _module.args.llamanix = lib.mkDefault self;
           nixpkgs.overlays = lib.mkIf (useSystemNixpkgs && !readOnlyPkgs) [ overlay ];
           assertions = [
             {

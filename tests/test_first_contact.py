@@ -156,7 +156,8 @@ def test_a_set_environment_value_says_to_quote_it(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 2
     assert result.stderr.strip() == (
-        f'{cfg}: instances.chat.environment.FOO: must be a string, got 1 (quote it: FOO = "1")'
+        f"{cfg}: instances.chat.environment: must be a table of strings, got 1 for FOO "
+        '(quote it: FOO = "1")'
     )
     assert cfg.read_text() == before
 

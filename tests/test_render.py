@@ -322,12 +322,13 @@ def test_only_units_reachable_beyond_loopback_or_downloading_wait_for_the_networ
     """As nixpkgs' llama-cpp and llama-swap modules: after network.target; only a server others
     reach (or one that downloads) wants network-online.target, so boot does not wait for the
     network for a loopback listener."""
-    data = host_config("systemd", False, listen=listen, extra_args=extra)
+    data = host_config("systemd", False, listen=listen, extra_args=extra, keyless=True)
     unit = "llamanix-a.service"
     if routed:
         data["instances"]["a"]["listen"] = "127.0.0.1"
         data["hosts"]["h"]["router"] = {"kind": "llama-server", "members": ["a"], "port": 8090}
         data["hosts"]["h"]["router"]["listen"] = listen
+        data["hosts"]["h"]["router"]["keyless"] = True
         unit = "llamanix-router.service"
     out = render_to(tmp_path, data)
     text = (out / unit).read_text()

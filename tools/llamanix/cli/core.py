@@ -23,12 +23,13 @@ from llamanix.core import schema
 from llamanix.core.argv import dialect_warning, instance_argv
 from llamanix.core.config import Config, load_config
 from llamanix.core.errors import Problem, UserError
+from llamanix.core.gpus import arch_mismatch, load_gpus
 from llamanix.core.probe import Capabilities, load_capabilities
 from llamanix.core.probe_diff import probe_diff
 from llamanix.deploy.host_kind import refuse_unstated_nixos, unstated_nixos
 from llamanix.deploy.host_plan import print_plan
 from llamanix.deploy.host_render import render_host
-from llamanix.deploy.plan import plan_config, unseen
+from llamanix.deploy.plan import arch_warnings, plan_config, unseen
 from llamanix.deploy.port_check import taken_ports
 from llamanix.external.files import atomic_write
 from llamanix.external.llama_server import probe_binary
@@ -142,7 +143,9 @@ def validate_loaded(cfg: Config, caps: CapabilityMap, remote: bool) -> None:
         if here:
             problems += taken_ports(cfg, host)
         try:
-            problems += unseen(cfg, render_host(cfg, host, caps), here=not remote)
+            render = render_host(cfg, host, caps)
+            problems += unseen(cfg, render, here=not remote)
+            problems += _left_out_gpu(cfg, host, any(r.gpu for r in render.instances))
             observability_files(cfg, host, user=cfg.hosts[host].kind == "systemd-user")
         except UserError as err:
             problems += err.problems
@@ -155,6 +158,19 @@ def validate_loaded(cfg: Config, caps: CapabilityMap, remote: bool) -> None:
             click.echo(f"warning: {line}", err=True)
     if problems:
         raise UserError(problems)
+
+
+def _left_out_gpu(cfg: Config, host: str, gpu: bool) -> list[Problem]:
+    """A host whose instances use its GPU, and whose cuda_archs build no code for that card:
+    the words plan warns with (deploy.plan.arch_warnings) and doctor finds, refused here,
+    before anything is built."""
+    warned = arch_warnings(cfg.hosts[host], gpu)
+    if not warned:
+        return []
+    card = load_gpus()[cfg.hosts[host].gpu or ""]
+    mismatch = arch_mismatch(card.label, card.compute_capability, host, cfg.hosts[host].cuda_archs)
+    assert mismatch is not None  # arch_warnings said so
+    return [Problem(cfg.source, f"hosts.{host}.cuda_archs", mismatch.message, mismatch.fix)]
 
 
 @click.command("argv")

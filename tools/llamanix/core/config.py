@@ -20,7 +20,7 @@ from typing import Any, cast
 from llamanix.core import schema
 from llamanix.core.address import SshTarget, is_loopback, parse_target
 from llamanix.core.api_key import key_env
-from llamanix.core.errors import Problem, UserError
+from llamanix.core.errors import Problem, UserError, one_line
 from llamanix.core.gpus import load_gpus
 from llamanix.core.schema import (
     SPEC_DRAFTERS,
@@ -34,6 +34,7 @@ from llamanix.core.schema import (
     RoutingStrategy,
     VariantName,
 )
+from llamanix.core.types import TYPES, TextKind, shown, text_problem
 from llamanix.core.variants import DRAFTER_SETTINGS, VARIANTS, Variant, variant_for_other_name
 
 IMPLICIT_HOST = "local"
@@ -98,6 +99,7 @@ class Router:
     idle_ttl: int = 0  # seconds; 0 = never unloaded
     max_loaded: int | None = None  # None: what fits together (plan), else all
     api_key_file: str | None = None
+    keyless: bool = False  # open beyond loopback without a key, on purpose
     binary: str | None = None  # llama-swap on systemd hosts
 
 
@@ -180,6 +182,7 @@ class Instance:
     metrics: bool = True
     warm_switch: bool = False
     api_key_file: str | None = None
+    keyless: bool = False  # open beyond loopback without a key, on purpose
     extra_args: tuple[str, ...] = ()
     environment: dict[str, str] = field(default_factory=dict)
     speculative: Speculative = field(default_factory=Speculative)
@@ -244,9 +247,9 @@ class _Checker:
                 self.add(where, f"must be a non-empty string, got {_describe(value)}")
                 return None
             if kind == schema.PATH and not value.startswith("/"):
-                self.add(where, f"'{value}' is a relative path", "use an absolute path")
+                self.add(where, f"{shown(value)} is a relative path", "use an absolute path")
                 return None
-            return value
+            return self.text(where, f, value)
         if kind == schema.BOOL:
             if not isinstance(value, bool):
                 self.add(where, f"must be true or false, got {_describe(value)}")
@@ -271,8 +274,8 @@ class _Checker:
         if kind == schema.ENUM:
             choices = variants if (f.name == "variant" and variants) else f.values
             if not isinstance(value, str) or value not in choices:
-                shown = value if isinstance(value, str) else _describe(value)
-                self.add(where, f"unknown value '{shown}'", suggest(str(shown), choices))
+                given = one_line(value) if isinstance(value, str) else _describe(value)
+                self.add(where, f"unknown value '{given}'", suggest(str(given), choices))
                 return None
             return value
         if kind == schema.LAYERS:
@@ -294,25 +297,50 @@ class _Checker:
             return None
         if kind == schema.LIST_STR:
             if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-                self.add(where, f"must be a list of strings, got {_describe(value)}")
+                bad = _first_not_str(value)
+                self.add(where, f"must be a list of strings, got {bad}", _quote_fix(value))
                 return None
-            return tuple(value)
+            items = [self.text(f"{where}[{i}]", f, v) for i, v in enumerate(value)]
+            return None if None in items else tuple(value)
         if kind == schema.DICT_STR:
-            if not isinstance(value, dict):
-                self.add(where, f"must be a table of strings, got {_describe(value)}")
+            if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+                bad = _first_not_str(value)
+                self.add(where, f"must be a table of strings, got {bad}", _quote_fix(value))
                 return None
-            return self._strings_only(where, value)
+            ok = True
+            for key, item in value.items():
+                assert f.keys is not None  # a table of strings declares its keys' type
+                if (
+                    self.name(f"{where}.{_key(key)}", key, f.keys) is None
+                    or self.text(f"{where}.{_key(key)}", f, item) is None
+                ):
+                    ok = False
+            return dict(value) if ok else None
         raise AssertionError(f"schema kind {kind!r} has no check")  # a bug in schema.py
 
-    def _strings_only(self, where: str, table: dict[str, Any]) -> dict[str, str] | None:
-        """A table of strings: each value that is not one is named by its own key, with the
-        quoted spelling that fixes it (an environment variable's 1 is "1")."""
-        wrong = {k: v for k, v in table.items() if not isinstance(v, str)}
-        for key, v in wrong.items():
-            shown = json.dumps(v) if isinstance(v, bool | int | float) else None
-            fix = f"quote it: {key} = {json.dumps(shown)}" if shown else "write a string"
-            self.add(f"{where}.{key}", f"must be a string, got {_describe(v)}", fix)
-        return None if wrong else dict(table)
+    def text(self, where: str, f: Field, value: str) -> str | None:
+        """A string checked against its field's declared type (core.types)."""
+        assert f.text is not None  # every string field declares one (core.schema)
+        if f.text == "ssh_target":
+            # ssh's own reading says more precisely what is wrong than the pattern does.
+            try:
+                parse_target(value)
+            except ValueError as err:
+                self.add(where, f"{shown(value)} {err}", TARGET_FIX)
+                return None
+        problem = text_problem(f.text, value)
+        if problem is not None:
+            self.add(where, problem, TYPES[f.text].fix)
+            return None
+        return value
+
+    def name(self, where: str, value: str, kind: TextKind = schema.TABLE_NAME) -> str | None:
+        """A table's name (or a table of strings' key) checked against its type."""
+        problem = text_problem(kind, value)
+        if problem is not None:
+            self.add(where, problem, TYPES[kind].fix)
+            return None
+        return value
 
     def _enum_list(self, where: str, f: Field, value: Any) -> tuple[str, ...] | None:
         items = value if isinstance(value, list) else [value]
@@ -321,8 +349,8 @@ class _Checker:
             return None
         for item in items:
             if not isinstance(item, str) or item not in f.values:
-                shown = item if isinstance(item, str) else _describe(item)
-                self.add(where, f"unknown value '{shown}'", suggest(str(shown), f.values))
+                given = one_line(item) if isinstance(item, str) else _describe(item)
+                self.add(where, f"unknown value '{given}'", suggest(str(given), f.values))
                 return None
         if len(items) > 1 and "none" in items:
             self.add(where, "'none' in a chain", 'write "none" alone, or leave it out')
@@ -367,11 +395,53 @@ def _range_fix(f: Field) -> str:
     return f"use a value of at most {hi}"
 
 
+def _first_not_str(value: Any) -> str:
+    """What a list or table of strings holds that is not a string: the item itself (an
+    integer, a table...), with its key, so the message points at what to change."""
+    if isinstance(value, list):
+        for i, item in enumerate(value):
+            if not isinstance(item, str):
+                return f"{_describe(item)} at [{i}]"
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(item, str):
+                return f"{_describe(item)} for {_key(key)}"
+    return _describe(value)
+
+
+def _quote_fix(value: Any) -> str:
+    """How to write the first item of a list or table of strings that is not one: a number or
+    a boolean quoted (an environment variable's 1 is "1"), anything else as a string."""
+    items: list[tuple[str | None, Any]] = []
+    if isinstance(value, dict):
+        items = [(str(k), v) for k, v in value.items()]
+    elif isinstance(value, list):
+        items = [(None, v) for v in value]
+    for key, item in items:
+        if isinstance(item, str):
+            continue
+        if isinstance(item, bool | int | float):
+            quoted = json.dumps(json.dumps(item))
+            return f"quote it: {_key(key)} = {quoted}" if key is not None else f"quote it: {quoted}"
+        return "write it as a string"
+    return ""
+
+
+def _key(key: str) -> str:
+    """A key as a dotted path writes it: bare where TOML allows, else quoted."""
+    if _BARE_KEY.fullmatch(key):
+        return key
+    return '"' + one_line(key.replace("\\", "\\\\").replace('"', '\\"')) + '"'
+
+
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+
+
 def _describe(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):
-        return f"'{value}'"
+        return shown(value)
     if isinstance(value, dict):
         return "a table"
     if isinstance(value, list):
@@ -464,6 +534,8 @@ def parse_config(data: dict[str, Any], source: str) -> Config:
 
     instances: dict[str, Instance] = {}
     for name, raw in instances_raw.items():
+        if c.name(f"instances.{_key(name)}", name) is None or not _free_name(c, name):
+            continue
         inst = _parse_instance(
             c, name, defaults, c.table(f"instances.{name}", raw), hosts, variants
         )
@@ -472,6 +544,7 @@ def parse_config(data: dict[str, Any], source: str) -> Config:
 
     _check_ports(c, instances, hosts)
     _check_routers(c, hosts, instances)
+    _check_keys(c, hosts, instances)
     gateway = None
     if "gateway" in data:
         gateway = _parse_gateway(c, data["gateway"], hosts)
@@ -500,11 +573,35 @@ def parse_config(data: dict[str, Any], source: str) -> Config:
     )
 
 
+def _free_name(c: _Checker, name: str) -> bool:
+    """An instance's name is its unit's (llamanix-NAME.service): it may not be a unit llamanix
+    derives for something else, the router's, the gateway's, the exporter's or a bridge's."""
+    if name in schema.RESERVED_NAMES:
+        c.add(
+            f"instances.{name}",
+            f"'{name}' is reserved: llamanix-{name}.service is llamanix's {name}",
+            "rename the instance",
+        )
+        return False
+    if name.endswith(schema.BRIDGE_SUFFIX):
+        c.add(
+            f"instances.{name}",
+            f"names ending in '{schema.BRIDGE_SUFFIX}' are reserved: a blue-green switch of "
+            f"instance '{name.removesuffix(schema.BRIDGE_SUFFIX)}' runs its bridge as "
+            f"llamanix-{name}.service",
+            "rename the instance",
+        )
+        return False
+    return True
+
+
 def _parse_hosts(c: _Checker, raw: dict[str, Any]) -> dict[str, Host]:
     hosts: dict[str, Host] = {}
     known = (*schema.HOSTS, *schema.HOST_TABLES)
     for name, table in raw.items():
-        where = f"hosts.{name}"
+        where = f"hosts.{_key(name)}"
+        if c.name(where, name) is None:
+            continue
         table = c.table(where, table)
         c.unknown_keys(where, table, known)
         values: dict[str, Any] = {}
@@ -622,8 +719,6 @@ _GATEWAY_MISSING = {
     "host": 'name the [hosts.NAME] table it runs on, e.g. host = "box3"',
     "api_key_file": 'name the file holding its master key, e.g. "/etc/llamanix/gateway.key"',
 }
-# A gateway's unit: an instance of that name on its host would take the same unit.
-GATEWAY_UNIT_NAME = "gateway"
 
 
 def _parse_gateway(c: _Checker, raw: Any, hosts: dict[str, Host]) -> Gateway | None:
@@ -720,12 +815,6 @@ def _check_gateway(
                 f"'{gateway.host}' cannot reach",
                 'listen on an address of that host, or on "0.0.0.0" with the host\'s target set',
             )
-        if inst.host == gateway.host and inst.name == GATEWAY_UNIT_NAME:
-            c.add(
-                f"instances.{inst.name}",
-                f"host '{inst.host}' runs the gateway, whose unit is llamanix-gateway.service",
-                "rename the instance",
-            )
         if inst.host == gateway.host and not routed and inst.port == gateway.port:
             c.add(
                 "gateway.port",
@@ -753,6 +842,34 @@ def _check_gateway(
             f"port {gateway.port} on host '{gateway.host}' is already used by its router",
             "give the gateway its own port",
         )
+
+
+def _check_keys(c: _Checker, hosts: dict[str, Host], instances: dict[str, Instance]) -> None:
+    """A server reachable beyond loopback has a key, or the config says it is open on purpose
+    (``keyless = true``): an open llama-server runs anyone's prompts on the GPU."""
+    open_fix = 'set api_key_file = "/etc/llamanix/{0}.key", or keyless = true to serve it open'
+    for inst in instances.values():
+        router = hosts[inst.host].router
+        if router is not None and inst.name in router.members:
+            continue  # its address is the router's, on loopback
+        if not is_loopback(inst.listen) and inst.api_key_file is None and not inst.keyless:
+            c.add(
+                f"instances.{inst.name}.listen",
+                f"listens on {inst.listen} without api_key_file: anyone who reaches the port "
+                "can use it",
+                open_fix.format(inst.name),
+            )
+    for host in hosts.values():
+        router = host.router
+        if router is None or is_loopback(router.listen):
+            continue
+        if router.api_key_file is None and not router.keyless:
+            c.add(
+                f"hosts.{host.name}.router.listen",
+                f"listens on {router.listen} without api_key_file: anyone who reaches the port "
+                "can use it",
+                open_fix.format(f"{host.name}-router"),
+            )
 
 
 def _check_routers(c: _Checker, hosts: dict[str, Host], instances: dict[str, Instance]) -> None:
@@ -784,12 +901,6 @@ def _check_routers(c: _Checker, hosts: dict[str, Host], instances: dict[str, Ins
                         "a router's member cannot keep its caches across a switch",
                         "set warm_switch = false, or serve it without the router",
                     )
-        if "router" in instances and instances["router"].host == host.name:
-            c.add(
-                "instances.router",
-                f"host '{host.name}' has a router, whose unit is llamanix-router.service",
-                "rename the instance",
-            )
         names = [m.alias or m.name for m in members]
         for served in {n for n in names if names.count(n) > 1}:
             c.add(
@@ -1370,33 +1481,18 @@ def _toml_value(text: str) -> str:
 
 
 def _cuda_arch_problems(host: Host) -> list[tuple[str, str]]:
-    """cuda_archs a CUDA compiler does not know, and a GPU the listed ones do not build for."""
+    """cuda_archs no CUDA release knows (a card the list leaves out is validate's: it depends
+    on whether an instance uses the GPU, cli.core)."""
     from llamanix.core.gpus import CUDA_CAPABILITIES
 
-    out: list[tuple[str, str]] = []
-    unknown = [a for a in host.cuda_archs if _CUDA_ARCH.match(a) and a not in CUDA_CAPABILITIES]
-    for arch in unknown:
-        out.append(
-            (
-                f"'{arch}' is no CUDA compute capability (nvcc would refuse it when the variant "
-                "is built)",
-                f"{suggest(arch, CUDA_CAPABILITIES)}; nvidia-smi --query-gpu=compute_cap "
-                "--format=csv prints the card's, and the known ones are "
-                + ", ".join(c for c in CUDA_CAPABILITIES if c[-1].isdigit()),
-            )
+    return [
+        (
+            f"'{arch}' is no CUDA compute capability (nvcc would refuse it when the variant "
+            "is built)",
+            f"{suggest(arch, CUDA_CAPABILITIES)}; nvidia-smi --query-gpu=compute_cap "
+            "--format=csv prints the card's, and the known ones are "
+            + ", ".join(c for c in CUDA_CAPABILITIES if c[-1].isdigit()),
         )
-    if host.gpu is None or not host.cuda_archs or unknown:
-        return out
-    gpu = load_gpus()[host.gpu]
-    if gpu.compute_capability not in {a.rstrip("af") for a in host.cuda_archs}:
-        listed = ", ".join(f'"{a}"' for a in host.cuda_archs)
-        out.append(
-            (
-                f"gpu {host.gpu} ({gpu.label}) has compute capability "
-                f"{gpu.compute_capability}, and cuda_archs ({listed}) builds no code for it: "
-                "its kernels would be compiled from PTX on first use, or fail",
-                f'add "{gpu.compute_capability}" to cuda_archs, or set gpu to the card this '
-                "host has",
-            )
-        )
-    return out
+        for arch in host.cuda_archs
+        if _CUDA_ARCH.match(arch) and arch not in CUDA_CAPABILITIES
+    ]

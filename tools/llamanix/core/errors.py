@@ -27,7 +27,18 @@ class Problem:
     def __str__(self) -> str:
         where = f"{self.source}: {self.field}: " if self.field else f"{self.source}: "
         fix = f" ({self.fix})" if self.fix else ""
-        return f"{where}{self.message}{fix}"
+        return one_line(f"{where}{self.message}{fix}")
+
+
+def one_line(text: str) -> str:
+    """``text`` with its control characters escaped: a problem is one line, whatever a file
+    name, a key or a value held (a line break there would start a line of its own)."""
+    return "".join(
+        ch.encode("unicode_escape").decode("ascii")
+        if ord(ch) < 32 or 127 <= ord(ch) < 160 or ch in "\u2028\u2029"
+        else ch
+        for ch in text
+    )
 
 
 class UserError(Exception):

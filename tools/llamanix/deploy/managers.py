@@ -16,6 +16,7 @@ from llamanix.core.config import Config
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
 from llamanix.core.process_end import FAULT_SIGNALS, died_of
 from llamanix.core.schema import NixosSudo
+from llamanix.core.types import child_name
 from llamanix.deploy.generations import (
     HostState,
     InstanceSummary,
@@ -125,6 +126,14 @@ def install_files(
 ) -> None:
     """Write what differs (manifest last, each file atomically), then remove what went away."""
     names = sorted((n for n in new if only(n)), key=lambda n: n == MANIFEST)
+    for name in (*names, *old):
+        # A name from a manifest read back from disk is as untrusted as the config's.
+        try:
+            child_name(name)
+        except ValueError as err:
+            raise UserError(
+                Problem(str(dest), "", f"refused to write or remove {err}", "check the manifest")
+            ) from None
     for name in names:
         if new[name] != old.get(name) or not (dest / name).exists():
             if runner.dry_run:

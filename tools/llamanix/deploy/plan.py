@@ -92,6 +92,18 @@ def chat_template_warnings(inst: Instance) -> list[str]:
     return [NO_CHAT_TEMPLATE] if has_chat_template(Path(inst.model)) is False else []
 
 
+def arch_warnings(host: Host, gpu: bool) -> list[str]:
+    """A GPU instance on a host whose cuda_archs leave out its card's compute capability (the
+    GPU table's): doctor's cuda-arch finding, said before anything is built or switched."""
+    if not gpu or host.gpu is None:
+        return []
+    from llamanix.core.gpus import arch_mismatch, load_gpus
+
+    card = load_gpus()[host.gpu]
+    mismatch = arch_mismatch(card.label, card.compute_capability, host.name, host.cuda_archs)
+    return [] if mismatch is None else [f"{mismatch.message} ({mismatch.fix})"]
+
+
 def fit_and_ceiling(inst: Instance, host: Host) -> Fit | None:
     """VRAM fit and decode ceiling, when the host names a GPU and the model file is readable."""
     if host.gpu is None:
@@ -313,6 +325,7 @@ def plan_config(
                         security_exposure=exposures.get(r.unit),
                         warnings=(
                             *warnings_for(inst),
+                            *arch_warnings(config.hosts[name], r.gpu),
                             *chat_template_warnings(inst),
                             *r.warnings,
                             *_flip_warnings(inst, previous or {}, caps),

@@ -6,8 +6,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from llamanix.core.types import child_name
+
 STATE_DIR = ".llamanix-state"
 
 
 def host_state_root(config: Path, host: str) -> Path:
-    return config.resolve().parent / STATE_DIR / host
+    """``.llamanix-state/HOST``: a host's name is one directory's name (core.types checks it
+    in the config; this holds for a name from anywhere else, e.g. --host)."""
+    return config.resolve().parent / STATE_DIR / child_name(host)

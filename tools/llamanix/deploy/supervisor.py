@@ -23,7 +23,6 @@ import itertools
 import json
 import os
 import re
-import shlex
 import signal
 import threading
 import time
@@ -48,6 +47,7 @@ from llamanix.deploy.up_status import (
 from llamanix.external.llama_server import ServerStartError
 from llamanix.external.process import CommandTimedOut, run_captured
 from llamanix.measure.server_process import LlamaServer, tail
+from llamanix.render import systemd
 from llamanix.render.manifest import MANIFEST, Manifest
 
 POLL_S = 0.25
@@ -124,24 +124,18 @@ class ServiceSpec:
 
 
 def unit_settings(text: str) -> dict[str, list[str]]:
-    """``Key=value`` lines of a unit (all sections; keys may repeat)."""
+    """``Key=value`` lines of a unit (all sections; keys may repeat), read as systemd reads
+    them (render/systemd.py: continuation lines joined, comments dropped)."""
     out: dict[str, list[str]] = {}
-    for raw in text.splitlines():
-        line = raw.strip()
-        if not line or line.startswith(("#", ";", "[")) or "=" not in line:
-            continue
-        key, value = line.split("=", 1)
-        out.setdefault(key.strip(), []).append(value.strip())
+    for section in systemd.read_unit(text).values():
+        for key, values in section.items():
+            out.setdefault(key, []).extend(values)
     return out
 
 
 def expand_specifiers(value: str, cache_dir: Path) -> str:
     # %C is systemd's cache directory; under ``up`` it is the render directory's cache/.
-    return re.sub(
-        r"%(.)",
-        lambda m: "%" if m.group(1) == "%" else str(cache_dir) if m.group(1) == "C" else m.group(0),
-        value,
-    )
+    return systemd.expand_specifiers(value, {"C": str(cache_dir)})
 
 
 def state_dir(units_dir: Path, name: str) -> Path:
@@ -161,12 +155,10 @@ def expand_argv(argv: list[str], units_dir: Path, name: str) -> tuple[str, ...]:
 
 
 def unit_environment(values: list[str], cache_dir: Path) -> list[tuple[str, str]]:
+    """Environment= lines as systemd reads them (render/systemd.py, the writer's reader)."""
     env: list[tuple[str, str]] = []
     for value in values:
-        # systemd quotes Environment= words like a POSIX shell's double quotes.
-        for word in shlex.split(value):
-            key, _, val = word.partition("=")
-            env.append((key, expand_specifiers(val, cache_dir)))
+        env += systemd.assignments(value, {"C": str(cache_dir)})
     return env
 
 
@@ -188,12 +180,10 @@ def manifest_digest(units_dir: Path) -> str | None:
 
 
 def _exec_argv(line: str) -> tuple[str, ...]:
-    """An Exec*= line's words. systemd's privilege prefix ("+": run outside the sandbox, as
-    root) means nothing here: ``up`` runs every command as its own user, unsandboxed."""
-    words = shlex.split(line)
-    if words:
-        words[0] = words[0].lstrip("+!:")
-    return tuple(words)
+    """An Exec*= line's words, as systemd reads them. Its privilege prefix ("+": run outside
+    the sandbox, as root) means nothing here: ``up`` runs every command as its own user,
+    unsandboxed."""
+    return tuple(systemd.exec_argv(line)[1])
 
 
 def load_specs(units_dir: Path) -> dict[str, ServiceSpec]:
@@ -237,7 +227,7 @@ def load_specs(units_dir: Path) -> dict[str, ServiceSpec]:
                 ),
                 start_post=tuple(_exec_argv(v) for v in settings.get("ExecStartPost", [])),
                 credentials=tuple(
-                    tuple(v.split(":", 1))  # type: ignore[misc]
+                    tuple(systemd.expand_specifiers(v).split(":", 1))  # type: ignore[misc]
                     for v in settings.get("LoadCredential", [])
                     if ":" in v
                 ),

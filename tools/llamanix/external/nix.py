@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -16,15 +17,24 @@ def login_user(target: str) -> str | None:
     return user if at else None
 
 
+def running_as_root() -> bool:
+    return os.geteuid() == 0
+
+
 def sudo_flag(target: str | None, sudo: NixosSudo) -> list[str]:
-    """How nixos-rebuild gets root for activation. ``auto``: no flag for this machine or a
-    ``root@`` target (so the target needs no sudo installed), else nixos-rebuild-ng's
-    ``--sudo`` (the older nixos-rebuild's ``--use-remote-sudo`` is deprecated there)."""
+    """How nixos-rebuild gets root for activation. ``auto``: no flag for a ``root@`` target
+    (so the target needs no sudo installed) or for this machine when llamanix runs as root,
+    else nixos-rebuild-ng's ``--sudo`` (the older nixos-rebuild's ``--use-remote-sudo`` is
+    deprecated there): a user's local switch activates through sudo, as a remote one does."""
     if sudo == "sudo":
         return ["--sudo"]
     if sudo == "use-remote-sudo":
         return ["--use-remote-sudo"]
-    if sudo == "none" or target is None or login_user(target) == "root":
+    if sudo == "none":
+        return []
+    if target is None:
+        return [] if running_as_root() else ["--sudo"]
+    if login_user(target) == "root":
         return []
     return ["--sudo"]
 

@@ -19,7 +19,7 @@ import httpx
 from llamanix.core.argv import instance_argv
 from llamanix.core.config import Config, Host, Instance
 from llamanix.core.errors import Problem, UserError
-from llamanix.core.gpus import Gpu
+from llamanix.core.gpus import Gpu, arch_mismatch
 from llamanix.core.json_codec import JsonRecord
 from llamanix.core.json_value import JsonObject
 from llamanix.core.process_end import FAULT_SIGNALS, died_of
@@ -472,20 +472,12 @@ def check_cuda_arch(
     if not host.cuda_archs:
         report.skipped("cuda-arch", "hosts.cuda_archs not set")
         return
-    built = {a.rstrip("af") for a in host.cuda_archs}
     for name, cc in capabilities:
-        if cc in built:
+        mismatch = arch_mismatch(name, cc, host.name, host.cuda_archs)
+        if mismatch is None:
             continue
         report.ran("cuda-arch", "finding")
-        report.add(
-            "warning",
-            "cuda-arch",
-            inst.name,
-            f"{name} has compute capability {cc} but host {host.name} builds for "
-            f"{', '.join(host.cuda_archs)}: kernels are JIT-compiled from PTX on first "
-            "use (a first prefill of 33 s in one report) or fail outright",
-            f'add "{cc}" to hosts.{host.name}.cuda_archs and rebuild',
-        )
+        report.add("warning", "cuda-arch", inst.name, mismatch.message, mismatch.fix)
         return
     report.ran("cuda-arch")
 

@@ -14,10 +14,11 @@ from pathlib import Path
 from llamanix.core.address import connect_host, is_loopback, is_wildcard
 from llamanix.core.config import Config
 from llamanix.core.visibility import protect_home
+from llamanix.render import systemd
 from llamanix.render.manifest import unit_name
 from llamanix.render.prometheus import metrics_of
 from llamanix.render.unit_templates import unit_template
-from llamanix.render.units import config_hash, ip_allow_list, llamanix_command, systemd_escape_arg
+from llamanix.render.units import config_hash, ip_allow_list, llamanix_command
 
 NAME = "exporter"
 UNIT = unit_name(NAME)
@@ -31,15 +32,15 @@ def key_credential(owner: str) -> str:
     return f"key-{owner}"
 
 
-def _credentials(config: Config, host: str) -> list[str]:
+def _credentials(config: Config, host: str) -> list[systemd.UnitText]:
     lines = []
     router = config.hosts[host].router
     if router is not None and router.api_key_file:
-        lines.append(f"{key_credential(ROUTER_KEY)}:{router.api_key_file}")
+        lines.append(systemd.credential_path(key_credential(ROUTER_KEY), router.api_key_file))
     members = router.members if router is not None else ()
     for inst in sorted(config.instances_on(host), key=lambda i: i.name):
         if inst.name not in members and inst.api_key_file:
-            lines.append(f"{key_credential(inst.name)}:{inst.api_key_file}")
+            lines.append(systemd.credential_path(key_credential(inst.name), inst.api_key_file))
     return lines
 
 
@@ -77,10 +78,10 @@ def render_exporter(config: Config, host: str, user: bool) -> str:
         # The ceiling is computed from the model files' headers.
         paths += [i.model for i in config.instances_on(host)]
     return unit_template("exporter.service.j2").render(
-        source=Path(config.source).name,
+        source=systemd.comment(Path(config.source).name),
         config_hash=config_hash(config)[:19],
         host=host,
-        exec_start=" ".join(systemd_escape_arg(w) for w in words),
+        exec_start=systemd.exec_line(words),
         credentials=_credentials(config, host),
         user=user,
         read_any=not user,
