@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from standins import stand_in
 
 from llamanix.cli import main
 from llamanix.cli.diagnose import no_findings_line
@@ -23,6 +24,7 @@ from llamanix.measure.doctor import Report
 
 REPO = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "PYTHONPATH": str(REPO / "tools")}
+HELP = REPO / "tests" / "data" / "help"
 
 NO_HOSTS = '[instances.chat]\nmodel = "/srv/models/q.gguf"\n'
 NO_KIND = '[hosts.box]\nbinaries = { upstream = "/usr/local/bin/llama-server" }\n' + NO_HOSTS
@@ -103,31 +105,48 @@ def test_on_nixos_the_default_stands(tmp_path: Path, monkeypatch: pytest.MonkeyP
 
 
 def test_a_dry_run_lists_the_probe_the_baseline_and_the_record(tmp_path: Path) -> None:
+    """Every step a real switch takes, in its order: the probe of each binary (here one that
+    answers as the recorded upstream build, and one that is not there), the baseline a
+    --max-regression measures first, the generation, the files, the draining restart."""
+    answer = tmp_path / "upstream.txt"
+    answer.write_text(
+        (HELP / "upstream-0c1e570.version.txt").read_text()
+        + (HELP / "upstream-0c1e570.help.txt").read_text()
+    )
+    stand_in(tmp_path / "bin", "llama-server", answer)
+    binary = tmp_path / "bin" / "llama-server"
     cfg = tmp_path / "llamanix.toml"
-    cfg.write_text(SYSTEMD)
+    cfg.write_text(
+        SYSTEMD.replace("/usr/local/bin/llama-server", str(binary))
+        + '[instances.ik]\nvariant = "ik"\nbinary = "/opt/ik/bin/llama-server"\n'
+        'model = "/srv/models/q.gguf"\nport = 8081\n'
+    )
     args = ["switch", str(cfg), "--set", "instances.chat.context=4096", "--dry-run"]
     result = CliRunner().invoke(main, [*args, "--max-regression", "5"])
     assert result.exit_code == 0, result.output
     state = tmp_path / ".llamanix-state" / "box"
     assert result.stdout.splitlines() == [
-        "box: switching chat via systemd",
-        "# probe /usr/local/bin/llama-server: not runnable here, so its gate says whether it serves"
-        if not os.access("/usr/local/bin/llama-server", os.X_OK)
-        else "# probe /usr/local/bin/llama-server (--version, --help): its dialect must be its "
-        "variant's project",
+        "box: switching chat, ik via systemd",
+        f"# probe {binary}: {binary} (version 0.5.0-dev, commit 0c1e570) speaks the upstream "
+        "dialect, a build of variant upstream's project",
+        "# probe /opt/ik/bin/llama-server: it cannot be asked here (missing, not executable, or "
+        "no --help), so its gate says whether it serves",
         "# baseline chat: 1 warm-up + 10 runs of 64 tokens on the server answering now (else "
         f"the stored runs of {state / 'bench' / 'chat.json'})",
+        "# baseline ik: 1 warm-up + 10 runs of 64 tokens on the server answering now (else "
+        f"the stored runs of {state / 'bench' / 'ik.json'})",
         f"# record generation 1 in {state}",
         f"# write {cfg}",
         "# lift what a killed switch left: fences, redirects, a blue-green bridge",
-        "# systemctl restart below: chat one at a time, each running one first fenced where "
+        "# systemctl restart below: chat, ik one at a time, each running one first fenced where "
         "other machines reach it (nft), drained (at most 30 s) and its main process stopped",
         "# write /etc/systemd/system/llamanix-chat.service",
+        "# write /etc/systemd/system/llamanix-ik.service",
         "systemctl daemon-reload",
-        "systemctl enable llamanix-chat.service",
-        "systemctl reset-failed llamanix-chat.service",
-        "systemctl restart llamanix-chat.service",
-        "# gate bench: chat",
+        "systemctl enable llamanix-chat.service llamanix-ik.service",
+        "systemctl reset-failed llamanix-chat.service llamanix-ik.service",
+        "systemctl restart llamanix-chat.service llamanix-ik.service",
+        "# gate bench: chat, ik",
     ]
     assert not state.exists()
 

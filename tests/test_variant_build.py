@@ -116,7 +116,10 @@ def test_build_runs_nix_build_and_records_the_binary(
     switch = ["switch", str(cfg), "--set", "instances.chat.variant=ik", "--dry-run"]
     done = CliRunner().invoke(main, switch)
     assert done.exit_code == 0, done.output
-    assert f"# probe {binary} (--version, --help)" in done.stdout
+    assert (
+        f"# probe {binary}: {binary} (version 0, commit ?) speaks the ik dialect, a build of "
+        "variant ik's project"
+    ) in done.stdout.splitlines()
 
 
 def test_another_architecture_list_is_built_with_mkvariant(

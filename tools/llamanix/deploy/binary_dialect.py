@@ -62,16 +62,29 @@ def dialect_problems(config: Config, host: str) -> list[Problem]:
     return problems
 
 
-def probed_binaries(config: Config, host: str) -> dict[str, bool]:
-    """Each binary of ``host``'s units, once, and whether this check can ask it (an absolute
-    path it may run here): what a dry run says it probed."""
+def probe_notes(config: Config, host: str) -> list[str]:
+    """What the probe before a switch finds, binary by binary, as a dry run says it."""
     h = config.hosts[host]
-    found: dict[str, bool] = {}
+    seen: set[str] = set()
+    notes: list[str] = []
     for inst in config.instances_on(host):
-        binary = binary_of(inst, h, VARIANTS[inst.variant])
-        if binary is not None and binary not in found:
-            found[binary] = os.path.isabs(binary) and os.access(binary, os.X_OK)
-    return found
+        variant = VARIANTS[inst.variant]
+        binary = binary_of(inst, h, variant)
+        if binary is None or binary in seen:
+            continue
+        seen.add(binary)
+        caps = _probe(binary)
+        if caps is None:
+            notes.append(
+                f"probe {binary}: it cannot be asked here (missing, not executable, or no "
+                "--help), so its gate says whether it serves"
+            )
+        else:
+            notes.append(
+                f"probe {binary}: {caps.describe()} speaks the {caps.dialect or 'unknown'} "
+                f"dialect, a build of variant {variant.name}'s project"
+            )
+    return notes
 
 
 def refuse_other_dialect(config: Config, host: str) -> None:

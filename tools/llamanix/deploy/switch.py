@@ -20,7 +20,7 @@ from pathlib import Path
 from llamanix.core.config import Config
 from llamanix.core.errors import ExternalCommandError
 from llamanix.deploy import gateway_venv
-from llamanix.deploy.binary_dialect import probed_binaries, refuse_other_dialect
+from llamanix.deploy.binary_dialect import probe_notes, refuse_other_dialect
 from llamanix.deploy.blue_green import Bridge, bridge_for, why_not
 from llamanix.deploy.crash_point import crash_point
 from llamanix.deploy.gap_records import GapRecord
@@ -67,6 +67,7 @@ from llamanix.deploy.serving import (
     gate_target,
     router_for,
 )
+from llamanix.deploy.state_dir import STATE_DIR
 from llamanix.deploy.switch_records import Echo, HostOutcome, Restore, SwitchOptions
 from llamanix.deploy.warm import GIB, WarmCaches, WarmPlan, plan_for, state_directory
 from llamanix.deploy.warm_records import WarmRecord
@@ -291,22 +292,20 @@ def _dry_run(sw: _HostSwitch) -> HostOutcome:
     """Every step a real switch takes, in its order: what it asks (the probe, the baseline),
     writes (marked with ``#``) and runs; nothing is asked, written or run."""
     note = sw.runner.note
+    # The host's state as the user named the config (the directory beside it).
+    state = sw.path.parent / STATE_DIR / sw.host
     if not sw.manager.runs_flake_packages:
-        for binary, askable in probed_binaries(sw.config, sw.host).items():
-            note(
-                f"probe {binary} (--version, --help): its dialect must be its variant's project"
-                if askable
-                else f"probe {binary}: not runnable here, so its gate says whether it serves"
-            )
+        for line in probe_notes(sw.config, sw.host):
+            note(line)
     if sw.gate == "bench" and sw.opts.max_regression is not None:
         for name in (n for n in sw.changed if n != GATEWAY_UNIT):
             note(
                 f"baseline {name}: 1 warm-up + {BASELINE_RUNS} runs of {BENCH_MAX_TOKENS} tokens "
                 "on the server answering now (else the stored runs of "
-                f"{sw.state.root / 'bench' / (name + '.json')})"
+                f"{state / 'bench' / (name + '.json')})"
             )
     number = (sw.current.number + 1) if sw.current else 1
-    note(f"record generation {number} in {sw.state.root}")
+    note(f"record generation {number} in {state}")
     if sw.file_text != sw.new_text:
         note(f"write {sw.path}")
     if isinstance(sw.manager, SystemdManager):
