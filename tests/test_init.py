@@ -206,3 +206,14 @@ def test_init_refuses_what_it_cannot_look_at(tmp_path: Path, args: list[str], li
     assert result.exit_code == 2
     assert result.stderr.startswith(line)
     assert not out.exists()
+
+
+def test_a_real_nvidia_smi_answer_names_the_card_of_the_table(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What nvidia-smi printed on an H200 machine (2026-11-28, the exact query init sends):
+    the table's h200, its compute capability for cuda_archs."""
+    record = stand_in(tmp_path, "nvidia-smi", REPO / "tests" / "data" / "nvidia-smi-h200.csv")
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    assert init_config.find_gpus() == [init_config.FoundGpu("NVIDIA H200", "9.0", "h200")]
+    assert recorded_argv(record) == list(NVIDIA_SMI_ARGV)
