@@ -1312,8 +1312,9 @@ def what_a_unit_cannot_do(
     metrics: Metrics | None,
 ) -> list[Problem]:
     """Settings that pass their own checks and still make a unit that cannot serve: a port a
-    dynamic user cannot bind, a flag given twice, a CUDA architecture no compiler knows, a GPU
-    the build does not carry code for. Each a problem with its fix."""
+    dynamic user cannot bind, a flag given twice, a CUDA architecture no compiler knows. Each a
+    problem with its fix. (What depends on this machine, or on the render, is validate's:
+    cli.core.)"""
     problems: list[Problem] = []
     for where, _, port in listening_ports(data, hosts, instances, gateway, metrics):
         if port < FIRST_UNPRIVILEGED_PORT:
