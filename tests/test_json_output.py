@@ -229,7 +229,7 @@ def test_json_of_the_commands_that_talk_to_a_server(
     port = free_port()
     server_factory(
         [str(llama_server_bin), "-m", str(work / "model.gguf"), "--port", str(port),
-         "-c", "512", "--metrics"]
+         "-c", "4096", "--metrics"]
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     short = ["--max-tokens", "8", "--runs", "1", "--warmup", "0"]
