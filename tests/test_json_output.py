@@ -239,6 +239,8 @@ def test_json_of_the_commands_that_talk_to_a_server(
         CONFIG.replace("MODEL", str(work / "model.gguf"))
         .replace("PORT", str(port))
         .replace("/usr/local/bin/llama-server", str(llama_server_bin))
+        # bench synthetic sweeps an instance's own speculation: the model drafts for itself.
+        + f'[instances.chat.speculative]\ntype = "draft"\ndraft_model = "{work / "model.gguf"}"\n'
     )
     for args in (
         ["bench", "--url", url, *short, "-o", str(bench_a)],
