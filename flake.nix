@@ -2,7 +2,7 @@
   description = "llamanix: llama.cpp variants (nixpkgs, upstream, ik_llama.cpp, MTP PR) built reproducibly and run as hardened llama-server services";
 
   inputs = {
-    # Needs CUDA >= 12.8 for sm_120 (RTX 50xx); pinned in flake.lock (see README.md, "Pins").
+    # Needs CUDA >= 12.8 for sm_120 (RTX 50xx); pinned in flake.lock (see docs/pins.md).
     nixpkgs.url = "github:NixOS/nixpkgs/nixos-unstable";
 
     # Sources only: every variant is built with the nixpkgs above, never with a flake of its own.
@@ -103,7 +103,7 @@
           syntheticModel = pkgs.callPackage ./pkgs/synthetic-model.nix { };
 
           # `llamanix smoke` of every CUDA package on the builder's GPU. Not in `checks`: they need
-          # the `cuda` system feature (README.md, "Checking the builds").
+          # the `cuda` system feature (docs/nixos.md, "Checking the builds").
           gpuChecks = pkgs.callPackage ./tests/gpu-smoke.nix {
             packages = pkgs.llamanixPackages.variants;
             model = syntheticModel;

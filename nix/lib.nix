@@ -147,7 +147,7 @@ rec {
 
   # llama.cpp's build number must be an integer (it is compiled into `int LLAMA_BUILD_NUMBER`).
   # A GitHub flake input carries no tag, so the numbers of the pinned revisions are recorded here
-  # (README.md, "Pins", says where each comes from); any other revision, e.g. after
+  # (docs/pins.md says where each comes from); any other revision, e.g. after
   # `nix flake update`, reports 0 rather than a wrong number.
   buildNumbers = {
     # ggml-org/llama.cpp master, tag b9187

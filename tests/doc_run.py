@@ -43,8 +43,8 @@ REFUSED_PROGRAMS = (
 SHOWN_VENV = "/opt/llamanix"
 SHOWN_CACHE = "/home/you/.cache/llamanix"
 COLUMNS = "100"
-_DRY_RUN = re.compile(r"((?:^|[\s/])llamanix\s+(?:switch|rollback|pin))(?=\s|$)")
-_SUBCOMMANDS_THAT_CHANGE = re.compile(r"(?:^|[\s/])llamanix\s+(switch|rollback|pin)(?=\s|$)")
+_DRY_RUN = re.compile(r"((?:^|[\s/])llamanix\s+(?:switch|rollback|pin|build))(?=\s|$)")
+_SUBCOMMANDS_THAT_CHANGE = re.compile(r"(?:^|[\s/])llamanix\s+(switch|rollback|pin|build)(?=\s|$)")
 
 
 @dataclass(frozen=True)
@@ -162,6 +162,11 @@ def block_files(block: Block, setup: Setup) -> dict[str, bytes]:
             if name not in declared:
                 raise ValueError(f"{block.id}: {source} has no file: block for {name}")
             out[name] = declared[name].encode()
+        elif (ROOT / source).is_dir():
+            # A directory of the repository: its files, under NAME (a host's recorded state).
+            for path in sorted((ROOT / source).rglob("*")):
+                if path.is_file():
+                    out[f"{name}/{path.relative_to(ROOT / source)}"] = path.read_bytes()
         else:
             path = ROOT / source
             if not path.is_file():

@@ -23,6 +23,8 @@ EXAMPLES = sorted((ROOT / "examples").glob("*.toml"))
 # Recorded `plan --json` output, pins from a made-up flake.lock beside it.
 RECORDED = ROOT / "tests" / "data" / "plan"
 UPDATE = os.environ.get("LLAMANIX_UPDATE_GOLDEN") == "1"
+# A host that says it is NixOS: these tests read what plan shows for one, on any machine.
+NIXOS_LOCAL = '[hosts.local]\nkind = "nixos"\n'
 
 
 def test_the_examples_are_the_ones_the_docs_name() -> None:
@@ -95,7 +97,7 @@ def test_plan_reports_vram_fit_and_ceiling(tmp_path: Path) -> None:
 def test_plan_warns_about_a_draft_that_is_never_loaded(tmp_path: Path) -> None:
     cfg = tmp_path / "llamanix.toml"
     cfg.write_text(
-        '[instances.a]\nmodel = "/m/t.gguf"\nlisten = "0.0.0.0"\nkeyless = true\n'
+        NIXOS_LOCAL + '[instances.a]\nmodel = "/m/t.gguf"\nlisten = "0.0.0.0"\nkeyless = true\n'
         '[instances.a.speculative]\ndraft_model = "/m/d.gguf"\n'
     )
     result = CliRunner().invoke(main, ["plan", "--json", "--no-security", str(cfg)])
@@ -146,7 +148,7 @@ def test_plan_names_cuda_archs_that_leave_out_the_hosts_gpu(
 
 def test_plan_shows_the_pinned_revision_from_flake_lock(tmp_path: Path) -> None:
     cfg = tmp_path / "llamanix.toml"
-    cfg.write_text('[instances.a]\nmodel = "/m/t.gguf"\nvariant = "ik"\n')
+    cfg.write_text(NIXOS_LOCAL + '[instances.a]\nmodel = "/m/t.gguf"\nvariant = "ik"\n')
     (tmp_path / "flake.lock").write_text(
         json.dumps(
             {
@@ -233,7 +235,7 @@ def test_one_unit_per_sandbox_scores_every_unit(path: Path, tmp_path: Path) -> N
 def test_plan_shows_a_chain_in_full(tmp_path: Path) -> None:
     cfg = tmp_path / "llamanix.toml"
     cfg.write_text(
-        '[instances.a]\nmodel = "/m/t.gguf"\n'
+        NIXOS_LOCAL + '[instances.a]\nmodel = "/m/t.gguf"\n'
         '[instances.a.speculative]\ntype = ["ngram-mod", "mtp"]\nn_max = 16\n'
     )
     result = CliRunner().invoke(main, ["plan", "--json", "--no-security", str(cfg)])

@@ -249,7 +249,7 @@ def test_manifest_and_argv_files(tmp_path: Path) -> None:
 
 def test_render_cli_single_host_needs_no_host_flag(tmp_path: Path) -> None:
     cfg = tmp_path / "llamanix.toml"
-    cfg.write_text('[instances.a]\nmodel = "/m/t.gguf"\n')
+    cfg.write_text('[hosts.gpu1]\nkind = "nixos"\n[instances.a]\nmodel = "/m/t.gguf"\n')
     out = tmp_path / "units"
     result = CliRunner().invoke(main, ["render", str(cfg), "--out", str(out)])
     assert result.exit_code == 0, result.output

@@ -369,7 +369,7 @@ def test_llamanix_itself_is_named_once(
         '[hosts.box]\nkind = "systemd"\n'
         f'binaries = {{ upstream = "{make(base / "bin" / "llama-server", 0o755)}" }}\n'
         f'[instances.a]\nmodel = "{make(base / "a.gguf", 0o644)}"\n'
-        f'[instances.b]\nmodel = "{make(base / "b.gguf", 0o644)}"\nport = 9\n'
+        f'[instances.b]\nmodel = "{make(base / "b.gguf", 0o644)}"\nport = 9009\n'
     )
     result = CliRunner().invoke(main, ["validate", str(cfg)])
     assert result.exit_code == 2

@@ -34,7 +34,7 @@ from llamanix.core.schema import (
     VariantName,
 )
 from llamanix.core.types import TYPES, TextKind, shown, text_problem
-from llamanix.core.variants import DRAFTER_SETTINGS, VARIANTS, Variant
+from llamanix.core.variants import DRAFTER_SETTINGS, VARIANTS, Variant, variant_for_other_name
 
 IMPLICIT_HOST = "local"
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -143,6 +143,9 @@ class Host:
     # NixOS hosts: where nixos-rebuild builds, and how it gets root on the target.
     build_host: str | None = None
     sudo: NixosSudo = "auto"
+    # False where the config does not say the kind (no [hosts] table at all, or a table without
+    # kind): "nixos" is then a default, which a command acting on this machine checks.
+    kind_stated: bool = True
 
     @property
     def has_gpu(self) -> bool:
@@ -205,6 +208,9 @@ def suggest(word: str, choices: list[str] | tuple[str, ...]) -> str:
     """The closest known name (a typo's fix), else the names there are."""
     from rapidfuzz import fuzz, process
 
+    other = variant_for_other_name(word)
+    if other is not None and other.name in choices:
+        return f"did you mean '{other.name}'? variant {other.name} is {other.description}"
     close = process.extract(word, list(choices), scorer=fuzz.ratio, score_cutoff=60, limit=None)
     if close:
         # Of equally close names the last in sort order, as difflib chose before.
@@ -292,14 +298,14 @@ class _Checker:
         if kind == schema.LIST_STR:
             if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
                 bad = _first_not_str(value)
-                self.add(where, f"must be a list of strings, got {bad}")
+                self.add(where, f"must be a list of strings, got {bad}", _quote_fix(value))
                 return None
             items = [self.text(f"{where}[{i}]", f, v) for i, v in enumerate(value)]
             return None if None in items else tuple(value)
         if kind == schema.DICT_STR:
             if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
                 bad = _first_not_str(value)
-                self.add(where, f"must be a table of strings, got {bad}")
+                self.add(where, f"must be a table of strings, got {bad}", _quote_fix(value))
                 return None
             ok = True
             for key, item in value.items():
@@ -403,6 +409,24 @@ def _first_not_str(value: Any) -> str:
     return _describe(value)
 
 
+def _quote_fix(value: Any) -> str:
+    """How to write the first item of a list or table of strings that is not one: a number or
+    a boolean quoted (an environment variable's 1 is "1"), anything else as a string."""
+    items: list[tuple[str | None, Any]] = []
+    if isinstance(value, dict):
+        items = [(str(k), v) for k, v in value.items()]
+    elif isinstance(value, list):
+        items = [(None, v) for v in value]
+    for key, item in items:
+        if isinstance(item, str):
+            continue
+        if isinstance(item, bool | int | float):
+            quoted = json.dumps(json.dumps(item))
+            return f"quote it: {_key(key)} = {quoted}" if key is not None else f"quote it: {quoted}"
+        return "write it as a string"
+    return ""
+
+
 def _key(key: str) -> str:
     """A key as a dotted path writes it: bare where TOML allows, else quoted."""
     if _BARE_KEY.fullmatch(key):
@@ -493,7 +517,7 @@ def parse_config(data: dict[str, Any], source: str) -> Config:
     if not instances_raw and not c.problems:
         c.add("instances", "no instances defined", "add an [instances.NAME] table")
     if not hosts:
-        hosts[IMPLICIT_HOST] = Host(IMPLICIT_HOST)
+        hosts[IMPLICIT_HOST] = Host(IMPLICIT_HOST, kind_stated=False)
 
     instances: dict[str, Instance] = {}
     for name, raw in instances_raw.items():
@@ -523,6 +547,7 @@ def parse_config(data: dict[str, Any], source: str) -> Config:
                 message,
                 fix,
             )
+    c.problems.extend(what_a_unit_cannot_do(data, source, hosts, instances, gateway, metrics))
     if c.problems:
         raise UserError(c.problems)
     return Config(
@@ -609,6 +634,7 @@ def _parse_hosts(c: _Checker, raw: dict[str, Any]) -> dict[str, Host]:
             router=_parse_router(c, where, table["router"]) if "router" in table else None,
             build_host=values.get("build_host"),
             sudo=cast(NixosSudo, values.get("sudo") or "auto"),  # checked against the enum
+            kind_stated="kind" in table,
         )
         if hosts[name].kind != "nixos":
             for key in ("build_host", "sudo"):
@@ -1272,3 +1298,202 @@ def _drafter_problems(spec: Speculative, variant: Variant) -> list[tuple[str, st
 
 def _quantized(cache_type: str | None) -> bool:
     return cache_type is not None and cache_type not in ("f32", "f16", "bf16")
+
+
+# --- what a unit could not do, though each value is well typed ------------------------------
+
+
+def what_a_unit_cannot_do(
+    data: Mapping[str, Any],
+    source: str,
+    hosts: Mapping[str, Host],
+    instances: Mapping[str, Instance],
+    gateway: Gateway | None,
+    metrics: Metrics | None,
+) -> list[Problem]:
+    """Settings that pass their own checks and still make a unit that cannot serve: a port a
+    dynamic user cannot bind, a flag given twice, a CUDA architecture no compiler knows. Each a
+    problem with its fix. (What depends on this machine, or on the render, is validate's:
+    cli.core.)"""
+    problems: list[Problem] = []
+    for where, _, port in listening_ports(data, hosts, instances, gateway, metrics):
+        if port < FIRST_UNPRIVILEGED_PORT:
+            problems.append(
+                Problem(
+                    source,
+                    where,
+                    f"port {port} is below {FIRST_UNPRIVILEGED_PORT}, and the unit runs as a "
+                    "dynamic user without capabilities, which cannot bind it",
+                    "use a port of 1024 or above, e.g. 8080, and put a reverse proxy on the "
+                    "low port if clients need it",
+                )
+            )
+    for inst in instances.values():
+        problems.extend(
+            Problem(source, f"instances.{inst.name}.extra_args", message, fix)
+            for message, fix in _repeated_flags(inst)
+        )
+    for name, host in hosts.items():
+        problems.extend(
+            Problem(source, f"hosts.{name}.cuda_archs", message, fix)
+            for message, fix in _cuda_arch_problems(host)
+        )
+    return problems
+
+
+# Linux's default net.ipv4.ip_unprivileged_port_start: ports below need CAP_NET_BIND_SERVICE,
+# which no unit llamanix writes has (CapabilityBoundingSet= is empty).
+FIRST_UNPRIVILEGED_PORT = 1024
+
+
+def listening_ports(
+    data: Mapping[str, Any],
+    hosts: Mapping[str, Host],
+    instances: Mapping[str, Instance],
+    gateway: Gateway | None,
+    metrics: Metrics | None,
+) -> list[tuple[str, str, int]]:
+    """(field, address, port) of every listener a unit of ``hosts`` opens, the field as the
+    file spells it."""
+    raw_instances = data.get("instances")
+    out: list[tuple[str, str, int]] = []
+    for inst in instances.values():
+        router = hosts[inst.host].router
+        if router is not None and inst.name in router.members:
+            continue  # the router gives a member a port of its own choosing
+        raw = raw_instances.get(inst.name) if isinstance(raw_instances, dict) else None
+        own = isinstance(raw, dict) and "port" in raw
+        where = f"instances.{inst.name}.port" if own else "defaults.port"
+        out.append((where, inst.listen, inst.port))
+    for name, host in hosts.items():
+        if host.router is not None:
+            out.append((f"hosts.{name}.router.port", host.router.listen, host.router.port))
+    if gateway is not None and gateway.host in hosts:
+        out.append(("gateway.port", gateway.listen, gateway.port))
+    if metrics is not None:
+        out.append(("metrics.port", metrics.listen, metrics.port))
+    return out
+
+
+# Every spelling llama-server takes for each flag llamanix renders from a config key
+# (tests/data/help/upstream-0c1e570.help.txt; tests/test_config_checks.py reads each group
+# there): extra_args may not give one of them again.
+FLAG_SPELLINGS: tuple[tuple[str, ...], ...] = (
+    ("-m", "--model"),
+    ("-a", "--alias"),
+    ("--host",),
+    ("--port",),
+    ("-c", "--ctx-size"),
+    ("-ngl", "--gpu-layers", "--n-gpu-layers"),
+    ("-fa", "--flash-attn"),
+    ("-ctk", "--cache-type-k"),
+    ("-ctv", "--cache-type-v"),
+    ("-np", "--parallel"),
+    ("-b", "--batch-size"),
+    ("-ub", "--ubatch-size"),
+    ("-t", "--threads"),
+    ("--reasoning-budget",),
+    ("--metrics",),
+    ("--api-key-file",),
+    ("--spec-type",),
+    ("--spec-draft-model", "-md", "--model-draft"),
+    ("--spec-draft-ngl", "-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft"),
+)
+
+
+def _rendered_keys(inst: Instance) -> dict[str, str]:
+    """Config key -> the flag llamanix renders for it, for the keys this instance sets."""
+    flags = VARIANTS[inst.variant].dialect.flags
+    spec = inst.speculative
+    values: dict[str, Any] = {
+        "model": inst.model,
+        "alias": inst.alias,
+        "listen": inst.listen,
+        "port": inst.port,
+        "context": inst.context,
+        "gpu_layers": inst.gpu_layers,
+        "flash_attn": inst.flash_attn,
+        "cache_type_k": inst.cache_type_k,
+        "cache_type_v": inst.cache_type_v,
+        "parallel": inst.parallel,
+        "batch": inst.batch,
+        "ubatch": inst.ubatch,
+        "threads": inst.threads,
+        "reasoning_budget": inst.reasoning_budget,
+        "metrics": inst.metrics or None,
+        "api_key_file": inst.api_key_file,
+        "speculative.type": "on" if spec.enabled else None,
+        "speculative.draft_model": spec.draft_model,
+        "speculative.draft_gpu_layers": spec.draft_gpu_layers,
+    }
+    out: dict[str, str] = {}
+    for key, value in values.items():
+        flag = flags.get("spec_type" if key == "speculative.type" else key.split(".")[-1])
+        if value is not None and flag is not None:
+            out[key] = flag
+    return out
+
+
+def _repeated_flags(inst: Instance) -> list[tuple[str, str]]:
+    """extra_args that give again a flag llamanix renders from a key: llama-server takes the
+    last, so the key would silently lose (``--port 9`` after ``--port 8080``)."""
+    if not inst.extra_args:
+        return []
+    rendered = _rendered_keys(inst)
+    group_of = {spelling: group for group in FLAG_SPELLINGS for spelling in group}
+    out: list[tuple[str, str]] = []
+    args = list(inst.extra_args)
+    for i, arg in enumerate(args):
+        flag, eq, inline = arg.partition("=")
+        group = group_of.get(flag)
+        if group is None:
+            continue
+        for key, spelled in rendered.items():
+            if spelled not in group:
+                continue
+            name = key.split(".")[-1]
+            now = getattr(inst.speculative if key.startswith("speculative.") else inst, name)
+            if isinstance(now, bool):  # a flag without a value: --metrics
+                out.append(
+                    (
+                        f"repeats {flag}, which llamanix renders already ({name} = true)",
+                        "remove it from extra_args",
+                    )
+                )
+                continue
+            following = args[i + 1] if i + 1 < len(args) else ""
+            value = inline if eq else ("" if following.startswith("-") else following)
+            shown = arg if eq else f"{flag} {value}".strip()
+            out.append(
+                (
+                    f"repeats {flag} ({shown}), which llamanix renders from {key} "
+                    f"({spelled} {now}); llama-server would take the one given last",
+                    "remove it from extra_args and set "
+                    + (f"{name} = {_toml_value(value)}" if value else key)
+                    + " instead",
+                )
+            )
+    return out
+
+
+def _toml_value(text: str) -> str:
+    """``9`` as TOML writes it: a number bare, anything else quoted."""
+    return text if re.fullmatch(r"-?\d+(\.\d+)?", text) else json.dumps(text)
+
+
+def _cuda_arch_problems(host: Host) -> list[tuple[str, str]]:
+    """cuda_archs no CUDA release knows (a card the list leaves out is validate's: it depends
+    on whether an instance uses the GPU, cli.core)."""
+    from llamanix.core.gpus import CUDA_CAPABILITIES
+
+    return [
+        (
+            f"'{arch}' is no CUDA compute capability (nvcc would refuse it when the variant "
+            "is built)",
+            f"{suggest(arch, CUDA_CAPABILITIES)}; nvidia-smi --query-gpu=compute_cap "
+            "--format=csv prints the card's, and the known ones are "
+            + ", ".join(c for c in CUDA_CAPABILITIES if c[-1].isdigit()),
+        )
+        for arch in host.cuda_archs
+        if _CUDA_ARCH.match(arch) and arch not in CUDA_CAPABILITIES
+    ]

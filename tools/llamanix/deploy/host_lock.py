@@ -90,4 +90,9 @@ def host_lock(
 
 
 def _participle(command: str) -> str:
-    return {"switch": "switched", "rollback": "rolled back", "pin": "pinned"}.get(command, command)
+    return {
+        "switch": "switched",
+        "rollback": "rolled back",
+        "pin": "pinned",
+        "build": "given a new build",
+    }.get(command, command)

@@ -25,6 +25,7 @@ from llamanix.deploy.generations import (
     ManagerRecord,
     check_manifest,
 )
+from llamanix.deploy.host_kind import refuse_unstated_nixos
 from llamanix.deploy.up_status import read_status
 from llamanix.external import nix, systemctl
 from llamanix.external.files import atomic_write
@@ -481,7 +482,10 @@ def make_manager(
     units_dir: Path | None,
 ) -> Manager:
     recorded = state.manager()
-    kind = manager or (recorded.manager if recorded else None) or config.hosts[host].kind
+    kind = manager or (recorded.manager if recorded else None)
+    if kind is None:
+        refuse_unstated_nixos(config, [host])
+        kind = config.hosts[host].kind
     if units_dir is None and recorded and recorded.manager == kind and recorded.units_dir:
         units_dir = Path(recorded.units_dir)
     target = config.hosts[host].target

@@ -14,6 +14,7 @@ from llamanix.core.probe_diff import flip_warning, probe_diff
 from llamanix.core.residency import plan_residency
 from llamanix.core.schema import SPEC_TYPES_WITH_DRAFT_MODEL
 from llamanix.core.variants import VARIANTS
+from llamanix.deploy.host_kind import refuse_unstated_nixos
 from llamanix.deploy.host_plan import (
     Fit,
     GatewayPlan,
@@ -294,6 +295,7 @@ def plan_config(
     hosts = (
         [pick_host(config, host)] if host else [h for h in config.hosts if config.instances_on(h)]
     )
+    refuse_unstated_nixos(config, hosts)
     if previous:
         _refuse_drift(
             config, [i.name for h in hosts for i in config.instances_on(h)], previous, caps

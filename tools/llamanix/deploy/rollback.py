@@ -64,9 +64,12 @@ def rollback_host(request: RollbackRequest, runner: Runner, echo: Echo) -> Gener
         if failed:
             raise ExternalCommandError(f"generation {target.number} did not start: {failed}")
         crash_point("rollback:activated")
-    if runner.dry_run:
-        return target
     changed, _ = diff_files(new_files, old_files)
+    if runner.dry_run:
+        # The steps after the commands, as a real rollback takes them.
+        runner.note(f"check {', '.join(changed) or 'nothing'}: serving again (health, one chat)")
+        runner.note(f"record generation {target.number} as the current one")
+        return target
     # The generation's config is parsed only when an instance changed (to reach it).
     target_config = request.config_of(snapshot_text) if snapshot_text and changed else None
     serving, _ = check_serving(target_config, changed, timeout_s, echo)

@@ -20,13 +20,20 @@ from pathlib import Path
 from llamanix.core.config import Config
 from llamanix.core.errors import ExternalCommandError, UserError
 from llamanix.deploy import gateway_venv
-from llamanix.deploy.binary_dialect import refuse_other_dialect
+from llamanix.deploy.binary_dialect import probe_notes, refuse_other_dialect
 from llamanix.deploy.blue_green import Bridge, bridge_for, why_not
 from llamanix.deploy.config_edit import config_mode, write_config
 from llamanix.deploy.crash_point import crash_point
 from llamanix.deploy.gap_records import GapRecord
-from llamanix.deploy.gate import GatePrompts, confirm_regression, measure_baseline, run_gate
+from llamanix.deploy.gate import (
+    BASELINE_RUNS,
+    GatePrompts,
+    confirm_regression,
+    measure_baseline,
+    run_gate,
+)
 from llamanix.deploy.gate_records import (
+    BENCH_MAX_TOKENS,
     DEFAULT_GATE_PROMPTS,
     Baseline,
     BaselineRecord,
@@ -61,6 +68,7 @@ from llamanix.deploy.serving import (
     gate_target,
     router_for,
 )
+from llamanix.deploy.state_dir import STATE_DIR
 from llamanix.deploy.switch_records import Echo, HostOutcome, Restore, SwitchOptions
 from llamanix.deploy.warm import GIB, WarmCaches, WarmPlan, plan_for, state_directory
 from llamanix.deploy.warm_records import WarmRecord
@@ -282,10 +290,36 @@ def _warm_caches(
 
 
 def _dry_run(sw: _HostSwitch) -> HostOutcome:
+    """Every step a real switch takes, in its order: what it asks (the probe, the baseline),
+    writes (marked with ``#``) and runs; nothing is asked, written or run."""
+    note = sw.runner.note
+    # The host's state as the user named the config (the directory beside it).
+    state = sw.path.parent / STATE_DIR / sw.host
+    if not sw.manager.runs_flake_packages:
+        for line in probe_notes(sw.config, sw.host):
+            note(line)
+    if sw.gate == "bench" and sw.opts.max_regression is not None:
+        for name in (n for n in sw.changed if n != GATEWAY_UNIT):
+            note(
+                f"baseline {name}: 1 warm-up + {BASELINE_RUNS} runs of {BENCH_MAX_TOKENS} tokens "
+                "on the server answering now (else the stored runs of "
+                f"{state / 'bench' / (name + '.json')})"
+            )
+    number = (sw.current.number + 1) if sw.current else 1
+    note(f"record generation {number} in {state}")
     if sw.file_text != sw.new_text:
-        sw.runner.note(f"write {sw.path}")
+        note(f"write {sw.path}")
+    if isinstance(sw.manager, SystemdManager):
+        note("lift what a killed switch left: fences, redirects, a blue-green bridge")
+        servers = [n for n in sw.changed if n in sw.config.instances or n == ROUTER]
+        if servers:
+            note(
+                f"systemctl restart below: {', '.join(servers)} one at a time, each running one "
+                "first fenced where other machines reach it (nft), drained (at most "
+                f"{sw.opts.drain_timeout_s:g} s) and its main process stopped"
+            )
     sw.manager.activate(sw.runner, sw.new_files, sw.old_files, sw.opts.timeout_s)
-    sw.runner.note(f"gate {sw.gate}: {', '.join(sw.changed) or 'nothing'}")
+    note(f"gate {sw.gate}: {', '.join(sw.changed) or 'nothing'}")
     return HostOutcome(sw.host, "dry-run", None, changed=sw.changed)
 
 

@@ -23,6 +23,9 @@ from llamanix.deploy.host_reading import HostReading, InstanceReading
 from llamanix.deploy.switch_figures import SwitchFigures
 from llamanix.external.process import Runner
 from llamanix.external.ssh import SSH_FAILED, run_ssh
+from llamanix.measure.scrape import NOTHING_LISTENS
+from llamanix.render.manifest import unit_name
+from llamanix.render.units import ROUTER
 
 TOP_FORMAT = "llamanix-top/1"
 # A host's state: read, not reachable over ssh, or reached but its llamanix could not read it.
@@ -77,7 +80,7 @@ def _row(reading: InstanceReading, switches: SwitchFigures) -> TopRow:
     return TopRow(
         instance=reading.target.instance,
         state=reading.scrape.state,
-        detail=reading.scrape.detail,
+        detail=_detail(reading),
         variant=labels.get("variant"),
         build=reading.build,
         model=labels.get("model"),
@@ -97,6 +100,16 @@ def _row(reading: InstanceReading, switches: SwitchFigures) -> TopRow:
         last_load_s=restart.gap.load_s if restart else None,
         last_switch_generation=restart.generation if restart else None,
     )
+
+
+def _detail(reading: InstanceReading) -> str:
+    """Why a row is marked, and for a server that is not there, where to look."""
+    detail = reading.scrape.detail
+    if reading.scrape.state == "down" and detail.startswith(NOTHING_LISTENS):
+        member = reading.target.endpoint.member is not None
+        unit = unit_name(ROUTER if member else reading.target.instance)
+        detail += f" (see why: systemctl status {unit}; start it: llamanix switch)"
+    return detail
 
 
 def top_host(reading: HostReading) -> TopHost:

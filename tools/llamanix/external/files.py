@@ -132,3 +132,18 @@ def locked(path: Path) -> Iterator[None]:
         yield
     finally:
         os.close(fd)
+
+
+def create_new(path: Path, data: str, mode: int = 0o644) -> None:
+    """Write a file that must not exist yet, whole or not at all: FileExistsError when it does
+    (also when another process made it meanwhile), and nothing is ever overwritten."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data.encode())
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, mode)
+        os.link(tmp, path)  # fails where ``path`` exists, unlike a rename
+    finally:
+        Path(tmp).unlink(missing_ok=True)
