@@ -37,7 +37,7 @@ def config(
     for name, port in (("box1", 18081), ("box2", 18082)):
         text += (
             f'[instances.chat-{name}]\nhost = "{name}"\nalias = "chat"\nmodel = "/m/tiny.gguf"\n'
-            f'listen = "0.0.0.0"\nport = {port}\ncontext = 2048\nparallel = 2\n'
+            f'listen = "0.0.0.0"\nkeyless = true\nport = {port}\ncontext = 2048\nparallel = 2\n'
             f"warm_switch = {'true' if warm else 'false'}\n" + extra.get(name, "") + "\n"
         )
     path = tmp_path / "llamanix.toml"
@@ -60,14 +60,24 @@ def test_a_drained_replica_moves_its_caches_to_the_replica_outside_its_batch(
     records = plan.before("box1")
     assert {n: (r.to, r.cold) for n, r in records.items()} == {"chat-box1": ("chat-box2", None)}
     commands = [line for line in said if line.startswith("ssh ")]
-    # The gateway first (chat-box1 draining), then the save on box1.
+    requests = [json.loads(line.split(": ", 1)[1]) for line in said if line.startswith("# on ")]
+    # The gateway first (chat-box1 draining), then the save on box1: each a step of the
+    # host's own switch, the one command its sudoers line allows for it.
     assert len(commands) == 2
-    assert "admin@box3 -- 'sudo -n llamanix fleet-agent gateway-route --protocol 2" in commands[0]
-    assert "admin@box1 -- 'sudo -n llamanix fleet-agent caches-save --protocol 2" in commands[1]
+    assert all(c.endswith(" -- 'sudo -n llamanix fleet-agent switch'") for c in commands)
+    assert ["admin@box3" in commands[0], "admin@box1" in commands[1]] == [True, True]
+    assert [(r["host"], r["cache"]["step"]) for r in requests] == [
+        ("box3", "route"),
+        ("box1", "save"),
+    ]
+    assert "order" not in requests[1] and json.loads(requests[1]["cache"]["order"]) == {
+        "instance": "chat-box1"
+    }
     said.clear()
     plan.after("box1")
     # The drain ends: the gateway is told, once.
-    assert [line for line in said if "gateway-route" in line] != []
+    steps = [line for line in said if line.startswith("# on ") and '"step": "route"' in line]
+    assert len(steps) == 1
 
 
 def test_caches_go_cold_saying_why(tmp_path: Path) -> None:
@@ -168,23 +178,26 @@ def test_the_gateway_routes_are_written_and_their_answer_awaited(tmp_path: Path)
     assert gone["applied"] is False and "the gateway never ran here" in str(gone["why"])
 
 
-def test_the_agent_reads_a_moved_file_whole_from_stdin(tmp_path: Path) -> None:
-    """``caches-take`` gets its header and megabytes of data lines on one stdin: every byte
-    reaches the restore (read through one stream: a second wrapper of stdin would begin after
-    what the first read ahead)."""
+def test_the_agent_reads_a_moved_file_whole_from_its_request(tmp_path: Path) -> None:
+    """The ``take`` step gets its header and megabytes of data lines in the request on
+    ``fleet-agent switch``'s stdin: every byte reaches the restore."""
     import os
     import subprocess
     import sys
 
-    from llamanix.deploy.fleet.protocol import ANSWER
+    from llamanix.deploy.fleet.protocol import ANSWER, PROTOCOL, AgentRequest, CacheStep
 
     config(tmp_path)
     fleet_dir = tmp_path / "fleet"
-    fleet_dir.mkdir()
-    (fleet_dir / "llamanix.toml").write_text((tmp_path / "llamanix.toml").read_text())
+    fleet_dir.mkdir(mode=0o700)
+    # The agent's copy, as a switch leaves it: its own host's target taken out.
+    text = (tmp_path / "llamanix.toml").read_text().replace('target = "admin@box2"\n', "")
+    (fleet_dir / "llamanix.toml").write_text(text)
     data = os.urandom(3 << 20)
     lines = [base64.b64encode(data[i : i + 49152]).decode() for i in range(0, len(data), 49152)]
-    header = json.dumps({"instance": "chat-box2", "bytes": len(data)})
+    header = {"instance": "chat-box2", "bytes": len(data)}
+    step = CacheStep("take", json.dumps(header), tuple(lines))
+    request = AgentRequest(PROTOCOL, "box2", cache=step).text()
     stand_in = (
         "import base64, sys\n"
         "import llamanix.deploy.cache_moves as m\n"
@@ -196,12 +209,11 @@ def test_the_agent_reads_a_moved_file_whole_from_stdin(tmp_path: Path) -> None:
     )
     root = Path(__file__).resolve().parent.parent
     done = subprocess.run(
-        [sys.executable, "-c", stand_in, "fleet-agent", "caches-take", "--protocol", "2",
-         "--host", "box2"],
-        input="\n".join([header, *lines]) + "\n",
+        [sys.executable, "-c", stand_in, "fleet-agent", "switch"],
+        input=request,
         env={**os.environ, "PYTHONPATH": str(root / "tools"), "LLAMANIX_FLEET_DIR": str(fleet_dir)},
         capture_output=True, text=True, check=False, timeout=120,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     answer = next(line for line in done.stdout.splitlines() if line.startswith(ANSWER))
-    assert json.loads(answer[len(ANSWER) :]) == {"bytes": len(data), "header": json.loads(header)}
+    assert json.loads(answer[len(ANSWER) :]) == {"bytes": len(data), "header": header}

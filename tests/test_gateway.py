@@ -22,7 +22,7 @@ from llamanix.core.errors import ExternalCommandError, UserError
 from llamanix.core.schema import LITELLM_VERSION
 from llamanix.deploy import gateway_venv
 from llamanix.external.process import Runner
-from llamanix.render import gateway
+from llamanix.render import gateway, systemd
 from llamanix.render.units import render_host
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,6 +46,7 @@ host = "box1"
 model = "/m/a.gguf"
 alias = "qwen"
 listen = "{listen}"
+api_key_file = "/etc/llamanix/a.key"
 """
 GATEWAY = 'kind = "litellm"\nhost = "box3"\napi_key_file = "/etc/llamanix/gateway.key"'
 
@@ -385,10 +386,12 @@ def test_a_nixos_gateway_host_validates_and_renders_no_unit_of_its_own(tmp_path:
 
 
 def test_no_config_value_reaches_a_shell_or_the_unit_unquoted(tmp_path: Path) -> None:
-    """An instance named like a shell command and a version with a shell's ``;``: the unit
-    has no shell, and each value stays one argument of LiteLLM's (or gateway-exec's) argv, as
-    systemd's own parser splits the line."""
+    """The unit has no shell: systemd's own parser splits its ExecStart into gateway-exec's
+    argv, word for word. An instance named like a shell command or a version with a shell's
+    ``;`` (values validate refuses) are refused by the unit writer too, never written."""
     from dataclasses import replace
+
+    from llamanix.render.systemd import UnitValueError
 
     cfg = load_config(EXAMPLE)
     hostile = 'q$(touch /tmp/x)"a'
@@ -397,18 +400,18 @@ def test_no_config_value_reaches_a_shell_or_the_unit_unquoted(tmp_path: Path) ->
         for n, i in cfg.instances.items()
     }
     assert cfg.gateway is not None
-    cfg = replace(
-        cfg, instances=instances, gateway=replace(cfg.gateway, version="1.106.12; touch /tmp/y")
-    )
-    unit = gateway.render_unit(cfg, "0" * 64, ["/opt/llamanix/bin/llamanix"]).unit_text
+    llamanix = ["/opt/llamanix/bin/llamanix"]
+    for bad in (
+        replace(cfg, instances=instances),
+        replace(cfg, gateway=replace(cfg.gateway, version="1.106.12; touch /tmp/y")),
+    ):
+        with pytest.raises(UnitValueError):
+            gateway.render_unit(bad, "0" * 64, llamanix)
+    unit = gateway.render_unit(cfg, "0" * 64, llamanix).unit_text
     assert "/bin/sh" not in unit
     line = next(x for x in unit.splitlines() if x.startswith("ExecStart="))
-    words = shlex.split(line.removeprefix("ExecStart=").replace("$$", "$"))
-    program = "/var/lib/llamanix/litellm/1.106.12; touch /tmp/y/bin/litellm"
-    assert words[words.index("--") + 1] == program
-    pairs = [words[i + 1] for i, w in enumerate(words) if w == "--credential-env"]
-    variable = "LLAMANIX_KEY_Q__TOUCH__TMP_X__A"
-    assert pairs == ["LITELLM_MASTER_KEY=master-key", f"{variable}=key-{hostile}"]
+    words = systemd.exec_argv(line.removeprefix("ExecStart="), {"d": "%d"})[1]
+    assert words == gateway.start_argv(cfg, llamanix)
     if shutil.which("systemd-analyze"):
         path = tmp_path / "llamanix-gateway.service"
         path.write_text(unit)

@@ -75,8 +75,11 @@ def host_lock(
                     ) from None
                 time.sleep(POLL_S)
         record = {"pid": os.getpid(), "command": command, "since": now()}
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(record).encode(), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, json.dumps(record).encode(), 0)
+        except OSError:
+            pass  # a full disk: the lock holds all the same, only its holder goes unnamed
         try:
             yield
         finally:
@@ -87,4 +90,9 @@ def host_lock(
 
 
 def _participle(command: str) -> str:
-    return {"switch": "switched", "rollback": "rolled back", "pin": "pinned"}.get(command, command)
+    return {
+        "switch": "switched",
+        "rollback": "rolled back",
+        "pin": "pinned",
+        "build": "given a new build",
+    }.get(command, command)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import threading
 import time
@@ -27,6 +26,7 @@ from pathlib import Path
 
 import httpx
 
+from llamanix.external.process import run_captured
 from llamanix.measure.prompts import load_prompts
 
 FIRST_CHARS = 7200  # about 1,800 tokens of English text
@@ -169,7 +169,7 @@ def main() -> None:
     if opts.switch:
         switching.set()
         began = time.monotonic()
-        done = subprocess.run(json.loads(opts.switch), capture_output=True, text=True, check=False)
+        done = run_captured(json.loads(opts.switch))
         switching.clear()
         switch = {
             "seconds": round(time.monotonic() - began, 1),

@@ -33,6 +33,7 @@ from llamanix.core.config import Config, Instance
 from llamanix.core.errors import ExternalCommandError, UserError
 from llamanix.core.json_value import JsonObject, JsonValue
 from llamanix.deploy.fleet import remote
+from llamanix.deploy.fleet.protocol import CacheStep
 from llamanix.deploy.switch_records import Echo
 from llamanix.deploy.warm_records import SLOT_OUTCOMES, CacheMove, SlotOutcome, WarmSlot
 from llamanix.external.process import Runner
@@ -114,8 +115,8 @@ class CacheMoves:
                 "draining": list[JsonValue](sorted(self._draining)),
                 "moves": dict(moves),
             }
-            answer, _ = remote.remote_call(
-                rg, "gateway-route", json.dumps(routes), self.runner, self.echo
+            answer, _ = remote.remote_cache_step(
+                rg, CacheStep("route", json.dumps(routes)), self.runner, self.echo
             )
         if self.runner.dry_run:
             return True, ""
@@ -210,7 +211,7 @@ class CacheMoves:
         assert source is not None and target is not None
         run = self.runner, self.echo
         order = json.dumps({"instance": inst.name})
-        saved, _ = remote.remote_call(source, "caches-save", order, *run)
+        saved, _ = remote.remote_cache_step(source, CacheStep("save", order), *run)
         if self.runner.dry_run:
             return CacheMove(to=taker.name)
         if saved.get("cold") is not None:
@@ -228,7 +229,7 @@ class CacheMoves:
                 slots.append(WarmSlot(slot, tokens, "not saved", why=why))
                 continue
             wanted = json.dumps({"instance": inst.name, "file": filename})
-            sent, data = remote.remote_call(source, "caches-send", wanted, *run)
+            sent, data = remote.remote_cache_step(source, CacheStep("send", wanted), *run)
             header = {
                 "instance": taker.name,
                 "tokens": tokens,
@@ -237,8 +238,8 @@ class CacheMoves:
                 "stamp": sent.get("stamp"),
                 "avoid": used,
             }
-            took, _ = remote.remote_call(
-                target, "caches-take", "\n".join([json.dumps(header), *data]) + "\n", *run
+            took, _ = remote.remote_cache_step(
+                target, CacheStep("take", json.dumps(header), tuple(data)), *run
             )
             outcome = took.get("outcome")
             restored_in = _int(took.get("slot"))
