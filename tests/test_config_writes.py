@@ -143,7 +143,7 @@ def test_a_switch_that_cannot_keep_the_owner_changes_nothing(
 ) -> None:
     """Run as another user than the file's, the switch would hand the file to itself: it says
     so in one line, before a generation or the file is written."""
-    link, real = _config(tmp_path, 1)
+    link, real = _config(tmp_path, 8080)
     before = real.read_text()
     uid = os.geteuid() + 1 if os.geteuid() + 1 != OWNER[0] else OWNER[0] + 1
     monkeypatch.setattr(os, "geteuid", lambda: uid)

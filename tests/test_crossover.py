@@ -172,7 +172,13 @@ def test_plot_without_matplotlib_is_one_line(
 ) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
     out = tmp_path / "x.png"
-    result = bench("compare", *map(str, sweep), "--json", "--plot", str(out))
+    result = bench("compare", *map(str, sweep), "--plot", str(out))
     assert result.exit_code == 2 and not out.exists() and result.stdout == ""
     assert "matplotlib is not installed" in result.stderr and "--plot" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+    # With --json the same line is the error of a JSON object on stdout, for scripts.
+    result = bench("compare", *map(str, sweep), "--json", "--plot", str(out))
+    assert result.exit_code == 2 and not out.exists()
+    error = json.loads(result.stdout)
+    assert error["exit_code"] == 2 and error["problems"] == [error["error"]]
+    assert "matplotlib is not installed" in error["error"] and "--plot" in error["error"]

@@ -148,8 +148,11 @@ def test_healthy_instance_is_quiet(
     text = doctor(str(config), "main", "--log", str(log))
     assert text.exit_code == 0
     lines = text.stdout.strip().splitlines()
-    assert len(lines) == 2 and lines[1].startswith("  fix: send raw text to /completion")
+    assert len(lines) == 3 and lines[1].startswith("  fix: send raw text to /completion")
     assert lines[0].startswith("warning main: target.gguf has no chat template of its own")
+    # A loopback instance needs no key: the key-file check says why it did not run.
+    assert lines[2] == "key-file: skipped: no api_key_file"
+    assert data["checks"]["key-file"] == "skipped: no api_key_file"
 
 
 # --- each finding from a real case ---------------------------------------------------------

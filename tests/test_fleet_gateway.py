@@ -64,8 +64,8 @@ def fleet_config(context: int | dict[str, int], broken: str | None = None) -> st
         text += (
             f'[instances.chat-{name}]\nhost = "{name}"\nvariant = "upstream"\nalias = "chat"\n'
             f'model = "{MODEL}"\nlisten = "0.0.0.0"\nport = {port}\ncontext = {contexts[name]}\n'
-            # Open on the bed's own network (its hosts only): the gateway's key guards clients.
-            "keyless = true\nparallel = 2\n\n"
+            # Open on the bed's private network: the gateway in front holds the key clients use.
+            "parallel = 2\nkeyless = true\n\n"
         )
     return text
 

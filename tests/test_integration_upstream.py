@@ -310,10 +310,17 @@ def test_probe_of_the_real_binary(probe_json: Path) -> None:
     assert "--draft-max" in caps["removed_flags"]
 
 
+# Where a unit would find the model: the probe is the subject here, and validate --remote checks
+# only where each path is (pytest's /tmp is hidden from units by PrivateTmp=yes).
+UNIT_MODEL = Path("/srv/models/target.gguf")
+
+
 def _config_file(tmp_path: Path, binary: Path, model: Path) -> Path:
     path = tmp_path / "llamanix.toml"
     path.write_text(
+        '[hosts.box]\nkind = "systemd"\n\n'
         "[instances.chat]\n"
+        'host = "box"\n'
         f"binary = {json.dumps(str(binary))}\n"
         f"model = {json.dumps(str(model))}\n"
         "port = 8091\n"
@@ -331,23 +338,27 @@ def _config_file(tmp_path: Path, binary: Path, model: Path) -> Path:
 
 
 def test_config_validates_against_the_real_probe(
-    probe_json: Path, llama_server_bin: Path, synth_models: SynthModels, tmp_path: Path
+    probe_json: Path, llama_server_bin: Path, tmp_path: Path
 ) -> None:
-    config = _config_file(tmp_path, llama_server_bin, synth_models.target)
-    result = CliRunner().invoke(main, ["validate", str(config), "--capabilities", str(probe_json)])
+    config = _config_file(tmp_path, llama_server_bin, UNIT_MODEL)
+    result = CliRunner().invoke(
+        main, ["validate", "--remote", str(config), "--capabilities", str(probe_json)]
+    )
     assert result.exit_code == 0, result.output
 
 
 def test_probe_without_a_needed_flag_fails_validation(
-    probe_json: Path, llama_server_bin: Path, synth_models: SynthModels, tmp_path: Path
+    probe_json: Path, llama_server_bin: Path, tmp_path: Path
 ) -> None:
     caps = json.loads(probe_json.read_text())
     caps["flags"] = [f for f in caps["flags"] if f != "--spec-draft-p-min"]
     doctored = tmp_path / "older.json"
     doctored.write_text(json.dumps(caps))
-    config = _config_file(tmp_path, llama_server_bin, synth_models.target)
+    config = _config_file(tmp_path, llama_server_bin, UNIT_MODEL)
 
-    result = CliRunner().invoke(main, ["validate", str(config), "--capabilities", str(doctored)])
+    result = CliRunner().invoke(
+        main, ["validate", "--remote", str(config), "--capabilities", str(doctored)]
+    )
     assert result.exit_code == 2
     lines = result.output.strip().splitlines()
     assert len(lines) == 1, result.output

@@ -24,7 +24,7 @@ import pytest
 from llamanix.core.api_key import read_api_key
 from llamanix.core.errors import UserError
 from llamanix.deploy.fleet.agent import DIR_ENV
-from llamanix.deploy.fleet.protocol import PROTOCOL
+from llamanix.deploy.fleet.protocol import PROTOCOL, AgentRequest
 
 # --- the file, read as llama-server reads it -----------------------------------------------------
 
@@ -125,9 +125,12 @@ def test_every_reader_uses_the_first_key_and_prints_none(
     (fleet / "llamanix.toml").write_text(config.read_text())
     outputs: dict[str, str] = {}
 
-    def llamanix(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    def llamanix(
+        *args: str, env: dict[str, str] | None = None, stdin: str = ""
+    ) -> subprocess.CompletedProcess[str]:
         proc = subprocess.run(
             [sys.executable, "-m", "llamanix", *args],
+            input=stdin,
             cwd=tmp_path,
             capture_output=True,
             text=True,
@@ -138,8 +141,8 @@ def test_every_reader_uses_the_first_key_and_prints_none(
         outputs[" ".join(args)] = proc.stdout + proc.stderr
         return proc
 
-    def ran(*args: str, env: dict[str, str] | None = None) -> str:
-        proc = llamanix(*args, env=env)
+    def ran(*args: str, env: dict[str, str] | None = None, stdin: str = "") -> str:
+        proc = llamanix(*args, env=env, stdin=stdin)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         return proc.stdout
 
@@ -165,14 +168,12 @@ def test_every_reader_uses_the_first_key_and_prints_none(
     assert json.loads(bench_json.read_text())
     [host] = json.loads(ran("top", str(config), "--once", "--json"))["hosts"]
     assert [(row["instance"], row["state"]) for row in host["rows"]] == [("chat", "ok")], host
+    # The fleet agent reads its request on stdin, as a controller sends it over ssh.
     agent = ran(
         "fleet-agent",
         "top",
-        "--protocol",
-        str(PROTOCOL),
-        "--host",
-        "dev",
         env={DIR_ENV: str(fleet)},
+        stdin=AgentRequest(protocol=PROTOCOL, host="dev").text(),
     )
     assert '"state": "ok"' in agent, agent
     scrape = ran("metrics", str(config), "--once")

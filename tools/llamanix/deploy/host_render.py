@@ -46,7 +46,13 @@ def instance_budget(inst: Instance) -> tuple[GgufInfo, VramBudget]:
     )
     context = inst.context or model.context_length or 4096
     budget = vram_breakdown(
-        model, draft, context, inst.parallel or 1, inst.cache_type_k, inst.cache_type_v
+        model,
+        draft,
+        context,
+        inst.parallel or 1,
+        inst.cache_type_k,
+        inst.cache_type_v,
+        inst.ubatch,
     )
     return model, budget
 

@@ -20,9 +20,15 @@ from llamanix.measure.gguf_info import GgufInfo
 
 GB = 1_000_000_000
 GIB = 1 << 30
-# CUDA context, cuBLAS workspace and the compute buffers llama.cpp reserves for one ubatch; a
-# 27B model at -ub 512 needs about this much on top of weights and cache.
-COMPUTE_MARGIN_BYTES = 1 * GIB
+MIB = 1 << 20
+# The CUDA context, cuBLAS workspace and graph buffers that do not grow with the vocabulary:
+# measured on an H100 (docs/gpu.md, the second run) at 725 to 749 MiB beyond weights and KV
+# cache for an 8B-shaped model with a 600-token vocabulary, at contexts 8192 and 32768.
+BASE_MARGIN_BYTES = 768 * MIB
+# llama-server's default -ub: each model's compute buffer holds one ubatch of f32 logits, the
+# part of it that grows with the vocabulary (about 250 MiB for a 128k-token one).
+DEFAULT_UBATCH = 512
+LOGIT_BYTES = 4
 # The default KV cache type of every variant, and the draft's default (-ctkd/-ctvd).
 DEFAULT_CACHE_TYPE = "f16"
 
@@ -154,8 +160,7 @@ def vram_breakdown(
     parallel: int = 1,
     cache_type_k: str | None = None,
     cache_type_v: str | None = None,
-    *,
-    compute_margin_bytes: int = COMPUTE_MARGIN_BYTES,
+    ubatch: int | None = None,
 ) -> VramBudget:
     """The VRAM llama-server needs with every layer offloaded.
 
@@ -176,8 +181,17 @@ def vram_breakdown(
         kv_cache=round(model_info.kv_bytes_per_token(ctk, ctv) * context),
         draft_kv_cache=round(draft_kv),
         recurrent_state=model_info.recurrent_state_bytes * parallel + draft_state,
-        compute_margin=compute_margin_bytes,
+        compute_margin=compute_margin(
+            [model_info.vocab_size, *([draft_info.vocab_size] if draft_info else [])], ubatch
+        ),
     )
+
+
+def compute_margin(vocab_sizes: list[int], ubatch: int | None = None) -> int:
+    """What llama-server takes beyond weights, caches and state: the base, and one ubatch of
+    logits for each model it loads (the target, and the draft when there is one)."""
+    rows = ubatch or DEFAULT_UBATCH
+    return BASE_MARGIN_BYTES + sum(v * rows * LOGIT_BYTES for v in vocab_sizes)
 
 
 def vram_budget(
@@ -187,10 +201,11 @@ def vram_budget(
     parallel: int = 1,
     cache_type_k: str | None = None,
     cache_type_v: str | None = None,
+    ubatch: int | None = None,
 ) -> int:
     """Total bytes of :func:`vram_breakdown`."""
     return vram_breakdown(
-        model_info, draft_info, context, parallel, cache_type_k, cache_type_v
+        model_info, draft_info, context, parallel, cache_type_k, cache_type_v, ubatch
     ).total
 
 

@@ -357,7 +357,13 @@ def check_vram(report: Report, inst: Instance, gpu: Gpu | None) -> None:
     draft = _read_model(inst.speculative.draft_model) if inst.speculative.enabled else None
     context = inst.context or model.context_length or 4096
     budget = vram_breakdown(
-        model, draft, context, inst.parallel or 1, inst.cache_type_k, inst.cache_type_v
+        model,
+        draft,
+        context,
+        inst.parallel or 1,
+        inst.cache_type_k,
+        inst.cache_type_v,
+        inst.ubatch,
     )
     memory = gpu_memory_bytes(gpu)
     gib = 1 << 30
