@@ -445,7 +445,7 @@ def test_a_bad_replica_is_rolled_back_while_the_other_serves(bed: Bed) -> None:
 # Runs on the controller: CONVERSATIONS conversations through the gateway, turn after turn, a
 # round a second (each turn is the whole conversation so far plus a short question; each
 # conversation's first message is longer, so that a cache shows against the new tokens), until
-# the stop file appears. Each
+# the stop file appears (then one more round). Each
 # turn's replica (the deployment LiteLLM names) and the server's own timings: tokens taken from
 # the cache and tokens processed. The ready file appears once every conversation had two turns.
 _TURNS = """
@@ -457,10 +457,15 @@ MAX_TURNS = 60
 words = "lorem ipsum dolor sit amet consectetur adipiscing elit sed do".split()
 convs = [[{"role": "user", "content": f"Conversation {n}. " + " ".join(
     words[(n + i) % len(words)] for i in range(50))}] for n in range(int(count))]
-turns, give_up = [], time.monotonic() + 600
-while not os.path.exists(stop) and time.monotonic() < give_up:
-    # One round a second, and no conversation past its slot's context: about 15 tokens a turn.
-    time.sleep(1)
+turns, give_up, last = [], time.monotonic() + 600, False
+while not last and time.monotonic() < give_up:
+    # Once the stop file is there, one more round at once (each conversation's turn after the
+    # switch), then the end.
+    last = os.path.exists(stop)
+    # Else one round a second (the load's pace, not a wait of the test's), and no conversation
+    # past its slot's context: about 15 tokens a turn.
+    if not last:
+        time.sleep(1)
     for n, messages in enumerate(convs):
         if len(messages) > 2 * MAX_TURNS:
             continue
@@ -526,7 +531,7 @@ def test_conversations_keep_their_cache_across_a_rolling_switch(bed: Bed) -> Non
         sets = [a for n in REPLICAS for a in ("--set", f"instances.chat-{n}.threads=1")]
         code, out, err = llamanix(bed, "switch", CONFIG, *sets, "--hosts", "box1,box2", "--json")
         switched = time.monotonic()
-        time.sleep(5)  # more turns after the switch
+        # One more round after the switch, and the client ends.
         files["stop"].touch()
         child.wait(timeout=180)
     assert code == 0, err[-4000:]
