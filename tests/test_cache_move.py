@@ -217,3 +217,35 @@ def test_the_agent_reads_a_moved_file_whole_from_its_request(tmp_path: Path) -> 
     assert done.returncode == 0, done.stderr
     answer = next(line for line in done.stdout.splitlines() if line.startswith(ANSWER))
     assert json.loads(answer[len(ANSWER) :]) == {"bytes": len(data), "header": header}
+
+
+def test_a_cache_step_is_no_switch_and_names_no_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cache step comes to ``switch`` instead of a config, never with one; a ``send`` step
+    that names a path instead of a file a move saved is refused in one line."""
+    from click.testing import CliRunner
+
+    from llamanix.cli import main
+    from llamanix.deploy.fleet.protocol import PROTOCOL, AgentRequest, CacheStep, SwitchOrder
+    from llamanix.deploy.switch_records import SwitchOptions
+
+    config(tmp_path)
+    fleet_dir = tmp_path / "fleet"
+    fleet_dir.mkdir(mode=0o700)
+    text = (tmp_path / "llamanix.toml").read_text().replace('target = "admin@box1"\n', "")
+    (fleet_dir / "llamanix.toml").write_text(text)
+    monkeypatch.setenv("LLAMANIX_FLEET_DIR", str(fleet_dir))
+    send = CacheStep("send", json.dumps({"instance": "chat-box1", "file": "../../etc/shadow"}))
+    both = AgentRequest(
+        PROTOCOL, "box1", SwitchOrder("toml", text, SwitchOptions()), cache=send
+    ).text()
+    done = CliRunner().invoke(main, ["fleet-agent", "switch"], input=both)
+    assert done.exit_code == 2, done.output
+    assert "a request is a switch or a step of a cache move" in done.output
+    done = CliRunner().invoke(
+        main, ["fleet-agent", "switch"], input=AgentRequest(PROTOCOL, "box1", cache=send).text()
+    )
+    assert done.exit_code == 2, done.output
+    assert "'../../etc/shadow' is not a file a move saves" in done.output
+    assert len([line for line in done.output.splitlines() if "shadow" in line]) == 1
