@@ -504,8 +504,10 @@ def test_conversations_keep_their_cache_across_a_rolling_switch(bed: Bed) -> Non
     replica it lands on (``cache_n`` against ``prompt_n`` processed), before, during and after
     a rolling switch of both replicas, which moves each drained replica's caches to the other
     one before it restarts; and the rollout's record says what moved where."""
-    # Two slots of 2,048 tokens each: room for every turn of a conversation.
-    text = fleet_config(4096).replace("parallel = 2\n", "parallel = 2\nwarm_switch = true\n")
+    # Three slots of 2,048 tokens each: room for every turn of a conversation, and for every
+    # conversation on one replica while the other is drained (with fewer slots than
+    # conversations, one waits in the server's RAM cache, which no move carries: it goes cold).
+    text = fleet_config(6144).replace("parallel = 2\n", "parallel = 3\nwarm_switch = true\n")
     write_config(bed, text)
     # Turning warm_switch on restarts both replicas: their caches go cold, saying why.
     code, out, err = llamanix(bed, "switch", CONFIG, "--hosts", "box1,box2", "--json")
