@@ -35,6 +35,7 @@ COMMAND_GROUPS: dict[str, tuple[str, ...]] = {
         "schema",
         "switch",
         "rollback",
+        "tidy",
         "generations",
         "pin",
         "up",
@@ -118,6 +119,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "Change what a host runs, gate it, and roll back when the gate fails (exit 1).",
     ),
     "rollback": ("deploy", "Serve an earlier generation again (and put its config back)."),
+    "tidy": (
+        "deploy",
+        "Remove what a killed switch left, and serve the current generation again (exit 1 if not).",
+    ),
     "generations": (
         "deploy",
         "List a host's generations: date, variant and source revision per instance, gate.",

@@ -38,7 +38,8 @@ WAIT = click.option(
     default=0.0,
     show_default=True,
     metavar="SECONDS",
-    help="Wait this long for another switch, rollback or pin of the same host to finish.",
+    help="Wait this long for another switch, rollback or pin of the same host (or another "
+    "command writing the same units on this machine) to finish.",
 )
 
 # A remote host's run: how long it may take there, and how long its agent follows it.

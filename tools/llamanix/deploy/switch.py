@@ -40,6 +40,7 @@ from llamanix.deploy.generations import (
     RollbackRecord,
 )
 from llamanix.deploy.host_render import with_source_revisions
+from llamanix.deploy.leftovers import scope_of, tidy_machine
 from llamanix.deploy.managers import (
     Manager,
     NixosManager,
@@ -52,7 +53,7 @@ from llamanix.deploy.managers import (
     summary_of,
 )
 from llamanix.deploy.request import SwitchRequest
-from llamanix.deploy.restarts import DrainingRestart, tidy_after_a_killed_switch
+from llamanix.deploy.restarts import DrainingRestart
 from llamanix.deploy.serving import (
     check_serving,
     endpoints,
@@ -165,6 +166,11 @@ def switch_host(
     activate and gate, then keep the generation or restore the previous one. ``file_text``:
     what the config file holds now (the new text once an earlier host's switch wrote it)."""
     sw = _prepare(request, host, file_text, runner, echo)
+    if not runner.dry_run:
+        # What a switch that did not finish left with these units (the lock is ours: no other
+        # is under way) goes before anything is measured or written, changed or not.
+        for line in tidy_machine(scope_of(sw.manager), runner):
+            echo(f"{sw.host}: {line}")
     if not sw.changed and not sw.removed and sw.file_text == sw.new_text:
         echo(f"{sw.host}: nothing changed")
         number = sw.current.number if sw.current else None
@@ -372,8 +378,6 @@ def _draining_restart(sw: _HostSwitch) -> DrainingRestart | None:
     first (deploy.restarts)."""
     if not isinstance(sw.manager, SystemdManager) or sw.runner.dry_run:
         return None
-    for line in tidy_after_a_killed_switch(sw.runner, sw.manager.user):
-        sw.echo(f"  {line}")
     old_config = sw.request.old_config
     bridges, no_bridge = _bridges(sw, sw.manager.user) if sw.opts.blue_green else ({}, {})
     sw.manager.restarts = DrainingRestart(
