@@ -191,6 +191,21 @@ def test_a_switch_killed_in_a_restart_leaves_what_doctor_names_and_tidy_removes(
     )
 
 
+def test_a_rollback_after_a_killed_restart_lifts_its_fence(bed: Bed) -> None:
+    """rollback, too, removes what a killed switch left with the units before it changes
+    them: the fence that would keep refusing other machines while the host looks healthy."""
+    host = bed.host
+    killed = killed_switch(host, "restart:fenced")
+    assert killed.returncode in (-9, 137), killed.stdout + killed.stderr
+    assert F in leftovers(host)[0]
+    done = run(host, "rollback", CONFIG, "--to", str(bed.generation))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"lifted the fence a killed switch left on port {PORT}" in done.stdout, done.stdout
+    codes, report = leftovers(host)
+    assert codes == [] and report["checks"]["leftovers"] == "ok", report["findings"]
+    serves_current(host)
+
+
 def test_a_ctrl_c_in_a_blue_green_handover_stops_the_bridge(bed: Bed) -> None:
     """SIGINT while the port is handed to the bridge: the switch stops (exit 130), and takes
     the bridge, its tables, its unit file and its directories with it."""
