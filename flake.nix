@@ -2,7 +2,7 @@
   description = "llamanix: llama.cpp variants (nixpkgs, upstream, ik_llama.cpp, MTP PR) built reproducibly and run as hardened llama-server services";
 
   inputs = {
-    # Needs CUDA >= 12.8 for sm_120 (RTX 50xx); pinned in flake.lock (see README.md, "Pins").
+    # Needs CUDA >= 12.8 for sm_120 (RTX 50xx); pinned in flake.lock (see docs/pins.md).
     nixpkgs.url = "github:NixOS/nixpkgs/nixos-unstable";
 
     # Sources only: every variant is built with the nixpkgs above, never with a flake of its own.
@@ -86,16 +86,24 @@
             # CUDA is unfree; allow exactly its licenses, by nixpkgs' own predicate
             # (pkgs/development/cuda-modules/_cuda/lib). CUDA itself is switched on per package
             # (cudaArchs), not with nixpkgs' global cudaSupport, so nothing else is rebuilt.
-            config.allowUnfreePredicate =
-              nixpkgs.legacyPackages.${system}._cuda.lib.allowUnfreeCudaPredicate;
+            config.allowUnfreePredicate = package: allowUnfreeCuda package;
           };
+          # Read from this very package set: nixpkgs calls the predicate only on a package's
+          # license, long after the set exists, so no second nixpkgs is instantiated for it. A
+          # nixpkgs from before _cuda (an older one through inputs.nixpkgs.follows) gets the same
+          # rule over the NVIDIA licenses its lib names, and a warning.
+          allowUnfreeCuda =
+            pkgs._cuda.lib.allowUnfreeCudaPredicate or (lib.warn
+              "llamanix: this nixpkgs has no _cuda (nixpkgs' CUDA helpers): CUDA's unfree licenses are allowed by llamanix's copy of its predicate, over the NVIDIA licenses lib.licenses names (${builtins.concatStringsSep ", " (llamanixLib.nvidiaLicenseNames lib.licenses)}); a newer nixpkgs has its own"
+              (llamanixLib.cudaLicensePredicate lib.licenses)
+            );
 
           # A tiny GGUF made at build time (`llamanix synth-model`): the model of the VM test and
           # the GPU smoke checks, which may download nothing.
           syntheticModel = pkgs.callPackage ./pkgs/synthetic-model.nix { };
 
           # `llamanix smoke` of every CUDA package on the builder's GPU. Not in `checks`: they need
-          # the `cuda` system feature (README.md, "Checking the builds").
+          # the `cuda` system feature (docs/nixos.md, "Checking the builds").
           gpuChecks = pkgs.callPackage ./tests/gpu-smoke.nix {
             packages = pkgs.llamanixPackages.variants;
             model = syntheticModel;
@@ -215,6 +223,10 @@
           _file = key;
           inherit key;
           imports = [ ./modules/llamanix.nix ];
+          # Every module of the system gets this flake as the argument `llamanix`, so one written
+          # `{ llamanix, ... }:` (llamanix.lib.fromToml, say) works without specialArgs; the docs
+          # write modules so. A `llamanix` of the user's own (specialArgs, _module.args) wins.
+          _module.args.llamanix = lib.mkDefault self;
           nixpkgs.overlays = lib.mkIf (useSystemNixpkgs && !readOnlyPkgs) [ overlay ];
           assertions = [
             {

@@ -37,6 +37,10 @@ let
   nvidiaEnabled =
     config.hardware.nvidia.enabled
       or (builtins.elem "nvidia" (config.services.xserver.videoDrivers or [ ]));
+  # nixpkgs' own CUDA capabilities, as this system's pkgs were made with them (nixpkgs.config,
+  # or the config of a given nixpkgs.pkgs); null where nothing says.
+  nixpkgsCudaCapabilities =
+    pkgs.config.cudaCapabilities or config.nixpkgs.config.cudaCapabilities or null;
   cudaArchType = types.strMatching "[0-9]+\\.[0-9]+[af]?";
 
   instanceModule =
@@ -143,19 +147,22 @@ let
 
   # The gateway (docs/gateway.md): nixpkgs' services.litellm
   # (nixos/modules/services/misc/litellm.nix) with render/gateway.py's settings. Its ExecStart
-  # stays nixpkgs'; the keys reach LiteLLM through its environmentFile, which a oneshot unit
-  # writes from the key files (nix/lib.nix gatewayKeysScript).
+  # stays nixpkgs'; the keys reach LiteLLM through an EnvironmentFile= of the unit, which a
+  # oneshot unit writes from the key files (nix/lib.nix gatewayKeysScript).
   gw = cfg.gateway;
   gatewayArgs = {
     gateway = gw;
     inherit (gw) replicas;
   };
-  gatewayVersion = gw.package.version or (lib.getVersion gw.package);
-  gatewayRefusal = llamanixLib.litellmRefusal gatewayVersion;
   keysUnit = llamanixLib.gatewayKeysUnit;
   # A NixOS without nixpkgs' LiteLLM module (before 25.05) must still evaluate without a
   # gateway: a definition of an option that does not exist fails even under a false mkIf.
   hasLitellm = options ? services && options.services ? litellm;
+  # What services.litellm runs and opens: gateway.package and gateway.openFirewall are aliases
+  # of its options, so these are read from there (its defaults where neither is set).
+  litellm = config.services.litellm;
+  gatewayVersion = litellm.package.version or (lib.getVersion litellm.package);
+  gatewayRefusal = if hasLitellm then llamanixLib.litellmRefusal gatewayVersion else null;
 
   replicaModule = {
     options = {
@@ -212,6 +219,15 @@ in
         are the keys of an `[instances.<name>]` table of llamanix.toml, with the same names
         and meanings; an option left at null is not passed, so llama-server's own default
         applies.
+
+        A unit is started once its server serves (`/health` and a one-token completion), within
+        its `TimeoutStartSec=`: 120 s plus 20 s per GiB of model (plus 30 s), up to about 24
+        minutes where the model's size is not known at build time. Boot does not wait for that:
+        the units are wanted by `llamanix.target`, which `multi-user.target` wants without
+        waiting for it, so the machine comes up and each server becomes active when it serves.
+        `nixos-rebuild switch` does wait: it restarts each changed unit and waits for its start,
+        so it fails, after at most that timeout, when a new backend does not serve (and
+        `llamanix switch` gates on top of that).
       '';
     };
 
@@ -261,11 +277,16 @@ in
 
     cudaArchs = mkOption {
       type = types.listOf cudaArchType;
-      # A CUDA build takes hours: only a host that runs the NVIDIA driver gets one by default.
-      default = if nvidiaEnabled then llamanixLib.archSets."" else [ ];
+      # A CUDA build takes hours: only a host that asks for one (nixpkgs' cudaCapabilities, or
+      # the NVIDIA driver) gets one by default.
+      default = llamanixLib.defaultCudaArchs {
+        cudaCapabilities = nixpkgsCudaCapabilities;
+        inherit nvidiaEnabled;
+      };
       defaultText = literalMD ''
+        nixpkgs' `config.cudaCapabilities` when the system sets it (`nixpkgs.config`); else
         `[ "8.6" "12.0" ]` (RTX 3090 and RTX 5090) when the host enables the NVIDIA driver
-        (`hardware.nvidia.enabled`, which `services.xserver.videoDrivers = [ "nvidia" ]` sets),
+        (`hardware.nvidia.enabled`, which `services.xserver.videoDrivers = [ "nvidia" ]` sets);
         else `[ ]` (the CPU)
       '';
       example = [ "12.0" ];
@@ -273,6 +294,12 @@ in
         ${hostSchema.cuda_archs.doc} The default of every instance's `cudaArchs`; `[ ]` builds
         for the CPU. The key `cuda_archs` of llamanix.toml's `[hosts.NAME]` table (a TOML host
         that names archs sets this option through `fromToml`).
+
+        Name your GPU's compute capability here (or in nixpkgs' `cudaCapabilities`, which the
+        default follows): a build without it gets "no kernel image" at the first start (an
+        A100 is 8.0, a T4 7.5, a V100 7.0, an RTX 20xx 7.5), or JIT-compiles the PTX of
+        every kernel at start (an H100 is 9.0). `llamanix plan` and `llamanix doctor` name
+        such a mismatch between a host's `gpu` and `cuda_archs` in llamanix.toml.
       '';
     };
 
@@ -320,14 +347,26 @@ in
                 these from the whole llamanix.toml.
               '';
             };
-            # Read only when a gateway is set, so a nixpkgs without litellm still evaluates.
-            package = lib.mkPackageOption pkgs "litellm" {
-              extraDescription = "NixOS runs this LiteLLM, not the `version` a Debian host installs.";
+            # Aliases of nixpkgs' own options, which stay the one place these are decided: set,
+            # each defines its services.litellm option; unset, nixpkgs' default applies.
+            package = mkOption {
+              type = types.nullOr types.package;
+              default = null;
+              defaultText = literalMD "unset: `services.litellm.package` decides (nixpkgs' default `pkgs.litellm`)";
+              description = ''
+                An alias of `services.litellm.package`, the LiteLLM NixOS runs (whatever its
+                release: not the `version` a Debian host installs). Set either one; setting
+                both is a conflict, as for any NixOS option.
+              '';
             };
             openFirewall = mkOption {
-              type = types.bool;
-              default = false;
-              description = "Open the gateway's `port` in the firewall.";
+              type = types.nullOr types.bool;
+              default = null;
+              defaultText = literalMD "unset: `services.litellm.openFirewall` decides (default `false`)";
+              description = ''
+                An alias of `services.litellm.openFirewall`: open the gateway's `port` in the
+                firewall.
+              '';
             };
           };
         }
@@ -362,6 +401,12 @@ in
           message = llamanixLib.unsupportedSystem pkgs.stdenv.hostPlatform.system;
         }
       ]
+      # Instance names become unit names, state directories and file names: the config's one
+      # name type (core/types.py), refused here before anything is built.
+      ++ map (name: {
+        assertion = schemaOptions.textOk llamanixLib.schema.names.type name;
+        message = "services.llamanix.instances.${builtins.toJSON name}: ${llamanixLib.schema.types.name.doc}";
+      }) (lib.attrNames cfg.instances)
       # What `llamanix render` would refuse at build time, in its words, before anything is built.
       ++ map (message: {
         assertion = false;
@@ -388,7 +433,7 @@ in
       # would otherwise generate its own unit text from systemd.services). What NixOS does not do
       # for packaged units is honour their [Install] section, hence the entries below: with
       # overrideStrategy = "asDropin" each becomes only a drop-in (llamanix-NAME.service.d/) that
-      # adds the multi-user.target.wants link, and a new render (a new store path) restarts the
+      # adds the llamanix.target.wants link, and a new render (a new store path) restarts the
       # instance on switch. State and cache directories are the units' StateDirectory= and
       # CacheDirectory=: systemd creates them at start, owned by the unit's dynamic user (a
       # tmpfiles rule here would create them owned by root, which DynamicUser= refuses).
@@ -399,15 +444,29 @@ in
           name: _:
           lib.nameValuePair "llamanix-${name}" {
             overrideStrategy = "asDropin";
-            wantedBy = [ "multi-user.target" ];
+            wantedBy = [ "llamanix.target" ];
           }
         ) (lib.filterAttrs (name: _: !(builtins.elem name routed)) cfg.instances)
         // lib.optionalAttrs (cfg.router != null) {
           llamanix-router = {
             overrideStrategy = "asDropin";
-            wantedBy = [ "multi-user.target" ];
+            wantedBy = [ "llamanix.target" ];
           };
         };
+
+      # Readiness and boot. A unit is started once its server serves (ExecStartPost=, up to
+      # TimeoutStartSec=: the model's load, 20 minutes for a big one), and a target waits for the
+      # units it wants. So the servers hang off a target of their own, wanted by
+      # multi-user.target, without default dependencies: multi-user.target does not wait for it,
+      # and it waits for none of its units. Boot starts every server and goes on; each becomes
+      # active when it serves. `nixos-rebuild switch` restarts a changed unit and waits for that
+      # start, as it does for every unit: it still fails when the new backend does not serve,
+      # after at most that unit's TimeoutStartSec=.
+      systemd.targets.llamanix = {
+        description = "llama-server instances of llamanix (boot does not wait for them to serve)";
+        wantedBy = [ "multi-user.target" ];
+        unitConfig.DefaultDependencies = false;
+      };
 
       networking.firewall.allowedTCPPorts = lib.unique (
         map (inst: inst.port) exposed
@@ -447,19 +506,22 @@ in
       ];
       # validate checked the settings against the keys of the version llamanix.toml names; a
       # config that names none runs whatever nixpkgs has, without a word.
-      warnings =
+      warnings = lib.optionals hasLitellm (
         llamanixLib.firewallWarnings {
           instances = { };
           router = null;
-          gateway = gw;
+          gateway = gw // {
+            inherit (litellm) openFirewall;
+          };
           inherit (config.networking) firewall;
         }
         ++ lib.optional (gw.version != null && gatewayVersion != gw.version) (
           "services.llamanix.gateway.version: llamanix.toml names LiteLLM ${gw.version}, but this "
-          + "NixOS runs nixpkgs' LiteLLM ${gatewayVersion} (services.llamanix.gateway.package), "
+          + "NixOS runs nixpkgs' LiteLLM ${gatewayVersion} (services.litellm.package), "
           + "which validate did not check the config against (set version = \"${gatewayVersion}\" "
           + "in [gateway], or pick a package of ${gw.version})"
-        );
+        )
+      );
 
       systemd.services.litellm = {
         # The replicas are on other hosts: ordered after the network is online, as the Debian
@@ -476,6 +538,9 @@ in
         # not services.litellm.environment, whose telemetry-off default a definition replaces.
         environment.LITELLM_LOCAL_MODEL_COST_MAP = "True";
         serviceConfig = {
+          # The keys, as one more EnvironmentFile= beside the one services.litellm.environmentFile
+          # names: that option takes one file, and it stays the user's (provider keys, say).
+          EnvironmentFile = [ llamanixLib.gatewayEnvironmentFile ];
           Restart = "on-failure";
           RestartSec = "10s";
           TimeoutStartSec = 180;
@@ -493,7 +558,10 @@ in
 
       # Writes LiteLLM's environment file from the key files, loaded as credentials: the
       # files may be root's alone (agenix's /run/agenix, sops-nix's /run/secrets), no key
-      # enters the store, argv or unit text.
+      # enters the store, argv or unit text. It needs no root: systemd reads the key files and
+      # LiteLLM's EnvironmentFile=, so the script runs as a dynamic user with nothing but its
+      # credentials and its runtime directory (`systemd-analyze security` scores it; a test
+      # keeps it there).
       systemd.services.${keysUnit} = {
         description = "The keys of llamanix's LiteLLM gateway, from their files into its environment file";
         before = [ "litellm.service" ];
@@ -509,19 +577,41 @@ in
           RuntimeDirectory = keysUnit;
           RuntimeDirectoryMode = "0700";
           UMask = "0077";
+          DynamicUser = true;
+          PrivateUsers = true;
           CapabilityBoundingSet = "";
+          AmbientCapabilities = "";
           NoNewPrivileges = true;
           PrivateNetwork = true;
+          IPAddressDeny = "any";
+          RestrictAddressFamilies = "none";
           PrivateTmp = true;
           PrivateDevices = true;
+          DevicePolicy = "closed";
+          PrivateIPC = true;
           ProtectSystem = "strict";
           ProtectHome = true;
+          ProtectProc = "invisible";
+          ProcSubset = "pid";
+          ProtectClock = true;
+          ProtectHostname = true;
           ProtectKernelTunables = true;
           ProtectKernelModules = true;
+          ProtectKernelLogs = true;
           ProtectControlGroups = true;
-          RestrictAddressFamilies = "none";
+          RestrictNamespaces = true;
+          RestrictRealtime = true;
+          RestrictSUIDSGID = true;
+          LockPersonality = true;
+          MemoryDenyWriteExecute = true;
+          RemoveIPC = true;
+          PrivateMounts = true;
           SystemCallArchitectures = "native";
-          SystemCallFilter = [ "@system-service" ];
+          SystemCallFilter = [
+            "@system-service"
+            "~@privileged"
+          ];
+          SystemCallErrorNumber = "EPERM";
         };
       };
     })
@@ -529,10 +619,11 @@ in
     (lib.optionalAttrs hasLitellm {
       services.litellm = mkIf (cfg.enable && gw != null) {
         enable = true;
-        inherit (gw) package port openFirewall;
+        inherit (gw) port;
         host = gw.listen;
+        package = mkIf (gw.package != null) gw.package;
+        openFirewall = mkIf (gw.openFirewall != null) gw.openFirewall;
         settings = llamanixLib.gatewaySettings gatewayArgs;
-        environmentFile = llamanixLib.gatewayEnvironmentFile;
       };
     })
   ];

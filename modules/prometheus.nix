@@ -6,6 +6,10 @@
 # rules beside the instances (the JSON it hands `llamanix render` gets a [metrics] table), and
 # this module sets nixpkgs' own services.prometheus.scrapeConfigs and ruleFiles; it does not
 # enable Prometheus itself (services.prometheus.enable), which may run on another machine.
+#
+# Only a host with instances has an exporter (as `llamanix render` has it: render/prometheus.py
+# scrapes the hosts that run instances). fromToml enables this for every host of a TOML with a
+# [metrics] table, the gateway's box among them: there it adds nothing.
 {
   config,
   lib,
@@ -36,7 +40,7 @@ in
     };
   };
 
-  config = mkIf (cfg.enable && pcfg.enable) {
+  config = mkIf (cfg.enable && pcfg.enable && cfg.instances != { }) {
     services.prometheus.scrapeConfigs = [
       (prometheusLib.scrapeJob {
         host = hostName;

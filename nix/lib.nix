@@ -43,6 +43,23 @@ rec {
     "-cpu" = [ ];
   };
 
+  # The default of services.llamanix.cudaArchs. nixpkgs' own `config.cudaCapabilities`, where
+  # the system sets it: what every other CUDA package of it is built for, the GPUs the user
+  # named (an A100's 8.0, a T4's 7.5), which [ "8.6" "12.0" ] would leave without a kernel
+  # image. Else llamanix's RTX 3090 + RTX 5090 build on a host that runs the NVIDIA driver,
+  # else the CPU: a CUDA build takes hours. nixpkgs declares the setting with [ ] for unset.
+  defaultCudaArchs =
+    {
+      cudaCapabilities ? null,
+      nvidiaEnabled ? false,
+    }:
+    if cudaCapabilities != null && cudaCapabilities != [ ] then
+      cudaCapabilities
+    else if nvidiaEnabled then
+      archSets.""
+    else
+      [ ];
+
   # packages.<system> attribute name -> { variant; cudaArchs; }
   variantPackages = builtins.listToAttrs (
     builtins.concatMap (
@@ -130,7 +147,7 @@ rec {
 
   # llama.cpp's build number must be an integer (it is compiled into `int LLAMA_BUILD_NUMBER`).
   # A GitHub flake input carries no tag, so the numbers of the pinned revisions are recorded here
-  # (README.md, "Pins", says where each comes from); any other revision, e.g. after
+  # (docs/pins.md says where each comes from); any other revision, e.g. after
   # `nix flake update`, reports 0 rather than a wrong number.
   buildNumbers = {
     # ggml-org/llama.cpp master, tag b9187
@@ -271,6 +288,32 @@ rec {
           [ ];
     in
     builtins.filter (p: p != null) (map release cudaArchs) ++ jetsonProblems;
+
+  # The unfree licenses CUDA packages carry, as nixpkgs' _cuda.lib.allowUnfreeCudaPredicate
+  # admits them, for a nixpkgs without _cuda (flake.nix): every license of lib.licenses whose
+  # name starts with "nvidia" (nvidiaCuda, nvidiaCudaRedist, ...), by short name.
+  # licenses: lib.licenses.
+  nvidiaLicenseNames =
+    licenses:
+    builtins.foldl' (acc: name: if builtins.elem name acc then acc else acc ++ [ name ]) [ ] (
+      builtins.filter (name: name != null) (
+        map (name: licenses.${name}.shortName or null) (
+          builtins.filter (name: hasPrefix "nvidia" name && builtins.isAttrs licenses.${name}) (
+            builtins.attrNames licenses
+          )
+        )
+      )
+    );
+  # package -> whether each of its licenses is free or one of those.
+  cudaLicensePredicate =
+    licenses: package:
+    let
+      names = nvidiaLicenseNames licenses;
+      license = package.meta.license or [ ];
+    in
+    builtins.all (l: (l.free or false) || builtins.elem (l.shortName or null) names) (
+      if builtins.isList license then license else [ license ]
+    );
 
   # --- The NixOS module's checks that need no build ------------------------------------------
 

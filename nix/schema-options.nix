@@ -50,19 +50,49 @@ let
     else
       types.number;
 
+  # A string of one of core/types.py's declared types (schema.json's `types`): the same pattern
+  # (written so that Python's re.fullmatch and builtins.match read it alike), the same bound in
+  # bytes, the same refused infix. tests/test_nix_types.py runs both over a table of values.
+  # A string of one of core/types.py's declared types (schema.json's `types`): the same pattern
+  # (written so that Python's re.fullmatch and builtins.match read it alike), the same bound in
+  # bytes, the same refused infix. tests/test_types.py runs both over a table of values.
+  textOk =
+    kind: s:
+    let
+      t = schema.types.${kind};
+    in
+    builtins.isString s
+    && builtins.match t.pattern s != null
+    && builtins.stringLength s <= t.max_length
+    && (if t ? forbidden then builtins.match t.forbidden s == null else true);
+
+  textType =
+    kind:
+    types.addCheck (types.strMatching schema.types.${kind}.pattern) (textOk kind)
+    // {
+      description = "${kind}: ${schema.types.${kind}.doc} (at most ${
+        toString schema.types.${kind}.max_length
+      } bytes)";
+    };
+
+  # A table of strings: its values' type, and its keys checked too (attrsOf checks no names).
+  tableType =
+    field:
+    types.addCheck (types.attrsOf (textType field.text)) (
+      attrs: builtins.all (textOk field.keys) (builtins.attrNames attrs)
+    )
+    // {
+      description = "table of ${field.text} keyed by ${field.keys}";
+    };
+
   typeOf =
     field:
     let
       kind = field.type;
     in
-    if kind == "str" then
-      types.str
-    else if kind == "path" then
-      # A string, not a Nix path: a model must not be copied into the store.
-      types.strMatching "/.*"
-      // {
-        description = "absolute path (a string)";
-      }
+    if kind == "str" || kind == "path" then
+      # A path is a string, not a Nix path: a model must not be copied into the store.
+      textType field.text
     else if kind == "int" then
       intType field
     else if kind == "float" then
@@ -82,9 +112,9 @@ let
         ]
       )
     else if kind == "list_str" then
-      types.listOf types.str
+      types.listOf (textType field.text)
     else if kind == "dict_str" then
-      types.attrsOf types.str
+      tableType field
     else
       throw "llamanix: schema type '${kind}' has no NixOS option type (add it to nix/schema-options.nix)";
 
@@ -115,6 +145,9 @@ let
     );
 in
 {
+  # The type of [hosts.NAME] and [instances.NAME] names, for the module's attrsOf checks.
+  nameType = textType schema.names.type;
+  inherit textType textOk;
   instanceOptions = optionsOf schema.instances llamanixLib.instanceKeysSetByModule;
   speculativeOptions = optionsOf schema.speculative [ ];
   routerOptions = optionsOf schema.router llamanixLib.routerKeysSetByModule;

@@ -20,6 +20,11 @@
   # nixpkgs' CUDA database and helpers (pkgs/development/cuda-modules/_cuda), where this nixpkgs
   # has them.
   _cuda ? null,
+  # What nixpkgs' recipe builds its web UI with (npm's setup hook and node), which a build from
+  # another tree drops; compared as the recipe's own inputs, not by name.
+  npmHooks ? { },
+  nodejs ? null,
+  nodejs_latest ? null,
   llamanix,
   variant,
   source ? null,
@@ -117,8 +122,37 @@ let
     "GGML_CUDA_FA_QUANTS"
   ];
 
-  base = llama-cpp.override { inherit cudaSupport cudaPackages; };
+  # A recipe that can link a ggml package of its own (a `systemGgml` argument) builds the
+  # tree's ggml instead wherever llamanix changes the build: that ggml is built for these
+  # CUDA architectures, from this source. nixpkgs' own CPU build stays exactly nixpkgs'.
+  recipeArgs = lib.functionArgs llama-cpp.override;
+  base = llama-cpp.override (
+    { inherit cudaSupport cudaPackages; }
+    // lib.optionalAttrs ((fromSource || cudaSupport) && recipeArgs ? systemGgml) {
+      systemGgml = false;
+    }
+  );
 
+  # The recipe's npm inputs: its hook runs at postPatch and needs the npmDeps a build from
+  # another tree does not fetch. The package set's own derivations (compared by store path), and
+  # the same names where a caller hands none (an overlay's older nixpkgs).
+  npmInputs =
+    lib.optional (npmHooks ? npmConfigHook) npmHooks.npmConfigHook
+    ++ lib.filter (drv: drv != null) [
+      nodejs
+      nodejs_latest
+    ];
+  isNpmInput =
+    drv:
+    builtins.elem drv npmInputs
+    || builtins.elem (lib.getName drv) [
+      "npm-config-hook"
+      "nodejs"
+    ];
+
+  # nixpkgs' llama-cpp recipe (pkgs/by-name/ll/llama-cpp/package.nix) offers no attribute for its
+  # shell completions, so its line is matched as written there; tests/nix/recipe-eval.nix checks
+  # it against that recipe at the recorded revisions (tests/data/nixpkgs-llama-cpp.json).
   completion = "installShellCompletion --cmd llama-server --bash <($out/bin/llama-server --completion-bash)";
   withoutCompletion =
     text:
@@ -188,14 +222,14 @@ base.overrideAttrs (
     # the commit is a cmake flag above and the UI is off, so no npm dependencies are fetched.
     preConfigure = "";
     npmDeps = null;
-    nativeBuildInputs = builtins.filter (
-      drv:
-      !(builtins.elem (lib.getName drv) [
-        "npm-config-hook"
-        "nodejs"
-      ])
-    ) (prev.nativeBuildInputs or [ ]);
+    nativeBuildInputs = builtins.filter (drv: !(isNpmInput drv)) (prev.nativeBuildInputs or [ ]);
 
+  }
+  # nixpkgs' own tree keeps nixpkgs' web UI, built from its pinned npm dependencies, which that
+  # recipe names after the package: the CUDA build's own name would make them another
+  # derivation, fetched again rather than the one cache.nixos.org has.
+  // lib.optionalAttrs (!fromSource && cudaSupport && prev ? npmDeps) {
+    inherit (base) npmDeps;
   }
   # nixpkgs' postInstall runs `llama-server --completion-bash` for shell completions: a CUDA
   # binary cannot run in the build sandbox (no driver), and another tree's server may not have

@@ -43,8 +43,8 @@ REFUSED_PROGRAMS = (
 SHOWN_VENV = "/opt/llamanix"
 SHOWN_CACHE = "/home/you/.cache/llamanix"
 COLUMNS = "100"
-_DRY_RUN = re.compile(r"((?:^|[\s/])llamanix\s+(?:switch|rollback|pin))(?=\s|$)")
-_SUBCOMMANDS_THAT_CHANGE = re.compile(r"(?:^|[\s/])llamanix\s+(switch|rollback|pin)(?=\s|$)")
+_DRY_RUN = re.compile(r"((?:^|[\s/])llamanix\s+(?:switch|rollback|pin|build))(?=\s|$)")
+_SUBCOMMANDS_THAT_CHANGE = re.compile(r"(?:^|[\s/])llamanix\s+(switch|rollback|pin|build)(?=\s|$)")
 
 
 @dataclass(frozen=True)
@@ -148,11 +148,25 @@ def block_files(block: Block, setup: Setup) -> dict[str, bytes]:
             if setup.synthetic is None:
                 raise ValueError(f"{block.id}: {name}=synthetic without a synthetic model")
             out[name] = setup.synthetic.read_bytes()
+        elif source == "program":
+            # A stand-in for a program the block only names (validate checks that it is there
+            # and that a unit could run it); it is never run.
+            out[name] = b"#!/bin/sh\necho 'docs test: a stand-in program' >&2\nexit 97\n"
+        elif source == "key":
+            out[name] = b"sk-docs-test-key\n"
+        elif source == "stand-in":
+            # A file the block only needs to be there (a model a dry run never loads).
+            out[name] = b"docs test: a stand-in file\n"
         elif source.endswith(".md"):
             declared = doc_files(source)
             if name not in declared:
                 raise ValueError(f"{block.id}: {source} has no file: block for {name}")
             out[name] = declared[name].encode()
+        elif (ROOT / source).is_dir():
+            # A directory of the repository: its files, under NAME (a host's recorded state).
+            for path in sorted((ROOT / source).rglob("*")):
+                if path.is_file():
+                    out[f"{name}/{path.relative_to(ROOT / source)}"] = path.read_bytes()
         else:
             path = ROOT / source
             if not path.is_file():
@@ -183,12 +197,25 @@ def run_block(block: Block, setup: Setup, timeout_s: float = 180.0) -> BlockRun:
     home.mkdir(parents=True)
     shutil.copytree(ROOT / "examples", work / "examples")
     paths = {SHOWN_VENV: str(setup.venv)}
-    for name, data in block_files(block, setup).items():
+    files = block_files(block, setup)
+    marker = block.marker("files")
+    sources = files_of(marker) if marker else {}
+    written: list[Path] = []
+    for name, data in files.items():
         target = fs / name.lstrip("/") if name.startswith("/") else work / name
         target.parent.mkdir(parents=True, exist_ok=True)
+        for parent in target.relative_to(scratch).parents:
+            (scratch / parent).chmod(0o755)  # a unit's dynamic user searches its way down
         target.write_bytes(data)
+        mode = {"program": 0o755, "key": 0o600}.get(sources.get(name, ""), 0o644)
+        target.chmod(mode)
+        written.append(target)
         if name.startswith("/"):
             paths[name] = str(target)
+    for target in written:
+        if target.suffix in (".toml", ".json"):
+            # A config names the block's other files by the paths the document shows.
+            target.write_text(rewritten(target.read_text(), paths, dry_run=False))
     commands = block.commands()
     out_dir = scratch / "out"
     out_dir.mkdir()

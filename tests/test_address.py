@@ -94,7 +94,14 @@ def _config(listen: str, target: str | None = None) -> dict[str, object]:
     return {
         "hosts": {"h": host},
         "instances": {
-            "a": {"model": "/m/t.gguf", "variant": "upstream", "listen": listen, "host": "h"}
+            # Keyless on purpose: these tests are about addresses, not keys.
+            "a": {
+                "model": "/m/t.gguf",
+                "variant": "upstream",
+                "listen": listen,
+                "host": "h",
+                "keyless": True,
+            }
         },
     }
 

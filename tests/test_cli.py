@@ -224,3 +224,21 @@ def test_bench_run_is_bare_bench() -> None:
         )
         assert done.returncode == 2
         assert done.stderr.strip().splitlines() == [BENCH_RUNS_0], argv
+
+
+def test_the_readme_command_tables_are_the_help_listing() -> None:
+    """README.md's "Commands" tables name the commands `llamanix --help` lists, group by
+    group, in its order: a command added to the CLI and not to the README (or the other way
+    round) fails here."""
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Commands\n") :]
+    section = section[: section.index("\n## ", 1)]
+    tables: dict[str, list[str]] = {}
+    title = None
+    for line in section.splitlines():
+        if line.startswith("| ") and line.endswith(" | |"):
+            title = line[2:-4].strip()
+            tables[title] = []
+        elif line.startswith("| `") and title is not None:
+            tables[title].append(line[3:].split("`")[0].split()[0])
+    assert tables == {title: list(names) for title, names in COMMAND_GROUPS.items()}

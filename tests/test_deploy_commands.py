@@ -22,6 +22,7 @@ from standins import recorded, stand_in
 from llamanix.cli import main
 from llamanix.deploy.config_edit import apply_sets
 from llamanix.deploy.generations import GenerationRecord, HostState
+from llamanix.external import nix
 from llamanix.measure.server_process import free_port
 
 
@@ -137,7 +138,7 @@ def test_nixos_rebuild_failure_is_not_rolled_back(
         ("admin@127.0.0.1", "", ["--target-host", "admin@127.0.0.1", "--sudo"]),
         # ... so does a target whose login ssh picks (it may not be root) ...
         ("127.0.0.1", "", ["--target-host", "127.0.0.1", "--sudo"]),
-        # ... and root, or this machine, gets none.
+        # ... and root, or this machine when llamanix runs as root, gets none.
         ("root@127.0.0.1", "", ["--target-host", "root@127.0.0.1"]),
         (None, "", []),
         # The older nixos-rebuild's spelling, and no sudo for a login allowed to activate.
@@ -159,10 +160,16 @@ def test_nixos_rebuild_failure_is_not_rolled_back(
     ids=["user", "ssh-user", "root", "local", "use-remote-sudo", "none", "sudo", "build-host"],
 )
 def test_nixos_rebuild_gets_the_hosts_sudo_and_build_host(
-    tmp_path: Path, recorder: Path, target: str | None, host_lines: str, remote: list[str]
+    tmp_path: Path,
+    recorder: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    target: str | None,
+    host_lines: str,
+    remote: list[str],
 ) -> None:
     """The exact argv of a failed switch (nothing listens) and its rollback: the build host
-    only where something is built."""
+    only where something is built. llamanix runs as root here (a user's local switch: below)."""
+    monkeypatch.setattr(nix, "running_as_root", lambda: True)
     config = write_config(tmp_path, "nixos", free_port(), target=target, host_lines=host_lines)
     result = cli(
         "switch", str(config), "--host", "gpu1", "--set", "instances.qwen.context=8192",
@@ -173,6 +180,29 @@ def test_nixos_rebuild_gets_the_hosts_sudo_and_build_host(
     assert argvs(recorder) == [
         ["nixos-rebuild", "switch", "--flake", ".#gpu1", *remote],
         ["nixos-rebuild", "switch", "--rollback", *rollback],
+    ]
+
+
+@pytest.mark.parametrize(("host_lines", "flag"), [("", ["--sudo"]), ('sudo = "none"\n', [])])
+def test_a_users_local_nixos_switch_activates_through_sudo(
+    tmp_path: Path,
+    recorder: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    host_lines: str,
+    flag: list[str],
+) -> None:
+    """This machine, llamanix run by a user who is not root: nixos-rebuild cannot activate
+    without root, so `auto` passes --sudo (and `none` leaves it to the user)."""
+    monkeypatch.setattr(nix, "running_as_root", lambda: False)
+    config = write_config(tmp_path, "nixos", free_port(), host_lines=host_lines)
+    result = cli(
+        "switch", str(config), "--host", "gpu1", "--set", "instances.qwen.context=8192",
+        "--timeout", "1",
+    )  # fmt: skip
+    assert result.exit_code == 1, result.output
+    assert argvs(recorder) == [
+        ["nixos-rebuild", "switch", "--flake", ".#gpu1", *flag],
+        ["nixos-rebuild", "switch", "--rollback", *flag],
     ]
 
 
@@ -405,7 +435,8 @@ def test_a_recorded_manifest_that_does_not_read_is_one_line_naming_it(
     result = CliRunner().invoke(main, ["switch", str(config), "--dry-run"])
     assert result.exit_code == 2, result.output
     assert result.output.strip().splitlines() == [
-        f"{manifest}: not a llamanix manifest: Expecting value: line 1 column 24 (char 23) "
+        f"{manifest}: not a llamanix manifest: JSON syntax error at line 1, column 24: "
+        "Expecting value "
         "(restore it from a backup, or remove this generation's directory)"
     ]
     assert recorded(recorder) == []

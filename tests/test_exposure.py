@@ -50,7 +50,9 @@ def config(
         host.update(gpu="rtx3090", cuda_archs=["8.6"])
     if sandbox is not None:
         host["gpu_sandbox"] = sandbox
+    # Keyless on purpose: the exposure tests are about the sandbox, not keys.
     base = {"model": "/srv/models/t.gguf", "binary": STORE_SERVER, "listen": listen}
+    base["keyless"] = True
     return {"hosts": {"h": host}, "instances": {"a": base | inst}}
 
 

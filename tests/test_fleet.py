@@ -21,7 +21,7 @@ import pytest
 from conftest import HOST_FIGURES, REPO
 from hostbed import slow_script, tiny_fleet
 
-from llamanix.deploy.fleet.protocol import PROTOCOL
+from llamanix.deploy.fleet.protocol import PROTOCOL, AgentRequest
 from llamanix.deploy.fleet.remote import sudoers_line
 from llamanix.external.signals import signal_process
 from llamanix.testbed import hosts
@@ -362,16 +362,25 @@ def test_dry_run_shows_the_order_and_every_remote_command(bed: Fleet) -> None:
 
 def test_the_suggested_sudoers_line_runs_the_agent_and_nothing_else(bed: Fleet) -> None:
     """The line a password prompt's error suggests, for a user of its own: sudo -n runs the
-    fleet agent for it, and refuses every other llamanix command."""
+    fleet agent for it, and refuses every other llamanix command (tests/test_fleet_sudo.py
+    tries the ways around it)."""
     host = bed.host("box1")
     host.run(["useradd", "--create-home", "--shell", "/bin/sh", "deployer"])
     host.write("/etc/sudoers.d/deployer", sudoers_line("deployer") + "\n", mode=0o440)
     assert host.run(["visudo", "-c"], check=False).returncode == 0
-    agent = ["llamanix", "fleet-agent", "status", "--protocol", str(PROTOCOL), "--host", "box1"]
-    done = host.run(["sudo", "-n", *agent], user="deployer", check=False)
+    request = AgentRequest(PROTOCOL, "box1").text()
+    agent = ["llamanix", "fleet-agent", "status"]
+    done = host.run(["sudo", "-n", *agent], user="deployer", input_text=request, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.startswith("llamanix-fleet-agent: ")
-    for other in (["llamanix", "--version"], ["llamanix", "up", "/root/x.toml"], ["id"]):
+    others = (
+        ["llamanix", "--version"],
+        ["llamanix", "up", "/root/x.toml"],
+        ["id"],
+        ["llamanix", "fleet-agent", "status", "--protocol", str(PROTOCOL), "--host", "box1"],
+        ["llamanix", "fleet-agent", "unit-switch"],
+    )
+    for other in others:
         refused = host.run(["sudo", "-n", *other], user="deployer", check=False)
         assert refused.returncode != 0 and "password is required" in refused.stderr, other
 

@@ -19,6 +19,7 @@ from hostbed import BROKEN, SERVER, chat, config_text, show, slow_script
 from llamanix.deploy.fleet.protocol import (
     GENERATIONS,
     PROTOCOL,
+    AgentRequest,
     RunReport,
     SwitchOrder,
     parse_started,
@@ -47,18 +48,22 @@ def fleet_config(binary: str = SERVER, kind: str = "systemd", port: int = PORT) 
 
 
 def agent(
-    host: Host, op: str, *extra: str, config: str | None = None, user: str | None = None
+    host: Host, op: str, config: str | None = None, user: str | None = None
 ) -> tuple[subprocess.CompletedProcess[str], RunReport | None]:
-    argv = [hosts.LLAMANIX, "fleet-agent", op, "--protocol", str(PROTOCOL), "--host", "box"]
-    done = host.run([*argv, *extra], input_text=config, user=user, check=False, timeout_s=300)
+    """``fleet-agent OP`` with its request on stdin (``config``: a switch's, ``order``)."""
+    argv = [hosts.LLAMANIX, "fleet-agent", op]
+    request = config or AgentRequest(PROTOCOL, "box").text()
+    done = host.run(argv, input_text=request, user=user, check=False, timeout_s=300)
     lines = done.stdout.splitlines()
     report = RunReport.parse(lines[-1]) if lines else None
     return done, report
 
 
 def order(config: str, opts: SwitchOptions | None = None) -> str:
-    """What the controller hands the agent's switch on stdin: the config and the options."""
-    return SwitchOrder("toml", config, opts or SwitchOptions()).text()
+    """What the controller hands the agent's switch on stdin: the request, with the config
+    and the options."""
+    switch_order = SwitchOrder("toml", config, opts or SwitchOptions())
+    return AgentRequest(PROTOCOL, "box", order=switch_order).text()
 
 
 def switch(host: Host, binary: str = SERVER) -> tuple[subprocess.CompletedProcess[str], RunReport]:
@@ -121,8 +126,7 @@ def test_a_killed_agent_leaves_the_switch_to_finish_and_status_says_how(host: Ho
     host.write(SLOW_BROKEN, slow_script(BROKEN, 3), mode=0o755)
     host.write("/root/next.json", order(fleet_config(binary=SLOW_BROKEN)), mode=0o600)
     command = (
-        f"{hosts.LLAMANIX} fleet-agent switch --protocol {PROTOCOL} --host box "
-        "< /root/next.json > /root/agent.out 2>&1 & echo $!"
+        f"{hosts.LLAMANIX} fleet-agent switch < /root/next.json > /root/agent.out 2>&1 & echo $!"
     )
     pid = host.sh(command).stdout.strip()
     deadline = time.monotonic() + 60

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from hostbed import tiny_fleet
 
+from llamanix.deploy.fleet.protocol import HELLO, PROTOCOL, AgentRequest
 from llamanix.external import netns
 from llamanix.testbed import hosts
 from llamanix.testbed.fleet import BRIDGE, CONNECT_TIMEOUT_S, CONTROLLER_ADDRESS, Fleet
@@ -84,6 +85,16 @@ def ssh(bed: Fleet, name: str, command: str, timeout_s: float = 60) -> tuple[int
     return done.returncode, done.stdout + done.stderr
 
 
+def agent_through_sudo(bed: Fleet, name: str) -> tuple[int, str]:
+    """The fleet agent's status through sudo, as a controller runs it (the one thing admin's
+    sudoers line lets it run as root, with the rest of the agent's commands)."""
+    request = AgentRequest(PROTOCOL, name).text()
+    done = bed.controller(
+        ["ssh", name, "--", "sudo -n llamanix fleet-agent status"], input_text=request, timeout_s=60
+    )
+    return done.returncode, done.stdout + done.stderr
+
+
 def test_nothing_of_the_bed_is_on_this_machines_interfaces(
     bed: Fleet, network_before: dict[str, object]
 ) -> None:
@@ -111,10 +122,12 @@ def test_nothing_of_the_bed_is_on_this_machines_interfaces(
 
 def test_the_controller_runs_llamanix_through_sudo_on_every_host(bed: Fleet) -> None:
     for name in bed.names:
-        code, out = ssh(bed, name, "hostname; sudo -n llamanix --version")
+        code, out = ssh(bed, name, "hostname; llamanix --version")
         assert code == 0, out
         assert out.splitlines()[0] == name, out
         assert "llamanix" in out.lower(), out
+        code, out = agent_through_sudo(bed, name)
+        assert code == 0 and out.startswith(HELLO), out
 
 
 def test_host_keys_are_checked_not_learned(bed: Fleet) -> None:
@@ -158,7 +171,7 @@ def test_a_reboot_keeps_the_address_and_sshd(bed: Fleet) -> None:
     bed.reboot("box2")
     inside = bed.host("box2").run(["ip", "-j", "-4", "addr", "show", "host0"]).stdout
     assert [a["local"] for a in one_link(inside)["addr_info"]] == [bed.address("box2")]
-    code, out = ssh(bed, "box2", "sudo -n llamanix --version")
+    code, out = agent_through_sudo(bed, "box2")
     assert code == 0, out
 
 
@@ -171,5 +184,5 @@ def test_a_stopped_host_answers_ssh_with_255_quickly(bed: Fleet) -> None:
     assert took < CONNECT_TIMEOUT_S + 3, (took, out)
     assert ssh(bed, "box1", "true")[0] == 0
     bed.start("box3")
-    code, out = ssh(bed, "box3", "sudo -n llamanix --version")
+    code, out = agent_through_sudo(bed, "box3")
     assert code == 0, out

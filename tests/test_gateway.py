@@ -42,6 +42,7 @@ host = "box1"
 model = "/m/a.gguf"
 alias = "qwen"
 listen = "{listen}"
+api_key_file = "/etc/llamanix/a.key"
 """
 GATEWAY = 'kind = "litellm"\nhost = "box3"\napi_key_file = "/etc/llamanix/gateway.key"'
 

@@ -525,41 +525,76 @@ while True:
 """
 
 
-def test_the_exporter_unit_reads_a_keyed_instance_hardened(host: Host) -> None:
-    """The rendered llamanix-exporter.service under systemd as PID 1: it reads the keyed
-    instance (its key as a credential) and the generation records in a directory only root
-    reads, serves them labelled, and its sandbox is measured."""
-    key = new_key()
-    write_config(host, config_text(PORT, key=KEY_FILE, extra="\n[metrics]\nport = 9465\n"), key)
-    assert _switch(host).returncode == 0
-    done = llamanix(host, "render", CONFIG, "--out", "/run/render")
-    assert done.returncode == 0, output(done)
-    host.run(["cp", "/run/render/llamanix-exporter.service", f"{UNITS}/"])
-    # As the fleet agent keeps its copy: the config and the records in a 0700 directory.
-    host.run(["chmod", "0700", "/etc/llamanix"])
-    host.run(["systemctl", "daemon-reload"])
-    host.run(["systemctl", "start", "llamanix-exporter.service"])
+def _scrape(host: Host) -> str:
     done = host.run(
         [f"{hosts.VENV}/bin/python", "-c", _SCRAPE, "http://127.0.0.1:9465/metrics"],
         check=False,
     )
     status = host.run(["systemctl", "status", "llamanix-exporter"], check=False).stdout
     assert done.returncode == 0, status + host.journal("llamanix-exporter.service")[-3000:]
-    scraped = done.stdout
-    assert 'llamanix_up{build="' in scraped
-    assert 'instance="chat",model="tiny",reason="ok",spec_type="none",variant="upstream"} 1.0' in (
-        scraped
-    ), scraped[:2000]
-    assert 'llamanix_switches_total{host="box"} 1.0' in scraped, scraped[-2000:]
-    assert "llamacpp:tokens_predicted_total{" in scraped
+    return done.stdout
+
+
+def test_the_exporter_unit_reads_a_keyed_instance_hardened(host: Host) -> None:
+    """The rendered llamanix-exporter.service under systemd as PID 1, with no capability: the
+    config (0600, in a directory only root enters, as the fleet agent keeps its copy) and the
+    instance's key reach it as credentials, the generation records as a read-only bind. It
+    is installed before the host's first switch; each switch restarts it onto what changed.
+    The key file holds two keys and comments: the unit's readiness check, the exporter and
+    top use the first, and neither key is anywhere else. The switches keep the config 0600."""
+    key, other = new_key(), new_key()
+    tiny2 = f"{hosts.MODELS}/tiny2.gguf"
+    write_config(host, config_text(PORT, key=KEY_FILE, extra="\n[metrics]\nport = 9465\n"))
+    host.write(KEY_FILE, f"# the clients' keys\n\n{key}\n{other}\n# retired: sk-old\n", mode=0o600)
+    host.run(["cp", f"{hosts.MODELS}/tiny.gguf", tiny2])
+    # As the fleet agent keeps its copy: the config, and the records beside it, where only
+    # root reads them.
+    host.run(["chmod", "0600", CONFIG])
+    host.run(["chmod", "0700", "/etc/llamanix"])
+    try:
+        done = llamanix(host, "render", CONFIG, "--out", "/run/render")
+        assert done.returncode == 0, output(done)
+        host.run(["cp", "/run/render/llamanix-exporter.service", f"{UNITS}/"])
+        host.run(["systemctl", "daemon-reload"])
+        host.run(["systemctl", "start", "llamanix-exporter.service"])
+        outputs = [output(_switch(host))]
+        assert "switching chat" in outputs[0] and "FAILED" not in outputs[0], outputs[0]
+        scraped = _scrape(host)
+        assert 'llamanix_up{build="' in scraped
+        want = 'instance="chat",model="tiny",reason="ok",spec_type="none",variant="upstream"} 1.0'
+        assert want in scraped, scraped[:2000]
+        assert 'llamanix_switches_total{host="box"} 1.0' in scraped, scraped[-2000:]
+        assert "llamacpp:tokens_predicted_total{" in scraped
+        # A switch that changes a label: the exporter, restarted, reads the new config.
+        done = _switch(host, "--set", f"instances.chat.model={tiny2}")
+        outputs.append(output(done))
+        assert done.returncode == 0, outputs[-1]
+        scraped = _scrape(host)
+        want = 'instance="chat",model="tiny2",reason="ok",spec_type="none",variant="upstream"} 1.0'
+        assert want in scraped, scraped[:2000]
+        assert 'llamanix_switches_total{host="box"} 2.0' in scraped, scraped[-2000:]
+        done = llamanix(host, "top", CONFIG, "--once", "--json")
+        outputs.append(output(done))
+        [row] = json.loads(done.stdout)["hosts"][0]["rows"]
+        assert row["state"] == "ok", row
+        mode = host.run(["stat", "-c", "%a %U", CONFIG]).stdout.split()
+        assert mode == ["600", "root"], mode
+    finally:
+        host.run(["rm", "-f", tiny2])
     unit_text = host.path(f"{UNITS}/llamanix-exporter.service").read_text()
-    assert f"LoadCredential=key-chat:{KEY_FILE}" in unit_text and key not in unit_text
+    assert f"LoadCredential=key-chat:{KEY_FILE}\n" in unit_text
+    assert f"LoadCredential=config.toml:{CONFIG}\n" in unit_text
+    assert "CAP_" not in unit_text and key not in unit_text
+    caps = show(host, "llamanix-exporter.service", "CapabilityBoundingSet", "AmbientCapabilities")
+    assert caps == {"CapabilityBoundingSet": "", "AmbientCapabilities": ""}, caps
     assert show(host, "llamanix-exporter.service", "ActiveState")["ActiveState"] == "active"
     online = exposure(host, "llamanix-exporter.service")
     HOST_FIGURES.append(
-        f"{host.spec.name}: exporter unit exposure {online} online (running; "
-        "CAP_DAC_READ_SEARCH to read a root-only config directory)"
+        f"{host.spec.name}: exporter unit exposure {online} online (running; no capability, "
+        "the config and key as credentials, the records in a read-only bind)"
     )
-    assert online <= 2.5
-    leaks = key_leaks(host, key, UNITS, "/var/lib", "/var/cache", "/run/systemd")
-    assert leaks == []
+    assert online <= 1.0
+    for each in (key, other):
+        places = ("/etc/llamanix", "/var/lib", "/var/cache", "/run/systemd", "/run/render")
+        assert key_leaks(host, each, UNITS, *places) == []
+        assert not any(each in text for text in outputs)

@@ -7,6 +7,7 @@ Prometheus are in tests/test_observability.py."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -80,7 +81,8 @@ def test_a_remote_host_needs_an_exporter_beyond_loopback(tmp_path: Path) -> None
     with pytest.raises(UserError) as err:
         prometheus_config(cfg)
     assert "metrics.listen: the exporters listen on 127.0.0.1" in str(err.value.problems[0])
-    cfg = load_config(config_with(tmp_path, text + '[metrics]\nlisten = "0.0.0.0"\n'))
+    remote = '[metrics]\nlisten = "0.0.0.0"\nallow_remote = true\n'
+    cfg = load_config(config_with(tmp_path, text + remote))
     job = prometheus_config(cfg)["scrape_configs"][0]  # type: ignore[index]
     assert job["static_configs"] == [{"targets": ["gpu1:9465"], "labels": {"host": "box"}}]  # type: ignore[index]
 
@@ -150,8 +152,13 @@ def test_each_answer_is_a_state(
 
 def test_nothing_listening_is_down() -> None:
     with http_client() as client:
-        found = scrape(client, Endpoint(f"http://127.0.0.1:{free_port()}"))
-    assert found.state == "down" and "Connect" in found.detail
+        port = free_port()
+        found = scrape(client, Endpoint(f"http://127.0.0.1:{port}"))
+    assert found.state == "down"
+    assert found.detail == (
+        f"nothing listens on 127.0.0.1:{port} (connection refused): the server is stopped, "
+        "crashed or not started yet"
+    )
 
 
 def test_a_router_member_is_read_through_its_router(
@@ -245,7 +252,7 @@ def test_rates_over_the_window_else_since_start() -> None:
 def test_switch_figures_from_the_records(tmp_path: Path) -> None:
     path = config_with(tmp_path, BASE)
     state = HostState.beside(path, "box")
-    assert not switch_figures(path, "box").any
+    assert not switch_figures(state).any
     gate = GateResult("chat", "smoke", True, "ok", acceptance=0.7)
     first = state.create({}, BASE, ".toml", GenerationRecord(gate=GateRecord("unverified")))
     kept = state.create(
@@ -264,7 +271,7 @@ def test_switch_figures_from_the_records(tmp_path: Path) -> None:
         ".toml",
         GenerationRecord(gate=GateRecord("failed", "smoke"), rollback=RollbackRecord(True)),
     )
-    found = switch_figures(path, "box")
+    found = switch_figures(state)
     assert (found.serving, found.newest, found.newest_verdict) == (kept.number, 3, "failed")
     assert (found.switches, found.rollbacks) == (2, 1)  # the first was found installed
     assert found.restarts["chat"].generation == kept.number
@@ -328,6 +335,78 @@ def test_the_exporter_refuses_a_port_in_use(tmp_path: Path) -> None:
     assert f"cannot listen on 127.0.0.1:{port}" in proc.stderr
 
 
+def test_a_server_cannot_set_the_exporters_labels(
+    tmp_path: Path, answering: Callable[[dict[str, Reply]], str]
+) -> None:
+    """Whatever answers on an instance's port (a server of another version, or any process
+    that took the port) cannot pose as another host or instance: the exporter's labels win,
+    and the server's own are kept as exported_NAME, as Prometheus keeps a target's."""
+    posing = RECORDED.replace(
+        "llamacpp:tokens_predicted_total 32",
+        'llamacpp:tokens_predicted_total{host="other",instance="x",exported_host="y"} 32',
+    )
+    assert posing != RECORDED
+    url = answering({"/metrics": (200, posing)})
+    port = int(url.rsplit(":", 1)[1])
+    path = config_with(tmp_path, BASE.replace("port = 8080", f"port = {port}") + "[metrics]\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "llamanix", "metrics", str(path), "--once"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    [line] = [
+        x for x in proc.stdout.splitlines() if x.startswith("llamacpp:tokens_predicted_total")
+    ]
+    labels = dict(
+        pair.split("=", 1) for pair in line[line.index("{") + 1 : line.index("}")].split(",")
+    )
+    assert labels["host"] == '"box"' and labels["instance"] == '"chat"', line
+    assert labels["exported_host"] == '"other"' and labels["exported_instance"] == '"x"', line
+    assert labels["exported_exported_host"] == '"y"', line
+    # No series of the scrape names another host.
+    assert not re.search(r'[{,]host="(?!box")', proc.stdout)
+
+
+@pytest.mark.parametrize("listen", ["0.0.0.0", "::", "192.168.1.20", "gpu1.lan"])
+def test_an_exporter_beyond_loopback_must_be_asked_for(tmp_path: Path, listen: str) -> None:
+    """It serves keyed instances' metrics without a key: a listen address other than loopback
+    is refused unless [metrics] allow_remote says so, in the config and on the command line."""
+    path = config_with(tmp_path, BASE + f'[metrics]\nlisten = "{listen}"\n')
+    for args in (
+        ["validate", str(path)],
+        ["render", str(path), "--out", str(tmp_path / "o")],
+        ["metrics", str(path)],
+    ):
+        proc = subprocess.run(
+            [sys.executable, "-m", "llamanix", *args], capture_output=True, text=True, timeout=60
+        )
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        assert proc.stderr.strip().splitlines() == [
+            f"{path}: metrics.listen: the exporter would serve every instance's metrics, keyed "
+            f"ones included, on {listen} to whoever reaches it, without a key (keep listen = "
+            '"127.0.0.1" for a Prometheus on the same machine, or add allow_remote = true to '
+            "[metrics] to mean it)"
+        ]
+    assert not (tmp_path / "o").exists()
+    allowed = config_with(tmp_path, BASE + f'[metrics]\nlisten = "{listen}"\nallow_remote = true\n')
+    assert load_config(allowed).metrics == Metrics(listen=listen, allow_remote=True)
+    # --listen on the command line is the same choice.
+    plain = tmp_path / "plain" / "llamanix.toml"
+    plain.parent.mkdir()
+    plain.write_text(BASE + "[metrics]\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "llamanix", "metrics", str(plain), "--listen", listen],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2 and proc.stderr.startswith(
+        "llamanix metrics: --listen: the exporter would serve every instance's metrics"
+    ), proc.stderr
+
+
 # --- docs/observability.md ------------------------------------------------------------------
 
 
@@ -348,28 +427,28 @@ def test_the_docs_tables_are_the_code_s() -> None:
 
 
 def test_top_reads_the_fleet_agents_copy_as_a_remote_host_does(tmp_path: Path) -> None:
-    """What `ssh TARGET -- sudo -n llamanix fleet-agent top ...` runs there (the command the
-    host's sudoers line allows): the fleet agent's copy of the config (LLAMANIX_FLEET_DIR
-    stands for /var/lib/llamanix/fleet), read back by the controller's parser; without a copy,
-    one line."""
+    """What `ssh TARGET -- sudo -n llamanix fleet-agent top` runs there (a command the host's
+    sudoers line allows, its request on stdin): the fleet agent's copy of the config
+    (LLAMANIX_FLEET_DIR stands for /var/lib/llamanix/fleet), read back by the controller's
+    parser; without a copy, one line."""
     import os
 
-    from llamanix.deploy.fleet.protocol import HELLO, PROTOCOL
+    from llamanix.deploy.fleet.protocol import HELLO, PROTOCOL, AgentRequest
     from llamanix.deploy.top_rows import parse_top_json
 
     fleet = tmp_path / "fleet"
-    fleet.mkdir()
-    argv = [sys.executable, "-m", "llamanix", "fleet-agent", "top", "--protocol", str(PROTOCOL)]
-    argv += ["--host", "box"]
+    fleet.mkdir(mode=0o700)
+    argv = [sys.executable, "-m", "llamanix", "fleet-agent", "top"]
+    request = AgentRequest(PROTOCOL, "box").text()
     env = {**os.environ, "LLAMANIX_FLEET_DIR": str(fleet)}
-    missing = subprocess.run(argv, capture_output=True, text=True, env=env)
+    missing = subprocess.run(argv, capture_output=True, text=True, env=env, input=request)
     assert missing.returncode == 2
     assert missing.stderr.strip() == (
         f"{fleet}: no fleet copy of the config on this host (switch this host once from the "
         "controller with llamanix switch)"
     )
     (fleet / "llamanix.toml").write_text(BASE)
-    done = subprocess.run(argv, capture_output=True, text=True, env=env)
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, input=request)
     assert done.returncode == 0, done.stderr
     hello, *rest = done.stdout.splitlines()
     assert hello.startswith(HELLO)

@@ -180,16 +180,42 @@ def test_smoke_app_arch_words_name_packages() -> None:
         assert all(f"llama-cpp-{variant}-{arch}" in packages for arch in archs)
 
 
+CUDA_FALLBACK_WARNING = (
+    "llamanix: this nixpkgs has no _cuda (nixpkgs' CUDA helpers): CUDA's unfree licenses are "
+    "allowed by llamanix's copy of its predicate, over the NVIDIA licenses lib.licenses names "
+    "(CUDA EULA); a newer nixpkgs has its own"
+)
+
+
 def test_the_flake_allows_the_cuda_licenses_by_nixpkgs_own_predicate() -> None:
     """CUDA is unfree: the pinned nixpkgs is imported with nixpkgs' own
-    `_cuda.lib.allowUnfreeCudaPredicate`, not a list of licence names of llamanix's."""
-    proc = flake_outputs("nixpkgsImport")
-    assert proc.returncode != 0
-    assert (
-        "nixpkgs imported with config.allowUnfreePredicate = nixpkgs' "
-        "_cuda.lib.allowUnfreeCudaPredicate"
-    ) in proc.stderr
-    assert "allowCudaUnfree" not in lib_call("builtins.attrNames l")
+    `_cuda.lib.allowUnfreeCudaPredicate`, read from that very package set: no second nixpkgs is
+    instantiated for it (the stand-in's nixpkgs.legacyPackages throws)."""
+    proc = flake_outputs("unfree")
+    assert proc.returncode == 0, proc.stderr
+    # The stand-in's _cuda admits its own licence name, and only it.
+    assert json.loads(proc.stdout) == {
+        "nixpkgsCuda": True,
+        "nvidiaCuda": False,
+        "otherUnfree": False,
+        "free": True,
+    }
+    assert "warning" not in proc.stderr
+
+
+def test_a_nixpkgs_without_cuda_helpers_still_evaluates_with_a_warning() -> None:
+    """With inputs.nixpkgs.follows pointing at a nixpkgs from before _cuda, every output still
+    evaluates: the NVIDIA licenses its lib names are admitted, with a warning saying so."""
+    proc = flake_outputs("unfree", cuda=False)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == {
+        "nixpkgsCuda": False,
+        "nvidiaCuda": True,
+        "otherUnfree": False,
+        "free": True,
+    }
+    assert CUDA_FALLBACK_WARNING in " ".join(proc.stderr.split())
+    assert flake_outputs("systems", cuda=False).returncode == 0
 
 
 def test_the_overlay_adds_only_the_llamanix_package_set() -> None:
@@ -295,14 +321,23 @@ def _int_type(lo: int | None, hi: int | None) -> dict[str, Any]:
     return {"name": "int"}
 
 
+def _text_type(kind: str) -> dict[str, Any]:
+    """A declared string type (core/types.py) as the module's option type: its pattern, and
+    a check for the length and the refused infix (tests/test_types.py runs that check)."""
+    t = SCHEMA["types"][kind]
+    return {
+        "name": "addCheck",
+        "elem": {"name": "strMatching", "pattern": t["pattern"]},
+        "description": f"{kind}: {t['doc']} (at most {t['max_length']} bytes)",
+    }
+
+
 def expected_type(field: dict[str, Any]) -> dict[str, Any]:
     """What nix/schema-options.nix must make of a schema field (as the stub lib shows types)."""
     kind = field["type"]
     lo, hi = field.get("minimum"), field.get("maximum")
-    if kind == "str":
-        t: dict[str, Any] = {"name": "str"}
-    elif kind == "path":
-        t = {"name": "strMatching", "pattern": "/.*", "description": "absolute path (a string)"}
+    if kind in ("str", "path"):
+        t: dict[str, Any] = _text_type(field["text"])
     elif kind == "int":
         t = _int_type(lo, hi)
     elif kind == "float":
@@ -322,9 +357,13 @@ def expected_type(field: dict[str, Any]) -> dict[str, Any]:
             "right": {"name": "enum", "values": ["all", "auto"]},
         }
     elif kind == "list_str":
-        t = {"name": "listOf", "elem": {"name": "str"}}
+        t = {"name": "listOf", "elem": _text_type(field["text"])}
     elif kind == "dict_str":
-        t = {"name": "attrsOf", "elem": {"name": "str"}}
+        t = {
+            "name": "addCheck",
+            "elem": {"name": "attrsOf", "elem": _text_type(field["text"])},
+            "description": f"table of {field['text']} keyed by {field['keys']}",
+        }
     else:
         raise AssertionError(f"schema kind {kind} is new: map it in nix/schema-options.nix")
     absent = field["default"] is None and not field.get("required", False)
@@ -648,9 +687,10 @@ def test_render_command_usage() -> None:
 REAL_LIB = os.environ.get("LLAMANIX_NIXPKGS_LIB", "")
 
 
-def flake_outputs(attr: str) -> subprocess.CompletedProcess[str]:
+def flake_outputs(attr: str, cuda: bool = True) -> subprocess.CompletedProcess[str]:
     argv = ["nix-instantiate", "--readonly-mode", "--eval", "--strict", "--json"]
     argv += [str(ROOT / "tests/nix/flake-outputs.nix"), "--argstr", "libPath", REAL_LIB, "-A", attr]
+    argv += ["--argstr", "cuda", "true" if cuda else "false"]
     return subprocess.run(argv, capture_output=True, text=True, check=False)
 
 
@@ -752,26 +792,109 @@ def test_variant_builds_are_named_by_arch_and_never_run_the_binary(tmp_path: Pat
     ) in " ".join(refused.stderr.split())
 
 
+# --- the override against nixpkgs' own llama-cpp recipe --------------------------------------
+
+# nixpkgs' pkgs/by-name/ll/llama-cpp/package.nix, one file or several (os.pathsep between them):
+# never committed, scripts/nix-real-lib says where it comes from.
+NIXPKGS_LLAMA_CPP = [
+    p for p in os.environ.get("LLAMANIX_NIXPKGS_LLAMA_CPP", "").split(os.pathsep) if p
+]
+LLAMA_CPP_RECORD = ROOT / "tests/data/nixpkgs-llama-cpp.json"
+# The line of nixpkgs' postInstall a CUDA build cannot run (pkgs/llama-cpp-variant.nix drops it).
+COMPLETION = (
+    "installShellCompletion --cmd llama-server --bash <($out/bin/llama-server --completion-bash)"
+)
+
+
+@pytest.mark.skipif(
+    not (REAL_LIB and NIXPKGS_LLAMA_CPP),
+    reason="set LLAMANIX_NIXPKGS_LIB and LLAMANIX_NIXPKGS_LLAMA_CPP (scripts/nix-real-lib)",
+)
+@pytest.mark.parametrize(
+    "recipe", NIXPKGS_LLAMA_CPP, ids=[Path(p).parent.name for p in NIXPKGS_LLAMA_CPP]
+)
+def test_the_variants_override_nixpkgs_own_llama_cpp_recipe(tmp_path: Path, recipe: str) -> None:
+    """pkgs/llama-cpp-variant.nix on nixpkgs' real recipe, called as callPackage calls it: the
+    line it drops is the recipe's word for word, the npm inputs it drops are the recipe's own,
+    nixpkgs' CPU build is left exactly as nixpkgs builds it, and every other build sets each
+    cmake flag once, builds its own tree's ggml and keeps the rest of nixpkgs' postInstall."""
+    record = json.loads(LLAMA_CPP_RECORD.read_text())
+    assert (record["repo"], record["path"], record["license"]) == (
+        "NixOS/nixpkgs",
+        "pkgs/by-name/ll/llama-cpp/package.nix",
+        "MIT",
+    )
+    digest = hashlib.sha256(Path(recipe).read_bytes()).hexdigest()
+    assert digest in [c["sha256"] for c in record["checked"]], (
+        f"{recipe} (sha256 {digest}) is not in {LLAMA_CPP_RECORD.relative_to(ROOT)}: record its "
+        "revision there once this test passes with it"
+    )
+    (tmp_path / "ggml").mkdir()
+    (tmp_path / "ggml" / "CMakeLists.txt").write_text('option(GGML_CUDA_FA_QUANTS "")\n')
+    argv = ["nix-instantiate", "--readonly-mode", "--eval", "--strict", "--json"]
+    argv += [str(ROOT / "tests/nix/recipe-eval.nix"), "--argstr", "libPath", REAL_LIB]
+    argv += ["--argstr", "recipe", recipe, "--argstr", "sourceDir", str(tmp_path)]
+    proc = subprocess.run(argv, capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    found = json.loads(proc.stdout)
+    own, cuda = found["recipe"]["cpu"], found["recipe"]["cuda"]
+    cases = found["cases"]
+    assert all(case["evaluates"] for case in cases.values()), cases
+    # What the override matches is there, as it reads.
+    assert COMPLETION in [line.strip() for line in own["postInstall"].splitlines()]
+    npm = ["nodejs", "npm-config-hook"]
+    assert all(name in own["nativeBuildInputs"] for name in npm)
+    # nixpkgs' own CPU build: not one attribute changed (cache.nixos.org has it).
+    assert cases["nixpkgsCpu"] == own
+    for name, case in cases.items():
+        assert {n: v for n, v in case["flags"].items() if len(v) > 1} == {}, name
+        if name != "nixpkgsCpu":
+            assert "--completion-bash" not in case["postInstall"], name
+            assert case["postInstall"] == own["postInstall"].replace(COMPLETION, ""), name
+            assert case["flags"].get("LLAMA_USE_SYSTEM_GGML", ["FALSE"]) == ["FALSE"], name
+        if name.endswith("Cuda"):
+            assert case["flags"]["GGML_CUDA"] == ["TRUE"], name
+            assert (
+                case["flags"]["CMAKE_CUDA_ARCHITECTURES"]
+                != cuda["flags"]["CMAKE_CUDA_ARCHITECTURES"]
+            ), name
+        if not name.startswith("nixpkgs"):
+            # Another tree: no npm, no UI build, the tree's commit as a flag, its own source.
+            assert not set(npm) & set(case["nativeBuildInputs"]), name
+            assert case["preConfigure"] == "" and case["npmDeps"] is None, name
+            assert case["src"] == str(tmp_path), name
+            assert case["flags"]["LLAMA_BUILD_COMMIT"] == ["0253fb2"], name
+    # nixpkgs' tree with CUDA keeps nixpkgs' UI, from the very npm dependencies nixpkgs fetches.
+    assert cases["nixpkgsCuda"]["npmDeps"] == own["npmDeps"]
+    assert cases["nixpkgsCuda"]["nativeBuildInputs"] == cuda["nativeBuildInputs"]
+    assert cases["nixpkgsCuda"]["flags"]["CMAKE_CUDA_ARCHITECTURES"] == ["86;120"]
+
+
 # --- scripts/nix-real-lib builds nothing ------------------------------------------------------
 
 NIX_REAL_LIB = ROOT / "scripts/nix-real-lib"
 
 
 def stand_in_lib(tmp_path: Path) -> Path:
-    """A directory that looks like a nixpkgs lib to scripts/nix-real-lib, and a stand-in for
-    nixpkgs' litellm module beside it, for tests that evaluate neither."""
+    """A directory that looks like a nixpkgs lib to scripts/nix-real-lib, and stand-ins for
+    nixpkgs' litellm module and llama-cpp recipe beside it, for tests that evaluate none."""
     lib = tmp_path / "lib"
     lib.mkdir(parents=True)
     for name in ("default.nix", "modules.nix"):
         (lib / name).write_text("{ }\n")
     (tmp_path / "litellm.nix").write_text("{ }\n")
+    (tmp_path / "llama-cpp.nix").write_text("{ }\n")
     return lib
 
 
 def nix_real_lib(tmp_path: Path, env: dict[str, str], *pytest_args: str) -> str:
     """scripts/nix-real-lib on a stand-in lib directory, for tests that do not evaluate it."""
     lib = stand_in_lib(tmp_path)
-    env = {**env, "LLAMANIX_NIXPKGS_LITELLM": str(tmp_path / "litellm.nix")}
+    env = {
+        **env,
+        "LLAMANIX_NIXPKGS_LITELLM": str(tmp_path / "litellm.nix"),
+        "LLAMANIX_NIXPKGS_LLAMA_CPP": str(tmp_path / "llama-cpp.nix"),
+    }
     proc = subprocess.run(
         [str(NIX_REAL_LIB), str(lib), "-q", *pytest_args],
         capture_output=True,
@@ -828,6 +951,7 @@ def test_nix_real_lib_needs_nixpkgs_litellm_module(tmp_path: Path) -> None:
     line rather than checking against a stand-in; a nixpkgs checkout brings its own."""
     lib = stand_in_lib(tmp_path)
     env = {k: v for k, v in os.environ.items() if k != "LLAMANIX_NIXPKGS_LITELLM"}
+    env["LLAMANIX_NIXPKGS_LLAMA_CPP"] = str(tmp_path / "llama-cpp.nix")
     proc = subprocess.run(
         [str(NIX_REAL_LIB), str(lib)], capture_output=True, text=True, check=False, env=env
     )
@@ -854,6 +978,54 @@ def test_nix_real_lib_needs_nixpkgs_litellm_module(tmp_path: Path) -> None:
     )
 
 
+def test_nix_real_lib_needs_nixpkgs_llama_cpp_recipe(tmp_path: Path) -> None:
+    """The variants override nixpkgs' own llama-cpp recipe: without it the script stops in one
+    line; each file given is named with its hash (the record the test checks it against)."""
+    lib = stand_in_lib(tmp_path)
+    env = {k: v for k, v in os.environ.items() if k != "LLAMANIX_NIXPKGS_LLAMA_CPP"}
+    env["LLAMANIX_NIXPKGS_LITELLM"] = str(tmp_path / "litellm.nix")
+    proc = subprocess.run(
+        [str(NIX_REAL_LIB), str(lib)], capture_output=True, text=True, check=False, env=env
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == [
+        f"{NIX_REAL_LIB}: nixpkgs' pkgs/by-name/ll/llama-cpp/package.nix is needed (the "
+        "variants override it); pass a nixpkgs checkout, or set LLAMANIX_NIXPKGS_LLAMA_CPP to "
+        "that file of NixOS/nixpkgs"
+    ]
+    missing = tmp_path / "nowhere.nix"
+    proc = subprocess.run(
+        [str(NIX_REAL_LIB), str(lib)],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**env, "LLAMANIX_NIXPKGS_LLAMA_CPP": f"{tmp_path / 'llama-cpp.nix'}:{missing}"},
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == [
+        f"{NIX_REAL_LIB}: LLAMANIX_NIXPKGS_LLAMA_CPP: {missing} is not a file (nixpkgs' "
+        "pkgs/by-name/ll/llama-cpp/package.nix)"
+    ]
+    recipe = tmp_path / "pkgs/by-name/ll/llama-cpp/package.nix"
+    recipe.parent.mkdir(parents=True)
+    recipe.write_text("{ }\n")
+    (tmp_path / "nixos/modules/services/misc").mkdir(parents=True)
+    (tmp_path / "nixos/modules/services/misc/litellm.nix").write_text("{ }\n")
+    env.pop("LLAMANIX_NIXPKGS_LITELLM")
+    proc = subprocess.run(
+        [str(NIX_REAL_LIB), str(tmp_path), "-q", "-k", "test_render_command_usage"],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**env, "LLAMANIX_RECORDED_PROBE": "upstream-0c1e570"},
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    digest = hashlib.sha256(recipe.read_bytes()).hexdigest()
+    assert (
+        f"nix-real-lib: the variants override nixpkgs' llama-cpp recipe {recipe} (sha256 {digest})"
+    ) in proc.stdout.splitlines()
+
+
 @pytest.mark.skipif(not REAL_LIB, reason="set LLAMANIX_NIXPKGS_LIB to a nixpkgs lib/ directory")
 def test_the_litellm_module_checked_against_is_recorded() -> None:
     """The nixpkgs litellm.nix the real evaluation loaded is one tests/data names, with its
@@ -878,6 +1050,7 @@ def test_nix_real_lib_refuses_a_bad_llama_server_in_one_line(tmp_path: Path) -> 
         **os.environ,
         "LLAMANIX_LLAMA_SERVER": str(tmp_path / "missing"),
         "LLAMANIX_NIXPKGS_LITELLM": str(tmp_path / "litellm.nix"),
+        "LLAMANIX_NIXPKGS_LLAMA_CPP": str(tmp_path / "llama-cpp.nix"),
     }
     proc = subprocess.run(
         [str(NIX_REAL_LIB), str(lib)], capture_output=True, text=True, check=False, env=env
@@ -1235,6 +1408,19 @@ def test_the_flake_module_is_one_module_however_often_imported() -> None:
     assert proc.returncode == 0, proc.stderr
     name = "/nix/store/00000000000000000000000000000000-source/flake.nix#nixosModules.default"
     assert json.loads(proc.stdout) == {"key": name, "_file": name}
+
+
+@pytest.mark.skipif(not REAL_LIB, reason="set LLAMANIX_NIXPKGS_LIB to a nixpkgs lib/ directory")
+def test_every_module_gets_the_flake_as_llamanix_without_special_args() -> None:
+    """The docs write modules `{ llamanix, ... }:` and pass no specialArgs: the flake's module
+    hands every module the flake; a llamanix of the user's own takes its place, no conflict."""
+    proc = flake_outputs("llamanixArgument")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == {
+        "flake": "/nix/store/00000000000000000000000000000000-source",
+        "own": "the user's",
+        "special": "specialArgs'",
+    }
 
 
 @pytest.mark.skipif(not REAL_LIB, reason="set LLAMANIX_NIXPKGS_LIB to a nixpkgs lib/ directory")

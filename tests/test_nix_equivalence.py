@@ -31,6 +31,7 @@ from recorded_help import RECORDED_PROBE, probe_of, recorded, write_probe
 
 from llamanix.core.config import load_config
 from llamanix.core.probe import parse_capabilities
+from llamanix.external import systemd_analyze
 
 ROOT = Path(__file__).resolve().parent.parent
 RENDER_UNITS = ROOT / "modules/render-units.sh"
@@ -65,14 +66,17 @@ def module_eval_proc(
     lib_path: str,
     *,
     nvidia: bool = False,
+    cuda_capabilities: list[str] | None = None,
     llama_swap: bool = True,
     attr: str | None = None,
     litellm_module: str | None = None,
     litellm_version: str | None = None,
     extra: dict[str, Any] | None = None,
+    system: dict[str, Any] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """tests/nix/module-eval.nix; with a real lib, nixpkgs' litellm module beside the module
-    (`litellm_module`: another file, or "none" for a NixOS without it)."""
+    (`litellm_module`: another file, or "none" for a NixOS without it), and `system`, one more
+    module of the system (what else the host sets)."""
     argv = ["nix-instantiate", "--readonly-mode", "--eval", "--strict", "--json"]
     argv += [str(ROOT / "tests/nix/module-eval.nix"), "--argstr", "toml", str(toml)]
     argv += ["--argstr", "host", host, "--argstr", "libPath", lib_path]
@@ -80,11 +84,14 @@ def module_eval_proc(
         module = LITELLM_MODULE if litellm_module is None else litellm_module
         argv += ["--argstr", "litellmModule", module]
     argv += ["--argstr", "nvidia", "true" if nvidia else "false"]
+    argv += ["--argstr", "cudaCapabilities", json.dumps(cuda_capabilities)]
     argv += ["--argstr", "llamaSwap", "true" if llama_swap else "false"]
     if litellm_version is not None:
         argv += ["--argstr", "litellmVersion", litellm_version]
     if extra is not None:
         argv += ["--argstr", "extra", json.dumps(extra)]
+    if system is not None:
+        argv += ["--argstr", "module", json.dumps(system)]
     argv += ["-A", attr] if attr else []
     return subprocess.run(argv, capture_output=True, text=True, check=False)
 
@@ -95,20 +102,24 @@ def module_eval(
     lib_path: str,
     *,
     nvidia: bool = False,
+    cuda_capabilities: list[str] | None = None,
     attr: str | None = None,
     litellm_module: str | None = None,
     litellm_version: str | None = None,
     extra: dict[str, Any] | None = None,
+    system: dict[str, Any] | None = None,
 ) -> Any:
     proc = module_eval_proc(
         toml,
         host,
         lib_path,
         nvidia=nvidia,
+        cuda_capabilities=cuda_capabilities,
         attr=attr,
         litellm_module=litellm_module,
         litellm_version=litellm_version,
         extra=extra,
+        system=system,
     )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
@@ -172,6 +183,9 @@ def normalised(files: dict[str, str]) -> dict[str, Any]:
             # No llama-server in it; line 1 names the source, as for the instances, and the
             # command reads the config it was rendered from (the TOML, or the module's JSON).
             body = text.split("\n", 1)[1]
+            # It reads the config as a credential, and the records beside it in a bind.
+            body = re.sub(r"LoadCredential=config\.(toml|json):\S+", "LoadCredential=CONFIG", body)
+            body = re.sub(r"BindReadOnlyPaths=-\S+:", "BindReadOnlyPaths=-STATE:", body)
             out[name] = re.sub(r" metrics \S+ ", " metrics CONFIG ", body)
         elif name.endswith(".service"):
             instance = name.removeprefix("llamanix-").removesuffix(".service")
@@ -299,11 +313,25 @@ def test_stub_and_real_lib_agree(toml: Path, host: str) -> None:
 @pytest.mark.parametrize(
     "lib_path", ["", REAL_LIB] if REAL_LIB else [""], ids=["stub", "real"][: 2 if REAL_LIB else 1]
 )
-@pytest.mark.parametrize(("nvidia", "archs"), [(False, []), (True, ["8.6", "12.0"])])
-def test_cuda_archs_default_to_the_cpu_unless_the_host_enables_nvidia(
-    tmp_path: Path, lib_path: str, nvidia: bool, archs: list[str]
+@pytest.mark.parametrize(
+    ("nvidia", "capabilities", "archs"),
+    [
+        (False, None, []),
+        (True, None, ["8.6", "12.0"]),
+        # nixpkgs' own cudaCapabilities win over llamanix's default: an A100 with a T4 beside.
+        (True, ["7.5", "8.0"], ["7.5", "8.0"]),
+        (False, ["9.0"], ["9.0"]),
+        # nixpkgs declares the setting with [ ] for "not set".
+        (True, [], ["8.6", "12.0"]),
+    ],
+    ids=["cpu", "nvidia", "nixpkgs-capabilities", "capabilities-without-driver", "unset"],
+)
+def test_cuda_archs_default_to_nixpkgs_then_the_driver_then_the_cpu(
+    tmp_path: Path, lib_path: str, nvidia: bool, capabilities: list[str] | None, archs: list[str]
 ) -> None:
-    """A host without the NVIDIA driver must not start a multi-hour CUDA build by default."""
+    """The CUDA architectures a host builds for, when neither it nor its TOML names them:
+    nixpkgs' config.cudaCapabilities where the system sets it, else llamanix's default with the
+    NVIDIA driver; a host without either must not start a multi-hour CUDA build."""
     source = ROOT / "tests/data/configs/draft-and-key.toml"
     text = "\n".join(
         line for line in source.read_text().splitlines() if not line.startswith("cuda_archs")
@@ -312,8 +340,66 @@ def test_cuda_archs_default_to_the_cpu_unless_the_host_enables_nvidia(
     toml.write_text(text + "\n")
     name = "gpu5090"
     assert load_config(toml).hosts[name].cuda_archs == ()
-    evaluated = module_eval(toml, name, lib_path, nvidia=nvidia)
+    evaluated = module_eval(toml, name, lib_path, nvidia=nvidia, cuda_capabilities=capabilities)
     assert set(map(tuple, evaluated["cudaArchs"].values())) == {tuple(archs)}
+    assert evaluated["config"]["hosts"][name].get("cuda_archs", []) == archs
+
+
+def waited_for(boot: dict[str, Any], target: str) -> set[str]:
+    """The units `target` is not reached before, by systemd.target(5): a target is ordered
+    after each unit it wants or requires when both keep their default dependencies and the unit
+    is not ordered before it; a target it waits for passes on what that one waits for. NixOS'
+    own targets keep their default dependencies."""
+    units = {f"{n}.service": u for n, u in boot["services"].items()}
+    units |= {f"{n}.target": u for n, u in boot["targets"].items()}
+
+    def defaults(name: str) -> bool:
+        return bool(units[name]["defaultDependencies"]) if name in units else True
+
+    out: set[str] = set()
+    todo = [target]
+    while todo:
+        waiting = todo.pop()
+        for name, unit in units.items():
+            wanted = waiting in unit["wantedBy"] + unit["requiredBy"]
+            ordered = defaults(waiting) and defaults(name) and waiting not in unit["before"]
+            if wanted and ordered and name not in out:
+                out.add(name)
+                todo.append(name)
+    return out
+
+
+def started_at_boot(boot: dict[str, Any], unit: str) -> bool:
+    """Whether multi-user.target pulls the unit in, directly or through targets it wants."""
+    units = {f"{n}.service": u for n, u in boot["services"].items()}
+    units |= {f"{n}.target": u for n, u in boot["targets"].items()}
+    wanted_by = units[unit]["wantedBy"] + units[unit]["requiredBy"]
+    return "multi-user.target" in wanted_by or any(
+        t in units and started_at_boot(boot, t) for t in wanted_by
+    )
+
+
+@pytest.mark.skipif(not REAL_LIB, reason="set LLAMANIX_NIXPKGS_LIB to a nixpkgs lib/ directory")
+@pytest.mark.parametrize(
+    ("toml", "host"),
+    [(p, h) for p, h in CASES if p.parent.name == "examples"],
+    ids=[f"{p.stem}:{h}" for p, h in CASES if p.parent.name == "examples"],
+)
+def test_boot_starts_the_servers_and_does_not_wait_for_them_to_serve(toml: Path, host: str) -> None:
+    """A server's unit is started once it serves, which may take 20 minutes for a big model:
+    multi-user.target (boot) must not wait for that. Boot still starts every server."""
+    boot = module_eval(toml, host, REAL_LIB, attr="boot")
+    cfg = load_config(toml)
+    router = cfg.hosts[host].router
+    members = router.members if router else ()
+    servers = [
+        f"llamanix-{i.name}.service" for i in cfg.instances_on(host) if i.name not in members
+    ]
+    servers += ["llamanix-router.service"] if router else []
+    assert servers
+    waited = waited_for(boot, "multi-user.target")
+    assert not [s for s in servers if s in waited], waited
+    assert all(started_at_boot(boot, s) for s in servers)
 
 
 @pytest.mark.skipif(not REAL_LIB, reason="set LLAMANIX_NIXPKGS_LIB to a nixpkgs lib/ directory")
@@ -448,6 +534,7 @@ def gateway_eval(
     toml: Path = GATEWAY_TOML,
     extra: dict[str, Any] | None = None,
     litellm_module: str | None = None,
+    system: dict[str, Any] | None = None,
 ) -> Any:
     return module_eval(
         toml,
@@ -457,6 +544,7 @@ def gateway_eval(
         litellm_version=litellm_version,
         extra=extra,
         litellm_module=litellm_module,
+        system=system,
     )
 
 
@@ -507,9 +595,11 @@ def test_the_module_gives_litellm_the_settings_python_renders(lib_path: str) -> 
             "port": 4000,
             "openFirewall": False,
             "package": "/nix/store/00000000000000000000000000000000-litellm",
-            # nixpkgs' way to hand a service its secrets.
-            "environmentFile": ENVIRONMENT_FILE,
+            # nixpkgs' way to hand a service its secrets stays the user's: the keys are one
+            # more EnvironmentFile= of the unit.
+            "environmentFile": None,
         }
+        assert evaluated["litellmUnit"]["serviceConfig"]["EnvironmentFile"] == [ENVIRONMENT_FILE]
         env = evaluated["litellmUnit"]["environment"]
         assert env["LITELLM_LOCAL_MODEL_COST_MAP"] == "True"
         # nixpkgs' telemetry-off default stays: the module does not define its option.
@@ -555,16 +645,33 @@ def test_the_module_keeps_everything_nixpkgs_litellm_unit_has() -> None:
     evaluated = gateway_eval(REAL_LIB)
     merged, alone = evaluated["litellmUnit"], evaluated["litellmAlone"]
     for key, value in alone["serviceConfig"].items():
+        if key == "EnvironmentFile":
+            # nixpkgs' list (the user's services.litellm.environmentFile), then the keys'.
+            assert merged["serviceConfig"][key] == [*value, ENVIRONMENT_FILE]
+            continue
         assert merged["serviceConfig"][key] == value, key
     assert merged["serviceConfig"]["ExecStart"].startswith(
         "/nix/store/00000000000000000000000000000000-litellm/bin/litellm --host "
     )
     assert merged["serviceConfig"]["EnvironmentFile"] == [ENVIRONMENT_FILE]
     added = set(merged["serviceConfig"]) - set(alone["serviceConfig"])
-    assert added == {"Restart", "RestartSec", "TimeoutStartSec", "ExecStartPost"}
+    assert added <= {"Restart", "RestartSec", "TimeoutStartSec", "ExecStartPost", "EnvironmentFile"}
+    assert added >= {"Restart", "RestartSec", "TimeoutStartSec", "ExecStartPost"}
     assert set(alone["after"]) <= set(merged["after"])
     for key, value in alone["environment"].items():
         assert merged["environment"][key] == value, key
+
+
+@needs_real_lib
+def test_the_users_litellm_environment_file_stays_beside_the_keys() -> None:
+    """services.litellm.environmentFile takes one file: the module leaves it to the user (a
+    provider's key, say) and hands LiteLLM the keys as one more EnvironmentFile= of the unit."""
+    own = "/run/secrets/litellm-providers.env"
+    evaluated = gateway_eval(REAL_LIB, system={"services": {"litellm": {"environmentFile": own}}})
+    assert evaluated["service"]["environmentFile"] == own
+    files = evaluated["litellmUnit"]["serviceConfig"]["EnvironmentFile"]
+    assert sorted(files) == sorted([own, ENVIRONMENT_FILE])
+    assert evaluated["litellmAlone"]["serviceConfig"]["EnvironmentFile"] == [own]
 
 
 @pytest.mark.parametrize("lib_path", LIB_PATHS, ids=LIB_IDS)
@@ -598,6 +705,73 @@ def test_a_gateway_the_firewall_closes_warns_and_open_firewall_opens_it() -> Non
     assert module_eval(GATEWAY_TOML, "box3", REAL_LIB, attr="firewall", extra=extra) == [4000]
 
 
+def unit_file(path: Path, description: str, service_config: dict[str, Any]) -> Path:
+    """A [Service] section as NixOS writes one from serviceConfig: a list is one line per
+    item, a bool true or false."""
+    lines = ["[Unit]", f"Description={description}", "", "[Service]"]
+    for key, value in service_config.items():
+        for item in value if isinstance(value, list) else [value]:
+            text = ("true" if item else "false") if isinstance(item, bool) else str(item)
+            lines.append(f"{key}={text}")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@needs_real_lib
+@pytest.mark.skipif(not systemd_analyze.available(), reason="needs systemd-analyze")
+def test_the_gateway_keys_unit_is_hardened(tmp_path: Path) -> None:
+    """The keys unit reads the key files only through its credentials and writes one file into
+    its runtime directory: no root, no network, no devices. systemd-analyze scores the unit as
+    NixOS writes it."""
+    keys = gateway_eval(REAL_LIB)["keysUnit"]["serviceConfig"]
+    assert keys["DynamicUser"] is True and "User" not in keys
+    assert keys["CapabilityBoundingSet"] == "" and keys["RestrictAddressFamilies"] == "none"
+    unit = unit_file(tmp_path / f"{KEYS_UNIT}.service", "keys", keys)
+    exposure = systemd_analyze.security_exposure(unit)
+    assert exposure is not None and exposure <= 1.0, exposure
+
+
+def fake_litellm(version: str) -> dict[str, Any]:
+    """A package as JSON: what NixOS' package type takes."""
+    return {
+        "type": "derivation",
+        "name": f"litellm-{version}",
+        "version": version,
+        "outPath": f"/nix/store/00000000000000000000000000000000-litellm-{version}",
+        "meta": {"mainProgram": "litellm"},
+    }
+
+
+@needs_real_lib
+@pytest.mark.parametrize("where", ["services.litellm", "services.llamanix.gateway"])
+def test_the_gateway_package_and_firewall_are_services_litellms(where: str) -> None:
+    """gateway.package and gateway.openFirewall are aliases of nixpkgs' services.litellm
+    options: set either way, it is services.litellm's value that runs, is checked and opens."""
+
+    def set_(values: dict[str, Any]) -> dict[str, Any]:
+        if where == "services.litellm":
+            return {"system": {"services": {"litellm": values}}}
+        return {"extra": {"gateway": values}}
+
+    refused = gateway_eval(REAL_LIB, **set_({"package": fake_litellm("1.82.7")}))
+    assert refused["failed"] == [
+        "services.llamanix.gateway.package: LiteLLM 1.82.7 was a compromised release on PyPI "
+        "and is refused (use a litellm package of another release)"
+    ]
+    chosen = gateway_eval(REAL_LIB, **set_({"package": fake_litellm("1.106.12")}))
+    assert chosen["service"]["package"].endswith("-litellm-1.106.12")
+    assert chosen["litellmUnit"]["serviceConfig"]["ExecStart"].startswith(
+        "/nix/store/00000000000000000000000000000000-litellm-1.106.12/bin/litellm "
+    )
+    opened = gateway_eval(REAL_LIB, **set_({"openFirewall": True}))
+    assert opened["service"]["openFirewall"] is True
+    assert opened["warnings"] == []
+    ports = module_eval(
+        GATEWAY_TOML, "box3", REAL_LIB, attr="firewall", **set_({"openFirewall": True})
+    )
+    assert ports == [4000]
+
+
 @needs_real_lib
 def test_the_default_gateway_config_warns_of_nothing() -> None:
     """A config that names no LiteLLM version runs nixpkgs' package, whatever its release,
@@ -614,7 +788,7 @@ def test_a_package_of_another_version_than_the_config_names_warns(tmp_path: Path
     opened = {"gateway": {"openFirewall": True}}
     assert gateway_eval(REAL_LIB, "1.80.0", toml, extra=opened)["warnings"] == [
         "services.llamanix.gateway.version: llamanix.toml names LiteLLM 1.106.12, but this "
-        "NixOS runs nixpkgs' LiteLLM 1.80.0 (services.llamanix.gateway.package), which "
+        "NixOS runs nixpkgs' LiteLLM 1.80.0 (services.litellm.package), which "
         'validate did not check the config against (set version = "1.80.0" in [gateway], or '
         "pick a package of 1.106.12)"
     ]
@@ -634,6 +808,38 @@ def test_a_key_under_etc_llamanix_can_exist_on_a_host_that_also_serves(tmp_path:
         for entry in etc:
             linked = f"/etc/{entry}"
             assert path != linked and not path.startswith(linked + "/"), (path, entry)
+
+
+FLEET_EXAMPLE = ROOT / "examples/fleet-rtx5090-rtx3090-gateway.toml"
+PROMETHEUS_ON = {"services": {"prometheus": {"enable": True}}}
+
+
+@needs_real_lib
+def test_a_gateway_only_host_evaluates_with_prometheus_on() -> None:
+    """The fleet example's gateway box serves no instance: fromToml turns the exporter on (the
+    TOML has [metrics]), but the exporter, its drop-in and the Prometheus parts belong to hosts
+    with instances, as `llamanix render` renders them. Its gateway evaluates in full."""
+    cfg = load_config(FLEET_EXAMPLE)
+    assert cfg.metrics is not None and not cfg.instances_on("gateway")
+    found = module_eval(FLEET_EXAMPLE, "gateway", REAL_LIB, attr="prometheus", system=PROMETHEUS_ON)
+    assert found == {"prometheus": {"enable": True}, "exporter": None}
+    assert module_eval(FLEET_EXAMPLE, "gateway", REAL_LIB, attr="units", system=PROMETHEUS_ON) == [
+        "litellm",
+        KEYS_UNIT,
+    ]
+    assert module_eval(FLEET_EXAMPLE, "gateway", REAL_LIB, attr="etc", system=PROMETHEUS_ON) == []
+    gateway = module_eval(FLEET_EXAMPLE, "gateway", REAL_LIB, attr="gateway", system=PROMETHEUS_ON)
+    assert gateway["failed"] == []
+    assert [r["instance"] for r in gateway["replicas"]] == ["qwen-3090", "qwen-5090"]
+    # A host with instances still gets all of it.
+    served = module_eval(
+        FLEET_EXAMPLE, "gpu5090", REAL_LIB, attr="prometheus", system=PROMETHEUS_ON
+    )
+    assert served["exporter"]["overrideStrategy"] == "asDropin"
+    [job] = served["prometheus"]["scrapeConfigs"]
+    assert job["job_name"] == "llamanix"
+    [rules] = served["prometheus"]["ruleFiles"]
+    assert rules.endswith("/share/llamanix/prometheus/llamanix.rules.yml")
 
 
 @needs_real_lib

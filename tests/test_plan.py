@@ -23,6 +23,8 @@ EXAMPLES = sorted((ROOT / "examples").glob("*.toml"))
 # Recorded `plan --json` output, pins from a made-up flake.lock beside it.
 RECORDED = ROOT / "tests" / "data" / "plan"
 UPDATE = os.environ.get("LLAMANIX_UPDATE_GOLDEN") == "1"
+# A host that says it is NixOS: these tests read what plan shows for one, on any machine.
+NIXOS_LOCAL = '[hosts.local]\nkind = "nixos"\n'
 
 
 def test_the_examples_are_the_ones_the_docs_name() -> None:
@@ -95,7 +97,7 @@ def test_plan_reports_vram_fit_and_ceiling(tmp_path: Path) -> None:
 def test_plan_warns_about_a_draft_that_is_never_loaded(tmp_path: Path) -> None:
     cfg = tmp_path / "llamanix.toml"
     cfg.write_text(
-        '[instances.a]\nmodel = "/m/t.gguf"\nlisten = "0.0.0.0"\n'
+        NIXOS_LOCAL + '[instances.a]\nmodel = "/m/t.gguf"\nlisten = "0.0.0.0"\nkeyless = true\n'
         '[instances.a.speculative]\ndraft_model = "/m/d.gguf"\n'
     )
     result = CliRunner().invoke(main, ["plan", "--json", "--no-security", str(cfg)])
@@ -107,9 +109,46 @@ def test_plan_warns_about_a_draft_that_is_never_loaded(tmp_path: Path) -> None:
     ]
 
 
+ARCH_MISMATCH = (
+    "NVIDIA GeForce RTX 5090 has compute capability 12.0 but host gpu1 builds for 8.6: kernels "
+    "are JIT-compiled from PTX on first use (a first prefill of 33 s in one report) or fail "
+    'outright (add "12.0" to hosts.gpu1.cuda_archs and rebuild)'
+)
+
+
+@pytest.mark.parametrize(
+    ("archs", "gpu_layers", "warned"),
+    [
+        ('["8.6"]', '"all"', True),
+        # The card's capability, plain or arch-specific, is there.
+        ('["8.6", "12.0"]', '"all"', False),
+        ('["12.0a"]', '"all"', False),
+        # An instance on the CPU has no GPU to mismatch.
+        ('["8.6"]', "0", False),
+    ],
+    ids=["left-out", "there", "arch-specific", "cpu"],
+)
+def test_plan_names_cuda_archs_that_leave_out_the_hosts_gpu(
+    tmp_path: Path, archs: str, gpu_layers: str, warned: bool
+) -> None:
+    """The GPU table's compute capability against the host's cuda_archs, in doctor's words
+    (its cuda-arch finding), before anything is built."""
+    cfg = tmp_path / "llamanix.toml"
+    cfg.write_text(
+        f'[hosts.gpu1]\nkind = "nixos"\ngpu = "rtx5090"\ncuda_archs = {archs}\n'
+        f'[instances.qwen]\nmodel = "/m/q.gguf"\ngpu_layers = {gpu_layers}\n'
+    )
+    result = CliRunner().invoke(main, ["plan", "--json", "--no-security", str(cfg)])
+    assert result.exit_code == 0, result.output
+    [row] = json.loads(result.stdout)["hosts"]["gpu1"]["instances"]
+    assert (ARCH_MISMATCH in row["warnings"]) is warned
+    text = CliRunner().invoke(main, ["plan", "--no-security", str(cfg)])
+    assert (f"  warning: {ARCH_MISMATCH}" in text.stdout.splitlines()) is warned
+
+
 def test_plan_shows_the_pinned_revision_from_flake_lock(tmp_path: Path) -> None:
     cfg = tmp_path / "llamanix.toml"
-    cfg.write_text('[instances.a]\nmodel = "/m/t.gguf"\nvariant = "ik"\n')
+    cfg.write_text(NIXOS_LOCAL + '[instances.a]\nmodel = "/m/t.gguf"\nvariant = "ik"\n')
     (tmp_path / "flake.lock").write_text(
         json.dumps(
             {
@@ -196,7 +235,7 @@ def test_one_unit_per_sandbox_scores_every_unit(path: Path, tmp_path: Path) -> N
 def test_plan_shows_a_chain_in_full(tmp_path: Path) -> None:
     cfg = tmp_path / "llamanix.toml"
     cfg.write_text(
-        '[instances.a]\nmodel = "/m/t.gguf"\n'
+        NIXOS_LOCAL + '[instances.a]\nmodel = "/m/t.gguf"\n'
         '[instances.a.speculative]\ntype = ["ngram-mod", "mtp"]\nn_max = 16\n'
     )
     result = CliRunner().invoke(main, ["plan", "--json", "--no-security", str(cfg)])

@@ -52,10 +52,10 @@ def write_config(tmp_path: Path, metrics: str) -> Path:
     "metrics",
     [
         "",
-        'listen = "0.0.0.0"\nport = 9100\nscrape_interval = 30\n',
-        'listen = "::"\nscrape_interval = 5\n',
+        'listen = "0.0.0.0"\nallow_remote = true\nport = 9100\nscrape_interval = 30\n',
+        'listen = "::"\nallow_remote = true\nscrape_interval = 5\n',
         'listen = "localhost"\n',
-        'listen = "192.168.1.20"\nmin_ceiling_share = 0.5\n',
+        'listen = "192.168.1.20"\nallow_remote = true\nmin_ceiling_share = 0.5\n',
     ],
     ids=["defaults", "wildcard", "ipv6", "localhost", "address"],
 )
@@ -134,4 +134,6 @@ def test_render_units_writes_the_exporter_and_rules(tmp_path: Path) -> None:
     assert "share/llamanix/prometheus/llamanix.rules.yml" in files
     assert "share/llamanix/grafana/llamanix-overview.json" in files
     unit = (out / "lib/systemd/system/llamanix-exporter.service").read_text()
-    assert f"metrics {config} --host box" in unit
+    # The config reaches the exporter as a credential: systemd reads it as root.
+    assert f"LoadCredential=config.json:{config}\n" in unit
+    assert "metrics %d/config.json --host box" in unit

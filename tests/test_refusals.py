@@ -157,7 +157,120 @@ CASES: list[tuple[str, str, str, str]] = [
         "instances.a.speculative.n_max",
         "65536 is above the maximum 1024",
     ),
+    (
+        "a port a dynamic user cannot bind",
+        H + "port = 80",
+        "instances.a.port",
+        "port 80 is below 1024, and the unit runs as a dynamic user without capabilities, which "
+        "cannot bind it (use a port of 1024 or above, e.g. 8080, and put a reverse proxy on the "
+        "low port if clients need it)",
+    ),
+    (
+        "extra_args repeating --port",
+        H + 'extra_args = ["--port", "9"]',
+        "instances.a.extra_args",
+        "repeats --port (--port 9), which llamanix renders from port (--port 8080); llama-server "
+        "would take the one given last (remove it from extra_args and set port = 9 instead)",
+    ),
+    (
+        "extra_args repeating the context under its long name",
+        H + 'context = 4096\nextra_args = ["--ctx-size=8192"]',
+        "instances.a.extra_args",
+        "repeats --ctx-size (--ctx-size=8192), which llamanix renders from context (-c 4096); "
+        "llama-server would take the one given last (remove it from extra_args and set context "
+        "= 8192 instead)",
+    ),
+    (
+        "extra_args repeating a flag without a value",
+        H + 'extra_args = ["--metrics"]',
+        "instances.a.extra_args",
+        "repeats --metrics, which llamanix renders already (metrics = true) (remove it from "
+        "extra_args)",
+    ),
+    (
+        "an environment value that is not a string",
+        H + "environment = { FOO = 1 }",
+        "instances.a.environment",
+        'must be a table of strings, got 1 for FOO (quote it: FOO = "1")',
+    ),
+    (
+        "ik_llama for ik",
+        H + 'variant = "ik_llama"',
+        "instances.a.variant",
+        "unknown value 'ik_llama' (did you mean 'ik'? variant ik is ikawrakow/ik_llama.cpp fork)",
+    ),
+    (
+        "ik-llama for ik",
+        H + 'variant = "ik-llama"',
+        "instances.a.variant",
+        "(did you mean 'ik'? variant ik is ikawrakow/ik_llama.cpp fork)",
+    ),
+    (
+        "ik_llama.cpp for ik",
+        H + 'variant = "ik_llama.cpp"',
+        "instances.a.variant",
+        "(did you mean 'ik'? variant ik is ikawrakow/ik_llama.cpp fork)",
+    ),
+    (
+        "llama.cpp for upstream",
+        H + 'variant = "llama.cpp"',
+        "instances.a.variant",
+        "(did you mean 'upstream'? variant upstream is ggml-org/llama.cpp master)",
+    ),
+    (
+        "master for upstream",
+        H + 'variant = "master"',
+        "instances.a.variant",
+        "(did you mean 'upstream'? variant upstream is ggml-org/llama.cpp master)",
+    ),
 ]
+
+# Host tables a unit could not run with: (id, the host table's keys, field, the line's end).
+HOST_CASES: list[tuple[str, str, str, str]] = [
+    (
+        "a compute capability no CUDA release has",
+        'cuda_archs = ["8.8"]',
+        "hosts.gpu1.cuda_archs",
+        "'8.8' is no CUDA compute capability (nvcc would refuse it when the variant is built) "
+        "(did you mean '8.9'?; nvidia-smi --query-gpu=compute_cap --format=csv prints the "
+        "card's, and the known ones are 3.5, 3.7, 5.0, 5.2, 6.0, 6.1, 7.0, 7.2, 7.5, 8.0, 8.6, "
+        "8.7, 8.9, 9.0, 10.0, 10.1, 10.3, 11.0, 12.0, 12.1)",
+    ),
+    (
+        "a GPU the archs build no code for",
+        'gpu = "rtx5090"\ncuda_archs = ["8.6"]',
+        "hosts.gpu1.cuda_archs",
+        # plan's warning and doctor's finding, in the same words (core.gpus.arch_mismatch).
+        "NVIDIA GeForce RTX 5090 has compute capability 12.0 but host gpu1 builds for 8.6: "
+        "kernels are JIT-compiled from PTX on first use (a first prefill of 33 s in one report) "
+        'or fail outright (add "12.0" to hosts.gpu1.cuda_archs and rebuild)',
+    ),
+    (
+        "a router on a low port",
+        'router = { kind = "llama-server", members = ["a"], port = 443 }',
+        "hosts.gpu1.router.port",
+        "port 443 is below 1024",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "keys", "field", "words"), HOST_CASES, ids=[c[0] for c in HOST_CASES]
+)
+def test_a_host_table_a_unit_cannot_use_is_refused(
+    tmp_path: Path, case: str, keys: str, field: str, words: str
+) -> None:
+    cfg = tmp_path / "llamanix.toml"
+    cfg.write_text(
+        BASE.replace('kind = "nixos"', f'kind = "nixos"\n{keys}')
+        .replace("{a}", H)
+        .replace("{b}", "")
+    )
+    result = CliRunner().invoke(main, ["validate", str(cfg)])
+    assert result.exit_code == 2, result.output
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith(f"{cfg}: {field}: "), line
+    assert line.endswith(words) or words in line
 
 
 def write(tmp_path: Path, a: str, b: str = "") -> Path:
@@ -450,7 +563,9 @@ def test_validate_remote_leaves_this_machine_out(
     cfg.write_text(DEBIAN.format(kind="systemd", variant="upstream"))
     here = CliRunner().invoke(main, ["validate", str(cfg)])
     assert here.exit_code == 2
-    assert here.stderr.startswith(f"{cfg}: llamanix itself: {home}/bin/llamanix ")
+    assert f"{cfg}: llamanix itself: {home}/bin/llamanix " in here.stderr
+    # The files the units would open are named too where they are not here (a typo's case).
+    assert f"{cfg}: instances.chat.model: /srv/models/q.gguf does not exist" in here.stderr
     there = CliRunner().invoke(main, ["validate", "--remote", str(cfg)])
     assert there.exit_code == 0, there.output
     # Where a path lies still counts: no unit sees /tmp's files after a reboot.

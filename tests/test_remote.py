@@ -36,6 +36,7 @@ from llamanix.deploy.fleet import remote
 from llamanix.deploy.fleet.protocol import (
     GENERATIONS,
     PROTOCOL,
+    AgentRequest,
     Hello,
     RunReport,
     SwitchOrder,
@@ -144,11 +145,30 @@ def outcome_line(result: str = "passed", generation: int = 3, run: str = "r1") -
     return report.line()
 
 
-def agent_command(op: str, *extra: str, sudo: bool = True) -> str:
+def agent_command(op: str, sudo: bool = True) -> str:
+    """The agent's command as ssh sends it: the command's name alone, as the sudoers line
+    allows it."""
     head = "sudo -n llamanix" if sudo else "llamanix"
-    return f"{head} fleet-agent {op} --protocol {PROTOCOL} --host box2" + "".join(
-        f" {shlex.quote(e)}" for e in extra
-    )
+    return f"{head} fleet-agent {op}"
+
+
+def request_of(call: dict[str, object]) -> AgentRequest:
+    """The request an ssh call handed the agent on stdin."""
+    request = AgentRequest.parse(str(call["stdin"]), "stdin")
+    assert (request.protocol, request.host) == (PROTOCOL, "box2")
+    return request
+
+
+def order_of(call: dict[str, object]) -> SwitchOrder:
+    order = request_of(call).order
+    assert order is not None
+    return order
+
+
+def rollback_of(call: dict[str, object]) -> RollbackOptions:
+    opts = request_of(call).rollback
+    assert opts is not None
+    return opts
 
 
 # --- the command lines ---------------------------------------------------------------------------
@@ -162,9 +182,9 @@ def test_remote_argv_is_ssh_with_batch_options_and_the_quoted_agent_command(
         rh = remote.remote_host(config, "box2")
         target = parse_target("admin@box2")
         assert rh == remote.RemoteHost("box2", target, kind, "toml", str(config.source))  # type: ignore[arg-type]
-        argv = remote.remote_argv(rh, "switch", ["--gate-prompts", "realtext:edit text"])
-        agent = [*head, "fleet-agent", "switch", "--protocol", str(PROTOCOL), "--host", "box2"]
-        agent += ["--gate-prompts", "realtext:edit text"]
+        argv = remote.remote_argv(rh, "switch")
+        # The command's name alone: the host's sudoers line allows it as it is.
+        agent = [*head, "fleet-agent", "switch"]
         assert argv == ["ssh", *SSH_OPTS, "admin@box2", "--", shlex.join(agent)]
         # The login shell on the other side splits it back into the same words.
         assert shlex.split(argv[-1]) == agent
@@ -256,9 +276,7 @@ def test_switch_hands_the_config_on_stdin_and_echoes_each_line_with_the_host(
         agent_command("switch"),
     ]  # fmt: skip
     # The whole config, --set applied, and the options, on stdin only.
-    assert SwitchOrder.parse(str(call["stdin"]), "stdin") == SwitchOrder(
-        "toml", new_text, SwitchOptions()
-    )
+    assert order_of(call) == SwitchOrder("toml", new_text, SwitchOptions())
     assert not any("context" in a or "[hosts" in a for a in argv)  # type: ignore[attr-defined]
     lines = done.stdout.splitlines()
     assert lines[0] == "box2: switching over ssh (admin@box2)"
@@ -382,7 +400,10 @@ def test_sudo_that_wants_a_password_is_one_line(tmp_path: Path, ssh: Ssh) -> Non
     assert one_line_error(done) == (
         "box2: sudo on admin@box2 asks admin for a password, and a fleet switch cannot answer "
         "it; allow it there: echo 'admin ALL=(root) NOPASSWD: /usr/local/bin/llamanix "
-        "fleet-agent *' | sudo tee /etc/sudoers.d/llamanix"
+        "fleet-agent switch, /usr/local/bin/llamanix fleet-agent rollback, "
+        "/usr/local/bin/llamanix fleet-agent status, /usr/local/bin/llamanix fleet-agent "
+        "generations, /usr/local/bin/llamanix fleet-agent top' | sudo tee "
+        "/etc/sudoers.d/llamanix"
     )
 
 
@@ -419,7 +440,8 @@ def test_an_older_llamanix_without_the_agent_is_one_line_with_its_version(
         f"box2: llamanix 0.0.9 on admin@box2 speaks no fleet protocol, this one {PROTOCOL}; "
         "upgrade it there: sudo /opt/llamanix/bin/pip install --upgrade ./llamanix"
     )
-    assert ssh.argvs()[1][-1] == "sudo -n llamanix --version"
+    # Without sudo: the sudoers line allows the agent's commands alone.
+    assert ssh.argvs()[1][-1] == "llamanix --version"
 
 
 def test_the_agents_own_refusal_is_one_line(tmp_path: Path, ssh: Ssh) -> None:
@@ -445,7 +467,8 @@ def test_a_connection_lost_mid_switch_is_followed_again(tmp_path: Path, ssh: Ssh
     assert done.exit_code == 0, done.output
     assert "context = 2048" in path.read_text()
     # Followed again for as long as the switch's own follow (--run-timeout and a minute).
-    assert ssh.argvs()[1][-1] == agent_command("status", "--follow-timeout", "960.0")
+    assert ssh.argvs()[1][-1] == agent_command("status")
+    assert request_of(ssh.calls()[1]).follow_timeout_s == 960.0
     assert (
         "box2: lost the ssh connection (Timeout, server box2 not responding.); following the "
         "switch there again"
@@ -472,7 +495,7 @@ def test_a_switch_still_running_when_its_agent_stops_following_is_lost(
         f"generations {rh.source} --host box2` shows how it ended"
     )
     # The unit's own limit went with the options.
-    order = SwitchOrder.parse(str(ssh.calls()[0]["stdin"]), "stdin")
+    order = order_of(ssh.calls()[0])
     assert order.options.run_timeout_s == 300.0 and order.options.follow_s == 30.0
 
 
@@ -482,7 +505,8 @@ def test_a_run_still_going_on_refuses_the_rollout_before_any_host(tmp_path: Path
     done = cli("switch", str(path), "--hosts", "box2", "--preflight-timeout", "5")
     assert done.exit_code == 1, done.output
     [call] = ssh.calls()  # the status alone: no switch
-    assert call["argv"][-1] == agent_command("status", "--follow-timeout", "5.0")
+    assert call["argv"][-1] == agent_command("status")  # type: ignore[index]
+    assert request_of(call).follow_timeout_s == 5.0
     table = done.stdout[done.stdout.index("rolling switch") :]
     assert "refused" in table and "still runs" in table, table
     assert done.stdout.splitlines()[:2] == [
@@ -540,25 +564,24 @@ def test_dry_run_lists_every_remote_command_and_runs_nothing(tmp_path: Path, ssh
     hosts = (("box2", "admin@box2", "sudo -n llamanix"), ("box3", "bob@box3", "llamanix"))
     # --host all is a rollout: every host asked how its last run ended, then each switched.
     assert ssh_lines == [
-        shlex.join(
-            ["ssh", *SSH_OPTS, target, "--", f"{agent} fleet-agent {op} --protocol "
-             f"{PROTOCOL} --host {host}{extra}"]
-        )
-        for op, extra in (("status", " --follow-timeout 120.0"), ("switch", ""))
-        for host, target, agent in hosts
+        shlex.join(["ssh", *SSH_OPTS, target, "--", f"{agent} fleet-agent {op}"])
+        for op in ("status", "switch")
+        for _, target, agent in hosts
     ]  # fmt: skip
+    for host, _, _ in hosts:  # the preflight's requests, shown as they go on stdin
+        request = AgentRequest(PROTOCOL, host, follow_timeout_s=120.0).text()
+        assert f"# on ssh's stdin: {request}" in done.stdout
     assert f"# write {path} once box2 passes" in done.stdout
     assert ssh.calls() == [] and path.read_text() == before
     done = cli("rollback", str(path), "--host", "box3", "--to", "2", "--dry-run")
     assert done.exit_code == 0, done.output
     lines = done.stdout.splitlines()
     assert shlex.join(
-        ["ssh", *SSH_OPTS, "bob@box3", "--",
-         f"llamanix fleet-agent rollback --protocol {PROTOCOL} --host box3"]
+        ["ssh", *SSH_OPTS, "bob@box3", "--", "llamanix fleet-agent rollback"]
     ) in lines  # fmt: skip
-    note = next(line for line in lines if line.startswith("# the options go on ssh's stdin: "))
-    sent = json.loads(note.removeprefix("# the options go on ssh's stdin: "))
-    assert RollbackOptions.from_json(sent, "stdin") == RollbackOptions(to=2)
+    note = next(line for line in lines if line.startswith("# on ssh's stdin: "))
+    sent = AgentRequest.parse(note.removeprefix("# on ssh's stdin: "), "stdin")
+    assert (sent.protocol, sent.host, sent.rollback) == (PROTOCOL, "box3", RollbackOptions(to=2))
     assert ssh.calls() == []
 
 
@@ -577,8 +600,7 @@ def test_rollback_of_a_remote_host(tmp_path: Path, ssh: Ssh) -> None:
     assert done.stdout.splitlines()[-1] == "now serving generation 2"
     assert "box2: rolling back to generation 2" in done.stdout
     assert ssh.argvs()[0][-1] == agent_command("rollback")
-    sent = RollbackOptions.from_json(json.loads(str(ssh.calls()[0]["stdin"])), "stdin")
-    assert sent == RollbackOptions(to=2)
+    assert rollback_of(ssh.calls()[0]) == RollbackOptions(to=2)
     assert path.read_text() == before  # the file here names every host: left as it is
 
 
@@ -593,7 +615,7 @@ def test_rollback_of_several_hosts_waits_as_asked(tmp_path: Path, ssh: Ssh) -> N
     ssh.reply(([HELLO, started_line("r2"), report.line()], "", 0))
     done = cli("rollback", str(path), "--hosts", "box2", "--to", "2", "--wait", "45")
     assert done.exit_code == 0, done.output
-    sent = RollbackOptions.from_json(json.loads(str(ssh.calls()[0]["stdin"])), "stdin")
+    sent = rollback_of(ssh.calls()[0])
     assert (sent.to, sent.wait_s) == (2, 45.0)
 
 
@@ -617,6 +639,7 @@ def test_generations_of_a_remote_host_come_from_it(tmp_path: Path, ssh: Ssh) -> 
     assert done.exit_code == 0, done.output
     assert json.loads(done.stdout) == [row]
     assert ssh.argvs()[0][-1] == agent_command("generations")
+    assert request_of(ssh.calls()[0]) == AgentRequest(PROTOCOL, "box2")
     ssh.record.unlink()
     done = cli("generations", str(path), "--host", "box2")
     assert done.exit_code == 0, done.output
@@ -638,8 +661,9 @@ import json, os, sys
 argv = sys.argv[1:]
 with open({record!r}, "a") as fh:
     fh.write(json.dumps(argv) + "\\n")
-d = argv[argv.index("--dir") + 1]
-host = argv[argv.index("--host") + 1]
+# The unit takes no argument: its directory is the agent's, its host the run's record's.
+[d] = [a.split("=", 2)[2] for a in argv if a.startswith("--setenv=LLAMANIX_FLEET_DIR=")]
+host = json.load(open(os.path.join(d, "run.json")))["host"]
 with open(os.path.join(d, "run.log"), "a") as fh:
     fh.write(host + ": switching chat via systemd\\n  gate health chat: passed: health ok")
 outcome = {{"host": host, "result": "passed", "generation": 1, "changed": ["chat"]}}
@@ -703,6 +727,7 @@ def test_the_real_agent_keeps_its_copy_and_starts_the_unit(
         "--property=RemainAfterExit=yes",
         "--property=StandardOutput=journal",
         "--property=StandardError=journal",
+        f"--setenv={fleet_agent.DIR_ENV}={far_end}",
         f"--setenv=PYTHONPATH={ROOT / 'tools'}",
         "--quiet",
         "--",
@@ -710,9 +735,11 @@ def test_the_real_agent_keeps_its_copy_and_starts_the_unit(
     assert unit[unit.index("--") + 1 :] == [
         # Stopped once it ran --run-timeout (SIGTERM, then SIGKILL 30 s later).
         "timeout", "--kill-after=30", "900",
-        sys.executable, "-m", "llamanix", "fleet-agent", "unit-switch", "--format", "toml",
-        "--host", "box2", "--dir", str(far_end),
+        # No argument: what it runs is in the run's record, beside the options.
+        sys.executable, "-m", "llamanix", "fleet-agent", "unit-switch",
     ]  # fmt: skip
+    record = json.loads((far_end / "run.json").read_text())
+    assert (record["op"], record["host"], record["config_format"]) == ("switch", "box2", "toml")
     # The options the unit's switch runs with, kept beside the copy for it.
     kept = json.loads((far_end / "switch-options.json").read_text())
     assert SwitchOptions.from_json(kept, "options") == SwitchOptions()
@@ -766,14 +793,14 @@ def test_a_run_record_that_does_not_read_is_one_line_naming_it(
     """Never "no run yet": a record the agent cannot read might hide a run that goes on."""
     rh = remote.remote_host(load_config(write_config(tmp_path)), "box2")
     assert rh is not None
-    far_end.mkdir()
+    far_end.mkdir(mode=0o700)
     (far_end / "run.json").write_text('{"op": "switch", "run": ')
     with pytest.raises(UserError) as err:
         remote.remote_status(rh, 120.0, Runner(echo=lambda _: None), lambda _: None)
     assert str(err.value) == (
-        f"box2: admin@box2: {far_end / 'run.json'}: not a fleet run's record: Expecting value: "
-        "line 1 column 25 (char 24) (see `systemctl status llamanix-fleet` there, then remove "
-        "the file)"
+        f"box2: admin@box2: {far_end / 'run.json'}: not a fleet run's record: JSON syntax "
+        "error at line 1, column 25: Expecting value (see `systemctl status llamanix-fleet` "
+        "there, then remove the file)"
     )
 
 
@@ -903,5 +930,16 @@ def test_the_deadlines_given_reach_the_agent_with_the_options(tmp_path: Path, ss
         "switch", str(path), "--host", "box2", "--run-timeout", "300", "--follow-timeout", "30"
     )
     assert done.exit_code == 0, done.output
-    sent = SwitchOrder.parse(str(ssh.calls()[0]["stdin"]), "stdin").options
+    sent = order_of(ssh.calls()[0]).options
     assert (sent.run_timeout_s, sent.follow_timeout_s, sent.follow_s) == (300.0, 30.0, 30.0)
+
+
+def test_the_docs_sudoers_line_is_the_one_llamanix_suggests() -> None:
+    """docs/fleet.md and docs/debian.md install the line a password prompt's error names:
+    the agent's commands, each as a controller runs it, and no wildcard."""
+    line = remote.sudoers_line("admin")
+    assert "*" not in line
+    for doc in ("fleet.md", "debian.md"):
+        text = (ROOT / "docs" / doc).read_text()
+        shown = [ln for ln in text.splitlines() if "NOPASSWD" in ln and ln.startswith("echo ")]
+        assert shown == [f"echo '{line}' | sudo tee /etc/sudoers.d/llamanix"], doc

@@ -249,7 +249,7 @@ def test_manifest_and_argv_files(tmp_path: Path) -> None:
 
 def test_render_cli_single_host_needs_no_host_flag(tmp_path: Path) -> None:
     cfg = tmp_path / "llamanix.toml"
-    cfg.write_text('[instances.a]\nmodel = "/m/t.gguf"\n')
+    cfg.write_text('[hosts.gpu1]\nkind = "nixos"\n[instances.a]\nmodel = "/m/t.gguf"\n')
     out = tmp_path / "units"
     result = CliRunner().invoke(main, ["render", str(cfg), "--out", str(out)])
     assert result.exit_code == 0, result.output
@@ -322,12 +322,13 @@ def test_only_units_reachable_beyond_loopback_or_downloading_wait_for_the_networ
     """As nixpkgs' llama-cpp and llama-swap modules: after network.target; only a server others
     reach (or one that downloads) wants network-online.target, so boot does not wait for the
     network for a loopback listener."""
-    data = host_config("systemd", False, listen=listen, extra_args=extra)
+    data = host_config("systemd", False, listen=listen, extra_args=extra, keyless=True)
     unit = "llamanix-a.service"
     if routed:
         data["instances"]["a"]["listen"] = "127.0.0.1"
         data["hosts"]["h"]["router"] = {"kind": "llama-server", "members": ["a"], "port": 8090}
         data["hosts"]["h"]["router"]["listen"] = listen
+        data["hosts"]["h"]["router"]["keyless"] = True
         unit = "llamanix-router.service"
     out = render_to(tmp_path, data)
     text = (out / unit).read_text()

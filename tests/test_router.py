@@ -139,7 +139,7 @@ def test_members_ports_are_internal_and_the_router_takes_its_own() -> None:
             APART,
             {"kind": "llama-swap", "members": ["big"], "ttl": 5},
             "r.toml: hosts.box.router.ttl: unknown key (known: kind, members, listen, port, "
-            "idle_ttl, max_loaded, api_key_file, binary)",
+            "idle_ttl, max_loaded, api_key_file, keyless, binary)",
         ),
     ],
 )

@@ -79,6 +79,21 @@ class Counts:
 
         return counting
 
+    def os_opener(self, real: Callable[..., int]) -> Callable[..., int]:
+        """``os.open``, which the one file reader uses: a read is an open without a write."""
+
+        def counting(file: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+            writes = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
+            if (
+                isinstance(file, str | os.PathLike)
+                and not flags & writes
+                and Path(os.fspath(file)).resolve() == self.path
+            ):
+                self.reads += 1
+            return real(file, flags, *args, **kwargs)
+
+        return counting
+
     def parser(self, real: Callable[[dict[str, Any], str], Config]) -> Callable[..., Config]:
         def counting(data: dict[str, Any], source: str) -> Config:
             self.parses[data.get("instances", {}).get("qwen", {}).get("context")] += 1
@@ -89,13 +104,14 @@ class Counts:
 
 @pytest.fixture
 def counted(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[Path], Counts]]:
-    """Counts for a config path: every open of it for reading (``open``, ``Path.read_text``)
-    and every parse_config, wherever it is called from."""
+    """Counts for a config path: every open of it for reading (``open``, ``Path.read_text``,
+    ``os.open``) and every parse_config, wherever it is called from."""
 
     def start(path: Path) -> Counts:
         counts = Counts(path)
         monkeypatch.setattr(builtins, "open", counts.opener(builtins.open))
         monkeypatch.setattr(io, "open", counts.opener(io.open))
+        monkeypatch.setattr(os, "open", counts.os_opener(os.open))
         real_parse = core_config.parse_config
         monkeypatch.setattr(core_config, "parse_config", counts.parser(real_parse))
         monkeypatch.setattr(config_edit, "parse_config", counts.parser(real_parse))

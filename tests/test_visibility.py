@@ -183,9 +183,15 @@ def test_a_user_units_key_must_be_readable_by_that_user() -> None:
     )
 
 
-def test_a_missing_file_is_not_named_but_a_dangling_symlink_is() -> None:
+def test_a_missing_file_is_named_and_so_is_a_dangling_symlink() -> None:
+    # The file system was read (the units run here): a typo in a model path is found now, not
+    # when the server fails its start. Without a snapshot (--remote) nothing is read.
     missing = state("/srv/models/q.gguf", ("/srv", 0o755), target=None)
-    assert finding("/srv/models/q.gguf", "model", SYSTEM, missing, DYNAMIC) is None
+    assert finding("/srv/models/q.gguf", "model", SYSTEM, missing, DYNAMIC) == (
+        "/srv/models/q.gguf does not exist",
+        "check the path; a config meant for another machine is checked with validate --remote",
+    )
+    assert finding("/srv/models/q.gguf", "model", SYSTEM) is None
     dangling = state(
         "/srv/q.gguf", ("/srv", 0o755), target=None, resolved="/data/q.gguf", is_link=True
     )
@@ -264,7 +270,10 @@ def test_real_files(base: Path) -> None:
         return finding(str(path), role, SYSTEM, path_state(str(path)), DYNAMIC)
 
     assert check(readable, "model") is None
-    assert check(base / "missing.gguf", "model") is None
+    assert check(base / "missing.gguf", "model") == (
+        f"{base / 'missing.gguf'} does not exist",
+        "check the path; a config meant for another machine is checked with validate --remote",
+    )
     assert check(secret, "model") == (
         f"{secret} is not readable by the service's dynamic user: it is mode 0600",
         OPEN_MODEL,
@@ -339,6 +348,8 @@ def test_validate_names_each_path_and_exits_2(tmp_path: Path, base: Path) -> Non
     assert result.stderr.splitlines() == [
         f"{cfg}: instances.a.model: /tmp/q.gguf is under /tmp, which the unit does not see: "
         f"PrivateTmp=yes gives it an empty one ({MOVE_MODEL})",
+        f"{cfg}: instances.a.api_key_file: /root/key does not exist (check the path; a config "
+        "meant for another machine is checked with validate --remote)",
         f"{cfg}: instances.b.binary: /var/tmp/llama-server is under /var/tmp, which the unit does "
         "not see: PrivateTmp=yes gives it an empty one (install it under /opt or /usr/local)",
         f"{cfg}: instances.b.model: {base}/models/secret.gguf is not readable by the service's "
@@ -357,7 +368,8 @@ def test_llamanix_itself_is_named_once(
     cfg.write_text(
         '[hosts.box]\nkind = "systemd"\n'
         f'binaries = {{ upstream = "{make(base / "bin" / "llama-server", 0o755)}" }}\n'
-        '[instances.a]\nmodel = "/srv/a.gguf"\n[instances.b]\nmodel = "/srv/b.gguf"\nport = 9\n'
+        f'[instances.a]\nmodel = "{make(base / "a.gguf", 0o644)}"\n'
+        f'[instances.b]\nmodel = "{make(base / "b.gguf", 0o644)}"\nport = 9009\n'
     )
     result = CliRunner().invoke(main, ["validate", str(cfg)])
     assert result.exit_code == 2
@@ -373,7 +385,7 @@ def test_plan_warns_with_the_same_lines_and_exits_0(tmp_path: Path, base: Path) 
     result = CliRunner().invoke(main, ["plan", "--json", "--no-security", str(cfg)])
     assert result.exit_code == 0, result.output
     lines = json.loads(result.stdout)["hosts"]["box"]["unseen_paths"]
-    assert len(lines) == 3 and lines[0].startswith(f"{cfg}: instances.a.model: /tmp/q.gguf ")
+    assert len(lines) == 4 and lines[0].startswith(f"{cfg}: instances.a.model: /tmp/q.gguf ")
     text = CliRunner().invoke(main, ["plan", "--no-security", str(cfg)])
     assert text.exit_code == 0
     assert [f"warning: {line}" for line in lines] == [

@@ -3,8 +3,12 @@
 # what the module says on a system llamanix does not build for.
 #
 #   nix-instantiate --eval --strict --json tests/nix/flake-outputs.nix [--argstr libPath DIR]
+#     [--argstr cuda false]
+#
+# cuda = "false": the nixpkgs input is one from before _cuda (nixpkgs' CUDA helpers).
 {
   libPath ? "",
+  cuda ? "true",
 }:
 let
   lib = if libPath == "" then import ./stub-lib.nix else import libPath;
@@ -14,11 +18,10 @@ let
     inherit self;
     nixpkgs = {
       inherit lib;
-      # Importing it says which unfree predicate the flake passes (./fake-nixpkgs).
-      outPath = ./fake-nixpkgs;
-      legacyPackages = lib.genAttrs supported.systems (_: {
-        _cuda.lib.allowUnfreeCudaPredicate = "nixpkgs' _cuda.lib.allowUnfreeCudaPredicate";
-      });
+      # Importing it gives a package set that answers with its config (./fake-nixpkgs).
+      outPath = if cuda == "true" then ./fake-nixpkgs else ./fake-nixpkgs-before-cuda;
+      # One nixpkgs per system is enough: the flake must not instantiate a second one.
+      legacyPackages = throw "flake-outputs.nix: the flake instantiated a second nixpkgs (nixpkgs.legacyPackages)";
     };
     llama-cpp-upstream = source "upstream";
     ik-llama-cpp = source "ik";
@@ -80,11 +83,59 @@ let
       overlays = builtins.length evaluated.config.nixpkgs.overlays;
       failed = map (a: a.message) (builtins.filter (a: !a.assertion) evaluated.config.assertions);
     };
+  # What a module written `{ llamanix, ... }:` gets: the flake, from its module's _module.args,
+  # or the user's own llamanix (their _module.args, or specialArgs) in its place.
+  llamanixArgument =
+    let
+      probe =
+        { llamanix, ... }:
+        {
+          options.probe = lib.mkOption { default = llamanix.outPath or llamanix; };
+        };
+      given =
+        modules: specialArgs:
+        (lib.evalModules {
+          modules = [
+            outputs.nixosModules.default
+            (import ./nixos-stub.nix { inherit lib; })
+            probe
+            {
+              _module.args.pkgs.stdenv.hostPlatform.system = "x86_64-linux";
+              services.llamanix.packageSet = { };
+            }
+          ]
+          ++ modules;
+          inherit specialArgs;
+        }).config.probe;
+    in
+    {
+      flake = given [ ] { };
+      own = given [ { _module.args.llamanix = "the user's"; } ] { };
+      special = given [ ] { llamanix = "specialArgs'"; };
+    };
 in
 {
-  inherit importedTwice;
-  # The flake's nixpkgs, imported for its packages: throws the config it was imported with.
-  nixpkgsImport = builtins.seq outputs.packages.x86_64-linux.llamanix null;
+  inherit importedTwice llamanixArgument;
+  # The flake's nixpkgs, imported for its packages: which unfree licenses its config admits, for
+  # a package of nixpkgs' _cuda licence, of NVIDIA's CUDA licence (lib.licenses.nvidiaCuda), of
+  # another unfree licence, and a free one.
+  unfree =
+    let
+      allowed = outputs.packages.x86_64-linux.llamanix.madeWith.allowUnfreePredicate;
+      licensed = license: { meta = { inherit license; }; };
+    in
+    {
+      nixpkgsCuda = allowed (licensed {
+        shortName = "nixpkgs' _cuda licence";
+        free = false;
+      });
+      nvidiaCuda = allowed (licensed lib.licenses.nvidiaCuda);
+      otherUnfree = allowed (licensed {
+        shortName = "unfree";
+        free = false;
+      });
+      free = allowed (licensed [ lib.licenses.mit ]);
+    };
   # What the overlay adds to a nixpkgs.
   overlayAttrs = builtins.attrNames (outputs.overlays.default { } { });
   # What makes a module one module however often it is imported.

@@ -12,7 +12,8 @@
 # lib/ directory) the real modules/llamanix.nix is evaluated by lib.evalModules, with the few
 # NixOS options it reads or sets declared loosely and a package set whose derivations are plain
 # attribute sets, so nothing is built. nvidia = "true" evaluates a host that enables the NVIDIA
-# driver (hardware.nvidia.enabled), which changes the default of services.llamanix.cudaArchs.
+# driver (hardware.nvidia.enabled), and cudaCapabilities (JSON) one whose nixpkgs config names
+# CUDA capabilities: both change the default of services.llamanix.cudaArchs.
 # llamaSwap = "false" evaluates against a pkgs without llama-swap.
 #
 # With libPath, `-A checks` gives the module's failed assertions and warnings without failing,
@@ -26,46 +27,37 @@
 # fetched from NixOS/nixpkgs, never committed: scripts/nix-real-lib), which is loaded beside the
 # module, so the merged litellm unit is the one a NixOS host would get; "none" evaluates a NixOS
 # that has no such module. `-A etc` and `-A firewall` give the files linked under /etc and the
-# opened ports.
+# opened ports, `-A prometheus` what services.prometheus gets and the exporter's drop-in.
 {
   toml,
   host,
   libPath ? "",
   litellmModule ? "",
   nvidia ? "false",
+  # JSON: nixpkgs' config.cudaCapabilities of the system's pkgs (null: not set).
+  cudaCapabilities ? "null",
   llamaSwap ? "true",
   litellmVersion ? "1.80.0",
   # JSON of one more definition of services.llamanix, merged as the module system merges a
   # second module's (what a host writes beside fromToml: `openFirewall`, say).
   extra ? "{}",
+  # JSON of one more module of the system, beside services.llamanix (with libPath only): what
+  # else the host sets, `services.prometheus.enable` or `services.litellm.environmentFile`, say.
+  module ? "{}",
 }:
 let
   llamanixLib = import ../../nix/lib.nix;
   settings = llamanixLib.fromToml (/. + toml) host;
 
-  # What mkVariant would build: a store-like path naming the variant and its architectures.
-  fakePackage =
-    { variant, cudaArchs }:
-    {
-      outPath = "/nix/store/00000000000000000000000000000000-llama-cpp-${variant}-${builtins.concatStringsSep "_" cudaArchs}";
-      passthru.cudaSupport = cudaArchs != [ ];
-      inherit variant cudaArchs;
-    };
-  packageSet = {
-    llamanix = {
-      outPath = "/nix/store/00000000000000000000000000000000-llamanix";
-    };
-    mkVariant = fakePackage;
-    mkCapabilities = _: "/nix/store/00000000000000000000000000000000-capabilities.json";
+  # What mkVariant would build, the package set, pkgs.litellm: tests/nix/fake-pkgs.nix (whose
+  # lib is only read by the real evaluation: the stub needs none of it here).
+  fakes = import ./fake-pkgs.nix {
+    lib = if libPath == "" then import ./stub-lib.nix else import libPath;
+    llamaSwap = llamaSwap == "true";
+    inherit litellmVersion;
+    cudaCapabilities = builtins.fromJSON cudaCapabilities;
   };
-
-  fakeLitellm = {
-    type = "derivation";
-    name = "litellm-${litellmVersion}";
-    version = litellmVersion;
-    outPath = "/nix/store/00000000000000000000000000000000-litellm";
-    meta.mainProgram = "litellm";
-  };
+  inherit (fakes) fakePackage;
 
   stubEval =
     let
@@ -75,7 +67,11 @@ let
         options: values: builtins.mapAttrs (name: option: values.${name} or (option.default or null)) options;
       # The module's own defaults: variant and gpuSandbox from the schema, cudaArchs from the
       # host.
-      hostArchs = settings.cudaArchs or (if nvidia == "true" then llamanixLib.archSets."" else [ ]);
+      hostArchs =
+        settings.cudaArchs or (llamanixLib.defaultCudaArchs {
+          cudaCapabilities = builtins.fromJSON cudaCapabilities;
+          nvidiaEnabled = nvidia == "true";
+        });
       instance =
         values:
         withDefaults schemaOptions.instanceOptions values
@@ -169,70 +165,7 @@ let
     let
       lib = import libPath;
       nixosStub = import ./nixos-stub.nix { inherit lib; };
-      fake = name: "/nix/store/00000000000000000000000000000000-${name}";
-      # nixpkgs' YAML format type (pkgs/pkgs-lib/formats.nix): what services.litellm.settings
-      # accepts, freeform.
-      yamlValue =
-        with lib.types;
-        nullOr (oneOf [
-          bool
-          int
-          float
-          str
-          path
-          (attrsOf yamlValue)
-          (listOf yamlValue)
-        ])
-        // {
-          description = "YAML value";
-        };
-      pkgs = {
-        writeText = name: text: {
-          inherit name text;
-          outPath = fake name;
-        };
-        runCommand = name: attrs: script: attrs // { inherit name script; };
-        runtimeShell = "/bin/sh";
-        writeShellScript = name: text: {
-          inherit name text;
-          outPath = fake name;
-        };
-        fetchurl =
-          { url, hash }:
-          {
-            inherit url hash;
-            outPath = fake (baseNameOf url);
-          };
-        formats.yaml = _: {
-          type = yamlValue;
-          generate = name: value: {
-            inherit name value;
-            outPath = fake name;
-          };
-        };
-        curl = {
-          type = "derivation";
-          name = "curl";
-          outPath = fake "curl";
-          meta.mainProgram = "curl";
-        };
-        litellm = fakeLitellm;
-        stdenv.hostPlatform.system = "x86_64-linux";
-        llamanixPackages = packageSet;
-      }
-      // (
-        if llamaSwap == "true" then
-          {
-            llama-swap = {
-              type = "derivation";
-              name = "llama-swap";
-              outPath = fake "llama-swap";
-              meta.mainProgram = "llama-swap";
-            };
-          }
-        else
-          { }
-      );
+      inherit (fakes) pkgs;
       litellmModules =
         if litellmModule == "none" then
           [ ]
@@ -253,6 +186,7 @@ let
             };
           }
           { services.llamanix = builtins.fromJSON extra; }
+          (builtins.fromJSON module)
         ]
         ++ litellmModules;
       };
@@ -369,9 +303,32 @@ let
             inherit litellmAlone;
             inherit (evaluated.config) warnings;
           };
+      # The Prometheus parts and the exporter's drop-in, as NixOS would merge them (null: not set).
+      prometheus = {
+        inherit (evaluated.config.services) prometheus;
+        exporter = services.llamanix-exporter or null;
+      };
       # The files linked under /etc.
       etc = builtins.attrNames evaluated.config.environment.etc;
       firewall = evaluated.config.networking.firewall.allowedTCPPorts;
+      # What decides whether a target waits for a unit: who wants or requires it, its ordering
+      # and its default dependencies (systemd.target(5)), for every service and target.
+      boot =
+        let
+          edges = unit: {
+            inherit (unit)
+              wantedBy
+              requiredBy
+              after
+              before
+              ;
+            defaultDependencies = unit.unitConfig.DefaultDependencies or true;
+          };
+        in
+        {
+          services = builtins.mapAttrs (_: edges) services;
+          targets = builtins.mapAttrs (_: edges) evaluated.config.systemd.targets;
+        };
       # The units NixOS enables (a router's members have none) and the ports it opens.
       units = builtins.attrNames evaluated.config.systemd.services;
       ports = evaluated.config.networking.firewall.allowedTCPPorts or [ ];

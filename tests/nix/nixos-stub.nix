@@ -77,6 +77,24 @@ let
       };
     };
   };
+  # A target, as far as the module sets one (nixos/lib/systemd-unit-options.nix).
+  target = types.submodule {
+    options = {
+      description = mkOption {
+        type = types.str;
+        default = "";
+      };
+      wantedBy = listOfStr;
+      requiredBy = listOfStr;
+      after = listOfStr;
+      before = listOfStr;
+      wants = listOfStr;
+      unitConfig = mkOption {
+        type = types.attrsOf unitOption;
+        default = { };
+      };
+    };
+  };
   port = types.ints.u16;
 in
 {
@@ -115,6 +133,10 @@ in
       type = types.attrsOf service;
       default = { };
     };
+    systemd.targets = mkOption {
+      type = types.attrsOf target;
+      default = { };
+    };
     systemd.packages = mkOption {
       type = types.listOf types.raw;
       default = [ ];
@@ -142,6 +164,7 @@ in
       default = [ ];
     };
     nixpkgs.localSystem = loose;
+    nixpkgs.config = loose;
     assertions = mkOption {
       type = types.listOf types.attrs;
       default = [ ];

@@ -83,7 +83,8 @@ let
               enable = true;
             };
           }
-          { services.llamanix.prometheus.enable = enable == "true"; }
+          # Over fromToml's own, which enables it for a TOML with [metrics].
+          { services.llamanix.prometheus.enable = lib.mkForce (enable == "true"); }
         ];
       };
       units = evaluated.config.system.build.llamanixUnits;

@@ -29,10 +29,17 @@ in
     else
       string;
   escapeShellArgs = args: builtins.concatStringsSep " " (map (arg: "'" + builtins.replaceStrings [ "'" ] [ "'\\''" ] (toString arg) + "'") args);
-  licenses.mit = {
-    shortName = "mit";
-    free = true;
+  licenses = {
+    mit = {
+      shortName = "mit";
+      free = true;
+    };
+    nvidiaCuda = {
+      shortName = "CUDA EULA";
+      free = false;
+    };
   };
+  warn = message: builtins.trace "evaluation warning: ${message}";
   platforms.linux = [
     "x86_64-linux"
     "aarch64-linux"

@@ -12,7 +12,8 @@ SIGHUP stop what the command started, then exit 128 + the signal's number.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+import json
+from typing import Any, NoReturn
 
 import click
 from click.shell_completion import CompletionItem
@@ -27,6 +28,7 @@ from llamanix.external import interrupt
 # under "Other commands" so nothing is hidden.
 COMMAND_GROUPS: dict[str, tuple[str, ...]] = {
     "Serve and deploy": (
+        "init",
         "plan",
         "validate",
         "render",
@@ -38,6 +40,7 @@ COMMAND_GROUPS: dict[str, tuple[str, ...]] = {
         "tidy",
         "generations",
         "pin",
+        "build",
         "up",
         "readiness",
     ),
@@ -58,6 +61,10 @@ COMMAND_GROUPS: dict[str, tuple[str, ...]] = {
 # help, which `--help` and completion show without importing that module. tests/test_cli.py
 # checks both against the commands themselves.
 COMMANDS: dict[str, tuple[str, str]] = {
+    "init": (
+        "init",
+        "Write a starter config (default ./llamanix.toml) from what this machine has.",
+    ),
     "validate": ("core", "Check each CONFIG; exit 2 with one line per problem."),
     "argv": ("core", "Print INSTANCE's exact llama-server argv as a JSON list, program first."),
     "plan": ("core", "Per host: each instance's variant, address, speculation and command line."),
@@ -128,6 +135,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "List a host's generations: date, variant and source revision per instance, gate.",
     ),
     "pin": ("deploy", "Pin a variant's flake input to REV (or --latest); `plan` shows the pins."),
+    "build": (
+        "build",
+        "Build VARIANT with Nix from the flake's pins, and record it in hosts.NAME.binaries.",
+    ),
     "readiness": (
         "readiness",
         "Exit 0 once a llama-server serves: /health is 200 and a one-token completion answers.",
@@ -191,26 +202,52 @@ class LlamanixGroup(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         # SIGTERM and SIGHUP take Ctrl-C's path: the command's cleanup stops every
         # llama-server it started, then one line and the shell's 128 + N exit code.
+        as_json = _json_requested(ctx)
         with interrupt.handled():
             try:
                 return super().invoke(ctx)
             except interrupt.Interrupted as err:
-                click.echo(f"llamanix: stopped by {err.name}", err=True)
-                exit_with(err.exit_code)
+                _failed([f"llamanix: stopped by {err.name}"], err.exit_code, as_json)
             except UserError as err:
-                for problem in err.problems:
-                    click.echo(str(problem), err=True)
-                exit_with(err.exit_code)
+                _failed([str(problem) for problem in err.problems], err.exit_code, as_json)
             except ExternalCommandError as err:
-                click.echo(f"llamanix: {err}", err=True)
-                exit_with(err.exit_code)
+                _failed([f"llamanix: {err}"], err.exit_code, as_json)
+            except click.ClickException as err:
+                # A usage mistake (a missing argument, an unknown option): click's own text,
+                # and with --json the same as JSON on stdout.
+                if not as_json:
+                    raise
+                err.show()
+                _failed([f"llamanix: {err.format_message()}"], err.exit_code, as_json, False)
             except Exception as err:
                 # A server that drops a connection mid-command is one line too; httpx is
                 # matched by module so that listing commands never imports it.
                 if not type(err).__module__.startswith("httpx"):
                     raise
-                click.echo(f"llamanix: HTTP: {type(err).__name__}: {err}", err=True)
-                exit_with(ExternalCommandError.exit_code)
+                line = f"llamanix: HTTP: {type(err).__name__}: {err}"
+                _failed([line], ExternalCommandError.exit_code, as_json)
+
+
+def _json_requested(ctx: click.Context) -> bool:
+    """Whether the command line asks for JSON: read from the words after the group's own, so
+    that a mistake click finds while it reads them is answered in JSON too."""
+    # Click 8.2 renamed protected_args (still there, deprecated) to _protected_args.
+    protected = ctx._protected_args if hasattr(ctx, "_protected_args") else ctx.protected_args
+    words = [*protected, *ctx.args]
+    return "--json" in words
+
+
+def _failed(lines: list[str], code: int, as_json: bool, to_stderr: bool = True) -> NoReturn:
+    """A command that failed before it printed its result: its lines on stderr and, where
+    --json was asked for, ``{"error": ..., "problems": [...], "exit_code": N}`` on stdout, so
+    that a script reading stdout always reads JSON."""
+    if to_stderr:
+        for line in lines:
+            click.echo(line, err=True)
+    if as_json:
+        error = {"error": "\n".join(lines), "problems": lines, "exit_code": code}
+        click.echo(json.dumps(error, indent=2))
+    exit_with(code)
 
 
 @click.group(cls=LlamanixGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -10,6 +10,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from llamanix.cli.console import console as make_console
 from llamanix.cli.options import DIRECTORY, FILE, OneOf, exit_with, json_flag, output_option
 from llamanix.core.variants import variant_names
 from llamanix.external.files import atomic_write
@@ -124,7 +125,7 @@ def smoke(
     if as_json:
         sys.stdout.write(text)
     else:
-        out = Console()
+        out = make_console()
         out.print(smoke_table(report))
         for key, value in report.figures.items():
             if value is not None:

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import os
 import shlex
-import tomllib
 from pathlib import Path
 from typing import Any
 
 import click
 from click.shell_completion import CompletionItem
+
+from llamanix.core import file_reader
+from llamanix.core.errors import UserError
 
 DEFAULT_CONFIG = Path("llamanix.toml")
 
@@ -35,9 +37,9 @@ def _config_path(ctx: click.Context) -> Path:
 def _table(ctx: click.Context, key: str) -> dict[str, Any]:
     config = _config_path(ctx)
     try:
-        data = tomllib.loads(Path(config).read_text())
-    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
-        return {}
+        data = file_reader.read_toml(Path(config))
+    except UserError:
+        return {}  # a TAB says nothing: the command itself will say what is wrong
     table = data.get(key)
     return table if isinstance(table, dict) else {}
 

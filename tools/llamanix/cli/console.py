@@ -42,9 +42,15 @@ def progress_bar(console: Console, label: str, total: int) -> Iterator[ProgressH
         yield step
 
 
-def console() -> Console:
-    # Piped output is read in logs and CI, where 80 columns would wrap every table.
-    return Console(soft_wrap=False, width=None if sys.stdout.isatty() else 160)
+# Where no terminal says how wide to draw (a pipe, a file, a CI log), tables are as wide as
+# their content: rich would take 80 columns (or $COLUMNS) and cut cells short ("s…").
+PIPE_WIDTH = 10_000
+
+
+def console(stderr: bool = False) -> Console:
+    """The console a command prints its tables with: the terminal's width, else unbounded."""
+    stream = sys.stderr if stderr else sys.stdout
+    return Console(soft_wrap=False, stderr=stderr, width=None if stream.isatty() else PIPE_WIDTH)
 
 
 def echo_json(data: Any) -> None:

@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 
 import click
 
+from llamanix.cli.host_flag import host_flag
 from llamanix.cli.options import (
     DIRECTORY,
     FILE,
@@ -22,14 +23,18 @@ from llamanix.core import schema
 from llamanix.core.argv import dialect_warning, instance_argv
 from llamanix.core.config import Config, load_config
 from llamanix.core.errors import Problem, UserError
+from llamanix.core.gpus import arch_mismatch, load_gpus
 from llamanix.core.probe import Capabilities, load_capabilities
 from llamanix.core.probe_diff import probe_diff
+from llamanix.deploy.host_kind import refuse_unstated_nixos, unstated_nixos
 from llamanix.deploy.host_plan import print_plan
 from llamanix.deploy.host_render import render_host
-from llamanix.deploy.plan import plan_config, unseen
+from llamanix.deploy.plan import arch_warnings, plan_config, unseen
+from llamanix.deploy.port_check import taken_ports
 from llamanix.external.files import atomic_write
 from llamanix.external.llama_server import probe_binary
 from llamanix.render.observability import observability_files
+from llamanix.render.paths import open_key_files
 from llamanix.render.units import CapabilityMap, write_render
 
 FC = TypeVar("FC", bound=Callable[..., Any])
@@ -107,7 +112,8 @@ def validate(
                 f"{_count(len(cfg.hosts), 'host')})"
             )
     if as_json:
-        _echo_json(results[0] if len(results) == 1 else results)
+        # One shape however many files: a list, one object per CONFIG.
+        _echo_json(results)
         if failed:
             exit_with(2)
         return
@@ -121,12 +127,26 @@ def _count(n: int, word: str) -> str:
 
 def _validate_one(config: Path, caps: CapabilityMap, remote: bool) -> Config:
     cfg = load_config(config)
+    validate_loaded(cfg, caps, remote)
+    return cfg
+
+
+def validate_loaded(cfg: Config, caps: CapabilityMap, remote: bool) -> None:
+    """What validate checks beyond reading the file: UserError with every problem."""
     problems: list[Problem] = []
     for host in cfg.hosts:
         if not cfg.instances_on(host):
             continue
+        here = not remote and cfg.hosts[host].target is None
+        unstated = unstated_nixos(cfg, host) if here else None
+        if unstated is not None:
+            problems.append(unstated)
+        if here:
+            problems += taken_ports(cfg, host)
         try:
-            problems += unseen(cfg, render_host(cfg, host, caps), here=not remote)
+            render = render_host(cfg, host, caps)
+            problems += unseen(cfg, render, here=not remote)
+            problems += _left_out_gpu(cfg, host, any(r.gpu for r in render.instances))
             observability_files(cfg, host, user=cfg.hosts[host].kind == "systemd-user")
         except UserError as err:
             problems += err.problems
@@ -137,9 +157,24 @@ def _validate_one(config: Path, caps: CapabilityMap, remote: bool) -> Config:
         problems += found
         for line in warnings:
             click.echo(f"warning: {line}", err=True)
+    if not remote:
+        for open_key in open_key_files(cfg):
+            click.echo(f"warning: {open_key}", err=True)
     if problems:
         raise UserError(problems)
-    return cfg
+
+
+def _left_out_gpu(cfg: Config, host: str, gpu: bool) -> list[Problem]:
+    """A host whose instances use its GPU, and whose cuda_archs build no code for that card:
+    the words plan warns with (deploy.plan.arch_warnings) and doctor finds, refused here,
+    before anything is built."""
+    warned = arch_warnings(cfg.hosts[host], gpu)
+    if not warned:
+        return []
+    card = load_gpus()[cfg.hosts[host].gpu or ""]
+    mismatch = arch_mismatch(card.label, card.compute_capability, host, cfg.hosts[host].cuda_archs)
+    assert mismatch is not None  # arch_warnings said so
+    return [Problem(cfg.source, f"hosts.{host}.cuda_archs", mismatch.message, mismatch.fix)]
 
 
 @click.command("argv")
@@ -221,7 +256,9 @@ def render(
 ) -> None:
     """Write llamanix-NAME.service, NAME.argv.json and manifest.json for a host."""
     cfg = load_config(config)
-    result = render_host(cfg, host, _load_caps(capabilities), user=True if user else None)
+    with host_flag(host):
+        result = render_host(cfg, host, _load_caps(capabilities), user=True if user else None)
+    refuse_unstated_nixos(cfg, [result.host])
     # The exporter, Prometheus and Grafana files ([metrics]): computed before anything is
     # written, so a mistake there writes nothing either.
     extra = observability_files(cfg, result.host, user=result.kind == "systemd-user")

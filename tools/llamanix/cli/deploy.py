@@ -1,18 +1,17 @@
-"""llamanix CLI commands: deploy (up, switch, rollback, generations, pin)."""
+"""llamanix CLI commands: deploy (up, switch, rollback, tidy, generations, pin)."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import replace
 from pathlib import Path
 
 import click
-from rich.console import Console
+from click.core import ParameterSource
 from rich.table import Table
 
+from llamanix.cli.console import console
 from llamanix.cli.fleet import EXIT_INTERRUPTED, one_of_host_flags, print_rollout
+from llamanix.cli.host_flag import host_flag
 from llamanix.cli.options import (
     DIRECTORY,
     FILE,
@@ -27,10 +26,10 @@ from llamanix.cli.options import (
     json_flag,
     timeout_option,
 )
-from llamanix.cli.switch_options import WAIT, rollback_options, switch_options
+from llamanix.cli.switch_options import PIN_WAIT, WAIT, rollback_options, switch_options
 from llamanix.core.config import load_config
-from llamanix.core.errors import UserError
-from llamanix.core.host_choice import HostChoiceError, pick_host
+from llamanix.core.errors import Problem, UserError
+from llamanix.core.host_choice import pick_host
 from llamanix.deploy import listing, managers
 from llamanix.deploy import pin as pin_module
 from llamanix.deploy.fleet import commands, remote
@@ -56,17 +55,6 @@ def _echo(line: str) -> None:
 def _echo_err(line: str) -> None:
     """Progress lines while stdout carries JSON."""
     click.echo(line, err=True)
-
-
-@contextmanager
-def _host_flag(host: str | None) -> Iterator[None]:
-    """The config's "which host?" error, with the flag that answers it when none was named."""
-    try:
-        yield
-    except HostChoiceError as err:
-        if host is not None:
-            raise
-        raise UserError([replace(p, fix=f"{p.fix} with --host") for p in err.problems]) from None
 
 
 @click.command()
@@ -96,7 +84,7 @@ def up(
     command line changed are restarted. Ctrl-C (or SIGTERM) stops them all.
     """
     cfg = load_config(config)
-    with _host_flag(host):
+    with host_flag(host):
         name = pick_host(cfg, host)
     managers.refuse_router_under_up(cfg, name)
     directory = units_dir or HostState.beside(config, name).root / "up"
@@ -122,6 +110,16 @@ _HOSTS = click.option(
     "--hosts",
     metavar="A,B,...",
     help="A rolling switch of these hosts, in this order: the first is the canary.",
+)
+_ROLLBACK_HOSTS = click.option(
+    "--hosts",
+    metavar="A,B,...",
+    help="Roll back each of these hosts, in this order, stopping at the first that fails.",
+)
+_GENERATIONS_HOSTS = click.option(
+    "--hosts",
+    metavar="A,B,...",
+    help="List the generations of each of these hosts, in this order.",
 )
 _ALL_HOSTS = click.option(
     "--all-hosts", is_flag=True, help="A rolling switch of every host, in config order."
@@ -200,7 +198,7 @@ def switch(
         if not rollout.ok:
             exit_with(1)
         return
-    with _host_flag(host):
+    with host_flag(host):
         outcome = commands.switch(config, host, opts, runner, echo)
     if as_json:
         click.echo(json.dumps([outcome.to_json()], indent=2))
@@ -211,7 +209,7 @@ def switch(
 @click.command()
 @config_argument(default="llamanix.toml")
 @host_option("Host to roll back (may be left out when the config has one).")
-@_HOSTS
+@_ROLLBACK_HOSTS
 @click.option("--dry-run", is_flag=True, help="Print the commands a real run would execute.")
 @rollback_options
 def rollback(
@@ -222,6 +220,7 @@ def rollback(
     With --hosts A,B each of those hosts, in that order, stopping at the first that fails
     (exit 1); remote plain-systemd hosts roll back with their own llamanix over ssh.
     """
+    _default_config_exists(config, "rollback")
     if hosts is not None:
         one_of_host_flags(host, hosts, False)
         outcomes = commands.fleet_rollback(
@@ -233,7 +232,7 @@ def rollback(
         if not all(o.ok for o in outcomes):
             exit_with(1)
         return
-    with _host_flag(host):
+    with host_flag(host):
         number = commands.rollback(config, host, opts, Runner(dry_run=dry_run, echo=_echo), _echo)
     if number is not None and not dry_run:
         click.echo(f"now serving generation {number}")
@@ -255,7 +254,7 @@ def tidy(config: Path, host: str | None, timeout_s: float, wait_s: float) -> Non
     """
     from llamanix.deploy.tidy import tidy as tidy_host
 
-    with _host_flag(host):
+    with host_flag(host):
         serving = tidy_host(config, host, timeout_s, wait_s, Runner(echo=_echo), _echo)
     if not serving:
         exit_with(1)
@@ -264,7 +263,7 @@ def tidy(config: Path, host: str | None, timeout_s: float, wait_s: float) -> Non
 @click.command()
 @config_argument(default="llamanix.toml")
 @host_option()
-@_HOSTS
+@_GENERATIONS_HOSTS
 @json_flag
 def generations(config: Path, host: str | None, hosts: str | None, as_json: bool) -> None:
     """List a host's generations: date, variant and source revision per instance, gate.
@@ -272,12 +271,13 @@ def generations(config: Path, host: str | None, hosts: str | None, as_json: bool
     A remote plain-systemd host (a `target`) keeps its generations itself: they are asked of
     its llamanix over ssh. With --hosts A,B, each of them in turn (--json: an object by host).
     """
+    _default_config_exists(config, "generations")
     cfg = load_config(config)
     one_of_host_flags(host, hosts, False)
     if hosts is not None:
         names = parse_hosts(hosts, tuple(cfg.hosts), str(config))
     else:
-        with _host_flag(host):
+        with host_flag(host):
             names = (pick_host(cfg, host),)
     found: dict[str, list[listing.GenerationRow]] = {}
     for name in names:
@@ -309,7 +309,24 @@ def generations(config: Path, host: str | None, hosts: str | None, as_json: bool
                 _verdict_cell(row.record, row.not_serving_now),
             ]
             table.add_row(*cells, *([gap] if any(gaps) else []))
-        Console().print(table)
+        console().print(table)
+
+
+def _default_config_exists(config: Path, command: str) -> None:
+    """A config left out is ./llamanix.toml: where there is none, say that it was the default
+    and how to name the config, rather than only that the file is missing."""
+    ctx = click.get_current_context()
+    if ctx.get_parameter_source("config") is not ParameterSource.DEFAULT or config.exists():
+        return
+    raise UserError(
+        Problem(
+            str(config),
+            "",
+            f"no such file: CONFIG was left out, and {command} reads ./{config} by default "
+            f"(here: {Path.cwd()})",
+            f"name the config: llamanix {command} /etc/llamanix/llamanix.toml",
+        )
+    )
 
 
 def _gaps_cell(record: GenerationRecord) -> str:
@@ -364,7 +381,7 @@ def _verdict_cell(record: GenerationRecord, not_serving: dict[str, str]) -> str:
     show_default=True,
     help="The llamanix flake (with flake.lock).",
 )
-@WAIT
+@PIN_WAIT
 @click.option("--dry-run", is_flag=True, help="Print the command instead of running it.")
 @config_option("Config whose instances of VARIANT the drift report covers.")
 @click.option(

@@ -28,6 +28,7 @@ from llamanix.external.files import atomic_write
 from llamanix.measure import bench_results
 from llamanix.measure import lossless as losslessmod
 from llamanix.measure.client import check_url
+from llamanix.measure.doctor import Report
 from llamanix.measure.doctor_inputs import DoctorRequest, run_doctor
 from llamanix.measure.prompts import load_prompts
 
@@ -212,10 +213,7 @@ def doctor_cmd(
     else:
         console = make_console()
         if not report.findings:
-            console.print(
-                f"no problems found ({len(report.instances)} instance(s), "
-                f"{report.count('ok')} checks passed)"
-            )
+            console.print(no_findings_line(report), highlight=False, soft_wrap=True)
         for f in report.findings:
             where = f"{f.instance}: " if f.instance else ""
             console.print(
@@ -229,6 +227,21 @@ def doctor_cmd(
                 console.print(f"[dim]{check}: {escape(result.text())}[/]", highlight=False)
     if report.has_errors:
         exit_with(1)
+
+
+def no_findings_line(report: Report) -> str:
+    """What a report without findings says: how many checks found nothing, and, first of all,
+    how many were skipped for want of an input (each listed below with the option it needs)."""
+    instances = f"{len(report.instances)} instance(s)"
+    skipped = report.count("skipped")
+    passed = report.count("ok")
+    if not skipped:
+        return f"no problems found ({instances}, {passed} checks passed)"
+    total = len(report.checks)
+    return (
+        f"no problems found by the {passed} of {total} checks that ran ({instances}); "
+        f"{skipped} skipped, each below with what it needs"
+    )
 
 
 def register(group: click.Group) -> None:

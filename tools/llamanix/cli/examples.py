@@ -10,6 +10,15 @@ import inspect
 import click
 
 EXAMPLES: dict[str, tuple[str, ...]] = {
+    "init": (
+        "llamanix init",
+        "llamanix init /etc/llamanix/llamanix.toml --models /srv/models",
+        "llamanix init new.toml --binary /opt/ik/bin/llama-server --host box --instance chat",
+    ),
+    "build": (
+        "llamanix build ik /etc/llamanix/llamanix.toml --flake ~/llamanix",
+        "llamanix build beellama llamanix.toml --dry-run",
+    ),
     "plan": (
         "llamanix plan llamanix.toml",
         "llamanix plan examples/rtx5090-qwen27b-draft.toml --json",

@@ -1,41 +1,38 @@
 """llamanix CLI: ``fleet-agent``, hidden: the remote side of a fleet switch, which llamanix on
 another machine runs over ssh (deploy/fleet/remote.py); deploy/fleet/agent.py does the work.
 
-Each command prints the protocol it speaks first, before it checks ``--protocol``, so a
-controller of another protocol can name both; options it does not know are refused only after
-that check (a newer controller's would otherwise read as a usage error). ``unit-switch`` and
-``unit-rollback`` are what the transient unit runs.
+A controller's commands (``switch``, ``rollback``, ``status``, ``generations``, ``top``) take no
+argument: each reads its request on stdin (fleet/protocol.py ``AgentRequest``), so that the
+host's sudoers line names each exactly as it runs. Each prints the protocol it speaks first,
+before it reads the request, so a controller of another protocol can name both; an argument
+(what an older controller sends) is refused after that. ``unit-switch`` and ``unit-rollback``
+are what the transient unit runs: no argument either, and nowhere but in that unit.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from pathlib import Path
-from typing import Any, TypeVar
+from typing import Literal
 
 import click
 
-from llamanix.cli.options import OneOf, exit_with
+from llamanix.cli.options import exit_with
 from llamanix.core.errors import Problem, UserError
 from llamanix.deploy.fleet import agent
 from llamanix.deploy.fleet.protocol import (
     EXIT_FAILED,
     EXIT_INCOMPATIBLE,
-    FORMATS,
     GENERATIONS,
     PROTOCOL,
-    ConfigFormat,
+    AgentCommand,
+    AgentRequest,
     RunReport,
-    SwitchOrder,
     started_line,
 )
 from llamanix.deploy.fleet.rollout import DEFAULT_PREFLIGHT_TIMEOUT_S
-from llamanix.deploy.switch_records import DEFAULT_TIMEOUT_S, RollbackOptions
 from llamanix.external.process import Runner
 
-F = TypeVar("F", bound=Callable[..., Any])
-# Options of a newer controller reach the callback, which checks the protocol first.
+# An older controller's options reach the callback, which says its protocol first.
 _LENIENT = {"ignore_unknown_options": True, "allow_extra_args": True}
 
 
@@ -51,30 +48,52 @@ def _echo_err(line: str) -> None:
 def fleet_agent() -> None:
     """The remote side of a fleet switch over ssh: llamanix runs it, not a person.
 
-    The config arrives on stdin; the switch runs as the transient unit llamanix-fleet.service,
+    The request arrives on stdin; the switch runs as the transient unit llamanix-fleet.service,
     and the last line of output is its outcome as JSON.
     """
 
 
-def _agent_options(f: F) -> F:
-    f = click.option("--host", required=True, help="The host this machine is.")(f)
-    return click.option("--protocol", type=int, required=True, help="The controller's protocol.")(f)
-
-
-def _begin(ctx: click.Context, protocol: int) -> agent.FleetDir:
+def _begin(ctx: click.Context, command: AgentCommand) -> tuple[agent.FleetDir, AgentRequest]:
+    """Say the protocol, read the request, and check the agent's directory."""
     click.echo(agent.hello().line())
-    if protocol != PROTOCOL:
-        exit_with(EXIT_INCOMPATIBLE)
+    source = f"llamanix fleet-agent {command}"
     if ctx.args:
-        raise UserError(
-            Problem(
-                f"llamanix fleet-agent {ctx.info_name}",
-                ctx.args[0],
-                "not an option of this fleet agent",
-                "check that both sides run the same llamanix",
-            )
+        _echo_err(
+            f"{source}: {ctx.args[0]}: takes no argument: fleet protocol {PROTOCOL} reads its "
+            "request on stdin (install the same llamanix on both sides)"
         )
-    return agent.FleetDir.here()
+        exit_with(EXIT_INCOMPATIBLE)
+    stdin = click.get_text_stream("stdin")
+    # A person at a terminal sends no request: never wait for one.
+    text = "" if stdin.isatty() else stdin.read()
+    d = agent.FleetDir.here()
+    if not text.strip():
+        if command != "status":
+            raise UserError(
+                Problem(
+                    source,
+                    "",
+                    "no request on stdin: a controller sends one",
+                    f"run llamanix {command} from the controller",
+                )
+            )
+        # Someone on the host asks how the last run ended: no host, the default follow.
+        d.check_if_there()
+        return d, AgentRequest(PROTOCOL, "")
+    protocol = AgentRequest.protocol_of(text)
+    if protocol != PROTOCOL:
+        said = (
+            "names no fleet protocol" if protocol is None else f"speaks fleet protocol {protocol}"
+        )
+        _echo_err(f"{source}: the request on stdin {said}, this agent {PROTOCOL}")
+        exit_with(EXIT_INCOMPATIBLE)
+    try:
+        request = AgentRequest.parse(text, "stdin")
+    except ValueError as err:
+        raise UserError(Problem(source, "", str(err))) from None
+    agent.check_name(request.host, f"{source}: stdin")
+    d.check_if_there()
+    return d, request
 
 
 def _finish(d: agent.FleetDir, report: RunReport) -> None:
@@ -83,85 +102,70 @@ def _finish(d: agent.FleetDir, report: RunReport) -> None:
     exit_with(EXIT_FAILED if report.op is not None and not report.ok else 0)
 
 
-_FORMAT = click.option("--format", "fmt", type=OneOf(FORMATS), default="toml")
+def _missing(command: AgentCommand, what: Literal["order", "rollback"]) -> UserError:
+    return UserError(
+        Problem(f"llamanix fleet-agent {command}: stdin", what, "is missing from the request")
+    )
 
 
 @fleet_agent.command("switch", context_settings=_LENIENT)
 @click.pass_context
-@_agent_options
-def switch(ctx: click.Context, /, protocol: int, host: str) -> None:
-    """Switch this host to the config on stdin with the options there (a SwitchOrder as
-    JSON), gated, in a unit of its own systemd."""
-    d = _begin(ctx, protocol)
-    source = "llamanix fleet-agent switch: stdin"
-    try:
-        order = SwitchOrder.parse(click.get_text_stream("stdin").read(), source)
-    except ValueError as err:
-        raise UserError(Problem(source, "", str(err).removeprefix(f"{source}: "))) from None
-    record = agent.start_switch(d, host, order, Runner(echo=_echo), _echo)
+def switch(ctx: click.Context, /) -> None:
+    """Switch this host to the config in the request, with its options, gated, in a unit of
+    its own systemd."""
+    d, request = _begin(ctx, "switch")
+    if request.order is None:
+        raise _missing("switch", "order")
+    order = request.order
+    record = agent.start_switch(d, request.host, order, Runner(echo=_echo), _echo)
     click.echo(started_line(record.run))
     _finish(d, agent.follow(d, record, _echo, order.options.follow_s))
 
 
 @fleet_agent.command("rollback", context_settings=_LENIENT)
 @click.pass_context
-@_agent_options
-def rollback(ctx: click.Context, protocol: int, host: str) -> None:
-    """Serve an earlier generation of this host again, with the options on stdin (a
-    RollbackOptions as JSON), in a unit of its own systemd."""
-    d = _begin(ctx, protocol)
-    source = "llamanix fleet-agent rollback: stdin"
-    try:
-        opts = RollbackOptions.from_json(json.loads(click.get_text_stream("stdin").read()), "")
-    except ValueError as err:
-        raise UserError(Problem(source, "", str(err))) from None
-    record = agent.start_rollback(d, host, opts, Runner(echo=_echo), _echo)
+def rollback(ctx: click.Context) -> None:
+    """Serve an earlier generation of this host again, with the request's options, in a unit
+    of its own systemd."""
+    d, request = _begin(ctx, "rollback")
+    if request.rollback is None:
+        raise _missing("rollback", "rollback")
+    opts = request.rollback
+    record = agent.start_rollback(d, request.host, opts, Runner(echo=_echo), _echo)
     click.echo(started_line(record.run))
     _finish(d, agent.follow(d, record, _echo, opts.follow_s))
 
 
 @fleet_agent.command("status", context_settings=_LENIENT)
 @click.pass_context
-@_agent_options
-@click.option(
-    "--follow-timeout",
-    "follow_s",
-    type=click.FloatRange(min=0),
-    default=DEFAULT_PREFLIGHT_TIMEOUT_S,
-    help="Follow a run that still goes on this long at most.",
-)
-def status(ctx: click.Context, protocol: int, host: str, follow_s: float) -> None:
-    """How the last fleet switch or rollback here ended (following one that still runs)."""
-    d = _begin(ctx, protocol)
+def status(ctx: click.Context) -> None:
+    """How the last fleet switch or rollback here ended (following one that still runs, for
+    the request's follow_timeout_s at most)."""
+    d, request = _begin(ctx, "status")
+    follow_s = request.follow_timeout_s
+    if follow_s is None:
+        follow_s = DEFAULT_PREFLIGHT_TIMEOUT_S
     _finish(d, agent.status(d, _echo, follow_s))
 
 
 @fleet_agent.command("generations", context_settings=_LENIENT)
 @click.pass_context
-@_agent_options
-def generations(ctx: click.Context, protocol: int, host: str) -> None:
+def generations(ctx: click.Context) -> None:
     """This host's generations, as `llamanix generations --json` lists them."""
-    d = _begin(ctx, protocol)
-    click.echo(GENERATIONS + json.dumps(agent.generations(d, host)))
+    d, request = _begin(ctx, "generations")
+    click.echo(GENERATIONS + json.dumps(agent.generations(d, request.host)))
 
 
 @fleet_agent.command("top", context_settings=_LENIENT)
 @click.pass_context
-@_agent_options
-@click.option(
-    "--window",
-    type=click.FloatRange(min=0.0),
-    default=0.0,
-    help="Read twice this many seconds apart and take the rates over that window.",
-)
-def top(ctx: click.Context, protocol: int, host: str, window: float) -> None:
+def top(ctx: click.Context) -> None:
     """This host's `llamanix top --once --json`, read with the fleet's copy of the config
     (what `llamanix top` on the controller shows of this host)."""
     from llamanix.cli.top_view import run_top
 
-    d = _begin(ctx, protocol)
-    config = d.existing_config()
-    if config is None:
+    d, request = _begin(ctx, "top")
+    found = agent.local_config(d, request.host)
+    if found is None:
         raise UserError(
             Problem(
                 str(d.root),
@@ -170,37 +174,24 @@ def top(ctx: click.Context, protocol: int, host: str, window: float) -> None:
                 "switch this host once from the controller with llamanix switch",
             )
         )
-    code = run_top(config, host, once=True, as_json=True, interval=0.0, window=window)
+    window = request.window_s or 0.0
+    code = run_top(found[0], request.host, once=True, as_json=True, interval=0.0, window=window)
     if code:
         exit_with(code)
 
 
-_DIR = click.option(
-    "--dir", "root", required=True, type=click.Path(path_type=Path, file_okay=False)
-)
-
-
 @fleet_agent.command("unit-switch")
-@click.option("--host", required=True)
-@_DIR
-@_FORMAT
-def unit_switch(host: str, root: Path, fmt: ConfigFormat) -> None:
-    """The switch as its transient unit runs it, with the options its agent kept (progress
-    on stderr: the journal)."""
-    d = agent.FleetDir(root, agent.FleetDir.here().user)
-    outcome = agent.unit_switch(d, host, fmt, _echo_err)
+def unit_switch() -> None:
+    """The switch as its transient unit runs it, with what its agent kept (progress on
+    stderr: the journal)."""
+    outcome = agent.unit_switch(agent.FleetDir.here(), _echo_err)
     exit_with(0 if outcome.ok else EXIT_FAILED)
 
 
 @fleet_agent.command("unit-rollback")
-@click.option("--host", required=True)
-@_DIR
-@click.option("--to", type=int)
-@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0), default=DEFAULT_TIMEOUT_S)
-def unit_rollback(host: str, root: Path, to: int | None, timeout_s: float) -> None:
+def unit_rollback() -> None:
     """The rollback as its transient unit runs it (progress on stderr: the journal)."""
-    d = agent.FleetDir(root, agent.FleetDir.here().user)
-    outcome = agent.unit_rollback(d, host, to, timeout_s, _echo_err)
+    outcome = agent.unit_rollback(agent.FleetDir.here(), _echo_err)
     exit_with(0 if outcome.ok else EXIT_FAILED)
 
 

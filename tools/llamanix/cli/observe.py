@@ -8,7 +8,8 @@ from pathlib import Path
 import click
 
 from llamanix.cli.options import FILE, exit_with, host_option, json_flag
-from llamanix.core.config import Metrics, load_config
+from llamanix.core.address import is_loopback
+from llamanix.core.config import Metrics, load_config, remote_exporter_refusal
 from llamanix.core.errors import Problem, UserError
 from llamanix.external import interrupt
 
@@ -29,12 +30,24 @@ def _metrics_settings(config: Path) -> Metrics:
 @click.option("--listen", help="Address to serve /metrics on (default: [metrics] listen).")
 @click.option("--port", type=int, help="Port to serve /metrics on (default: [metrics] port).")
 @click.option(
+    "--state-dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    help="The host's generation records, where they are not .llamanix-state/HOST beside CONFIG "
+    "(the exporter unit hands it the config as a credential and the records in a read-only "
+    "bind).",
+)
+@click.option(
     "--once",
     is_flag=True,
     help="Read every instance once, print what a scrape would get, and exit.",
 )
 def metrics_cmd(
-    config: Path, host: str | None, listen: str | None, port: int | None, once: bool
+    config: Path,
+    host: str | None,
+    listen: str | None,
+    port: int | None,
+    state_dir: Path | None,
+    once: bool,
 ) -> None:
     """Serve a host's Prometheus exporter: every local llama-server's /metrics, labelled.
 
@@ -50,13 +63,17 @@ def metrics_cmd(
     settings = _metrics_settings(config)
     if port is not None and not 1 <= port <= 65535:
         raise UserError(Problem("llamanix metrics", "--port", f"{port} is not a port", "1-65535"))
-    reader = HostReader(config, host)
+    address, number = listen or settings.listen, port or settings.port
+    if not once and not is_loopback(address) and not settings.allow_remote:
+        message, fix = remote_exporter_refusal(address)
+        # Only --listen can get here: load_config refuses the same in [metrics].
+        raise UserError(Problem("llamanix metrics", "--listen", message, fix))
+    reader = HostReader(config, host, state_dir=state_dir)
     registry = registry_of(Exporter(reader))
     if once:
         click.echo(exposition(registry), nl=False)
         reader.close()
         return
-    address, number = listen or settings.listen, port or settings.port
     try:
         server = serve(registry, address, number)
     except OSError as err:

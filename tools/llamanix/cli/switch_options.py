@@ -31,16 +31,26 @@ Decorator = Callable[[Command], Command]
 
 TIMEOUT_HELP = "Seconds each instance may take to become healthy."
 
-WAIT = click.option(
-    "--wait",
-    "wait_s",
-    type=click.FloatRange(min=0),
-    default=0.0,
-    show_default=True,
-    metavar="SECONDS",
-    help="Wait this long for another switch, rollback or pin of the same host (or another "
-    "command writing the same units on this machine) to finish.",
+
+def wait_option(what: str) -> Decorator:
+    """``--wait SECONDS``: how long to wait for the lock that ``what`` names."""
+    return click.option(
+        "--wait",
+        "wait_s",
+        type=click.FloatRange(min=0),
+        default=0.0,
+        show_default=True,
+        metavar="SECONDS",
+        help=f"Wait this long for {what} to finish.",
+    )
+
+
+WAIT = wait_option(
+    "another switch, rollback or tidy of the same host (or another command writing the same "
+    "units on this machine)"
 )
+# pin locks the flake (its flake.lock), not a host.
+PIN_WAIT = wait_option("another pin of the same flake")
 
 # A remote host's run: how long it may take there, and how long its agent follows it.
 _REMOTE_RUN: tuple[Decorator, ...] = (

@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 import click
-from rich.console import Console
 
+from llamanix.cli.console import console as make_console
 from llamanix.cli.options import (
     DIRECTORY,
     FILE,
@@ -227,7 +227,7 @@ def demo(
     at the end.
     """
     # With --json the progress goes to stderr and stdout holds only the JSON.
-    console = Console(stderr=as_json)
+    console = make_console(stderr=as_json)
     result = demo_module.run_demo(
         binary,
         keep,

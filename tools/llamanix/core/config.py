@@ -11,16 +11,15 @@ from __future__ import annotations
 import json
 import math
 import re
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-from llamanix.core import schema
+from llamanix.core import file_reader, schema
 from llamanix.core.address import SshTarget, is_loopback, parse_target
 from llamanix.core.api_key import key_env
-from llamanix.core.errors import Problem, UserError
+from llamanix.core.errors import Problem, UserError, one_line
 from llamanix.core.gpus import load_gpus
 from llamanix.core.schema import (
     SPEC_DRAFTERS,
@@ -34,7 +33,8 @@ from llamanix.core.schema import (
     RoutingStrategy,
     VariantName,
 )
-from llamanix.core.variants import DRAFTER_SETTINGS, VARIANTS, Variant
+from llamanix.core.types import TYPES, TextKind, shown, text_problem
+from llamanix.core.variants import DRAFTER_SETTINGS, VARIANTS, Variant, variant_for_other_name
 
 IMPLICIT_HOST = "local"
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -98,6 +98,7 @@ class Router:
     idle_ttl: int = 0  # seconds; 0 = never unloaded
     max_loaded: int | None = None  # None: what fits together (plan), else all
     api_key_file: str | None = None
+    keyless: bool = False  # open beyond loopback without a key, on purpose
     binary: str | None = None  # llama-swap on systemd hosts
 
 
@@ -122,6 +123,7 @@ class Metrics:
     docs/observability.md)."""
 
     listen: str = "127.0.0.1"
+    allow_remote: bool = False
     port: int = 9465
     scrape_interval: int = 15
     min_ceiling_share: float = 0.25
@@ -141,6 +143,9 @@ class Host:
     # NixOS hosts: where nixos-rebuild builds, and how it gets root on the target.
     build_host: str | None = None
     sudo: NixosSudo = "auto"
+    # False where the config does not say the kind (no [hosts] table at all, or a table without
+    # kind): "nixos" is then a default, which a command acting on this machine checks.
+    kind_stated: bool = True
 
     @property
     def has_gpu(self) -> bool:
@@ -177,6 +182,7 @@ class Instance:
     metrics: bool = True
     warm_switch: bool = False
     api_key_file: str | None = None
+    keyless: bool = False  # open beyond loopback without a key, on purpose
     extra_args: tuple[str, ...] = ()
     environment: dict[str, str] = field(default_factory=dict)
     speculative: Speculative = field(default_factory=Speculative)
@@ -202,6 +208,9 @@ def suggest(word: str, choices: list[str] | tuple[str, ...]) -> str:
     """The closest known name (a typo's fix), else the names there are."""
     from rapidfuzz import fuzz, process
 
+    other = variant_for_other_name(word)
+    if other is not None and other.name in choices:
+        return f"did you mean '{other.name}'? variant {other.name} is {other.description}"
     close = process.extract(word, list(choices), scorer=fuzz.ratio, score_cutoff=60, limit=None)
     if close:
         # Of equally close names the last in sort order, as difflib chose before.
@@ -238,9 +247,9 @@ class _Checker:
                 self.add(where, f"must be a non-empty string, got {_describe(value)}")
                 return None
             if kind == schema.PATH and not value.startswith("/"):
-                self.add(where, f"'{value}' is a relative path", "use an absolute path")
+                self.add(where, f"{shown(value)} is a relative path", "use an absolute path")
                 return None
-            return value
+            return self.text(where, f, value)
         if kind == schema.BOOL:
             if not isinstance(value, bool):
                 self.add(where, f"must be true or false, got {_describe(value)}")
@@ -265,8 +274,8 @@ class _Checker:
         if kind == schema.ENUM:
             choices = variants if (f.name == "variant" and variants) else f.values
             if not isinstance(value, str) or value not in choices:
-                shown = value if isinstance(value, str) else _describe(value)
-                self.add(where, f"unknown value '{shown}'", suggest(str(shown), choices))
+                given = one_line(value) if isinstance(value, str) else _describe(value)
+                self.add(where, f"unknown value '{given}'", suggest(str(given), choices))
                 return None
             return value
         if kind == schema.LAYERS:
@@ -288,15 +297,50 @@ class _Checker:
             return None
         if kind == schema.LIST_STR:
             if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-                self.add(where, f"must be a list of strings, got {_describe(value)}")
+                bad = _first_not_str(value)
+                self.add(where, f"must be a list of strings, got {bad}", _quote_fix(value))
                 return None
-            return tuple(value)
+            items = [self.text(f"{where}[{i}]", f, v) for i, v in enumerate(value)]
+            return None if None in items else tuple(value)
         if kind == schema.DICT_STR:
             if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
-                self.add(where, f"must be a table of strings, got {_describe(value)}")
+                bad = _first_not_str(value)
+                self.add(where, f"must be a table of strings, got {bad}", _quote_fix(value))
                 return None
-            return dict(value)
+            ok = True
+            for key, item in value.items():
+                assert f.keys is not None  # a table of strings declares its keys' type
+                if (
+                    self.name(f"{where}.{_key(key)}", key, f.keys) is None
+                    or self.text(f"{where}.{_key(key)}", f, item) is None
+                ):
+                    ok = False
+            return dict(value) if ok else None
         raise AssertionError(f"schema kind {kind!r} has no check")  # a bug in schema.py
+
+    def text(self, where: str, f: Field, value: str) -> str | None:
+        """A string checked against its field's declared type (core.types)."""
+        assert f.text is not None  # every string field declares one (core.schema)
+        if f.text == "ssh_target":
+            # ssh's own reading says more precisely what is wrong than the pattern does.
+            try:
+                parse_target(value)
+            except ValueError as err:
+                self.add(where, f"{shown(value)} {err}", TARGET_FIX)
+                return None
+        problem = text_problem(f.text, value)
+        if problem is not None:
+            self.add(where, problem, TYPES[f.text].fix)
+            return None
+        return value
+
+    def name(self, where: str, value: str, kind: TextKind = schema.TABLE_NAME) -> str | None:
+        """A table's name (or a table of strings' key) checked against its type."""
+        problem = text_problem(kind, value)
+        if problem is not None:
+            self.add(where, problem, TYPES[kind].fix)
+            return None
+        return value
 
     def _enum_list(self, where: str, f: Field, value: Any) -> tuple[str, ...] | None:
         items = value if isinstance(value, list) else [value]
@@ -305,8 +349,8 @@ class _Checker:
             return None
         for item in items:
             if not isinstance(item, str) or item not in f.values:
-                shown = item if isinstance(item, str) else _describe(item)
-                self.add(where, f"unknown value '{shown}'", suggest(str(shown), f.values))
+                given = one_line(item) if isinstance(item, str) else _describe(item)
+                self.add(where, f"unknown value '{given}'", suggest(str(given), f.values))
                 return None
         if len(items) > 1 and "none" in items:
             self.add(where, "'none' in a chain", 'write "none" alone, or leave it out')
@@ -351,11 +395,53 @@ def _range_fix(f: Field) -> str:
     return f"use a value of at most {hi}"
 
 
+def _first_not_str(value: Any) -> str:
+    """What a list or table of strings holds that is not a string: the item itself (an
+    integer, a table...), with its key, so the message points at what to change."""
+    if isinstance(value, list):
+        for i, item in enumerate(value):
+            if not isinstance(item, str):
+                return f"{_describe(item)} at [{i}]"
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(item, str):
+                return f"{_describe(item)} for {_key(key)}"
+    return _describe(value)
+
+
+def _quote_fix(value: Any) -> str:
+    """How to write the first item of a list or table of strings that is not one: a number or
+    a boolean quoted (an environment variable's 1 is "1"), anything else as a string."""
+    items: list[tuple[str | None, Any]] = []
+    if isinstance(value, dict):
+        items = [(str(k), v) for k, v in value.items()]
+    elif isinstance(value, list):
+        items = [(None, v) for v in value]
+    for key, item in items:
+        if isinstance(item, str):
+            continue
+        if isinstance(item, bool | int | float):
+            quoted = json.dumps(json.dumps(item))
+            return f"quote it: {_key(key)} = {quoted}" if key is not None else f"quote it: {quoted}"
+        return "write it as a string"
+    return ""
+
+
+def _key(key: str) -> str:
+    """A key as a dotted path writes it: bare where TOML allows, else quoted."""
+    if _BARE_KEY.fullmatch(key):
+        return key
+    return '"' + one_line(key.replace("\\", "\\\\").replace('"', '\\"')) + '"'
+
+
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+
+
 def _describe(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):
-        return f"'{value}'"
+        return shown(value)
     if isinstance(value, dict):
         return "a table"
     if isinstance(value, list):
@@ -363,70 +449,57 @@ def _describe(value: Any) -> str:
     return repr(value)
 
 
-_BOM = b"\xef\xbb\xbf"
-
-
 def config_text(data: bytes, source: str) -> str:
     """A config file's bytes as text: UTF-8, with or without the byte order mark some Windows
     editors write; anything else is refused at its line."""
-    try:
-        return data.removeprefix(_BOM).decode("utf-8")
-    except UnicodeDecodeError as err:
-        start = err.start + (len(_BOM) if data.startswith(_BOM) else 0)
-        line = data.count(b"\n", 0, start) + 1
-        column = start - (data.rfind(b"\n", 0, start) + 1) + 1
-        raise UserError(
-            Problem(
-                source,
-                "",
-                f"line {line}, column {column}: byte 0x{data[start]:02x} is not UTF-8",
-                "save the file as UTF-8, e.g. with iconv -f latin1 -t utf-8",
-            )
-        ) from None
+    return file_reader.decode_utf8(data, source)
 
 
 def read_config_text(path: Path) -> str:
-    """The config file's text (see config_text); UserError when it cannot be read."""
-    source = str(path)
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise UserError(Problem(source, "", "no such file", "check the path")) from None
-    except (IsADirectoryError, PermissionError) as err:
-        raise UserError(Problem(source, "", f"cannot read: {err}")) from None
-    return config_text(data, source)
+    """The config file's text (see config_text); UserError when it cannot be read: through
+    the one bounded reader, so a FIFO, a device or a symlink loop is one line, not a hang."""
+    return file_reader.read_text(path)
+
+
+def config_data(text: str, source: str, is_json: bool) -> dict[str, Any]:
+    """A config's text as the table ``parse_config`` checks: JSON (a key given twice refused)
+    or TOML, nesting bounded, and no string or key holding a NUL byte (no path, name or
+    argument can hold one: the kernel, systemd and argv all end a string there)."""
+    data = file_reader.parse_json(text, source) if is_json else file_reader.parse_toml(text, source)
+    if not isinstance(data, dict):
+        raise UserError(Problem(source, "", "the top level must be a table"))
+    nul = _nul_field(data)
+    if nul is not None:
+        raise UserError(
+            Problem(source, nul, "holds a NUL byte", "remove it: no path, name or flag holds one")
+        )
+    return data
+
+
+def _nul_field(data: dict[str, Any]) -> str | None:
+    """The dotted name of the first key or string value that holds a NUL byte, else None."""
+    stack: list[tuple[str, Any]] = [("", data)]
+    while stack:
+        where, node = stack.pop()
+        if isinstance(node, str):
+            if "\x00" in node:
+                return where
+        elif isinstance(node, dict):
+            for key, value in node.items():
+                name = f"{where}.{key}" if where else str(key)
+                if "\x00" in str(key):
+                    return name.replace("\x00", "\\x00")
+                stack.append((name, value))
+        elif isinstance(node, list):
+            stack.extend((f"{where}[{i}]", item) for i, item in enumerate(node))
+    return None
 
 
 def load_config(path: Path) -> Config:
     """Read llamanix.toml (or a .json of the same shape, which the NixOS module writes)."""
     source = str(path)
     text = read_config_text(path)
-    if path.suffix == ".json":
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise UserError(
-                Problem(
-                    source,
-                    "",
-                    f"JSON syntax error at line {err.lineno}, column {err.colno}: {err.msg}",
-                )
-            ) from None
-    else:
-        try:
-            data = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as err:
-            raise UserError(
-                Problem(
-                    source,
-                    "",
-                    f"TOML syntax error: {err}",
-                    "fix the syntax at that line and column",
-                )
-            ) from None
-    if not isinstance(data, dict):
-        raise UserError(Problem(source, "", "the top level must be a table"))
-    return parse_config(data, source)
+    return parse_config(config_data(text, source, path.suffix == ".json"), source)
 
 
 def parse_config(data: dict[str, Any], source: str) -> Config:
@@ -444,10 +517,12 @@ def parse_config(data: dict[str, Any], source: str) -> Config:
     if not instances_raw and not c.problems:
         c.add("instances", "no instances defined", "add an [instances.NAME] table")
     if not hosts:
-        hosts[IMPLICIT_HOST] = Host(IMPLICIT_HOST)
+        hosts[IMPLICIT_HOST] = Host(IMPLICIT_HOST, kind_stated=False)
 
     instances: dict[str, Instance] = {}
     for name, raw in instances_raw.items():
+        if c.name(f"instances.{_key(name)}", name) is None or not _free_name(c, name):
+            continue
         inst = _parse_instance(
             c, name, defaults, c.table(f"instances.{name}", raw), hosts, variants
         )
@@ -456,6 +531,7 @@ def parse_config(data: dict[str, Any], source: str) -> Config:
 
     _check_ports(c, instances, hosts)
     _check_routers(c, hosts, instances)
+    _check_keys(c, hosts, instances)
     gateway = None
     if "gateway" in data:
         gateway = _parse_gateway(c, data["gateway"], hosts)
@@ -471,6 +547,7 @@ def parse_config(data: dict[str, Any], source: str) -> Config:
                 message,
                 fix,
             )
+    c.problems.extend(what_a_unit_cannot_do(data, source, hosts, instances, gateway, metrics))
     if c.problems:
         raise UserError(c.problems)
     return Config(
@@ -483,11 +560,35 @@ def parse_config(data: dict[str, Any], source: str) -> Config:
     )
 
 
+def _free_name(c: _Checker, name: str) -> bool:
+    """An instance's name is its unit's (llamanix-NAME.service): it may not be a unit llamanix
+    derives for something else, the router's, the gateway's, the exporter's or a bridge's."""
+    if name in schema.RESERVED_NAMES:
+        c.add(
+            f"instances.{name}",
+            f"'{name}' is reserved: llamanix-{name}.service is llamanix's {name}",
+            "rename the instance",
+        )
+        return False
+    if name.endswith(schema.BRIDGE_SUFFIX):
+        c.add(
+            f"instances.{name}",
+            f"names ending in '{schema.BRIDGE_SUFFIX}' are reserved: a blue-green switch of "
+            f"instance '{name.removesuffix(schema.BRIDGE_SUFFIX)}' runs its bridge as "
+            f"llamanix-{name}.service",
+            "rename the instance",
+        )
+        return False
+    return True
+
+
 def _parse_hosts(c: _Checker, raw: dict[str, Any]) -> dict[str, Host]:
     hosts: dict[str, Host] = {}
     known = (*schema.HOSTS, *schema.HOST_TABLES)
     for name, table in raw.items():
-        where = f"hosts.{name}"
+        where = f"hosts.{_key(name)}"
+        if c.name(where, name) is None:
+            continue
         table = c.table(where, table)
         c.unknown_keys(where, table, known)
         values: dict[str, Any] = {}
@@ -533,6 +634,7 @@ def _parse_hosts(c: _Checker, raw: dict[str, Any]) -> dict[str, Host]:
             router=_parse_router(c, where, table["router"]) if "router" in table else None,
             build_host=values.get("build_host"),
             sudo=cast(NixosSudo, values.get("sudo") or "auto"),  # checked against the enum
+            kind_stated="kind" in table,
         )
         if hosts[name].kind != "nixos":
             for key in ("build_host", "sudo"):
@@ -604,8 +706,6 @@ _GATEWAY_MISSING = {
     "host": 'name the [hosts.NAME] table it runs on, e.g. host = "box3"',
     "api_key_file": 'name the file holding its master key, e.g. "/etc/llamanix/gateway.key"',
 }
-# A gateway's unit: an instance of that name on its host would take the same unit.
-GATEWAY_UNIT_NAME = "gateway"
 
 
 def _parse_gateway(c: _Checker, raw: Any, hosts: dict[str, Host]) -> Gateway | None:
@@ -643,6 +743,17 @@ def _parse_gateway(c: _Checker, raw: Any, hosts: dict[str, Host]) -> Gateway | N
     return Gateway(**values)
 
 
+def remote_exporter_refusal(listen: str) -> tuple[str, str]:
+    """(message, fix) for an exporter asked to listen beyond loopback without
+    ``allow_remote``: it would re-serve keyed instances' metrics to anyone, with no key."""
+    return (
+        f"the exporter would serve every instance's metrics, keyed ones included, on {listen} "
+        "to whoever reaches it, without a key",
+        'keep listen = "127.0.0.1" for a Prometheus on the same machine, or add '
+        "allow_remote = true to [metrics] to mean it",
+    )
+
+
 def _parse_metrics(
     c: _Checker,
     raw: Any,
@@ -661,6 +772,8 @@ def _parse_metrics(
     if any(v is None for v in values.values()):
         return None
     metrics = Metrics(**values)
+    if not is_loopback(metrics.listen) and not metrics.allow_remote:
+        c.add("metrics.listen", *remote_exporter_refusal(metrics.listen))
     for inst in instances.values():
         router = hosts[inst.host].router
         if (router is None or inst.name not in router.members) and inst.port == metrics.port:
@@ -702,12 +815,6 @@ def _check_gateway(
                 f"'{gateway.host}' cannot reach",
                 'listen on an address of that host, or on "0.0.0.0" with the host\'s target set',
             )
-        if inst.host == gateway.host and inst.name == GATEWAY_UNIT_NAME:
-            c.add(
-                f"instances.{inst.name}",
-                f"host '{inst.host}' runs the gateway, whose unit is llamanix-gateway.service",
-                "rename the instance",
-            )
         if inst.host == gateway.host and not routed and inst.port == gateway.port:
             c.add(
                 "gateway.port",
@@ -735,6 +842,34 @@ def _check_gateway(
             f"port {gateway.port} on host '{gateway.host}' is already used by its router",
             "give the gateway its own port",
         )
+
+
+def _check_keys(c: _Checker, hosts: dict[str, Host], instances: dict[str, Instance]) -> None:
+    """A server reachable beyond loopback has a key, or the config says it is open on purpose
+    (``keyless = true``): an open llama-server runs anyone's prompts on the GPU."""
+    open_fix = 'set api_key_file = "/etc/llamanix/{0}.key", or keyless = true to serve it open'
+    for inst in instances.values():
+        router = hosts[inst.host].router
+        if router is not None and inst.name in router.members:
+            continue  # its address is the router's, on loopback
+        if not is_loopback(inst.listen) and inst.api_key_file is None and not inst.keyless:
+            c.add(
+                f"instances.{inst.name}.listen",
+                f"listens on {inst.listen} without api_key_file: anyone who reaches the port "
+                "can use it",
+                open_fix.format(inst.name),
+            )
+    for host in hosts.values():
+        router = host.router
+        if router is None or is_loopback(router.listen):
+            continue
+        if router.api_key_file is None and not router.keyless:
+            c.add(
+                f"hosts.{host.name}.router.listen",
+                f"listens on {router.listen} without api_key_file: anyone who reaches the port "
+                "can use it",
+                open_fix.format(f"{host.name}-router"),
+            )
 
 
 def _check_routers(c: _Checker, hosts: dict[str, Host], instances: dict[str, Instance]) -> None:
@@ -766,12 +901,6 @@ def _check_routers(c: _Checker, hosts: dict[str, Host], instances: dict[str, Ins
                         "a router's member cannot keep its caches across a switch",
                         "set warm_switch = false, or serve it without the router",
                     )
-        if "router" in instances and instances["router"].host == host.name:
-            c.add(
-                "instances.router",
-                f"host '{host.name}' has a router, whose unit is llamanix-router.service",
-                "rename the instance",
-            )
         names = [m.alias or m.name for m in members]
         for served in {n for n in names if names.count(n) > 1}:
             c.add(
@@ -1169,3 +1298,202 @@ def _drafter_problems(spec: Speculative, variant: Variant) -> list[tuple[str, st
 
 def _quantized(cache_type: str | None) -> bool:
     return cache_type is not None and cache_type not in ("f32", "f16", "bf16")
+
+
+# --- what a unit could not do, though each value is well typed ------------------------------
+
+
+def what_a_unit_cannot_do(
+    data: Mapping[str, Any],
+    source: str,
+    hosts: Mapping[str, Host],
+    instances: Mapping[str, Instance],
+    gateway: Gateway | None,
+    metrics: Metrics | None,
+) -> list[Problem]:
+    """Settings that pass their own checks and still make a unit that cannot serve: a port a
+    dynamic user cannot bind, a flag given twice, a CUDA architecture no compiler knows. Each a
+    problem with its fix. (What depends on this machine, or on the render, is validate's:
+    cli.core.)"""
+    problems: list[Problem] = []
+    for where, _, port in listening_ports(data, hosts, instances, gateway, metrics):
+        if port < FIRST_UNPRIVILEGED_PORT:
+            problems.append(
+                Problem(
+                    source,
+                    where,
+                    f"port {port} is below {FIRST_UNPRIVILEGED_PORT}, and the unit runs as a "
+                    "dynamic user without capabilities, which cannot bind it",
+                    "use a port of 1024 or above, e.g. 8080, and put a reverse proxy on the "
+                    "low port if clients need it",
+                )
+            )
+    for inst in instances.values():
+        problems.extend(
+            Problem(source, f"instances.{inst.name}.extra_args", message, fix)
+            for message, fix in _repeated_flags(inst)
+        )
+    for name, host in hosts.items():
+        problems.extend(
+            Problem(source, f"hosts.{name}.cuda_archs", message, fix)
+            for message, fix in _cuda_arch_problems(host)
+        )
+    return problems
+
+
+# Linux's default net.ipv4.ip_unprivileged_port_start: ports below need CAP_NET_BIND_SERVICE,
+# which no unit llamanix writes has (CapabilityBoundingSet= is empty).
+FIRST_UNPRIVILEGED_PORT = 1024
+
+
+def listening_ports(
+    data: Mapping[str, Any],
+    hosts: Mapping[str, Host],
+    instances: Mapping[str, Instance],
+    gateway: Gateway | None,
+    metrics: Metrics | None,
+) -> list[tuple[str, str, int]]:
+    """(field, address, port) of every listener a unit of ``hosts`` opens, the field as the
+    file spells it."""
+    raw_instances = data.get("instances")
+    out: list[tuple[str, str, int]] = []
+    for inst in instances.values():
+        router = hosts[inst.host].router
+        if router is not None and inst.name in router.members:
+            continue  # the router gives a member a port of its own choosing
+        raw = raw_instances.get(inst.name) if isinstance(raw_instances, dict) else None
+        own = isinstance(raw, dict) and "port" in raw
+        where = f"instances.{inst.name}.port" if own else "defaults.port"
+        out.append((where, inst.listen, inst.port))
+    for name, host in hosts.items():
+        if host.router is not None:
+            out.append((f"hosts.{name}.router.port", host.router.listen, host.router.port))
+    if gateway is not None and gateway.host in hosts:
+        out.append(("gateway.port", gateway.listen, gateway.port))
+    if metrics is not None:
+        out.append(("metrics.port", metrics.listen, metrics.port))
+    return out
+
+
+# Every spelling llama-server takes for each flag llamanix renders from a config key
+# (tests/data/help/upstream-0c1e570.help.txt; tests/test_config_checks.py reads each group
+# there): extra_args may not give one of them again.
+FLAG_SPELLINGS: tuple[tuple[str, ...], ...] = (
+    ("-m", "--model"),
+    ("-a", "--alias"),
+    ("--host",),
+    ("--port",),
+    ("-c", "--ctx-size"),
+    ("-ngl", "--gpu-layers", "--n-gpu-layers"),
+    ("-fa", "--flash-attn"),
+    ("-ctk", "--cache-type-k"),
+    ("-ctv", "--cache-type-v"),
+    ("-np", "--parallel"),
+    ("-b", "--batch-size"),
+    ("-ub", "--ubatch-size"),
+    ("-t", "--threads"),
+    ("--reasoning-budget",),
+    ("--metrics",),
+    ("--api-key-file",),
+    ("--spec-type",),
+    ("--spec-draft-model", "-md", "--model-draft"),
+    ("--spec-draft-ngl", "-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft"),
+)
+
+
+def _rendered_keys(inst: Instance) -> dict[str, str]:
+    """Config key -> the flag llamanix renders for it, for the keys this instance sets."""
+    flags = VARIANTS[inst.variant].dialect.flags
+    spec = inst.speculative
+    values: dict[str, Any] = {
+        "model": inst.model,
+        "alias": inst.alias,
+        "listen": inst.listen,
+        "port": inst.port,
+        "context": inst.context,
+        "gpu_layers": inst.gpu_layers,
+        "flash_attn": inst.flash_attn,
+        "cache_type_k": inst.cache_type_k,
+        "cache_type_v": inst.cache_type_v,
+        "parallel": inst.parallel,
+        "batch": inst.batch,
+        "ubatch": inst.ubatch,
+        "threads": inst.threads,
+        "reasoning_budget": inst.reasoning_budget,
+        "metrics": inst.metrics or None,
+        "api_key_file": inst.api_key_file,
+        "speculative.type": "on" if spec.enabled else None,
+        "speculative.draft_model": spec.draft_model,
+        "speculative.draft_gpu_layers": spec.draft_gpu_layers,
+    }
+    out: dict[str, str] = {}
+    for key, value in values.items():
+        flag = flags.get("spec_type" if key == "speculative.type" else key.split(".")[-1])
+        if value is not None and flag is not None:
+            out[key] = flag
+    return out
+
+
+def _repeated_flags(inst: Instance) -> list[tuple[str, str]]:
+    """extra_args that give again a flag llamanix renders from a key: llama-server takes the
+    last, so the key would silently lose (``--port 9`` after ``--port 8080``)."""
+    if not inst.extra_args:
+        return []
+    rendered = _rendered_keys(inst)
+    group_of = {spelling: group for group in FLAG_SPELLINGS for spelling in group}
+    out: list[tuple[str, str]] = []
+    args = list(inst.extra_args)
+    for i, arg in enumerate(args):
+        flag, eq, inline = arg.partition("=")
+        group = group_of.get(flag)
+        if group is None:
+            continue
+        for key, spelled in rendered.items():
+            if spelled not in group:
+                continue
+            name = key.split(".")[-1]
+            now = getattr(inst.speculative if key.startswith("speculative.") else inst, name)
+            if isinstance(now, bool):  # a flag without a value: --metrics
+                out.append(
+                    (
+                        f"repeats {flag}, which llamanix renders already ({name} = true)",
+                        "remove it from extra_args",
+                    )
+                )
+                continue
+            following = args[i + 1] if i + 1 < len(args) else ""
+            value = inline if eq else ("" if following.startswith("-") else following)
+            shown = arg if eq else f"{flag} {value}".strip()
+            out.append(
+                (
+                    f"repeats {flag} ({shown}), which llamanix renders from {key} "
+                    f"({spelled} {now}); llama-server would take the one given last",
+                    "remove it from extra_args and set "
+                    + (f"{name} = {_toml_value(value)}" if value else key)
+                    + " instead",
+                )
+            )
+    return out
+
+
+def _toml_value(text: str) -> str:
+    """``9`` as TOML writes it: a number bare, anything else quoted."""
+    return text if re.fullmatch(r"-?\d+(\.\d+)?", text) else json.dumps(text)
+
+
+def _cuda_arch_problems(host: Host) -> list[tuple[str, str]]:
+    """cuda_archs no CUDA release knows (a card the list leaves out is validate's: it depends
+    on whether an instance uses the GPU, cli.core)."""
+    from llamanix.core.gpus import CUDA_CAPABILITIES
+
+    return [
+        (
+            f"'{arch}' is no CUDA compute capability (nvcc would refuse it when the variant "
+            "is built)",
+            f"{suggest(arch, CUDA_CAPABILITIES)}; nvidia-smi --query-gpu=compute_cap "
+            "--format=csv prints the card's, and the known ones are "
+            + ", ".join(c for c in CUDA_CAPABILITIES if c[-1].isdigit()),
+        )
+        for arch in host.cuda_archs
+        if _CUDA_ARCH.match(arch) and arch not in CUDA_CAPABILITIES
+    ]

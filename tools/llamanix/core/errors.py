@@ -27,7 +27,37 @@ class Problem:
     def __str__(self) -> str:
         where = f"{self.source}: {self.field}: " if self.field else f"{self.source}: "
         fix = f" ({self.fix})" if self.fix else ""
-        return f"{where}{self.message}{fix}"
+        # One line, whatever a file's name or a key in it holds.
+        return printable(f"{where}{self.message}{fix}")
+
+
+def printable(text: str) -> str:
+    """``text`` as one printable line: control characters (a newline in a TOML key, a NUL in
+    a path) written as escapes (``\\n``, ``\\x00``), and the bytes of a file name that are
+    not UTF-8 (kept by Python as lone surrogates, which no terminal can be sent) as ``\\xNN``."""
+    if text.isprintable():
+        return text
+    return "".join(_printable_char(ch) for ch in text)
+
+
+# The name every writer and message uses: a value shown in one line.
+one_line = printable
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _printable_char(ch: str) -> str:
+    code = ord(ch)
+    if ch in _NAMED:
+        return _NAMED[ch]
+    if 0xDC80 <= code <= 0xDCFF:  # a byte that is not UTF-8, as os.fsdecode keeps it
+        return f"\\x{code - 0xDC00:02x}"
+    if code < 0x20 or 0x7F <= code <= 0x9F:  # C0, DEL and C1 (U+0085 ends a line too)
+        return f"\\x{code:02x}"
+    if code in (0x2028, 0x2029):  # the line and paragraph separators
+        return f"\\u{code:04x}"
+    if 0xD800 <= code <= 0xDFFF:  # a lone surrogate (a JSON "\\ud800"): no text at all
+        return f"\\u{code:04x}"
+    return ch
 
 
 class UserError(Exception):

@@ -7,13 +7,12 @@ binary's own word. Flags whose help says they were removed are left out: upstrea
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from llamanix.core import json_codec
+from llamanix.core import file_reader, json_codec
 from llamanix.core.errors import Problem, UserError
 from llamanix.core.json_value import JsonObject
 
@@ -219,26 +218,15 @@ def commit_of(version_line: str) -> str | None:
 
 def load_capabilities(path: Path) -> Capabilities:
     source = str(path)
+    make = "make one with: llamanix probe BINARY --json > FILE"
+    text = file_reader.text_if_present(path, source=source)
+    if text is None:
+        raise UserError(Problem(source, "", "no such probe file", make))
     try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise UserError(
-            Problem(
-                source,
-                "",
-                "no such probe file",
-                "make one with: llamanix probe BINARY --json > FILE",
-            )
-        ) from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise UserError(
-            Problem(
-                source,
-                "",
-                f"not a probe JSON file: {err}",
-                "make one with: llamanix probe BINARY --json > FILE",
-            )
-        ) from None
+        data = file_reader.parse_json(text, source)
+    except file_reader.FileRefused as err:
+        message = err.problems[0].message
+        raise UserError(Problem(source, "", f"not a probe JSON file: {message}", make)) from None
     if not isinstance(data, dict) or not isinstance(data.get("flags"), list):
         raise UserError(
             Problem(

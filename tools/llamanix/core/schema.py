@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
 from llamanix.core.json_value import JsonObject
+from llamanix.core.types import TYPES, TextKind, types_json
 
 # Field kinds. Each maps to a TOML value check here and to a lib.types type in the module.
 STR = "str"
@@ -37,10 +38,28 @@ class Field:
     example: Any = None
     minimum: float | None = None
     maximum: float | None = None
+    # The declared type (core.types) of a string field's value, of each item of a list of
+    # strings, of each value of a table of strings; a path is always of type "path".
+    text: TextKind | None = None
+    keys: TextKind | None = None  # a table of strings: the type of its keys
+
+    def __post_init__(self) -> None:
+        if self.kind == PATH and self.text is None:
+            object.__setattr__(self, "text", "path")
+        # Every string a config carries has a declared type: a new field without one is a
+        # mistake here, caught at import.
+        if self.kind in (STR, PATH, LIST_STR, DICT_STR) and self.text is None:
+            raise AssertionError(f"schema field {self.name!r} has no declared text type")
+        if self.kind == DICT_STR and self.keys is None:
+            raise AssertionError(f"schema field {self.name!r} has no declared key type")
 
     # Hand-written: a key is written only where the field says something.
     def to_json(self) -> JsonObject:
         out: JsonObject = {"type": self.kind, "doc": self.doc, "default": self.default}
+        if self.text is not None:
+            out["text"] = self.text
+        if self.keys is not None:
+            out["keys"] = self.keys
         if self.values:
             out["values"] = [*self.values]
         if self.required:
@@ -152,18 +171,21 @@ HOST_FIELDS: tuple[Field, ...] = (
         STR,
         "ssh target (user@host) for remote hosts; absent means this machine.",
         example="root@gpu1",
+        text="ssh_target",
     ),
     Field(
         "gpu",
         STR,
         "GPU model, a name from the GPU table (`llamanix ceiling --list`).",
         example="rtx5090",
+        text="name",
     ),
     Field(
         "cuda_archs",
         LIST_STR,
         'CUDA compute capabilities this host\'s builds are compiled for, e.g. ["8.6", "12.0"].',
         example=["12.0"],
+        text="cuda_arch",
     ),
     Field(
         "binaries",
@@ -171,6 +193,8 @@ HOST_FIELDS: tuple[Field, ...] = (
         "Path of llama-server per variant on systemd hosts; an instance whose variant has no "
         "entry (and no `binary` of its own) is refused. NixOS hosts use the flake's packages.",
         example={"upstream": "/opt/llama.cpp/bin/llama-server"},
+        text="program",
+        keys="name",
     ),
     Field(
         "gpu_sandbox",
@@ -189,14 +213,15 @@ HOST_FIELDS: tuple[Field, ...] = (
         "so CUDA builds run there rather than on the machine running llamanix; absent: this "
         "machine builds.",
         example="root@builder",
+        text="ssh_target",
     ),
     Field(
         "sudo",
         ENUM,
         "NixOS hosts: how nixos-rebuild gets root on `target`. `auto`: nothing for a `root@` "
-        "target or this machine, else `--sudo` (nixos-rebuild-ng, NixOS 25.11 on); `sudo`: "
-        "always `--sudo`; `use-remote-sudo`: the older nixos-rebuild's `--use-remote-sudo`; "
-        "`none`: nothing.",
+        "target, or for this machine when llamanix runs as root, else `--sudo` "
+        "(nixos-rebuild-ng, NixOS 25.11 on); `sudo`: always `--sudo`; `use-remote-sudo`: the "
+        "older nixos-rebuild's `--use-remote-sudo`; `none`: nothing.",
         "auto",
         NIXOS_SUDO,
     ),
@@ -218,8 +243,9 @@ ROUTER_FIELDS: tuple[Field, ...] = (
         "(else its name); their own listen and port become internal.",
         required=True,
         example=["qwen27b", "small"],
+        text="name",
     ),
-    Field("listen", STR, "Address the router listens on.", "127.0.0.1"),
+    Field("listen", STR, "Address the router listens on.", "127.0.0.1", text="listen"),
     Field("port", INT, "Port of the router's endpoint.", 8080, minimum=1, maximum=MAX_PORT),
     Field(
         "idle_ttl",
@@ -243,10 +269,18 @@ ROUTER_FIELDS: tuple[Field, ...] = (
         "File holding the router endpoint's API key (read at start, never in argv or unit text).",
     ),
     Field(
+        "keyless",
+        BOOL,
+        "Serve on a `listen` beyond loopback without `api_key_file`, on purpose: anyone who "
+        "reaches the port can use the router. Without it, validate refuses such a listener.",
+        False,
+    ),
+    Field(
         "binary",
         PATH,
         "llama-swap's path on systemd hosts (NixOS hosts use nixpkgs' llama-swap package).",
         example="/usr/local/bin/llama-swap",
+        text="program",
     ),
 )
 
@@ -265,8 +299,9 @@ GATEWAY_FIELDS: tuple[Field, ...] = (
         "The host (a [hosts.NAME] table of kind `systemd` or `nixos`) the gateway runs on.",
         required=True,
         example="box3",
+        text="name",
     ),
-    Field("listen", STR, "Address the gateway listens on.", "127.0.0.1"),
+    Field("listen", STR, "Address the gateway listens on.", "127.0.0.1", text="listen"),
     Field("port", INT, "Port of the gateway's endpoint.", 4000, minimum=1, maximum=MAX_PORT),
     Field(
         "api_key_file",
@@ -280,6 +315,7 @@ GATEWAY_FIELDS: tuple[Field, ...] = (
         STR,
         "The LiteLLM release to run (1.82.7 and 1.82.8 are refused).",
         LITELLM_VERSION,
+        text="version",
     ),
     Field(
         "routing_strategy",
@@ -315,6 +351,15 @@ METRICS_FIELDS: tuple[Field, ...] = (
         "Address each host's exporter (llamanix-exporter.service) listens on; loopback keeps it "
         "to a Prometheus on the same machine.",
         "127.0.0.1",
+        text="listen",
+    ),
+    Field(
+        "allow_remote",
+        BOOL,
+        "Let the exporter listen on an address other than loopback. It serves every instance's "
+        "metrics, keyed ones included, to whoever reaches `listen` and `port`, without a key: "
+        "a `listen` beyond loopback is refused unless this says so.",
+        False,
     ),
     Field("port", INT, "Port of each host's exporter.", 9465, minimum=1, maximum=65535),
     Field(
@@ -346,7 +391,12 @@ METRICS_FIELDS: tuple[Field, ...] = (
 )
 
 INSTANCE_FIELDS: tuple[Field, ...] = (
-    Field("host", STR, "Name of the host (a [hosts.NAME] table) this instance runs on."),
+    Field(
+        "host",
+        STR,
+        "Name of the host (a [hosts.NAME] table) this instance runs on.",
+        text="name",
+    ),
     Field(
         "variant",
         ENUM,
@@ -358,10 +408,17 @@ INSTANCE_FIELDS: tuple[Field, ...] = (
         "binary",
         PATH,
         "Explicit llama-server path; overrides the host's `binaries` entry for the variant.",
+        text="program",
     ),
     Field("model", PATH, "Absolute path of the GGUF model.", required=True),
-    Field("alias", STR, "Model name the OpenAI API reports and accepts (-a).", example="qwen"),
-    Field("listen", STR, "Address to listen on.", "127.0.0.1"),
+    Field(
+        "alias",
+        STR,
+        "Model name the OpenAI API reports and accepts (-a).",
+        example="qwen",
+        text="alias",
+    ),
+    Field("listen", STR, "Address to listen on.", "127.0.0.1", text="listen"),
     Field("port", INT, "TCP port.", 8080, minimum=1, maximum=MAX_PORT),
     Field(
         "context",
@@ -416,10 +473,32 @@ INSTANCE_FIELDS: tuple[Field, ...] = (
     Field(
         "api_key_file",
         PATH,
-        "File holding the API key; passed as a systemd credential, never in argv or unit text.",
+        "File holding the API key; passed as a systemd credential, never in argv or unit text. "
+        "As llama-server reads it: one key per line, empty and `#` lines skipped; llamanix's "
+        "own clients (readiness, gates, bench, top, the exporter) use the first.",
     ),
-    Field("extra_args", LIST_STR, "Arguments appended verbatim (checked against a probe).", []),
-    Field("environment", DICT_STR, "Extra environment variables for the service.", {}),
+    Field(
+        "keyless",
+        BOOL,
+        "Serve on a `listen` beyond loopback without `api_key_file`, on purpose: anyone who "
+        "reaches the port can use the server. Without it, validate refuses such a listener.",
+        False,
+    ),
+    Field(
+        "extra_args",
+        LIST_STR,
+        "Arguments appended verbatim (checked against a probe).",
+        [],
+        text="word",
+    ),
+    Field(
+        "environment",
+        DICT_STR,
+        "Extra environment variables for the service.",
+        {},
+        text="text",
+        keys="env_name",
+    ),
 )
 
 SPECULATIVE_FIELDS: tuple[Field, ...] = (
@@ -458,6 +537,7 @@ SPECULATIVE_FIELDS: tuple[Field, ...] = (
         "Devices for the drafter (-devd), comma-separated as --list-devices names them, or "
         '"none"; not in ik.',
         example="CUDA1",
+        text="devices",
     ),
     Field(
         "draft_cpu_moe",
@@ -504,9 +584,24 @@ INSTANCE_TABLES = ("speculative",)
 TOP_LEVEL = ("defaults", "hosts", "instances", "gateway", "metrics")
 
 
+# The type of the names of [hosts.NAME] and [instances.NAME] tables.
+TABLE_NAME: TextKind = "name"
+# Unit names llamanix derives besides an instance's own (llamanix-NAME.service): an instance may
+# not take one. A blue-green switch's bridge of instance NAME is llamanix-NAME-bridge.service,
+# so no instance name ends in the bridge's suffix: a bridge can never be another instance.
+RESERVED_NAMES = ("router", "gateway", "exporter")
+BRIDGE_SUFFIX = "-bridge"
+
+
 def schema_json() -> JsonObject:
     """The schema as data: what ``data/schema.json`` holds and the NixOS module reads."""
     return {
+        "types": types_json(),
+        "names": {
+            "type": TABLE_NAME,
+            "reserved": [*RESERVED_NAMES],
+            "reserved_suffix": BRIDGE_SUFFIX,
+        },
         "hosts": {f.name: f.to_json() for f in HOST_FIELDS},
         "router": {f.name: f.to_json() for f in ROUTER_FIELDS},
         "gateway": {f.name: f.to_json() for f in GATEWAY_FIELDS},
@@ -534,16 +629,18 @@ def _markdown_type(f: Field) -> str:
     bounds = ""
     if f.minimum is not None and f.maximum is not None:
         bounds = f" {_markdown_number(f.minimum)} to {_markdown_number(f.maximum)}"
+    text = f" ([{f.text}](#strings))" if f.text and f.kind != PATH else ""
+    keys = f" keyed by [{f.keys}](#strings)" if f.keys else ""
     return {
         STR: "string",
         INT: "integer" + bounds,
         FLOAT: "number" + bounds,
         BOOL: "boolean",
-        PATH: "absolute path",
+        PATH: "absolute path" if f.text == "path" else f"absolute path ([{f.text}](#strings))",
         LAYERS: f'integer{bounds}, `"all"`, `"auto"`',
         LIST_STR: "list of strings",
-        DICT_STR: "table of strings",
-    }[f.kind]
+        DICT_STR: "table of strings" + keys,
+    }[f.kind] + text
 
 
 def _markdown_number(value: float) -> str:
@@ -568,4 +665,20 @@ def schema_markdown() -> str:
                 f"| `{f.name}` | {_markdown_type(f)} | {_markdown_default(f)} | {f.doc}{req} |"
             )
         out.append("")
+    out += [
+        "### Strings",
+        "",
+        f"Every name and string has one of these types. The names of `[hosts.NAME]` and "
+        f"`[instances.NAME]` tables are of type `{TABLE_NAME}`; an instance may "
+        "not be named " + ", ".join(f"`{n}`" for n in RESERVED_NAMES) + f" or end in "
+        f"`{BRIDGE_SUFFIX}` (docs/security.md says why). A NUL byte is refused everywhere, and "
+        "lengths are in bytes of UTF-8.",
+        "",
+        "| type | what it holds | at most | e.g. |",
+        "|---|---|---|---|",
+    ]
+    for kind, t in TYPES.items():
+        example = ", ".join(f"`{g}`" for g in t.good[:3] if g)
+        out.append(f"| `{kind}` | {t.doc} | {t.max_length} | {example} |")
+    out.append("")
     return "\n".join(out)

@@ -526,6 +526,39 @@ def variant_names() -> list[str]:
     return list(VARIANTS)
 
 
+# What people call the projects, against the variant that builds each: a project's own name
+# ("ik_llama.cpp", "llama.cpp") is no typo of a variant's, so a fuzzy match would suggest the
+# wrong one ("ik_llama": 'beellama'). Keys are lower case with "_" written "-".
+OTHER_NAMES: Mapping[str, str] = MappingProxyType(
+    {
+        "ik-llama": "ik",
+        "ik-llama.cpp": "ik",
+        "ik-llama-cpp": "ik",
+        "ikllama": "ik",
+        "ikawrakow": "ik",
+        "llama.cpp": "upstream",
+        "llama-cpp-upstream": "upstream",
+        "master": "upstream",
+        "ggml-org": "upstream",
+        "ggml": "upstream",
+        "llama": "upstream",
+        "llama-cpp": "nixpkgs",
+        "b8770": "nixpkgs",
+        "llama-cpp-mtp": "mtp",
+        "beellama.cpp": "beellama",
+        "beellama-cpp": "beellama",
+        "bee": "beellama",
+        "dflash": "beellama",
+    }
+)
+
+
+def variant_for_other_name(word: str) -> Variant | None:
+    """The variant a project's other name means (``ik_llama.cpp``: ik), or None."""
+    name = OTHER_NAMES.get(word.strip().lower().replace("_", "-"))
+    return VARIANTS[name] if name is not None else None
+
+
 __all__ = [
     "DIALECTS",
     "VARIANTS",

@@ -23,6 +23,7 @@ from typing import Literal
 Role = Literal["model", "binary", "llamanix", "key"]
 ProtectHome = Literal["yes", "read-only", "tmpfs"]
 
+MISSING_FIX = "check the path; a config meant for another machine is checked with validate --remote"
 _HOME_DIRS = ("/home", "/root", "/run/user")  # what ProtectHome= covers
 _TMP_DIRS = ("/tmp", "/var/tmp")
 
@@ -165,10 +166,11 @@ def finding(
 ) -> tuple[str, str] | None:
     """(message, fix) for a path the unit will not see or cannot use, or None.
 
-    Without ``state`` (the file system was not read: a remote host) only where the path is
-    counts. Without ``reader`` its modes are not checked (the key file, which PID 1 reads as
-    root). A path that does not exist is not named: the config may be checked on another
-    machine than the one that serves it. A symlink to nothing is, since that is this machine's.
+    Without ``state`` (the file system was not read: a remote host, or ``validate --remote``
+    for a config meant for another machine) only where the path is counts. Without
+    ``reader`` its modes are not checked (the key file, which PID 1 reads as root). With
+    ``state``, the units run here, so a path that does not exist (a typo) is named: the
+    server would fail its start on it.
     """
     fix = _MOVES[role]
     if role == "key":
@@ -211,7 +213,7 @@ def finding(
             return f"{path} is a symlink to {state.resolved}, which does not exist", (
                 "point it at the file"
             )
-        return None
+        return f"{path} does not exist", MISSING_FIX
     if reader is not None:
         needed = _needs(role, state.target)
         if _bits(state.target, reader) & needed != needed:
@@ -219,3 +221,21 @@ def finding(
                 role, reader
             )
     return None
+
+
+def key_open_to_all(path: str, state: PathState) -> tuple[str, str] | None:
+    """(message, fix) when a key file is readable by every user of the machine: "other" may
+    read it and search every directory on the way to it. Any local process could then use the
+    key; the unit needs no such thing (systemd reads the key, as root or as the unit's user)."""
+    if state.target is None or state.target.is_dir:
+        return None
+    anyone = Reader(None)
+    if not all(_bits(node, anyone) & 1 for node in state.dirs):
+        return None
+    if not _bits(state.target, anyone) & 4:
+        return None
+    return (
+        f"{path} is readable by every user of this machine ({_mode(state.target, path)}): "
+        "any local process can use the key",
+        f"chmod 600 {path}",
+    )

@@ -62,6 +62,31 @@ def dialect_problems(config: Config, host: str) -> list[Problem]:
     return problems
 
 
+def probe_notes(config: Config, host: str) -> list[str]:
+    """What the probe before a switch finds, binary by binary, as a dry run says it."""
+    h = config.hosts[host]
+    seen: set[str] = set()
+    notes: list[str] = []
+    for inst in config.instances_on(host):
+        variant = VARIANTS[inst.variant]
+        binary = binary_of(inst, h, variant)
+        if binary is None or binary in seen:
+            continue
+        seen.add(binary)
+        caps = _probe(binary)
+        if caps is None:
+            notes.append(
+                f"probe {binary}: it cannot be asked here (missing, not executable, or no "
+                "--help), so its gate says whether it serves"
+            )
+        else:
+            notes.append(
+                f"probe {binary}: {caps.describe()} speaks the {caps.dialect or 'unknown'} "
+                f"dialect, a build of variant {variant.name}'s project"
+            )
+    return notes
+
+
 def refuse_other_dialect(config: Config, host: str) -> None:
     """UserError, before anything is written or installed, when a binary of ``host`` is another
     project's build than its variant names."""

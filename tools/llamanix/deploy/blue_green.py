@@ -38,9 +38,11 @@ from llamanix.core.address import is_loopback
 from llamanix.core.config import Config
 from llamanix.core.errors import UserError
 from llamanix.core.gpus import load_gpus
+from llamanix.core.schema import BRIDGE_SUFFIX
+from llamanix.core.types import child_name
 from llamanix.render.units import config_hash, render_instance
 
-SUFFIX = "-bridge"
+SUFFIX = BRIDGE_SUFFIX  # no instance name ends in it (core.schema)
 RUNTIME_UNITS = "/run/systemd/system"
 GIB = 1 << 30
 
@@ -107,7 +109,9 @@ def bridge_for(config: Config, name: str, user: bool) -> Bridge:
 def remove_bridge_directories(bridge: Bridge) -> None:
     """The bridge's own state and cache directories, which systemd keeps after its unit is
     gone (with DynamicUser=, under private/ behind a link)."""
-    name = bridge.unit.removesuffix(".service")
+    name = child_name(bridge.unit.removesuffix(".service"))
+    if not (name.startswith("llamanix-") and name.endswith(SUFFIX)):
+        raise ValueError(f"{bridge.unit} is not a bridge's unit")  # never another unit's state
     for base in (Path("/var/lib"), Path("/var/cache")):
         link = base / name
         if link.is_symlink():

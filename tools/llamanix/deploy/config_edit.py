@@ -1,11 +1,13 @@
 """Edits of llamanix.toml: the one read of the file a switch or rollback makes, ``--set
-KEY=VALUE`` applied with tomlkit (comments and layout kept), and the parse of an edited text
-before anything is written."""
+KEY=VALUE`` applied with tomlkit (comments and layout kept), the parse of an edited text
+before anything is written, and the write itself, which keeps the file as its owner set it up
+(through a symlink, its mode and owner kept)."""
 
 from __future__ import annotations
 
 import json
 import os
+import stat
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -15,15 +17,19 @@ from typing import Any
 import tomlkit
 import tomlkit.exceptions
 
-from llamanix.core.config import Config, parse_config, read_config_text, suggest
+from llamanix.core import file_reader
+from llamanix.core.config import Config, config_data, parse_config, read_config_text, suggest
 from llamanix.core.errors import Problem, UserError
+from llamanix.external.files import rewrite
 
 
 def _parse_value(text: str) -> Any:
     """A TOML value (3, 0.75, true, "x", ["a"]); anything else is taken as a bare string."""
     try:
         return tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
+    except (tomllib.TOMLDecodeError, RecursionError, ValueError):
+        # ValueError: an integer of more digits than Python converts. Nesting too deep for
+        # the parser is no value either; the config's check names what the field wants.
         return text
 
 
@@ -38,7 +44,7 @@ def _key_parts(path: Path, item: str, key: str) -> list[str]:
     parts: list[str] = []
     try:
         node: Any = tomllib.loads(f"{key} = 0")
-    except tomllib.TOMLDecodeError:
+    except (tomllib.TOMLDecodeError, RecursionError):
         node = None
     while isinstance(node, dict) and len(node) == 1:
         [(name, node)] = node.items()
@@ -104,18 +110,27 @@ def apply_sets(path: Path, text: str, sets: tuple[str, ...]) -> str:
     """The config text with each ``KEY.PATH=VALUE`` applied (comments and layout kept)."""
     if not sets:
         return text
+    # The file as it is first, through the one reader's checks (nesting, a key twice, NUL),
+    # which tomlkit's recursive parser does not make.
+    data = config_data(text, str(path), path.suffix == ".json")
     edits: list[tuple[list[str], Any]] = []
     for item in sets:
         _as_text(path, item)
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise UserError(Problem(str(path), "--set", f"'{item}' is not KEY=VALUE", _SET_EXAMPLE))
-        edits.append((_key_parts(path, item, key.strip()), _parse_value(value.strip())))
+        parts, parsed = _key_parts(path, item, key.strip()), _parse_value(value.strip())
+        if len(parts) + file_reader.depth(parsed) > file_reader.MAX_DEPTH:
+            raise UserError(
+                Problem(
+                    str(path),
+                    "--set",
+                    f"{'.'.join(parts)}: nested more than {file_reader.MAX_DEPTH} levels deep",
+                    "no config field nests that deep: give the value it takes",
+                )
+            )
+        edits.append((parts, parsed))
     if path.suffix == ".json":
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise UserError(Problem(str(path), "", f"JSON syntax error: {err}")) from None
         for parts, value in edits:
             _check_named(path, data, parts)
             _assign(data, parts, value, path)
@@ -151,11 +166,7 @@ def _assign(container: Any, parts: list[str], value: Any, path: Path) -> None:
 
 def parse_text(path: Path, text: str) -> Config:
     """Validate a (changed) config text as if it were the file."""
-    try:
-        data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
-    except (json.JSONDecodeError, tomllib.TOMLDecodeError) as err:
-        raise UserError(Problem(str(path), "", f"syntax error: {err}")) from None
-    return parse_config(data, str(path))
+    return parse_config(config_data(text, str(path), path.suffix == ".json"), str(path))
 
 
 # What identifies one state of a file without reading it: device, inode, size, and the
@@ -192,8 +203,10 @@ def read_config(path: Path) -> ConfigText:
         # The stamp first: a write between the two then reads as a change (a second read),
         # never as a text that is not the file's.
         stamp = _stamp(path)
-    except FileNotFoundError:
-        raise UserError(Problem(str(path), "", "no such file", "check the path")) from None
+    except (OSError, ValueError):
+        # The reader says why in one line (no such file, a loop of links, a NUL in the path).
+        read_config_text(path)
+        raise
     return ConfigText(path, read_config_text(path), stamp)
 
 
@@ -203,3 +216,62 @@ def lenient_parse(path: Path, text: str) -> Config | None:
         return parse_text(path, text)
     except UserError:
         return None
+
+
+_KEEP_FIX = "run llamanix as the file's owner, or as root"
+
+
+def rewrite_problem(path: Path) -> Problem | None:
+    """Why this process could not write the config at ``path`` with its mode and owner kept
+    (``write_config``), or None: checked before a switch changes anything."""
+    target = Path(os.path.realpath(path))
+    try:
+        st = os.stat(target)
+    except OSError as err:
+        return Problem(str(path), "", f"cannot read it ({err.strerror})", "check the path")
+    shown = f"{path} (a link to {target})" if path.is_symlink() else str(path)
+    if not os.access(target.parent, os.W_OK | os.X_OK):
+        return Problem(
+            str(path),
+            "",
+            f"cannot write {shown}: its directory {target.parent} is not writable here",
+            _KEEP_FIX,
+        )
+    if os.geteuid() == 0:
+        return None
+    if st.st_uid != os.geteuid():
+        return Problem(
+            str(path),
+            "",
+            f"{shown} belongs to uid {st.st_uid}: written as uid {os.geteuid()}, it would "
+            "change owners",
+            _KEEP_FIX,
+        )
+    if st.st_gid not in {os.getegid(), *os.getgroups()}:
+        return Problem(
+            str(path),
+            "",
+            f"{shown} has group {st.st_gid}, which uid {os.geteuid()} is not in: written "
+            "here, it would change groups",
+            _KEEP_FIX,
+        )
+    return None
+
+
+def write_config(path: Path, text: str) -> None:
+    """Write a switch's or rollback's text to the config at ``path`` atomically, as its owner
+    set it up: through a symlink to its target, with its mode and owner (a 0600 file stays
+    0600). One line, with nothing written, where that cannot be done."""
+    try:
+        rewrite(path, text)
+    except OSError as err:
+        found = rewrite_problem(path)
+        raise UserError(
+            found or Problem(str(path), "", f"cannot write it ({err.strerror})", _KEEP_FIX)
+        ) from None
+
+
+def config_mode(path: Path) -> int:
+    """The config file's permission bits, for its copies (a generation's snapshot): no
+    copy is readable by more users than the file is."""
+    return stat.S_IMODE(os.stat(path).st_mode) & 0o666

@@ -41,6 +41,19 @@ def _target_labels(reading: InstanceReading) -> dict[str, str]:
     return {**reading.target.labels, "build": reading.build}
 
 
+def upstream_labels(theirs: Mapping[str, str], ours: Mapping[str, str]) -> dict[str, str]:
+    """A server's sample labels under the exporter's: ours (``host``, ``instance`` ...) always
+    win, so whatever answers on an instance's port cannot pose as another host or instance. A
+    label of theirs that ours replace is kept as ``exported_NAME``, as Prometheus itself keeps
+    a scraped label that a target label replaces."""
+    out = dict(ours)
+    for name, value in theirs.items():
+        while name in out:
+            name = f"exported_{name}"
+        out[name] = value
+    return out
+
+
 def reading_families(reading: HostReading) -> list[Metric]:
     """Everything one reading of a host says, as Prometheus families."""
     from prometheus_client.metrics_core import Metric
@@ -72,7 +85,7 @@ def reading_families(reading: HostReading) -> list[Metric]:
             if metric is None:
                 metric = theirs[family.name] = Metric(family.name, family.doc, family.kind)
             for sample in family.samples:
-                metric.add_sample(sample.name, {**labels, **sample.labels}, sample.value)
+                metric.add_sample(sample.name, upstream_labels(sample.labels, labels), sample.value)
     sw = reading.switches
     for name, restart in sw.restarts.items():
         labels = {**host, "instance": name}

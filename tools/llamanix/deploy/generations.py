@@ -24,14 +24,17 @@ of the host runs under the host's lock (docs/switching.md, "Crash consistency"):
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal, get_args
 
+from llamanix.core import file_reader
 from llamanix.core.errors import Problem, UserError
 from llamanix.core.json_codec import (
     OMIT_NONE,
@@ -46,7 +49,7 @@ from llamanix.deploy.gate_records import BaselineRecord, GateKind, GateResult
 from llamanix.deploy.state_dir import host_state_root
 from llamanix.deploy.warm_records import WarmRecord
 from llamanix.external.clock import now
-from llamanix.external.files import atomic_write
+from llamanix.external.files import WriteFailed, atomic_write
 from llamanix.render.manifest import MANIFEST, Manifest, ManifestInstance
 
 FILES = "files"
@@ -66,11 +69,25 @@ ManagerKind = Literal["nixos", "systemd", "systemd-user", "up"]
 MANAGERS: tuple[ManagerKind, ...] = get_args(ManagerKind)
 
 
-def _read_json(path: Path) -> object:
+# What to do about a state file that does not read: it was not written by llamanix (whose
+# writes are atomic), so it is named, never taken for no record.
+_GENERATION_FIX = "restore it from a backup, or remove this generation's directory"
+_MANAGER_FIX = "remove it, and pass --manager to the next switch, which records it again"
+_BASELINE_FIX = "remove it: the next bench before a switch records it again"
+_CURRENT_FIX = "write into it the number of the generation that serves, as generations lists"
+
+
+def _unreadable(err: UserError, fix: str) -> UserError:
+    problem = err.problems[0]
+    return UserError(Problem(problem.source, "", f"not a llamanix record: {problem.message}", fix))
+
+
+def _read_json(path: Path, fix: str) -> object:
+    """A record's JSON, or None when there is none."""
     try:
-        return json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
+        return file_reader.json_if_present(path, source=str(path))
+    except file_reader.FileRefused as err:
+        raise _unreadable(err, fix) from None
 
 
 def _write_json(path: Path, data: object) -> None:
@@ -213,7 +230,7 @@ class Generation:
 
     @property
     def record(self) -> GenerationRecord:
-        return GenerationRecord.read(_read_json(self.path / RESULT))
+        return GenerationRecord.read(_read_json(self.path / RESULT, _GENERATION_FIX))
 
     @property
     def outcome(self) -> GateOutcome | None:
@@ -225,7 +242,12 @@ class Generation:
         folder = self.path / FILES
         if not folder.is_dir():
             return {}
-        found = {p.name: p.read_text() for p in sorted(folder.iterdir()) if p.is_file()}
+        found: dict[str, str] = {}
+        for p in sorted(folder.iterdir()):
+            try:
+                found[p.name] = file_reader.read_text(p, source=str(p))
+            except file_reader.FileRefused as err:
+                raise _unreadable(err, _GENERATION_FIX) from None
         check_manifest(found, folder)
         return found
 
@@ -256,10 +278,11 @@ class HostState:
     def generations(self) -> list[Generation]:
         if not self.generations_dir.is_dir():
             return []
+        # ASCII digits only: int() reads "²" or "٣" too, which are no generation llamanix made.
         found = [
             Generation(int(p.name), p)
             for p in self.generations_dir.iterdir()
-            if p.name.isdigit() and p.is_dir()
+            if p.name.isascii() and p.name.isdigit() and p.is_dir()
         ]
         return sorted(found, key=lambda g: g.number)
 
@@ -278,10 +301,16 @@ class HostState:
         )
 
     def current(self) -> Generation | None:
+        pointer = self.root / "current"
         try:
-            number = int((self.root / "current").read_text().strip())
-        except (FileNotFoundError, ValueError):
+            text = file_reader.text_if_present(pointer, source=str(pointer))
+        except file_reader.FileRefused as err:
+            raise _unreadable(err, _CURRENT_FIX) from None
+        if text is None:
             return None
+        if not (text.strip().isascii() and text.strip().isdigit()):
+            raise UserError(Problem(str(pointer), "", "not a generation number", _CURRENT_FIX))
+        number = int(text.strip())
         path = self.generations_dir / str(number)
         return Generation(number, path) if path.is_dir() else None
 
@@ -294,18 +323,27 @@ class HostState:
         config_text: str,
         config_suffix: str,
         record: GenerationRecord,
+        config_mode: int = 0o600,
     ) -> Generation:
-        """A new numbered generation, complete on disk before it becomes visible."""
+        """A new numbered generation, complete on disk before it becomes visible. Its copy of
+        the config gets ``config_mode`` (the file's own: readable by no more users)."""
         self.generations_dir.mkdir(parents=True, exist_ok=True)
         existing = self.generations()
         number = existing[-1].number + 1 if existing else 1
         staging = self.generations_dir / f".{number}.tmp"
         shutil.rmtree(staging, ignore_errors=True)
-        (staging / FILES).mkdir(parents=True)
-        for name, text in files.items():
-            atomic_write(staging / FILES / name, text)
-        atomic_write(staging / f"config{config_suffix}", config_text)
-        _write_json(staging / RESULT, replace(record, number=number, date=now()).to_json())
+        try:
+            try:
+                (staging / FILES).mkdir(parents=True)
+            except OSError as err:
+                raise WriteFailed(staging / FILES, err) from None
+            for name, text in files.items():
+                atomic_write(staging / FILES / name, text)
+            atomic_write(staging / f"config{config_suffix}", config_text, mode=config_mode)
+            _write_json(staging / RESULT, replace(record, number=number, date=now()).to_json())
+        except WriteFailed:
+            shutil.rmtree(staging, ignore_errors=True)  # a full disk leaves no half generation
+            raise
         crash_point("generation:before-rename")
         os.replace(staging, self.generations_dir / str(number))
         _fsync_dir(self.generations_dir)  # the rename itself survives a power cut too
@@ -340,6 +378,36 @@ class HostState:
                 )
         return notes
 
+    @contextmanager
+    def all_or_nothing(self) -> Iterator[None]:
+        """Writes to this state (new generations, ``current``, ``manager.json``) that all
+        happen or, where one fails (a full disk), none: the generations made inside are
+        removed and the two files put back as they were, then the failure goes on."""
+        kept = {name: self._raw(name) for name in ("current", "manager.json")}
+        numbers = {g.number for g in self.generations()}
+        try:
+            yield
+        except BaseException:
+            # Nothing is activated yet: whatever failed (a full disk, a config that cannot be
+            # rewritten as its owner set it up, Ctrl-C), the state goes back as it was.
+            for gen in self.generations():
+                if gen.number not in numbers:
+                    shutil.rmtree(gen.path, ignore_errors=True)
+            for name, data in kept.items():
+                if data is None:
+                    (self.root / name).unlink(missing_ok=True)
+                elif self._raw(name) != data:
+                    atomic_write(self.root / name, data)  # the removals above made room
+            raise
+
+    def _raw(self, name: str) -> bytes | None:
+        try:
+            return file_reader.read_bytes(self.root / name, source=str(self.root / name))
+        except file_reader.FileRefused as err:
+            if err.errno == errno.ENOENT:
+                return None
+            raise
+
     def previous_good(self, before: int) -> Generation | None:
         """The newest generation older than ``before`` whose gate passed (or was not run)."""
         for gen in reversed(self.generations()):
@@ -350,7 +418,7 @@ class HostState:
     # -- how the host was switched --------------------------------------------------------
 
     def manager(self) -> ManagerRecord | None:
-        return ManagerRecord.read(_read_json(self.root / "manager.json"))
+        return ManagerRecord.read(_read_json(self.root / "manager.json", _MANAGER_FIX))
 
     def set_manager(self, record: ManagerRecord) -> None:
         _write_json(self.root / "manager.json", record.to_json())
@@ -358,7 +426,7 @@ class HostState:
     # -- bench baselines --------------------------------------------------------------------
 
     def baseline(self, instance: str) -> BaselineRecord | None:
-        data = _read_json(self.root / "bench" / f"{instance}.json")
+        data = _read_json(self.root / "bench" / f"{instance}.json", _BASELINE_FIX)
         return BaselineRecord.from_json(data) if isinstance(data, dict) else None
 
     def save_baseline(self, instance: str, record: BaselineRecord) -> None:

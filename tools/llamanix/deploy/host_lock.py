@@ -118,8 +118,11 @@ def _flock(
             if scratch and not _names(path, fd):
                 continue  # its holder removed it as we waited: take the one there now
             record = {"pid": os.getpid(), "command": command, "since": now(), "config": source}
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, json.dumps(record).encode(), 0)
+            try:
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, json.dumps(record).encode(), 0)
+            except OSError:
+                pass  # a full disk: the lock holds all the same, only its holder goes unnamed
             try:
                 yield
             finally:
@@ -224,4 +227,5 @@ def _participle(command: str) -> str:
         "pin": "pinned",
         "tidy": "tidied",
         "up": "started by llamanix up",
+        "build": "given a new build",
     }.get(command, command)

@@ -20,6 +20,7 @@ from llamanix.core.config import Config, load_config
 from llamanix.core.errors import UserError
 from llamanix.core.host_choice import pick_host
 from llamanix.core.observability import UNKNOWN_BUILD
+from llamanix.deploy.generations import HostState
 from llamanix.deploy.metrics_targets import (
     MetricsTarget,
     host_targets,
@@ -80,7 +81,8 @@ class _Loaded:
 
 
 class HostReader:
-    """Reads ``host`` of the config at ``config_path`` (None: its only host)."""
+    """Reads ``host`` of the config at ``config_path`` (None: its only host), and the host's
+    generation records in ``state_dir`` (None: ``.llamanix-state/HOST`` beside the config)."""
 
     def __init__(
         self,
@@ -88,9 +90,11 @@ class HostReader:
         host: str | None = None,
         *,
         warn: Callable[[str], None] | None = None,
+        state_dir: Path | None = None,
     ) -> None:
         self.config_path = config_path
         self._host_arg = host
+        self._state_dir = state_dir
         self._warn = warn or (lambda line: print(f"llamanix: {line}", file=sys.stderr))
         self._loaded = self._load()
         self._clients: dict[tuple[str, str | None], httpx.Client] = {}
@@ -107,13 +111,17 @@ class HostReader:
     def config(self) -> Config:
         return self._loaded.config
 
+    def _state(self, host: str) -> HostState:
+        root = self._state_dir or host_state_root(self.config_path, host)
+        return HostState(root, host)
+
     def _load(self) -> _Loaded:
         """The config and its targets; UserError when it is wrong (at start: the command's
         one line)."""
         mtime = self.config_path.stat().st_mtime_ns if self.config_path.exists() else 0
         config = load_config(self.config_path)
         host = pick_host(config, self._host_arg)
-        targets = host_targets(config, host, serving_builds(self.config_path, host))
+        targets = host_targets(config, host, serving_builds(self._state(host)))
         notes = [t.ceiling_note for t in targets if t.ceiling_note]
         for note in notes:
             self._warn(note)
@@ -183,7 +191,7 @@ class HostReader:
 
     def _read_switches(self) -> SwitchFigures:
         """The host's switch figures, read again only when its records changed."""
-        root = host_state_root(self.config_path, self.host)
+        root = self._state(self.host).root
         stamp = tuple(
             p.stat().st_mtime_ns for p in (root / "current", root / "generations") if p.exists()
         )
@@ -192,7 +200,7 @@ class HostReader:
             # A record is rewritten in place as its switch goes on (its verdict, its gaps).
             stamp += tuple(p.stat().st_mtime_ns for p in sorted(newest.glob("*/result.json"))[-3:])
         if stamp != self._records_stamp:
-            self._switches = switch_figures(self.config_path, self.host)
+            self._switches = switch_figures(self._state(self.host))
             self._records_stamp = stamp
         return self._switches
 

@@ -12,10 +12,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from llamanix.core import file_reader
 from llamanix.core.config import Config
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
 from llamanix.core.process_end import FAULT_SIGNALS, died_of
 from llamanix.core.schema import NixosSudo
+from llamanix.core.types import child_name
 from llamanix.deploy.generations import (
     HostState,
     InstanceSummary,
@@ -23,6 +25,7 @@ from llamanix.deploy.generations import (
     ManagerRecord,
     check_manifest,
 )
+from llamanix.deploy.host_kind import refuse_unstated_nixos
 from llamanix.deploy.up_status import read_status
 from llamanix.external import nix, systemctl
 from llamanix.external.files import atomic_write
@@ -34,6 +37,7 @@ from llamanix.render.changes import (
     manifest_router,
     routed_members,
 )
+from llamanix.render.exporter_unit import UNIT as EXPORTER_UNIT
 from llamanix.render.manifest import MANIFEST, Render, same_unit, unit_name
 
 if TYPE_CHECKING:
@@ -124,6 +128,14 @@ def install_files(
 ) -> None:
     """Write what differs (manifest last, each file atomically), then remove what went away."""
     names = sorted((n for n in new if only(n)), key=lambda n: n == MANIFEST)
+    for name in (*names, *old):
+        # A name from a manifest read back from disk is as untrusted as the config's.
+        try:
+            child_name(name)
+        except ValueError as err:
+            raise UserError(
+                Problem(str(dest), "", f"refused to write or remove {err}", "check the manifest")
+            ) from None
     for name in names:
         if new[name] != old.get(name) or not (dest / name).exists():
             if runner.dry_run:
@@ -190,7 +202,9 @@ class SystemdManager(_InstallsFiles):
     def installed(self) -> dict[str, str]:
         if not self.units_dir.is_dir():
             return {}
-        return {p.name: p.read_text() for p in sorted(self.units_dir.glob("llamanix-*.service"))}
+        # The exporter's unit is installed by hand, beside the render's: never the switch's.
+        found = sorted(self.units_dir.glob("llamanix-*.service"))
+        return {p.name: _unit_text(p) for p in found if p.name != EXPORTER_UNIT}
 
     def activate(
         self, runner: Runner, new: dict[str, str], old: dict[str, str], timeout_s: float
@@ -210,6 +224,11 @@ class SystemdManager(_InstallsFiles):
             started = systemctl.restart(runner, self.user, changed, check=False)
         else:
             started = self.restarts.restart(runner, self.user, changed)
+        if not self.user and (self.units_dir / EXPORTER_UNIT).exists():
+            # A system exporter has the config as a credential, a copy made when it started,
+            # and its records' bind only where they existed then: it starts again to see
+            # what this activation changed.
+            systemctl.try_restart(runner, self.user, [EXPORTER_UNIT])
         if started or runner.dry_run:
             return {}
         return self.not_serving(changed)
@@ -281,16 +300,18 @@ class UpManager(_InstallsFiles):
             )
 
     def installed(self) -> dict[str, str]:
-        try:
-            manifest = (self.units_dir / MANIFEST).read_text()
-        except FileNotFoundError:
+        path = self.units_dir / MANIFEST
+        manifest = file_reader.text_if_present(path, source=str(path))
+        if manifest is None:
             return {}
         files = {MANIFEST: manifest}
         check_manifest(files, self.units_dir)
         for name, entry in manifest_instances(files).items():
             for fname in (entry.unit, f"{name}.argv.json"):
-                if (self.units_dir / fname).exists():
-                    files[fname] = (self.units_dir / fname).read_text()
+                path = self.units_dir / fname
+                text = file_reader.text_if_present(path, source=str(path))
+                if text is not None:
+                    files[fname] = text
         return files
 
     def activate(
@@ -430,6 +451,14 @@ def as_installed(
     return {**recorded, **{k: v for k, v in installed.items() if k in keep}}, drifted
 
 
+def _unit_text(path: Path) -> str:
+    """An installed unit's text; a masked unit (a link to /dev/null, ``systemctl mask``) is
+    empty, as systemd reads it, rather than a device the reader refuses."""
+    if os.path.realpath(path) == os.devnull:
+        return ""
+    return file_reader.read_text(path, source=str(path))
+
+
 def user_units_dir() -> Path:
     base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
     return Path(base) / "systemd" / "user"
@@ -453,7 +482,10 @@ def make_manager(
     units_dir: Path | None,
 ) -> Manager:
     recorded = state.manager()
-    kind = manager or (recorded.manager if recorded else None) or config.hosts[host].kind
+    kind = manager or (recorded.manager if recorded else None)
+    if kind is None:
+        refuse_unstated_nixos(config, [host])
+        kind = config.hosts[host].kind
     if units_dir is None and recorded and recorded.manager == kind and recorded.units_dir:
         units_dir = Path(recorded.units_dir)
     target = config.hosts[host].target

@@ -61,9 +61,9 @@ def _ceiling(config: Config, inst: Instance) -> tuple[float | None, str | None]:
     return decode_ceiling_tok_s(bandwidth, table.weight_bytes_per_token()), None
 
 
-def serving_builds(config: Path, host: str) -> dict[str, str]:
+def serving_builds(state: HostState) -> dict[str, str]:
     """Each instance's source revision in the serving generation's manifest, where recorded."""
-    current = HostState.beside(config, host).current()
+    current = state.current()
     if current is None:
         return {}
     text = current.files().get(MANIFEST)

@@ -14,6 +14,7 @@ from llamanix.core.probe_diff import flip_warning, probe_diff
 from llamanix.core.residency import plan_residency
 from llamanix.core.schema import SPEC_TYPES_WITH_DRAFT_MODEL
 from llamanix.core.variants import VARIANTS
+from llamanix.deploy.host_kind import refuse_unstated_nixos
 from llamanix.deploy.host_plan import (
     Fit,
     GatewayPlan,
@@ -89,6 +90,18 @@ NO_CHAT_TEMPLATE = (
 def chat_template_warnings(inst: Instance) -> list[str]:
     """A model file readable here without a chat template; nothing when it is not readable."""
     return [NO_CHAT_TEMPLATE] if has_chat_template(Path(inst.model)) is False else []
+
+
+def arch_warnings(host: Host, gpu: bool) -> list[str]:
+    """A GPU instance on a host whose cuda_archs leave out its card's compute capability (the
+    GPU table's): doctor's cuda-arch finding, said before anything is built or switched."""
+    if not gpu or host.gpu is None:
+        return []
+    from llamanix.core.gpus import arch_mismatch, load_gpus
+
+    card = load_gpus()[host.gpu]
+    mismatch = arch_mismatch(card.label, card.compute_capability, host.name, host.cuda_archs)
+    return [] if mismatch is None else [f"{mismatch.message} ({mismatch.fix})"]
 
 
 def fit_and_ceiling(inst: Instance, host: Host) -> Fit | None:
@@ -282,6 +295,7 @@ def plan_config(
     hosts = (
         [pick_host(config, host)] if host else [h for h in config.hosts if config.instances_on(h)]
     )
+    refuse_unstated_nixos(config, hosts)
     if previous:
         _refuse_drift(
             config, [i.name for h in hosts for i in config.instances_on(h)], previous, caps
@@ -311,6 +325,7 @@ def plan_config(
                         security_exposure=exposures.get(r.unit),
                         warnings=(
                             *warnings_for(inst),
+                            *arch_warnings(config.hosts[name], r.gpu),
                             *chat_template_warnings(inst),
                             *r.warnings,
                             *_flip_warnings(inst, previous or {}, caps),

@@ -24,6 +24,7 @@ from llamanix.deploy.config_edit import (
     lenient_parse,
     parse_text,
     read_config,
+    rewrite_problem,
 )
 from llamanix.deploy.gate import GatePrompts
 from llamanix.deploy.gate_records import GateKind
@@ -68,6 +69,10 @@ class SwitchRequest:
         if new_text is None:
             new_text = apply_sets(path, source.text, opts.sets)
         config = parse_text(path, new_text)
+        if new_text != source.text:
+            cannot = rewrite_problem(path)
+            if cannot is not None:
+                raise UserError(cannot)
         order = which.hosts_of(config)
         gate = opts.gate_kind(str(path))
         renders = {

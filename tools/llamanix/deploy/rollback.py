@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from llamanix.core import file_reader
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
+from llamanix.deploy.config_edit import write_config
 from llamanix.deploy.crash_point import crash_point
 from llamanix.deploy.generations import Generation, HostState
 from llamanix.deploy.leftovers import scope_of, tidy_machine
@@ -15,7 +17,6 @@ from llamanix.deploy.request import RollbackRequest
 from llamanix.deploy.serving import check_serving
 from llamanix.deploy.switch_records import Echo
 from llamanix.external.clock import now
-from llamanix.external.files import atomic_write
 from llamanix.external.process import Runner
 from llamanix.render.changes import diff_files
 
@@ -47,7 +48,9 @@ def rollback_host(request: RollbackRequest, runner: Runner, echo: Echo) -> Gener
     old_files = current.files() if current else manager.installed()
     old_files, _ = as_installed(manager, old_files, new_files)
     snapshot = target.config_snapshot()
-    snapshot_text = snapshot.read_text() if snapshot is not None else None
+    snapshot_text = (
+        file_reader.read_text(snapshot, source=str(snapshot)) if snapshot is not None else None
+    )
     echo(f"{name}: rolling back to generation {target.number} via {manager.name}")
     if not runner.dry_run:
         # What a switch that did not finish left with these units (fences, redirects, a
@@ -58,7 +61,7 @@ def rollback_host(request: RollbackRequest, runner: Runner, echo: Echo) -> Gener
         if snapshot_text is not None:
             runner.note(f"write {path}")
     elif snapshot_text is not None:
-        atomic_write(path, snapshot_text)
+        write_config(path, snapshot_text)
         crash_point("rollback:config-written")
     if manager.restores_the_previous_generation and opts.to is None:
         manager.restore(runner, new_files, old_files, timeout_s)
@@ -67,9 +70,12 @@ def rollback_host(request: RollbackRequest, runner: Runner, echo: Echo) -> Gener
         if failed:
             raise ExternalCommandError(f"generation {target.number} did not start: {failed}")
         crash_point("rollback:activated")
-    if runner.dry_run:
-        return target
     changed, _ = diff_files(new_files, old_files)
+    if runner.dry_run:
+        # The steps after the commands, as a real rollback takes them.
+        runner.note(f"check {', '.join(changed) or 'nothing'}: serving again (health, one chat)")
+        runner.note(f"record generation {target.number} as the current one")
+        return target
     # The generation's config is parsed only when an instance changed (to reach it).
     target_config = request.config_of(snapshot_text) if snapshot_text and changed else None
     serving, _ = check_serving(target_config, changed, timeout_s, echo)

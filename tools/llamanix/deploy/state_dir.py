@@ -1,13 +1,8 @@
-"""Where a host's deploy state lives: ``.llamanix-state/HOST/`` beside the config (its
-generations, its manager record, and ``up``'s render directory). Its own module so that a
-command can see whether there is any state without loading the records that read it."""
+"""Where a host's deploy state lives (``core.state_dir``, which render reads too), for the
+deploy modules that name it here."""
 
 from __future__ import annotations
 
-from pathlib import Path
+from llamanix.core.state_dir import STATE_DIR, host_state_root
 
-STATE_DIR = ".llamanix-state"
-
-
-def host_state_root(config: Path, host: str) -> Path:
-    return config.resolve().parent / STATE_DIR / host
+__all__ = ["STATE_DIR", "host_state_root"]

@@ -18,12 +18,12 @@ the same for any number of readers, and survives a reader that crashes.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import itertools
 import json
 import os
 import re
-import shlex
 import signal
 import threading
 import time
@@ -34,6 +34,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from llamanix.core import file_reader
 from llamanix.core.argv import SLOT_SAVE_FLAG, state_dir_spec
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
 from llamanix.core.process_end import describe_returncode
@@ -48,6 +49,7 @@ from llamanix.deploy.up_status import (
 from llamanix.external.llama_server import ServerStartError
 from llamanix.external.process import CommandTimedOut, run_captured
 from llamanix.measure.server_process import LlamaServer, tail
+from llamanix.render import systemd
 from llamanix.render.manifest import MANIFEST, Manifest
 
 POLL_S = 0.25
@@ -124,24 +126,18 @@ class ServiceSpec:
 
 
 def unit_settings(text: str) -> dict[str, list[str]]:
-    """``Key=value`` lines of a unit (all sections; keys may repeat)."""
+    """``Key=value`` lines of a unit (all sections; keys may repeat), read as systemd reads
+    them (render/systemd.py: continuation lines joined, comments dropped)."""
     out: dict[str, list[str]] = {}
-    for raw in text.splitlines():
-        line = raw.strip()
-        if not line or line.startswith(("#", ";", "[")) or "=" not in line:
-            continue
-        key, value = line.split("=", 1)
-        out.setdefault(key.strip(), []).append(value.strip())
+    for section in systemd.read_unit(text).values():
+        for key, values in section.items():
+            out.setdefault(key, []).extend(values)
     return out
 
 
 def expand_specifiers(value: str, cache_dir: Path) -> str:
     # %C is systemd's cache directory; under ``up`` it is the render directory's cache/.
-    return re.sub(
-        r"%(.)",
-        lambda m: "%" if m.group(1) == "%" else str(cache_dir) if m.group(1) == "C" else m.group(0),
-        value,
-    )
+    return systemd.expand_specifiers(value, {"C": str(cache_dir)})
 
 
 def state_dir(units_dir: Path, name: str) -> Path:
@@ -161,12 +157,10 @@ def expand_argv(argv: list[str], units_dir: Path, name: str) -> tuple[str, ...]:
 
 
 def unit_environment(values: list[str], cache_dir: Path) -> list[tuple[str, str]]:
+    """Environment= lines as systemd reads them (render/systemd.py, the writer's reader)."""
     env: list[tuple[str, str]] = []
     for value in values:
-        # systemd quotes Environment= words like a POSIX shell's double quotes.
-        for word in shlex.split(value):
-            key, _, val = word.partition("=")
-            env.append((key, expand_specifiers(val, cache_dir)))
+        env += systemd.assignments(value, {"C": str(cache_dir)})
     return env
 
 
@@ -181,27 +175,28 @@ def one_line(message: str) -> str:
 
 
 def manifest_digest(units_dir: Path) -> str | None:
+    path = units_dir / MANIFEST
     try:
-        return hashlib.sha256((units_dir / MANIFEST).read_bytes()).hexdigest()
-    except FileNotFoundError:
-        return None
+        data = file_reader.read_bytes(path, source=str(path))
+    except file_reader.FileRefused as err:
+        if err.errno == errno.ENOENT:
+            return None
+        raise
+    return hashlib.sha256(data).hexdigest()
 
 
 def _exec_argv(line: str) -> tuple[str, ...]:
-    """An Exec*= line's words. systemd's privilege prefix ("+": run outside the sandbox, as
-    root) means nothing here: ``up`` runs every command as its own user, unsandboxed."""
-    words = shlex.split(line)
-    if words:
-        words[0] = words[0].lstrip("+!:")
-    return tuple(words)
+    """An Exec*= line's words, as systemd reads them. Its privilege prefix ("+": run outside
+    the sandbox, as root) means nothing here: ``up`` runs every command as its own user,
+    unsandboxed."""
+    return tuple(systemd.exec_argv(line)[1])
 
 
 def load_specs(units_dir: Path) -> dict[str, ServiceSpec]:
     """The services a render directory describes; UserError when it is not a render."""
     manifest_path = units_dir / MANIFEST
-    try:
-        manifest = Manifest.from_json(manifest_path.read_text())
-    except FileNotFoundError:
+    text = file_reader.text_if_present(manifest_path, source=str(manifest_path))
+    if text is None:
         raise UserError(
             Problem(
                 str(manifest_path),
@@ -209,7 +204,9 @@ def load_specs(units_dir: Path) -> dict[str, ServiceSpec]:
                 "no render here",
                 "run llamanix up CONFIG or llamanix render first",
             )
-        ) from None
+        )
+    try:
+        manifest = Manifest.from_json(text)
     except ValueError as err:
         raise UserError(
             Problem(str(manifest_path), "", f"not a llamanix manifest: {err}")
@@ -219,9 +216,9 @@ def load_specs(units_dir: Path) -> dict[str, ServiceSpec]:
     for name, entry in manifest.instances.items():
         unit = entry.unit
         try:
-            argv = json.loads((units_dir / f"{name}.argv.json").read_text())
-            settings = unit_settings((units_dir / unit).read_text())
-        except (FileNotFoundError, json.JSONDecodeError) as err:
+            argv = file_reader.read_json(units_dir / f"{name}.argv.json")
+            settings = unit_settings(file_reader.read_text(units_dir / unit))
+        except file_reader.FileRefused as err:
             raise UserError(Problem(str(units_dir), name, f"incomplete render: {err}")) from None
         try:
             specs[name] = ServiceSpec(
@@ -237,7 +234,7 @@ def load_specs(units_dir: Path) -> dict[str, ServiceSpec]:
                 ),
                 start_post=tuple(_exec_argv(v) for v in settings.get("ExecStartPost", [])),
                 credentials=tuple(
-                    tuple(v.split(":", 1))  # type: ignore[misc]
+                    tuple(systemd.expand_specifiers(v).split(":", 1))  # type: ignore[misc]
                     for v in settings.get("LoadCredential", [])
                     if ":" in v
                 ),

@@ -18,14 +18,22 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from llamanix.core.config import Config
-from llamanix.core.errors import ExternalCommandError
+from llamanix.core.errors import ExternalCommandError, UserError
 from llamanix.deploy import gateway_venv
-from llamanix.deploy.binary_dialect import refuse_other_dialect
+from llamanix.deploy.binary_dialect import probe_notes, refuse_other_dialect
 from llamanix.deploy.blue_green import Bridge, bridge_for, why_not
+from llamanix.deploy.config_edit import config_mode, write_config
 from llamanix.deploy.crash_point import crash_point
 from llamanix.deploy.gap_records import GapRecord
-from llamanix.deploy.gate import GatePrompts, confirm_regression, measure_baseline, run_gate
+from llamanix.deploy.gate import (
+    BASELINE_RUNS,
+    GatePrompts,
+    confirm_regression,
+    measure_baseline,
+    run_gate,
+)
 from llamanix.deploy.gate_records import (
+    BENCH_MAX_TOKENS,
     DEFAULT_GATE_PROMPTS,
     Baseline,
     BaselineRecord,
@@ -61,10 +69,11 @@ from llamanix.deploy.serving import (
     gate_target,
     router_for,
 )
+from llamanix.deploy.state_dir import STATE_DIR
 from llamanix.deploy.switch_records import Echo, HostOutcome, Restore, SwitchOptions
 from llamanix.deploy.warm import GIB, WarmCaches, WarmPlan, plan_for, state_directory
 from llamanix.deploy.warm_records import WarmRecord
-from llamanix.external.files import atomic_write
+from llamanix.external.files import WriteFailed
 from llamanix.external.process import Runner
 from llamanix.render.changes import manifest_instances, render_changes, served_names
 from llamanix.render.gateway import UNIT_NAME as GATEWAY_UNIT
@@ -287,35 +296,74 @@ def _warm_caches(
 
 
 def _dry_run(sw: _HostSwitch) -> HostOutcome:
+    """Every step a real switch takes, in its order: what it asks (the probe, the baseline),
+    writes (marked with ``#``) and runs; nothing is asked, written or run."""
+    note = sw.runner.note
+    # The host's state as the user named the config (the directory beside it).
+    state = sw.path.parent / STATE_DIR / sw.host
+    if not sw.manager.runs_flake_packages:
+        for line in probe_notes(sw.config, sw.host):
+            note(line)
+    if sw.gate == "bench" and sw.opts.max_regression is not None:
+        for name in (n for n in sw.changed if n != GATEWAY_UNIT):
+            note(
+                f"baseline {name}: 1 warm-up + {BASELINE_RUNS} runs of {BENCH_MAX_TOKENS} tokens "
+                "on the server answering now (else the stored runs of "
+                f"{state / 'bench' / (name + '.json')})"
+            )
+    number = (sw.current.number + 1) if sw.current else 1
+    note(f"record generation {number} in {state}")
     if sw.file_text != sw.new_text:
-        sw.runner.note(f"write {sw.path}")
+        note(f"write {sw.path}")
+    if isinstance(sw.manager, SystemdManager):
+        note("lift what a killed switch left: fences, redirects, a blue-green bridge")
+        servers = [n for n in sw.changed if n in sw.config.instances or n == ROUTER]
+        if servers:
+            note(
+                f"systemctl restart below: {', '.join(servers)} one at a time, each running one "
+                "first fenced where other machines reach it (nft), drained (at most "
+                f"{sw.opts.drain_timeout_s:g} s) and its main process stopped"
+            )
     sw.manager.activate(sw.runner, sw.new_files, sw.old_files, sw.opts.timeout_s)
-    sw.runner.note(f"gate {sw.gate}: {', '.join(sw.changed) or 'nothing'}")
+    note(f"gate {sw.gate}: {', '.join(sw.changed) or 'nothing'}")
     return HostOutcome(sw.host, "dry-run", None, changed=sw.changed)
 
 
 def _stage(sw: _HostSwitch) -> Generation:
     """Record the new generation (gate "pending"), then write the config."""
     suffix = sw.path.suffix or ".toml"
-    if sw.current is None and sw.old_files:
-        found = GenerationRecord(
-            instances=summary_of(sw.old_files),
-            gate=GateRecord("unverified"),
-            note="found installed before the first switch",
+    mode = config_mode(sw.path)
+    try:
+        # A write that fails (a full disk) undoes the others: nothing is activated yet.
+        with sw.state.all_or_nothing():
+            if sw.current is None and sw.old_files:
+                found = GenerationRecord(
+                    instances=summary_of(sw.old_files),
+                    gate=GateRecord("unverified"),
+                    note="found installed before the first switch",
+                )
+                sw.state.set_current(
+                    sw.state.create(sw.old_files, sw.file_text, suffix, found, mode)
+                )
+            record = GenerationRecord(
+                instances=render_summary(sw.render),
+                changed=tuple(sw.changed),
+                removed=tuple(sw.removed),
+                manager=sw.manager.describe(),
+                gate=GateRecord("pending", sw.gate),
+            )
+            gen = sw.state.create(sw.new_files, sw.new_text, suffix, record, mode)
+            sw.state.set_manager(sw.manager.describe())
+            crash_point("switch:staged")
+            if sw.file_text != sw.new_text:
+                write_config(sw.path, sw.new_text)
+    except WriteFailed as err:
+        [problem] = err.problems
+        said = (
+            f"{problem.message}; {sw.host} was not switched "
+            "(its config and generations are as they were)"
         )
-        sw.state.set_current(sw.state.create(sw.old_files, sw.file_text, suffix, found))
-    record = GenerationRecord(
-        instances=render_summary(sw.render),
-        changed=tuple(sw.changed),
-        removed=tuple(sw.removed),
-        manager=sw.manager.describe(),
-        gate=GateRecord("pending", sw.gate),
-    )
-    gen = sw.state.create(sw.new_files, sw.new_text, suffix, record)
-    sw.state.set_manager(sw.manager.describe())
-    crash_point("switch:staged")
-    if sw.file_text != sw.new_text:
-        atomic_write(sw.path, sw.new_text)
+        raise UserError(replace(problem, message=said)) from None
     crash_point("switch:config-written")
     return gen
 
@@ -483,7 +531,7 @@ def _restore(
         f"{restored.number if restored else 'none (nothing was installed)'}"
     )
     if restore_config and sw.new_text != sw.old_text:  # _stage left the new text there
-        atomic_write(sw.path, sw.old_text)
+        write_config(sw.path, sw.old_text)
     if sw.manager.failed_activation_changes_nothing and not activated:
         detail = (
             f"{failed.name}: {failed.detail}; nixos-rebuild did not finish, so nothing "
@@ -581,7 +629,7 @@ def _reapply(
         f"generation {gen.number} again"
     )
     if restore_config and sw.new_text != sw.old_text:
-        atomic_write(sw.path, sw.new_text)
+        write_config(sw.path, sw.new_text)
     _reverse_restarts(sw)
     started = time.monotonic()
     try:

@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from pathlib import Path
 
 from llamanix.deploy.gap_records import GapRecord
 from llamanix.deploy.generations import GateOutcome, GenerationRecord, HostState
@@ -62,9 +61,8 @@ def _rollbacks(record: GenerationRecord) -> int:
     return int(record.rollback is not None) + int(record.activated_again is not None)
 
 
-def switch_figures(config: Path, host: str) -> SwitchFigures:
-    """The figures of ``host``'s generations beside ``config``; empty when it has none."""
-    state = HostState.beside(config, host)
+def switch_figures(state: HostState) -> SwitchFigures:
+    """The figures of a host's generations; empty when it has none."""
     generations = state.generations()
     if not generations:
         return SwitchFigures()

@@ -2,9 +2,9 @@
 them and the live view draws them.
 
 A host with a ``target`` (kind systemd or systemd-user) is read over ssh, the way a fleet switch
-reaches it: its own llamanix runs ``fleet-agent top`` there (the one command its sudoers line
-allows), on the fleet agent's copy of the config (where that host's generations are kept), and
-the JSON of ``top --once --json`` comes back.
+reaches it: its own llamanix runs ``fleet-agent top`` there (one of the fleet agent's commands,
+which its sudoers line allows), on the fleet agent's copy of the config (where that host's
+generations are kept), and the JSON of ``top --once --json`` comes back.
 A host that cannot be read is one marked row, never a traceback.
 """
 
@@ -17,12 +17,15 @@ from typing import Literal
 from llamanix.core.config import Config
 from llamanix.core.errors import ExternalCommandError, UserError
 from llamanix.core.json_codec import JsonRecord
-from llamanix.deploy.fleet.protocol import EXIT_INCOMPATIBLE, HELLO, PROTOCOL
-from llamanix.deploy.fleet.remote import remote_host
+from llamanix.deploy.fleet.protocol import EXIT_INCOMPATIBLE, HELLO
+from llamanix.deploy.fleet.remote import agent_argv, agent_request, remote_host
 from llamanix.deploy.host_reading import HostReading, InstanceReading
 from llamanix.deploy.switch_figures import SwitchFigures
 from llamanix.external.process import Runner
 from llamanix.external.ssh import SSH_FAILED, run_ssh
+from llamanix.measure.scrape import NOTHING_LISTENS
+from llamanix.render.manifest import unit_name
+from llamanix.render.units import ROUTER
 
 TOP_FORMAT = "llamanix-top/1"
 # A host's state: read, not reachable over ssh, or reached but its llamanix could not read it.
@@ -77,7 +80,7 @@ def _row(reading: InstanceReading, switches: SwitchFigures) -> TopRow:
     return TopRow(
         instance=reading.target.instance,
         state=reading.scrape.state,
-        detail=reading.scrape.detail,
+        detail=_detail(reading),
         variant=labels.get("variant"),
         build=reading.build,
         model=labels.get("model"),
@@ -97,6 +100,16 @@ def _row(reading: InstanceReading, switches: SwitchFigures) -> TopRow:
         last_load_s=restart.gap.load_s if restart else None,
         last_switch_generation=restart.generation if restart else None,
     )
+
+
+def _detail(reading: InstanceReading) -> str:
+    """Why a row is marked, and for a server that is not there, where to look."""
+    detail = reading.scrape.detail
+    if reading.scrape.state == "down" and detail.startswith(NOTHING_LISTENS):
+        member = reading.target.endpoint.member is not None
+        unit = unit_name(ROUTER if member else reading.target.instance)
+        detail += f" (see why: systemctl status {unit}; start it: llamanix switch)"
+    return detail
 
 
 def top_host(reading: HostReading) -> TopHost:
@@ -149,21 +162,14 @@ def remote_top(config: Config, host: str, runner: Runner, window: float = 0.0) -
             f"a {kind} host is not read over ssh (only systemd and systemd-user hosts are): "
             f"run llamanix top on {host} itself",
         )
-    # Through the fleet agent: the one llamanix command a host's sudoers line allows.
-    command = [
-        *rh.llamanix(),
-        "fleet-agent",
-        "top",
-        "--protocol",
-        str(PROTOCOL),
-        "--host",
-        host,
-        "--window",
-        f"{window:g}",
-    ]
+    # Through the fleet agent (one of the commands a host's sudoers line allows, as it is:
+    # what it reads comes on stdin).
+    request = agent_request(rh, window_s=window)
     lines: list[str] = []
     try:
-        result = run_ssh(runner, rh.target, command, lines.append, show=False)
+        result = run_ssh(
+            runner, rh.target, agent_argv(rh, "top"), lines.append, request, show=False
+        )
     except ExternalCommandError as err:
         return TopHost(host, "unreachable", str(err))
     if result.returncode == SSH_FAILED:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, get_args
 
+from llamanix.core import file_reader
 from llamanix.core.errors import Problem, UserError
 from llamanix.core.json_codec import JsonRecord
 from llamanix.core.json_fields import integer, table
@@ -59,8 +60,10 @@ def read_status(units_dir: Path) -> UpStatus | None:
     """
     path = units_dir / STATUS
     try:
-        data = json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
+        data = file_reader.json_if_present(path, source=str(path))
+    except file_reader.FileRefused:
+        return None  # not a status any up wrote (its writes are atomic): none is live here
+    if data is None:
         return None
     pid = integer(table(data).get("pid"))
     if pid is None or not alive(pid):

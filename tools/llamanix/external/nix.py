@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import json
+import os
 from pathlib import Path
 from typing import Any
 
+from llamanix.core import file_reader
 from llamanix.core.schema import NixosSudo
 from llamanix.external.process import Runner
 
@@ -16,15 +17,24 @@ def login_user(target: str) -> str | None:
     return user if at else None
 
 
+def running_as_root() -> bool:
+    return os.geteuid() == 0
+
+
 def sudo_flag(target: str | None, sudo: NixosSudo) -> list[str]:
-    """How nixos-rebuild gets root for activation. ``auto``: no flag for this machine or a
-    ``root@`` target (so the target needs no sudo installed), else nixos-rebuild-ng's
-    ``--sudo`` (the older nixos-rebuild's ``--use-remote-sudo`` is deprecated there)."""
+    """How nixos-rebuild gets root for activation. ``auto``: no flag for a ``root@`` target
+    (so the target needs no sudo installed) or for this machine when llamanix runs as root,
+    else nixos-rebuild-ng's ``--sudo`` (the older nixos-rebuild's ``--use-remote-sudo`` is
+    deprecated there): a user's local switch activates through sudo, as a remote one does."""
     if sudo == "sudo":
         return ["--sudo"]
     if sudo == "use-remote-sudo":
         return ["--use-remote-sudo"]
-    if sudo == "none" or target is None or login_user(target) == "root":
+    if sudo == "none":
+        return []
+    if target is None:
+        return [] if running_as_root() else ["--sudo"]
+    if login_user(target) == "root":
         return []
     return ["--sudo"]
 
@@ -79,9 +89,9 @@ def flake_lock_override_input(runner: Runner, flake_dir: Path, flake_input: str,
 
 def locked_revisions(flake_dir: Path) -> dict[str, str]:
     """Input name -> locked revision, read from flake.lock (empty when there is none)."""
-    try:
-        data: Any = json.loads((flake_dir / "flake.lock").read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
+    path = flake_dir / "flake.lock"
+    data: Any = file_reader.json_if_present(path, source=str(path))
+    if data is None:
         return {}
     nodes = data.get("nodes", {}) if isinstance(data, dict) else {}
     root = nodes.get(data.get("root", "root"), {}) if isinstance(nodes, dict) else {}

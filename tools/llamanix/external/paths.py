@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import os
 import posixpath
+from pathlib import Path
 
+from llamanix.core import file_reader
+from llamanix.core.errors import UserError
 from llamanix.core.visibility import Node, PathState, Reader
 
 
@@ -54,9 +57,9 @@ def script_interpreter(path: str) -> str | None:
     """The interpreter a script's ``#!`` line names (``/usr/bin/env`` is not one: what it
     finds depends on the unit's PATH), or None."""
     try:
-        with open(path, "rb") as fh:
+        with file_reader.open_regular(Path(path)) as fh:  # a FIFO named as a binary: no wait
             first = fh.readline(256)
-    except OSError:
+    except (UserError, OSError):
         return None
     if not first.startswith(b"#!"):
         return None

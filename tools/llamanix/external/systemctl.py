@@ -33,6 +33,12 @@ def restart(runner: Runner, user: bool, units: Sequence[str], check: bool = True
     return runner.run([*_base(user), "restart", *units], check=check).returncode == 0
 
 
+def try_restart(runner: Runner, user: bool, units: Sequence[str]) -> None:
+    """Restart those of ``units`` that run; one that does not, or is not loaded, is left so."""
+    if units:
+        runner.run([*_base(user), "try-restart", *units], check=False)
+
+
 def enable(runner: Runner, user: bool, units: Sequence[str]) -> None:
     if units:
         runner.run([*_base(user), "enable", *units])

@@ -19,7 +19,7 @@ import httpx
 from llamanix.core.argv import instance_argv
 from llamanix.core.config import Config, Host, Instance
 from llamanix.core.errors import Problem, UserError
-from llamanix.core.gpus import Gpu
+from llamanix.core.gpus import Gpu, arch_mismatch
 from llamanix.core.json_codec import JsonRecord
 from llamanix.core.json_value import JsonObject
 from llamanix.core.process_end import FAULT_SIGNALS, died_of
@@ -34,6 +34,7 @@ from llamanix.measure.gguf_header import has_chat_template
 from llamanix.measure.gguf_info import GgufInfo, read_gguf, read_vocab, vocab_mismatch
 from llamanix.measure.server_log import ServerLog
 from llamanix.measure.workloads import WorkloadFigures
+from llamanix.render.paths import key_files, open_key_files
 
 Severity = Literal["error", "warning", "info"]
 # What each check looks at; a report lists every check that ran under its name.
@@ -52,6 +53,7 @@ CheckName = Literal[
     "spec-bench",
     "spec-crossover",
     "spec-workloads",
+    "key-file",
     "leftovers",
 ]
 # A check passed, found something, or could not look (and says why).
@@ -75,6 +77,7 @@ FindingCode = Literal[
     "spec-workload-costs",
     "spec-workload-pays",
     "spec-workload-unclear",
+    "key-readable",
     # What a switch that did not finish left on this machine (deploy.leftovers).
     "leftover-fence",
     "leftover-redirect",
@@ -327,6 +330,28 @@ def check_chat_template(report: Report, inst: Instance) -> None:
     )
 
 
+def check_key_file(report: Report, config: Config, inst: Instance) -> None:
+    """The key file clients of the instance use (its router's, for a member): one every user
+    of this machine can read is a warning."""
+    router = config.hosts[inst.host].router
+    routed = router is not None and inst.name in router.members
+    owner = f"hosts.{inst.host}.router" if routed else f"instances.{inst.name}"
+    field = f"{owner}.api_key_file"
+    fields = [f for f in key_files(config) if f[0] == field]
+    if not fields:
+        report.skipped("key-file", "no api_key_file")
+        return
+    if config.hosts[inst.host].target is not None:
+        report.skipped("key-file", "the key file is on another host")
+        return
+    found = open_key_files(config, fields)
+    if not found:
+        report.ran("key-file")
+        return
+    report.ran("key-file", "finding")
+    report.add("warning", "key-readable", inst.name, found[0].message, found[0].fix)
+
+
 def check_vram(report: Report, inst: Instance, gpu: Gpu | None) -> None:
     if gpu is None:
         report.skipped("vram", "no GPU known (set hosts.NAME.gpu or pass --gpu)")
@@ -485,20 +510,12 @@ def check_cuda_arch(
     if not host.cuda_archs:
         report.skipped("cuda-arch", "hosts.cuda_archs not set")
         return
-    built = {a.rstrip("af") for a in host.cuda_archs}
     for name, cc in capabilities:
-        if cc in built:
+        mismatch = arch_mismatch(name, cc, host.name, host.cuda_archs)
+        if mismatch is None:
             continue
         report.ran("cuda-arch", "finding")
-        report.add(
-            "warning",
-            "cuda-arch",
-            inst.name,
-            f"{name} has compute capability {cc} but host {host.name} builds for "
-            f"{', '.join(host.cuda_archs)}: kernels are JIT-compiled from PTX on first "
-            "use (a first prefill of 33 s in one report) or fail outright",
-            f'add "{cc}" to hosts.{host.name}.cuda_archs and rebuild',
-        )
+        report.add("warning", "cuda-arch", inst.name, mismatch.message, mismatch.fix)
         return
     report.ran("cuda-arch")
 
@@ -818,6 +835,7 @@ def diagnose(
         local = host.target is None
         gpu = instance_gpu(config, host, gpu_override, smi if local else None)
         check_server_exit(report, inst, inputs.log)
+        check_key_file(report, config, inst)
         check_vocab(report, inst)
         check_chat_template(report, inst)
         check_vram(report, inst, gpu)

@@ -9,9 +9,10 @@ itself only parses options and prints the report.
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+from llamanix.core import file_reader
 from llamanix.core.api_key import key_if_readable
 from llamanix.core.config import Config, load_config
 from llamanix.core.errors import Problem, UserError
@@ -33,6 +34,8 @@ from llamanix.measure.workloads import WorkloadFigures, measure_workloads
 from llamanix.render.manifest import unit_name
 
 SOURCE = "llamanix doctor"
+# A saved log of a long-running server can be large; its start (what doctor reads) comes first.
+LOG_LIMIT = 512 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -129,16 +132,11 @@ def _read_log(request: DoctorRequest, config: Config, instance: str | None) -> S
     """The server's log from --log or the journal; None when neither was asked for."""
     if request.log_file is not None:
         try:
-            return parse_server_log(request.log_file.read_text(errors="replace"))
-        except OSError as err:
-            raise UserError(
-                Problem(
-                    str(request.log_file),
-                    "--log",
-                    f"cannot read ({err.strerror})",
-                    "give a saved llama-server log",
-                )
-            ) from None
+            data = file_reader.read_bytes(request.log_file, limit=LOG_LIMIT, field="--log")
+        except file_reader.FileRefused as err:
+            problem = replace(err.problems[0], fix="give a saved llama-server log")
+            raise UserError(problem) from None
+        return parse_server_log(data.decode(errors="replace"))
     if not request.journal:
         return None
     assert instance is not None  # _instance picked one: --journal is per-instance evidence

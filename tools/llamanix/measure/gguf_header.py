@@ -18,6 +18,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from llamanix.core import file_reader
+from llamanix.core.errors import UserError
+
 CHAT_TEMPLATE_KEY = "tokenizer.chat_template"
 _MAGIC = b"GGUF"
 _STRING, _ARRAY = 8, 9
@@ -43,7 +46,7 @@ def read_header(path: Path) -> GgufHeader | None:
     try:
         stat = path.stat()
         return _read_cached(path.resolve(), stat.st_mtime_ns, stat.st_size)
-    except (OSError, ValueError, struct.error, KeyError):
+    except (OSError, ValueError, struct.error, KeyError, UserError):
         return None
 
 
@@ -55,7 +58,10 @@ def has_chat_template(path: Path) -> bool | None:
 
 @lru_cache(maxsize=32)
 def _read_cached(path: Path, mtime_ns: int, size: int) -> GgufHeader:
-    with path.open("rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as m:
+    with (
+        file_reader.open_regular(path) as fh,
+        mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as m,
+    ):
         if m[:4] != _MAGIC:
             raise ValueError("not GGUF")
         (n_kv,) = struct.unpack_from("<Q", m, 16)

@@ -8,13 +8,16 @@ blocks hold a KV cache.
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from llamanix.core import file_reader
 from llamanix.core.errors import Problem, UserError
 from llamanix.core.json_value import JsonObject
 
@@ -243,11 +246,15 @@ class _Fields:
 
 
 def _open(path: Path) -> GGUFReader:
-    if not path.is_file():
+    try:
+        with file_reader.open_regular(path, source=str(path), field="model") as fh:
+            stat = os.fstat(fh.fileno())
+    except file_reader.FileRefused as err:
+        if err.errno != errno.ENOENT:
+            raise
         raise UserError(
             Problem(str(path), "model", "no such file", "give the path of a .gguf file")
-        )
-    stat = path.stat()
+        ) from None
     return _open_cached(path.resolve(), stat.st_mtime_ns, stat.st_size)
 
 
@@ -255,7 +262,7 @@ def _open(path: Path) -> GGUFReader:
 # its vocabulary, so one parse serves both (keyed on mtime and size to notice a replaced file).
 @lru_cache(maxsize=8)
 def _open_cached(path: Path, mtime_ns: int, size: int) -> GGUFReader:
-    with path.open("rb") as fh:
+    with file_reader.open_regular(path, source=str(path), field="model") as fh:
         magic = fh.read(4)
     if magic != b"GGUF":
         raise UserError(

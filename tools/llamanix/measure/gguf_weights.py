@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from llamanix.core import file_reader
 from llamanix.core.errors import Problem, UserError
 
 _MAGIC = b"GGUF"
@@ -71,7 +72,10 @@ def _string(m: mmap.mmap, offset: int) -> tuple[str, int]:
 def _read_cached(path: Path, mtime_ns: int, size: int) -> WeightTable:
     from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
-    with path.open("rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as m:
+    with (
+        file_reader.open_regular(path, source=str(path), field="model") as fh,
+        mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as m,
+    ):
         if m[:4] != _MAGIC:
             raise ValueError("no GGUF magic")
         n_tensors, n_kv = struct.unpack_from("<QQ", m, 8)

@@ -21,16 +21,19 @@ import json
 import random
 import secrets
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from llamanix.core import file_reader
 from llamanix.core.errors import Problem, UserError
 from llamanix.core.json_value import JsonObject
 
 AGENT_MIN_TOKENS = 512  # the fixed part alone is about 420
 AGENT_MAX_TOKENS = 1_000_000
+# A prompts file or a bench result may hold long texts: a larger bound than a config's.
+USER_JSON_LIMIT = 256 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -404,6 +407,12 @@ def _named_set(spec: str, prompts: list[Prompt]) -> list[Prompt]:
     return [p for p in prompts if p.name in wanted or p.workload in wanted]
 
 
+def names_a_file(spec: str) -> bool:
+    """Whether ``load_prompts`` reads ``spec`` as a JSON file (not a named set)."""
+    named = spec in ("builtin", "realtext") or spec.startswith(("agent:", "builtin:", "realtext:"))
+    return not named
+
+
 def load_prompts(spec: str) -> list[Prompt]:
     """``builtin``, ``builtin:NAME[,NAME]``, ``realtext``, ``realtext:WORKLOAD|NAME[,...]``,
     ``agent:N`` or a JSON file."""
@@ -433,11 +442,13 @@ def load_prompts(spec: str) -> list[Prompt]:
 
 def read_user_json(source: str, field: str, missing_fix: str, syntax_fix: str) -> Any:
     """A user-named JSON file, or one UserError line naming it as the user wrote it."""
+    shown = file_reader.shown_path(source)
+    text = file_reader.text_if_present(
+        Path(source), limit=USER_JSON_LIMIT, source=shown, field=field
+    )
+    if text is None:
+        raise UserError(Problem(shown, field, "no such file", missing_fix))
     try:
-        return json.loads(Path(source).read_text())
-    except FileNotFoundError:
-        raise UserError(Problem(source, field, "no such file", missing_fix)) from None
-    except json.JSONDecodeError as err:
-        raise UserError(
-            Problem(source, field, f"not JSON ({err.msg} at line {err.lineno})", syntax_fix)
-        ) from None
+        return file_reader.parse_json(text, shown, field)
+    except file_reader.FileRefused as err:
+        raise UserError(replace(err.problems[0], fix=syntax_fix)) from None

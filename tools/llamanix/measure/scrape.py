@@ -33,6 +33,8 @@ if TYPE_CHECKING:
 # A scrape that takes longer than this is a server too busy to answer: marked, not waited for.
 CONNECT_S = 2.0
 READ_S = 5.0
+# How a scrape's detail starts where nothing listens on the server's port.
+NOTHING_LISTENS = "nothing listens on"
 FamilyKind = Literal["counter", "gauge"]
 
 
@@ -170,6 +172,15 @@ def scrape(
         resp = _get(client, ep.url, ep.metrics_path())
     except httpx.TimeoutException:
         return done("down", f"no answer within {READ_S:g} s")
+    except httpx.ConnectError as err:
+        if "refused" not in str(err).lower():
+            return done("down", f"{type(err).__name__}: {err}")
+        where = httpx.URL(ep.url)
+        return done(
+            "down",
+            f"{NOTHING_LISTENS} {where.host}:{where.port} (connection refused): the server is "
+            "stopped, crashed or not started yet",
+        )
     except httpx.TransportError as err:
         return done("down", f"{type(err).__name__}: {err}" if str(err) else type(err).__name__)
     except ValueError as err:  # /running that is not JSON

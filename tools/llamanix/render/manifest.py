@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from llamanix.core import json_codec
+from llamanix.core import file_reader, json_codec
 from llamanix.core import json_fields as jf
 from llamanix.core.errors import Problem, UserError
 from llamanix.core.json_codec import OMIT_NONE, from_json_lenient
@@ -214,7 +214,10 @@ class Manifest:
     @staticmethod
     def from_json(text: str) -> Manifest:
         """The manifest in ``text``; ValueError when it is not one."""
-        data = json.loads(text)
+        try:
+            data = file_reader.parse_json(text, MANIFEST)
+        except file_reader.FileRefused as err:
+            raise ValueError(err.problems[0].message) from None
         if not isinstance(data, dict):
             raise ValueError("not a JSON object")
         instances = data.get("instances")
@@ -243,14 +246,15 @@ class Manifest:
     def load(out: Path) -> Manifest:
         """The manifest of the render in ``out``; UserError when there is none."""
         path = out / MANIFEST
-        try:
-            return Manifest.from_json(path.read_text())
-        except FileNotFoundError:
+        text = file_reader.text_if_present(path, source=str(path))
+        if text is None:
             raise UserError(
                 Problem(
                     str(path), "", "no render here", "run llamanix render CONFIG --out DIR first"
                 )
-            ) from None
+            )
+        try:
+            return Manifest.from_json(text)
         except ValueError as err:
             raise UserError(Problem(str(path), "", f"not a llamanix manifest: {err}")) from None
 

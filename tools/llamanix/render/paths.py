@@ -10,7 +10,15 @@ from dataclasses import dataclass
 
 from llamanix.core.config import Config
 from llamanix.core.errors import Problem
-from llamanix.core.visibility import PathState, Reader, Role, Sandbox, finding, protect_home
+from llamanix.core.visibility import (
+    PathState,
+    Reader,
+    Role,
+    Sandbox,
+    finding,
+    key_open_to_all,
+    protect_home,
+)
 from llamanix.external.paths import current_reader, path_state
 from llamanix.render import units
 from llamanix.render.manifest import Render, RenderedInstance
@@ -87,3 +95,34 @@ def unseen_paths(config: Config, render: Render, local: bool) -> list[Problem]:
             if check(LLAMANIX_FIELD, path, "llamanix", sandbox):
                 break
     return list(dict.fromkeys(problems))
+
+
+def key_files(config: Config) -> list[tuple[str, str, str]]:
+    """(field, path, host) of every key file the config names: instances', routers' and the
+    gateway's."""
+    out: list[tuple[str, str, str]] = []
+    for name, host in config.hosts.items():
+        if host.router is not None and host.router.api_key_file:
+            out.append((f"hosts.{name}.router.api_key_file", host.router.api_key_file, name))
+    for inst in config.instances.values():
+        if inst.api_key_file:
+            out.append((f"instances.{inst.name}.api_key_file", inst.api_key_file, inst.host))
+    if config.gateway is not None:
+        gateway = config.gateway
+        out.append(("gateway.api_key_file", gateway.api_key_file, gateway.host))
+    return out
+
+
+def open_key_files(
+    config: Config, fields: list[tuple[str, str, str]] | None = None
+) -> list[Problem]:
+    """One warning per key file of a host on this machine (no ``target``) that every user here
+    can read (``fields``: of ``key_files``, all of them when None)."""
+    found: list[Problem] = []
+    for field, path, host in key_files(config) if fields is None else fields:
+        if config.hosts[host].target is not None:
+            continue
+        exposed = key_open_to_all(path, path_state(path))
+        if exposed is not None:
+            found.append(Problem(config.source, field, *exposed))
+    return list(dict.fromkeys(found))

@@ -58,8 +58,8 @@ def exporter_address(config: Config, host: str) -> str:
                 "metrics.listen",
                 f"the exporters listen on {metrics.listen}, where a Prometheus on this machine "
                 f"cannot reach host '{host}' ({target})",
-                'set listen = "0.0.0.0" (the exporter unit then lets only the local networks '
-                "in), or render the scrape config on each host",
+                'set listen = "0.0.0.0" and allow_remote = true (the exporter unit then lets '
+                "only the local networks in), or render the scrape config on each host",
             )
         )
     else:

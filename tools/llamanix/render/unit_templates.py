@@ -1,11 +1,15 @@
 """The Jinja templates of the units llamanix writes (``render/templates``), one environment for
-all of them: the servers' and routers' unit and the gateway's."""
+all of them: the servers' and routers' unit, the exporter's and the gateway's. Every value a
+template places goes through render/systemd.py's ``finalize``, which refuses what that module's
+writers did not quote."""
 
 from __future__ import annotations
 
 import functools
 
 import jinja2
+
+from llamanix.render import systemd
 
 
 @functools.cache
@@ -18,6 +22,8 @@ def unit_template(name: str) -> jinja2.Template:
         lstrip_blocks=True,
         keep_trailing_newline=True,
         undefined=jinja2.StrictUndefined,
-        autoescape=False,  # systemd unit text, not HTML; values are escaped by systemd rules
+        autoescape=False,  # systemd unit text, not HTML: render/systemd.py quotes each value
+        finalize=systemd.finalize,
     )
+    env.filters["words"] = systemd.words
     return env.get_template(name)

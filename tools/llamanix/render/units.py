@@ -11,7 +11,6 @@ import hashlib
 import ipaddress
 import json
 import os
-import re
 import shutil
 import sys
 from collections.abc import Mapping
@@ -19,6 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import llamanix
+from llamanix.core import file_reader
 from llamanix.core.address import connect_url, is_loopback
 from llamanix.core.argv import (
     SLOT_SAVE_FLAG,
@@ -33,11 +33,13 @@ from llamanix.core.errors import Problem, UserError
 from llamanix.core.host_choice import pick_host
 from llamanix.core.probe import Capabilities
 from llamanix.core.readiness import start_timeout_s
+from llamanix.core.types import child_name
 from llamanix.core.visibility import protect_home
 from llamanix.external.files import atomic_write
 from llamanix.external.paths import script_interpreter
 from llamanix.render import gateway as gateways
 from llamanix.render import router as routing
+from llamanix.render import systemd
 from llamanix.render.manifest import MANIFEST, Manifest, Render, RenderedInstance, unit_name
 from llamanix.render.unit_templates import unit_template
 
@@ -60,16 +62,11 @@ CREDENTIAL = "api-key"
 # systemd's specifier for $CREDENTIALS_DIRECTORY: the key file is read there by llama-server,
 # so neither the key nor its source path needs to be in argv.
 _CREDENTIAL_PATH = f"%d/{CREDENTIAL}"
-_PLAIN_ARG = re.compile(r"[\w@+=:,./-]+")
 
 
 def systemd_escape_arg(arg: str) -> str:
-    """One ExecStart word: specifiers and variables are not expanded in user data."""
-    escaped = arg.replace("%", "%%").replace("$", "$$")
-    if _PLAIN_ARG.fullmatch(escaped):
-        return escaped
-    escaped = escaped.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-    return f'"{escaped}"'
+    """One ExecStart word (render/systemd.py's ``exec_word``)."""
+    return systemd.exec_word(arg)
 
 
 def llamanix_command() -> list[str]:
@@ -108,25 +105,23 @@ def home_paths(inst: Instance, program: str) -> list[str]:
     return [program, inst.model, inst.speculative.draft_model or "", llamanix_command()[0]]
 
 
-def _readiness_line(inst: Instance, api_key: bool) -> str:
-    words = [systemd_escape_arg(w) for w in llamanix_command()]
-    words += ["readiness", "--url", systemd_escape_arg(connect_url(inst.listen, inst.port))]
+def _readiness_line(inst: Instance, api_key: bool) -> systemd.UnitText:
+    words = [*llamanix_command(), "readiness", "--url", connect_url(inst.listen, inst.port)]
     for path in (inst.model, inst.speculative.draft_model):
         if path:
-            words += ["--model", systemd_escape_arg(path)]
+            words += ["--model", path]
     # A unit's control process cannot read its credentials before systemd 256 (system units
     # with DynamicUser=, and user units, whose sandbox is a mount namespace): "+" starts the
     # check outside the sandbox, as root in a system unit and as the user in a user unit; it
     # reads the key as the server sees it and becomes the server's user before any request
     # (llamanix.measure.readiness says why that is safe).
-    privileged = api_key
     if api_key:
-        words += ["--api-key-file", _CREDENTIAL_PATH]
-    if privileged:
-        words += ["--as-server-user"]
+        words += ["--api-key-file", _CREDENTIAL_PATH, "--as-server-user"]
     # systemd substitutes the main process's pid: the check stops as soon as the server exits.
     words += ["--pid", "$MAINPID"]
-    return ("+" if privileged else "") + " ".join(words)
+    return systemd.exec_line(
+        words, keep=(_CREDENTIAL_PATH, "$MAINPID"), prefix="+" if api_key else ""
+    )
 
 
 # Peers a listener on a wildcard or private address is meant for: loopback, link-local, RFC 1918,
@@ -210,10 +205,14 @@ def needs_resource_syscalls(argv: list[str], environment: Mapping[str, str]) -> 
     return bool(_flags(argv) & _RESOURCE_FLAGS) or bool(set(environment) & _RESOURCE_ENV)
 
 
-def _environment_line(key: str, value: str, expand: bool = False) -> str:
-    body = f"{key}={value}" if expand else f"{key}={value.replace('%', '%%')}"
-    body = body.replace("\\", "\\\\").replace('"', '\\"')
-    return f'"{body}"'
+def _environment_lines(state: str, own: Mapping[str, str]) -> list[systemd.UnitText]:
+    """The unit's Environment= lines: HOME and LLAMA_CACHE in its cache directory, then the
+    config's own variables."""
+    return [
+        systemd.assignment("HOME", f"%C/{state}", expand=True),
+        systemd.assignment("LLAMA_CACHE", f"%C/{state}", expand=True),
+        *(systemd.assignment(k, v) for k, v in sorted(own.items())),
+    ]
 
 
 def config_hash(config: Config) -> str:
@@ -238,16 +237,9 @@ def render_instance(
     argv = flatten(pieces)
     unit_pieces = instance_arg_pieces(config, inst.name, None, caps, api_key_path=_CREDENTIAL_PATH)
     # The credential's and the state directory's specifiers are systemd's to expand.
-    unescaped = {_CREDENTIAL_PATH, state_dir_spec(inst.name)}
-    words = [
-        token if token in unescaped else systemd_escape_arg(token) for token in flatten(unit_pieces)
-    ]
-    state = f"llamanix-{inst.name}"
-    environment = [
-        _environment_line("HOME", f"%C/{state}", expand=True),
-        _environment_line("LLAMA_CACHE", f"%C/{state}", expand=True),
-        *(_environment_line(k, v) for k, v in sorted(inst.environment.items())),
-    ]
+    unescaped = (_CREDENTIAL_PATH, state_dir_spec(inst.name))
+    exec_start = systemd.exec_line(flatten(unit_pieces), keep=unescaped)
+    environment = _environment_lines(f"llamanix-{inst.name}", inst.environment)
     gpu = uses_gpu(host, inst, caps)
     download = downloads(argv)
     # Models and builds often live in a home directory on desktop machines; read-only keeps
@@ -255,15 +247,15 @@ def render_instance(
     home = protect_home(home_paths(inst, argv[0]), user)
     model_files = [p for p in (inst.model, inst.speculative.draft_model) if p]
     text = unit_template("llamanix.service.j2").render(
-        source=Path(config.source).name,
+        source=systemd.comment(Path(config.source).name),
         config_hash=digest[:19],
         name=inst.name,
         variant=variant.name,
-        exec_start=" ".join(words),
+        exec_start=exec_start,
         exec_start_post=_readiness_line(inst, inst.api_key_file is not None),
         timeout_start_s=start_timeout_s(model_files),
         environment=environment,
-        api_key_file=inst.api_key_file,
+        api_key_file=_key_credential(inst.api_key_file),
         user=user,
         gpu=gpu,
         protect_home=home,
@@ -369,17 +361,9 @@ def render_host(
     )
 
 
-def _credential_value(text: str) -> str:
-    """SetCredential='s data: systemd C-unescapes it and expands no specifier (checked under
-    systemd 252 and 257), so only backslashes and line breaks are escaped."""
-    return text.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r")
-
-
-def _unit_word(token: str) -> str:
-    # %d/NAME is the unit's credentials directory: a specifier systemd must expand.
-    if token.startswith("%d/") and _PLAIN_ARG.fullmatch(token[3:]):
-        return token
-    return systemd_escape_arg(token)
+def _key_credential(api_key_file: str | None) -> systemd.UnitText | None:
+    """LoadCredential='s value for a key file: systemd reads it, llama-server gets %d/api-key."""
+    return None if api_key_file is None else systemd.credential_path(CREDENTIAL, api_key_file)
 
 
 def render_router(
@@ -436,12 +420,7 @@ def render_router(
         # On NixOS the module names nixpkgs' llama-swap (services.llamanix.router.package).
         argv = [binary, "--config", f"%d/{config_name}"]
         argv += ["--listen", f"{router.listen}:{router.port}"]
-    state = "llamanix-router"
-    environment = [
-        _environment_line("HOME", f"%C/{state}", expand=True),
-        _environment_line("LLAMA_CACHE", f"%C/{state}", expand=True),
-        *(_environment_line(k, v) for k, v in sorted(environment_of.items())),
-    ]
+    environment = _environment_lines("llamanix-router", environment_of)
     # Decided per member as for an instance of its own: a member whose build's probe says CUDA
     # needs the devices even on a host that names no GPU.
     gpu = any(uses_gpu(host, i, capabilities_for(caps, i.name)) for i in insts)
@@ -450,17 +429,17 @@ def render_router(
     programs = [m.pieces[0].tokens[0] for m in members]
     home = protect_home([argv[0], *programs, *model_files, llamanix_command()[0]], user)
     text = unit_template("llamanix.service.j2").render(
-        source=Path(config.source).name,
+        source=systemd.comment(Path(config.source).name),
         config_hash=digest[:19],
         name=ROUTER,
         variant=router.kind,
-        exec_start=" ".join(_unit_word(w) for w in argv),
+        exec_start=systemd.exec_line(argv, keep=[w for w in argv if w.startswith("%d/")]),
         exec_start_post=_router_readiness_line(
             router.listen, router.port, members, model_files, key_path
         ),
         timeout_start_s=start_timeout_s(model_files),
         environment=environment,
-        api_key_file=router.api_key_file,
+        api_key_file=_key_credential(router.api_key_file),
         user=user,
         gpu=gpu,
         protect_home=home,
@@ -468,7 +447,9 @@ def render_router(
         network_online=wants_network(router.listen, download),
         # llama-swap reads /proc/meminfo (nixpkgs' services.llama-swap dropped ProcSubset=pid for
         # it); a GPU unit has ProcSubset=all anyway.
-        proc_all_reason="llama-swap reads /proc/meminfo, which ProcSubset=pid would hide."
+        proc_all_reason=systemd.comment(
+            "llama-swap reads /proc/meminfo, which ProcSubset=pid would hide."
+        )
         if router.kind == "llama-swap"
         else None,
         resources=gpu
@@ -479,7 +460,7 @@ def render_router(
         gpu_sandbox=host.gpu_sandbox,
         nvidia_nodes=NVIDIA_NODES,
         wanted_by="default.target" if user else "multi-user.target",
-        credentials=[f"{config_name}:{_credential_value(config_text)}"],
+        credentials=[systemd.credential(config_name, config_text)],
     )
     return RenderedInstance(
         name=ROUTER,
@@ -540,24 +521,26 @@ def _router_readiness_line(
     members: list[routing.Member],
     model_files: list[str],
     key_path: str | None,
-) -> str:
+) -> systemd.UnitText:
     """Started means every member answers through the router, each loaded in turn."""
-    words = [systemd_escape_arg(w) for w in llamanix_command()]
-    words += ["readiness", "--url", systemd_escape_arg(connect_url(listen, port))]
+    words = [*llamanix_command(), "readiness", "--url", connect_url(listen, port)]
     for m in members:
-        words += ["--served-model", systemd_escape_arg(m.served_as)]
+        words += ["--served-model", m.served_as]
     for path in model_files:
-        words += ["--model", systemd_escape_arg(path)]
+        words += ["--model", path]
     if key_path:
         words += ["--api-key-file", key_path, "--as-server-user"]
     words += ["--pid", "$MAINPID"]
-    return ("+" if key_path else "") + " ".join(words)
+    keep = ("$MAINPID", *([key_path] if key_path else []))
+    return systemd.exec_line(words, keep=keep, prefix="+" if key_path else "")
 
 
 def write_render(render: Render, out: Path) -> list[Path]:
     """Keep the current render as .previous, then write the new one file by file, atomically."""
     out.mkdir(parents=True, exist_ok=True)
     current = _rendered_files(out)
+    for name in current:
+        _inside(out, name)
     if current:
         staging = out / f"{PREVIOUS}.tmp"
         shutil.rmtree(staging, ignore_errors=True)
@@ -571,6 +554,8 @@ def write_render(render: Render, out: Path) -> list[Path]:
         staging.rename(out / PREVIOUS)
         shutil.rmtree(old, ignore_errors=True)
     files = render.files()
+    for name in files:
+        _inside(out, name)
     written: list[Path] = []
     for name, text in files.items():
         if name == MANIFEST:
@@ -584,13 +569,24 @@ def write_render(render: Render, out: Path) -> list[Path]:
     return written
 
 
-def _rendered_files(out: Path) -> list[str]:
-    manifest = out / MANIFEST
-    if not manifest.exists():
-        return []
+def _inside(out: Path, name: str) -> Path:
+    """``out/name``, or UserError when the name would leave ``out`` (a name in a manifest read
+    back from disk is as untrusted as one from a config)."""
     try:
-        found = Manifest.from_json(manifest.read_text())
-    except ValueError:
+        return out / child_name(name)
+    except ValueError as err:
+        raise UserError(
+            Problem(str(out), "", f"refused to write or remove {err}", "check the manifest")
+        ) from None
+
+
+def _rendered_files(out: Path) -> list[str]:
+    try:
+        text = file_reader.text_if_present(out / MANIFEST)
+        found = Manifest.from_json(text) if text is not None else None
+    except (UserError, ValueError):
+        found = None
+    if found is None:
         return []
     names = [MANIFEST]
     for name, entry in found.instances.items():

@@ -15,7 +15,8 @@ operator would. This module
   the controller and every box;
 - gives each host fresh ssh host keys (made here, so the controller's known_hosts holds the
   real public keys before any connection: no trust on first use), a user ``admin`` with the
-  run's client key and passwordless sudo, llamanix installed as a user installs it (plus
+  run's client key and the sudoers line docs/fleet.md gives (the fleet agent's commands
+  without a password, nothing else as root), llamanix installed as a user installs it (plus
   /usr/local/bin/llamanix, which sudo's secure_path finds), llama-server and the models;
 - runs the controller's commands in the bed's namespace with a home of its own: /root there is
   an overlay whose upper directory (``Fleet.home``) holds ~/.ssh (config, known_hosts, the
@@ -39,6 +40,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from llamanix.core.errors import ExternalCommandError
+from llamanix.deploy.fleet.remote import sudoers_line
 from llamanix.external import cgroups, container, netns, ssh_keys
 from llamanix.external.process import Finished, TextChild, wait_exit
 from llamanix.external.signals import signal_group
@@ -266,13 +268,13 @@ class Installs:
 
 
 def set_up_host(member: Member, client_key: str, installs: Installs) -> None:
-    """In the booted host: the admin user with the client key and sudo, and what a user
-    installs."""
+    """In the booted host: the admin user with the client key and the documented sudoers
+    line, and what a user installs."""
     host = member.host
     host.run(["useradd", "--create-home", "--uid", str(ADMIN_UID), "--shell", "/bin/sh", ADMIN])
     host.write(f"/home/{ADMIN}/.ssh/authorized_keys", client_key, mode=0o600, owner=ADMIN_UID)
     os.chmod(host.path(f"/home/{ADMIN}/.ssh"), 0o700)
-    host.write(f"/etc/sudoers.d/{ADMIN}", f"{ADMIN} ALL=(ALL) NOPASSWD: ALL\n", mode=0o440)
+    host.write(f"/etc/sudoers.d/{ADMIN}", sudoers_line(ADMIN) + "\n", mode=0o440)
     hosts.install_llamanix(host, installs.project_wheel, installs.dependencies[host.spec.python])
     host.run(["ln", "-sfn", hosts.LLAMANIX, "/usr/local/bin/llamanix"])
     hosts.install_llama_server(host, installs.binary)

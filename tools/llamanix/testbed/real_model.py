@@ -39,6 +39,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from llamanix.core import file_reader
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
 from llamanix.external import pip
 from llamanix.external.files import atomic_write, locked
@@ -125,9 +126,9 @@ def default_layout(cache: Path | None = None) -> ModelLayout:
 def cached(layout: ModelLayout) -> bool:
     """A finished fetch: the marker names the pinned sha256 and the file has its size."""
     try:
-        marker = json.loads(layout.marker.read_text())
+        marker = file_reader.read_json(layout.marker)
         size = layout.model.stat().st_size
-    except (OSError, ValueError):
+    except (UserError, OSError):
         return False
     return isinstance(marker, dict) and marker.get("sha256") == MODEL_SHA256 and size == MODEL_BYTES
 

@@ -51,6 +51,7 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
+from llamanix.core import file_reader
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
 from llamanix.core.json_value import JsonObject
 from llamanix.core.probe import commit_of
@@ -559,8 +560,8 @@ def read_marker(
     instruction set) is not reused: it may not run here."""
     isa = isa or this_machine_instruction_set()
     try:
-        data = json.loads(layout.marker.read_text())
-    except (OSError, ValueError):
+        data = file_reader.read_json(layout.marker)
+    except UserError:
         return None
     if not isinstance(data, dict):
         return None
@@ -639,8 +640,8 @@ def _forget_other_options(layout: BuildLayout, isa: InstructionSet) -> None:
     options that was interrupted resumes. Call with the lock held."""
     wanted = "\n".join(cmake_options(isa)) + "\n"
     try:
-        recorded: str | None = layout.options_record.read_text()
-    except OSError:
+        recorded: str | None = file_reader.read_text(layout.options_record)
+    except UserError:
         recorded = None
     if layout.build.exists() and recorded != wanted:
         shutil.rmtree(layout.build)

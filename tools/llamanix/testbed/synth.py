@@ -39,6 +39,7 @@ import gguf
 import numpy as np
 import numpy.typing as npt
 
+from llamanix.core import file_reader
 from llamanix.core.errors import Problem, UserError
 from llamanix.external.files import atomic_write
 
@@ -114,8 +115,11 @@ def check_spec(spec: SynthSpec) -> None:
         if not getattr(spec, name) > 0:
             flag = "--" + name.replace("_", "-")
             raise _bad(flag, f"must be positive, got {getattr(spec, name)}", "try 1.0")
-    if spec.vocab is not None and not spec.vocab.is_file():
+    if spec.vocab is not None and not spec.vocab.exists():
         raise _bad("--vocab", f"{spec.vocab} does not exist", "pass a GGUF with tokenizer.* keys")
+    if spec.vocab is not None:
+        with file_reader.open_regular(spec.vocab, source=str(spec.vocab), field="--vocab"):
+            pass  # a regular file: not a directory, a FIFO (GGUFReader would wait) or a device
 
 
 # --- tokenizer ------------------------------------------------------------------------------

@@ -36,6 +36,7 @@ from pathlib import Path
 
 import httpx
 
+from llamanix.core.api_key import read_api_key
 from llamanix.external.process import run_captured
 from llamanix.measure.interval import median_interval, ratio_interval
 from llamanix.measure.prompts import load_prompts
@@ -164,8 +165,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     opts = parser.parse_args(argv)
     command = json.loads(opts.switch)
     headers = {}
-    if opts.key_file:
-        headers["Authorization"] = f"Bearer {opts.key_file.read_text().strip()}"
+    key = read_api_key(opts.key_file) if opts.key_file else None
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
     url = opts.url.rstrip("/")
 
     prompt = conversation(url, headers, opts.model)

@@ -7,14 +7,15 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
+from llamanix.core import file_reader
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
+from llamanix.deploy.config_edit import write_config
 from llamanix.deploy.fleet import remote
 from llamanix.deploy.fleet.rollout import HostOps, Lost, Unreachable
 from llamanix.deploy.request import RollbackRequest, SwitchRequest
 from llamanix.deploy.rollback import rollback_host
 from llamanix.deploy.switch import switch_host
 from llamanix.deploy.switch_records import Echo, HostOutcome, RollbackOptions
-from llamanix.external.files import atomic_write
 from llamanix.external.process import Runner
 
 
@@ -39,7 +40,7 @@ def switch_one(
         if runner.dry_run:
             runner.note(f"write {request.path} once {name} passes")
         elif outcome.result == "passed":
-            atomic_write(request.path, request.new_text)
+            write_config(request.path, request.new_text)
     return outcome
 
 
@@ -77,8 +78,9 @@ class FleetOps(HostOps):
         if rh is None:
             return
         if self.runner.dry_run:
-            argv = remote.remote_argv(rh, "status", ["--follow-timeout", repr(self.preflight_s)])
-            self.runner.echo(shlex.join(argv))
+            self.runner.echo(shlex.join(remote.remote_argv(rh, "status")))
+            request = remote.agent_request(rh, follow_timeout_s=self.preflight_s)
+            self.runner.note(f"on ssh's stdin: {request}")
             return
         try:
             # How its last run ended: the report of a switch whose ssh was lost comes here.
@@ -120,9 +122,11 @@ class FleetOps(HostOps):
 
     def config_back(self) -> None:
         req = self.request
-        if req.old_text == req.new_text or req.path.read_text() != req.new_text:
+        if req.old_text == req.new_text:
             return
-        atomic_write(req.path, req.old_text)
+        if file_reader.read_text(req.path, source=str(req.path)) != req.new_text:
+            return
+        write_config(req.path, req.old_text)
         self.echo(f"rollout: {req.path} has its text from before the rollout again")
 
 

@@ -1,7 +1,11 @@
 """What a fleet switch's two sides say to each other over ssh: the controller (fleet/remote.py)
-runs ``llamanix fleet-agent COMMAND --protocol N`` on the remote host (fleet/agent.py),
-hands it what to do on stdin (a switch's ``SwitchOrder``: the config and the options, as JSON),
-and reads its stdout.
+runs ``llamanix fleet-agent COMMAND`` on the remote host (fleet/agent.py), with no other
+argument, hands it what to do on stdin (an ``AgentRequest``: the protocol, the host, and for a
+switch the config and the options, as JSON), and reads its stdout.
+
+Nothing but the command's name is on the command line, so that the host's sudoers line names
+each command exactly, with no wildcard: sudo's ``*`` matches spaces too, and would let any
+argument through to root (fleet/remote.py ``sudoers_line``).
 
 The agent's stdout is progress lines for the user, plus machine lines, each one line of JSON
 after a fixed prefix: first ``HELLO`` (the protocol it speaks and its version; before it
@@ -16,14 +20,14 @@ Bump ``PROTOCOL`` when either side's words change in a way the other cannot read
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, get_args
 
 from llamanix.core import json_fields as jf
-from llamanix.core.json_codec import JsonRecord, from_json_lenient
-from llamanix.deploy.switch_records import HostOutcome, SwitchOptions
+from llamanix.core.json_codec import OMIT_NONE, JsonRecord, from_json_lenient
+from llamanix.deploy.switch_records import HostOutcome, RollbackOptions, SwitchOptions
 
-PROTOCOL = 2
+PROTOCOL = 3
 HELLO = "llamanix-fleet-agent: "
 # The switch or rollback started there: its run's id (a later status names the same run).
 STARTED = "llamanix-fleet-started: "
@@ -36,8 +40,10 @@ EXIT_INCOMPATIBLE = 3
 # What a fleet run does on the remote host.
 Op = Literal["switch", "rollback"]
 OPS: tuple[Op, ...] = get_args(Op)
-# The agent's commands (the controller's ``op`` for remote_argv).
-AgentCommand = Literal["switch", "rollback", "status", "generations"]
+# The agent's commands that a controller runs (through sudo, for a ``systemd`` host): the
+# sudoers line names these, and no other.
+AgentCommand = Literal["switch", "rollback", "status", "generations", "top"]
+AGENT_COMMANDS: tuple[AgentCommand, ...] = get_args(AgentCommand)
 # How the config is spelled: the agent keeps its copy in the controller's format.
 ConfigFormat = Literal["toml", "json"]
 FORMATS: tuple[ConfigFormat, ...] = get_args(ConfigFormat)
@@ -64,6 +70,47 @@ class SwitchOrder(JsonRecord):
         except ValueError as err:
             raise ValueError(f"{source}: not JSON: {err}") from None
         return SwitchOrder.from_json(data, source)
+
+
+@dataclass(frozen=True)
+class AgentRequest(JsonRecord):
+    """What every agent command reads on stdin, one JSON record: the protocol the controller
+    speaks, the host it takes this machine for (a host of the config, which the agent checks),
+    and what the command needs besides."""
+
+    protocol: int
+    host: str
+    # switch: the config and its options.
+    order: SwitchOrder | None = field(default=None, metadata=OMIT_NONE)
+    # rollback: its options.
+    rollback: RollbackOptions | None = field(default=None, metadata=OMIT_NONE)
+    # status: follow a run that still goes on this long at most (None: the agent's default).
+    follow_timeout_s: float | None = field(default=None, metadata=OMIT_NONE)
+    # top: read twice this many seconds apart and take the rates over that window (None: once).
+    window_s: float | None = field(default=None, metadata=OMIT_NONE)
+
+    def text(self) -> str:
+        return json.dumps(self.to_json())
+
+    @staticmethod
+    def protocol_of(text: str) -> int | None:
+        """The protocol a request names, read before the rest (whose shape is that
+        protocol's); None when it names none."""
+        try:
+            data = json.loads(text)
+        except ValueError:
+            return None
+        found = data.get("protocol") if isinstance(data, dict) else None
+        return found if isinstance(found, int) and not isinstance(found, bool) else None
+
+    @staticmethod
+    def parse(text: str, source: str) -> AgentRequest:
+        """The request on stdin; ValueError naming what is wrong with it."""
+        try:
+            data = json.loads(text)
+        except ValueError as err:
+            raise ValueError(f"{source}: not JSON: {err}") from None
+        return AgentRequest.from_json(data, source)
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,11 @@
 """A remote plain-systemd host (``kind = "systemd"`` or ``"systemd-user"`` with a ``target``):
 switched by its own installed llamanix, over the user's OpenSSH.
 
-This side runs ``ssh TARGET -- sudo -n llamanix fleet-agent OP --protocol N --host NAME ...``
-(no sudo for systemd-user, as nixos-rebuild's --sudo), hands a switch's config and options on
-ssh's stdin (never on a command line), and prints what the agent prints, each line prefixed
-with the host's name.
+This side runs ``ssh TARGET -- sudo -n llamanix fleet-agent OP`` (no sudo for systemd-user, as
+nixos-rebuild's --sudo), hands the request on ssh's stdin (the protocol, the host's name and, for
+a switch, its config and options: never on a command line, which the host's sudoers line
+allows only as it is), and prints what the agent prints, each line prefixed with the host's
+name.
 The agent (fleet/agent.py) keeps the host's generations there and runs the switch as a
 transient unit of the host's own systemd, so a dropped connection does not stop it half-way;
 its last line is the outcome (fleet/protocol.py).
@@ -17,7 +18,6 @@ protocol or none yet.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
@@ -28,10 +28,12 @@ from llamanix.core.config import Config
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
 from llamanix.core.json_value import JsonObject
 from llamanix.deploy.fleet.protocol import (
+    AGENT_COMMANDS,
     EXIT_USER_ERROR,
     GENERATIONS,
     PROTOCOL,
     AgentCommand,
+    AgentRequest,
     ConfigFormat,
     Hello,
     RunReport,
@@ -91,23 +93,28 @@ def remote_host(config: Config, name: str) -> RemoteHost | None:
     return RemoteHost(name, host.target, kind, fmt, config.source)
 
 
-def agent_argv(rh: RemoteHost, op: AgentCommand | str, extra: Sequence[str]) -> list[str]:
-    """The command the remote side runs (ssh hands it to the login shell, quoted)."""
-    return [
-        *rh.llamanix(),
-        "fleet-agent",
-        op,
-        "--protocol",
-        str(PROTOCOL),
-        "--host",
-        rh.name,
-        *extra,
-    ]
+def agent_argv(rh: RemoteHost, op: AgentCommand) -> list[str]:
+    """The command the remote side runs (ssh hands it to the login shell, quoted): the
+    command's name and nothing else, as the sudoers line allows it."""
+    return [*rh.llamanix(), "fleet-agent", op]
 
 
-def remote_argv(rh: RemoteHost, op: str, extra: Sequence[str]) -> list[str]:
+def remote_argv(rh: RemoteHost, op: AgentCommand) -> list[str]:
     """The full ssh argv of one agent command (what --dry-run prints)."""
-    return ssh_argv(rh.target, agent_argv(rh, op, extra))
+    return ssh_argv(rh.target, agent_argv(rh, op))
+
+
+def agent_request(
+    rh: RemoteHost,
+    *,
+    order: SwitchOrder | None = None,
+    rollback: RollbackOptions | None = None,
+    follow_timeout_s: float | None = None,
+    window_s: float | None = None,
+) -> str:
+    """What goes on the agent's stdin: this side's protocol, the host's name, and what the
+    command needs besides (``AgentRequest``)."""
+    return AgentRequest(PROTOCOL, rh.name, order, rollback, follow_timeout_s, window_s).text()
 
 
 def switch_order(rh: RemoteHost, new_text: str, opts: SwitchOptions) -> SwitchOrder:
@@ -146,14 +153,14 @@ def _prefixed(name: str, line: str) -> str:
 def _call(
     rh: RemoteHost,
     op: AgentCommand,
-    extra: Sequence[str],
+    request: str,
     runner: Runner,
     echo: Echo,
-    stdin_text: str | None = None,
     show: bool = True,
 ) -> _Reply:
-    """Run one agent command over ssh, echo its progress, and read its machine lines; the
-    one-line errors of a command that did not get to answer are raised here."""
+    """Run one agent command over ssh with ``request`` (``agent_request``) on its stdin, echo
+    its progress, and read its machine lines; the one-line errors of a command that did not
+    get to answer are raised here."""
     reply = _Reply()
 
     def on_line(line: str) -> None:
@@ -179,8 +186,8 @@ def _call(
             return
         echo(_prefixed(rh.name, line))
 
-    argv = agent_argv(rh, op, extra)
-    reply.result = run_ssh(runner, rh.target, argv, on_line, stdin_text, show)
+    argv = agent_argv(rh, op)
+    reply.result = run_ssh(runner, rh.target, argv, on_line, request, show)
     if runner.dry_run:
         return reply
     _check(rh, reply, runner)
@@ -206,13 +213,14 @@ def _check(rh: RemoteHost, reply: _Reply, runner: Runner) -> None:
             raise UserError(Problem(rh.name, "", _missing(rh)))
         if "sudo:" in text and ("password" in text or "terminal is required" in text):
             raise UserError(Problem(rh.name, "", _needs_password(rh)))
-        if "No such command" in text:
+        if "No such command" in text or _OLD_AGENT in text:
             version = _remote_version(rh, runner)
+            speaks = "an older fleet protocol" if _OLD_AGENT in text else "no fleet protocol"
             raise UserError(
                 Problem(
                     rh.name,
                     "",
-                    f"llamanix {version} on {rh.target} speaks no fleet protocol, this one "
+                    f"llamanix {version} on {rh.target} speaks {speaks}, this one "
                     f"{PROTOCOL}; upgrade it there: {UPGRADE}",
                 )
             )
@@ -243,15 +251,28 @@ def _check(rh: RemoteHost, reply: _Reply, runner: Runner) -> None:
         )
 
 
+# What an agent of protocol 2 or before says to a command line without its --protocol (it
+# prints no hello before its options are read).
+_OLD_AGENT = "Missing option '--protocol'"
+
+
 def _missing(rh: RemoteHost) -> str:
     where = "sudo's PATH" if rh.sudo else "the PATH of commands run over ssh"
     return f"{rh.target} has no llamanix on {where}; install it there: {INSTALL}"
 
 
+# Where sudo's secure_path finds llamanix (docs/fleet.md "Installing it there").
+SUDO_LLAMANIX = "/usr/local/bin/llamanix"
+
+
 def sudoers_line(user: str) -> str:
-    """What lets ``user`` run the fleet agent through ``sudo -n``, and nothing else of
-    llamanix (nor any other program) as root."""
-    return f"{user} ALL=(root) NOPASSWD: /usr/local/bin/llamanix fleet-agent *"
+    """What lets ``user`` run, through ``sudo -n``, the fleet agent's commands that a
+    controller calls, each exactly as it calls them (no argument: the request comes on
+    stdin), and nothing else of llamanix (nor any other program) as root. No wildcard: sudo's
+    ``*`` matches spaces, so ``fleet-agent *`` would let through every other subcommand and
+    argument too."""
+    commands = ", ".join(f"{SUDO_LLAMANIX} fleet-agent {op}" for op in AGENT_COMMANDS)
+    return f"{user} ALL=(root) NOPASSWD: {commands}"
 
 
 def _needs_password(rh: RemoteHost) -> str:
@@ -263,10 +284,11 @@ def _needs_password(rh: RemoteHost) -> str:
 
 
 def _remote_version(rh: RemoteHost, runner: Runner) -> str:
-    """The remote llamanix's version (``llamanix --version``), or "(version unknown)"."""
+    """The remote llamanix's version (``llamanix --version``, without sudo: the sudoers line
+    allows the agent's commands alone), or "(version unknown)"."""
     lines: list[str] = []
     try:
-        run_ssh(runner, rh.target, [*rh.llamanix(), "--version"], lines.append, show=False)
+        run_ssh(runner, rh.target, ["llamanix", "--version"], lines.append, show=False)
     except ExternalCommandError:
         return "(version unknown)"
     words = " ".join(lines).split()
@@ -312,7 +334,7 @@ def _after_lost(
     )
     echo(f"{rh.name}: lost the ssh connection ({said}); following the {op} there again")
     try:
-        reply = _call(rh, "status", _follow_args(follow_s), runner, echo, show=False)
+        reply = _call(rh, "status", _status_request(rh, follow_s), runner, echo, show=False)
     except (ExternalCommandError, _Lost):
         raise gone from None
     if reply.report is None or reply.report.run != started:
@@ -320,8 +342,8 @@ def _after_lost(
     return _outcome(rh, op, reply.report, follow_s)
 
 
-def _follow_args(follow_s: float) -> list[str]:
-    return ["--follow-timeout", repr(follow_s)]
+def _status_request(rh: RemoteHost, follow_s: float) -> str:
+    return agent_request(rh, follow_timeout_s=follow_s)
 
 
 # --- what the rest of llamanix calls -----------------------------------------------------------
@@ -349,9 +371,9 @@ def remote_switch(
     _refuse_local_options(rh, opts.manager, opts.units_dir)
     opts.gate_kind(rh.source)  # bad options: one line before anything connects
     echo(f"{rh.name}: switching over ssh ({rh.target})")
-    order = switch_order(rh, new_text, opts).text()
+    request = agent_request(rh, order=switch_order(rh, new_text, opts))
     dry_note = f"the config and options go on ssh's stdin; {rh.target} switches its own copy"
-    return _run_order(rh, "switch", order, dry_note, opts.follow_s, runner, echo)
+    return _run_order(rh, "switch", request, dry_note, opts.follow_s, runner, echo)
 
 
 def remote_rollback(
@@ -362,24 +384,24 @@ def remote_rollback(
     to ``opts.wait_s`` for a run that still goes on there."""
     _refuse_local_options(rh, opts.manager, opts.units_dir)
     echo(f"{rh.name}: rolling back over ssh ({rh.target})")
-    order = json.dumps(opts.to_json())
-    dry_note = f"the options go on ssh's stdin: {order}"
-    return _run_order(rh, "rollback", order, dry_note, opts.follow_s, runner, echo)
+    request = agent_request(rh, rollback=opts)
+    dry_note = f"on ssh's stdin: {request}"
+    return _run_order(rh, "rollback", request, dry_note, opts.follow_s, runner, echo)
 
 
 def _run_order(
     rh: RemoteHost,
     op: Literal["switch", "rollback"],
-    order: str,
+    request: str,
     dry_note: str,
     follow_s: float,
     runner: Runner,
     echo: Echo,
 ) -> HostOutcome:
-    """Send ``order`` to the host's agent for ``op`` on ssh's stdin and follow the run to its
-    outcome, once again through ``status`` when the connection drops."""
+    """Send ``request`` to the host's agent for ``op`` on ssh's stdin and follow the run to
+    its outcome, once again through ``status`` when the connection drops."""
     try:
-        reply = _call(rh, op, (), runner, echo, order)
+        reply = _call(rh, op, request, runner, echo)
     except _Lost as lost:
         return _after_lost(rh, op, lost, follow_s, runner, echo)
     if runner.dry_run:
@@ -392,13 +414,15 @@ def remote_status(rh: RemoteHost, follow_s: float, runner: Runner, echo: Echo) -
     """How the last fleet switch or rollback on the host ended; one that still runs is
     followed for ``follow_s`` at most (its progress echoed; ``running`` when it still runs
     then)."""
+    request = _status_request(rh, follow_s)
     try:
-        reply = _call(rh, "status", _follow_args(follow_s), runner, echo, show=False)
+        reply = _call(rh, "status", request, runner, echo, show=False)
     except _Lost as lost:
         raise RemoteUnreachable(
             f"{rh.name}: lost {rh.target} over ssh: {lost.reply.result.last_error}"
         ) from None
     if runner.dry_run:
+        runner.note(f"on ssh's stdin: {request}")
         return RunReport(None)
     assert reply.report is not None  # _check saw to it
     return reply.report
@@ -407,7 +431,7 @@ def remote_status(rh: RemoteHost, follow_s: float, runner: Runner, echo: Echo) -
 def remote_generations(rh: RemoteHost, runner: Runner) -> list[JsonObject]:
     """The remote host's generations, as ``llamanix generations --json`` lists them there."""
     try:
-        reply = _call(rh, "generations", (), runner, runner.echo, show=False)
+        reply = _call(rh, "generations", agent_request(rh), runner, runner.echo, show=False)
     except _Lost as lost:
         raise RemoteUnreachable(
             f"{rh.name}: lost {rh.target} over ssh: {lost.reply.result.last_error}"
