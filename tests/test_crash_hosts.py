@@ -53,8 +53,10 @@ UNIT = "llamanix-chat.service"
 PORT = 8095
 STATE = "/etc/llamanix/.llamanix-state/box"
 # Reachable from other machines (so its restarts are fenced, and it can switch blue-green),
-# and warm (so its restarts save and restore its slot).
-TEXT = config_text(PORT, extra='listen = "0.0.0.0"\nwarm_switch = true\n')
+# open on purpose (a key changes nothing a crash leaves), and warm (so its restarts save and
+# restore its slot).
+PUBLIC = 'listen = "0.0.0.0"\nkeyless = true\n'
+TEXT = config_text(PORT, extra=PUBLIC + "warm_switch = true\n")
 FLEET_COPY = "/var/lib/llamanix/fleet/llamanix.toml"
 SLOW = "/usr/local/bin/llama-server-slow"
 
@@ -262,7 +264,7 @@ def test_a_local_switch_and_the_fleet_agents_take_turns(bed: Bed) -> None:
     line, and with --wait it waits for its turn; each writes the unit once."""
     host = bed.host
     host.write(SLOW, slow_script("/usr/local/bin/llama-server", 6), mode=0o755)
-    fleet = config_text(PORT, binary=SLOW, extra='listen = "0.0.0.0"\n').replace(
+    fleet = config_text(PORT, binary=SLOW, extra=PUBLIC).replace(
         'kind = "systemd"\n', 'kind = "systemd"\ntarget = "admin@box"\n', 1
     )
     # What the controller sends on ssh's stdin: here from a file.

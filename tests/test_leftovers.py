@@ -27,7 +27,7 @@ from llamanix.deploy.host_lock import units_lock_path
 from llamanix.deploy.host_render import render_host
 from llamanix.deploy.managers import install_files, is_render_file
 from llamanix.deploy.warm import slot_file
-from llamanix.external import nft
+from llamanix.external import nft, systemctl
 from llamanix.external.process import Runner
 
 
@@ -62,6 +62,17 @@ def test_a_failing_nft_is_an_error_never_no_fence(failing_nft: Path, look: objec
     assert callable(look)
     with pytest.raises(ExternalCommandError, match=r"nft list tables inet .* failed: exit code 1"):
         look()
+
+
+def test_a_failing_systemctl_is_an_error_never_no_bridge(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """systemctl asked which bridges systemd has: a failure is an error, never "none"."""
+    stand_in(tmp_path / "bin", "systemctl")
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("STANDIN_EXIT_systemctl", "1")
+    with pytest.raises(ExternalCommandError, match=r"systemctl .*list-units .* failed"):
+        systemctl.list_units(False, "llamanix-*-bridge.service")
 
 
 # --- doctor names a host's leftovers, tidy removes them --------------------------------------
@@ -208,6 +219,35 @@ def test_units_another_config_is_changing_are_refused_in_one_line(
     # Nothing was written: no generation, and the units are as they were.
     assert [g.number for g in HostState.beside(recorded, "dev").generations()] == [1]
     assert list(units.iterdir()) == []
+
+
+def test_a_tidy_of_units_another_config_is_changing_is_refused_in_one_line(
+    recorded: Path,
+) -> None:
+    """tidy writes the units its host's generation records (here `llamanix up`'s directory):
+    while another config's command holds them, it refuses too, and changes nothing."""
+    up = HostState.beside(recorded, "dev").root / "up"
+    before = {p.name: p.read_bytes() for p in up.iterdir() if p.is_file()}
+    other = subprocess.Popen(
+        [sys.executable, "-c", _HOLD, str(up), "/srv/other/llamanix.toml"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert other.stdout is not None and other.stdout.readline() == "held\n"
+        done = llamanix("tidy", str(recorded), cwd=recorded.parent)
+    finally:
+        other.kill()
+        other.wait()
+    assert done.returncode == 2, done.stdout + done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(
+        f"{recorded}: this machine's units in {up.resolve()} are being switched by pid "
+        f"{other.pid} for /srv/other/llamanix.toml (since "
+    ), lines
+    assert {p.name: p.read_bytes() for p in up.iterdir() if p.is_file()} == before
 
 
 def test_a_wait_takes_its_turn_once_the_other_is_done(

@@ -304,6 +304,9 @@ def _dry_run(sw: _HostSwitch) -> HostOutcome:
     if not sw.manager.runs_flake_packages:
         for line in probe_notes(sw.config, sw.host):
             note(line)
+    if isinstance(sw.manager, SystemdManager):
+        # As switch_host does, before anything is measured or written.
+        note("lift what a killed switch left: fences, redirects, a blue-green bridge")
     if sw.gate == "bench" and sw.opts.max_regression is not None:
         for name in (n for n in sw.changed if n != GATEWAY_UNIT):
             note(
@@ -316,7 +319,6 @@ def _dry_run(sw: _HostSwitch) -> HostOutcome:
     if sw.file_text != sw.new_text:
         note(f"write {sw.path}")
     if isinstance(sw.manager, SystemdManager):
-        note("lift what a killed switch left: fences, redirects, a blue-green bridge")
         servers = [n for n in sw.changed if n in sw.config.instances or n == ROUTER]
         if servers:
             note(
