@@ -29,7 +29,8 @@ The files are bounded: each slot's file is estimated from the model's KV bytes p
 it is written (an upper bound), and the switch saves no more than ``limit_bytes`` in all nor
 anything that would leave the file system with less than ``FREE_RESERVE_BYTES`` free. A file
 that turns out larger than the limit is deleted at once. Every file is deleted after its
-restore, and a switch that was killed leaves files the next switch deletes before it saves.
+restore; files a killed switch left are named by ``llamanix doctor`` and deleted by the next
+switch, rollback or ``llamanix tidy`` (``deploy.leftovers``).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from llamanix.core.argv import SLOT_SAVE_FLAG
 from llamanix.core.config import Instance
 from llamanix.core.errors import UserError
 from llamanix.core.schema import SPEC_DRAFTERS
+from llamanix.deploy.crash_point import crash_point
 from llamanix.deploy.warm_records import DEFAULT_LIMIT_GIB, SlotOutcome, WarmRecord, WarmSlot
 from llamanix.measure.drain import Endpoint
 from llamanix.measure.slots import (
@@ -245,6 +247,7 @@ class WarmCaches:
                 continue
             saved.append(_Saved(slot, done))
         self.pending[name] = saved
+        crash_point("warm:saved")
 
     def restore(self, name: str, endpoint: Endpoint) -> WarmRecord | None:
         """Restore what ``save`` kept into ``name``'s new server (it serves), check each slot,
@@ -288,6 +291,7 @@ class WarmCaches:
                     None if ok else f"saved {s.file.tokens} tokens, restored {back.tokens}",
                 )
             )
+        crash_point("warm:restored")
         _remove_files(plan.directory)
         record = WarmRecord(None, tuple(slots))
         self.records[name] = record
