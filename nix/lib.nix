@@ -978,8 +978,8 @@ rec {
 
   # What the keys unit runs: one `NAME='key'` line per key (systemd reads a single-quoted value
   # as it is), written whole or not at all. A key that is empty, or holds a quote or a line
-  # break (which that line cannot carry), fails the unit, and with it LiteLLM's start, naming
-  # the file. No key is in this text; the files' paths are (as in LoadCredential=).
+  # break (which that line cannot carry), or is no bearer token (as core/api_key.py refuses on
+  # Debian), fails the unit, and with it LiteLLM's start, naming the file. No key is in this text; the files' paths are (as in LoadCredential=).
   # shellArg: lib.escapeShellArg.
   gatewayKeysScript =
     args@{ shellArg, ... }:
@@ -997,6 +997,7 @@ rec {
         ("  " + ''case "$key" in'')
         ("    " + ''"") echo "${gatewayKeysUnit}: $3 is empty (write the key into it)" >&2; exit 1 ;;'')
         ("    " + ''*"'"* | *"$nl"*) echo "${gatewayKeysUnit}: the key in $3 holds a quote or a line break, which LiteLLM's environment file cannot carry (use a key of letters, digits, - and _)" >&2; exit 1 ;;'')
+        ("    " + ''*[!A-Za-z0-9._~+/=-]*) echo "${gatewayKeysUnit}: the key in $3 is not a bearer token (letters, digits and -._~+/, then = padding): no other text is sent, as it may be another file's secret" >&2; exit 1 ;;'')
         "  esac"
         ("  " + ''printf "%s='%s'\n" "$1" "$key"'')
         "}"

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from llamanix.core.errors import UserError
+from llamanix.deploy.host_lock import RUN_DIR_ENV
 from llamanix.external import llama_server, pip
 from llamanix.measure.server_process import LlamaServer, processes_with_env
 from llamanix.testbed import hosts, server_build
@@ -63,6 +64,20 @@ def no_leftover_processes() -> Iterator[None]:
     else:
         os.environ[SESSION_TAG_ENV] = previous
     assert not leftovers, f"processes started by the tests were still running: {leftovers}"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def own_units_locks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """This run's units locks (deploy.host_lock) in a directory of its own: test runs beside
+    each other on one machine never take each other's turns. A booted test host has its own
+    /run, where llamanix keeps them as on any machine."""
+    previous = os.environ.get(RUN_DIR_ENV)
+    os.environ[RUN_DIR_ENV] = str(tmp_path_factory.mktemp("run"))
+    yield
+    if previous is None:
+        os.environ.pop(RUN_DIR_ENV, None)
+    else:
+        os.environ[RUN_DIR_ENV] = previous
 
 
 @pytest.fixture(scope="session")

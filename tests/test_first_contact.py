@@ -131,13 +131,13 @@ def test_a_dry_run_lists_the_probe_the_baseline_and_the_record(tmp_path: Path) -
         "dialect, a build of variant upstream's project",
         "# probe /opt/ik/bin/llama-server: it cannot be asked here (missing, not executable, or "
         "no --help), so its gate says whether it serves",
+        "# lift what a killed switch left: fences, redirects, a blue-green bridge",
         "# baseline chat: 1 warm-up + 10 runs of 64 tokens on the server answering now (else "
         f"the stored runs of {state / 'bench' / 'chat.json'})",
         "# baseline ik: 1 warm-up + 10 runs of 64 tokens on the server answering now (else "
         f"the stored runs of {state / 'bench' / 'ik.json'})",
         f"# record generation 1 in {state}",
         f"# write {cfg}",
-        "# lift what a killed switch left: fences, redirects, a blue-green bridge",
         "# systemctl restart below: chat, ik one at a time, each running one first fenced where "
         "other machines reach it (nft), drained (at most 30 s) and its main process stopped",
         "# write /etc/systemd/system/llamanix-chat.service",

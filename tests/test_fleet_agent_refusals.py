@@ -321,3 +321,22 @@ def test_status_needs_no_request_and_the_others_say_who_sends_one(fleet: Path) -
             f"llamanix {command} from the controller)"
         )
     assert not fleet.exists()
+
+
+@pytest.mark.parametrize(
+    ("request_text", "words"),
+    [
+        ("[" * 200_000 + "]" * 200_000, "nest more than 64 levels deep"),
+        (f'{{"protocol": {PROTOCOL}, "host": "box", "window_s": NaN}}', "holds NaN"),
+        (f'{{"protocol": {PROTOCOL}, "host": "box", "follow_timeout_s": Infinity}}', "Infinity"),
+        (f'{{"protocol": {PROTOCOL}, "host": "box", "host": "other"}}', "appears twice"),
+    ],
+)
+def test_a_request_is_read_as_every_file_is(fleet: Path, request_text: str, words: str) -> None:
+    """The request root reads on stdin goes through the one JSON reader: one line, no
+    traceback, for nesting, non-numbers and keys given twice; nothing is written."""
+    for command in ("status", "top", "switch"):
+        done = run_agent(fleet, command, request_text)
+        assert done.exit_code == 2, done.output
+        assert words in one_line(done)
+    assert not fleet.exists()

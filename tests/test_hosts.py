@@ -185,6 +185,10 @@ def test_first_switch_to_a_binary_that_cannot_load(host: Host) -> None:
 def test_binary_that_stops_loading_is_given_up_after_the_start_limit(host: Host) -> None:
     """c: a server that served, whose binary later cannot load (a driver update, then a crash):
     systemd retries StartLimitBurst times, gives up, and `generations` says why."""
+    if host.spec.name != "debian12":
+        # StartLimitBurst= and the journal's words for it are the same in systemd 252 and 257,
+        # and the restarts take most of a minute: Debian 12, the older one, shows it.
+        pytest.skip("systemd gives up the same way on Debian 12 and 13: shown on debian12")
     flaky = "/usr/local/bin/llama-server-flaky"
     host.write(flaky, host.path("/usr/local/bin/llama-server").read_bytes(), mode=0o755)
     write_config(host, config_text(PORT, binary=flaky))

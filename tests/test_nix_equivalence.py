@@ -882,6 +882,9 @@ def test_the_keys_unit_writes_litellms_environment_file(tmp_path: Path) -> None:
         ("it's", "holds a quote"),
         ("a\nb", "holds a quote or a line break"),
         ("", "is empty"),
+        # What core/api_key.py refuses on Debian: another file's secret is never sent.
+        ("root:$y$j9T$FAKE:19000:0:99999:7:::", "is not a bearer token"),
+        ("sk live 1", "is not a bearer token"),
     ):
         (creds / "key-qwen-c").write_text(bad)
         proc = subprocess.run(["sh", str(script)], env=env, capture_output=True, text=True)

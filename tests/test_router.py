@@ -877,6 +877,18 @@ def test_llama_swap_refuses_a_lower_case_environment_name() -> None:
     ]
 
 
+def test_llama_swap_refuses_its_macro_in_an_environment_value() -> None:
+    with pytest.raises(UserError) as err:
+        config(
+            {"big": {"environment": {"HF_TOKEN": "${env.SECRET}"}}},
+            {"kind": "llama-swap", "members": ["big"]},
+        )
+    assert [str(p) for p in err.value.problems] == [
+        "r.toml: instances.big.environment.HF_TOKEN: holds '${', which llama-swap would replace "
+        'with one of its macros (write the value without it, or use kind = "llama-server")'
+    ]
+
+
 def test_up_refuses_a_routed_host_in_one_line(tmp_path: Path) -> None:
     from click.testing import CliRunner
 

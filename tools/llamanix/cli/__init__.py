@@ -37,6 +37,7 @@ COMMAND_GROUPS: dict[str, tuple[str, ...]] = {
         "schema",
         "switch",
         "rollback",
+        "tidy",
         "generations",
         "pin",
         "build",
@@ -125,6 +126,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "Change what a host runs, gate it, and roll back when the gate fails (exit 1).",
     ),
     "rollback": ("deploy", "Serve an earlier generation again (and put its config back)."),
+    "tidy": (
+        "deploy",
+        "Remove what a killed switch left, and serve the current generation again (exit 1 if not).",
+    ),
     "generations": (
         "deploy",
         "List a host's generations: date, variant and source revision per instance, gate.",

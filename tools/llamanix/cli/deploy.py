@@ -1,4 +1,4 @@
-"""llamanix CLI commands: deploy (up, switch, rollback, generations, pin)."""
+"""llamanix CLI commands: deploy (up, switch, rollback, tidy, generations, pin)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from llamanix.cli.options import (
     json_flag,
     timeout_option,
 )
-from llamanix.cli.switch_options import PIN_WAIT, rollback_options, switch_options
+from llamanix.cli.switch_options import PIN_WAIT, WAIT, rollback_options, switch_options
 from llamanix.core.config import load_config
 from llamanix.core.errors import Problem, UserError
 from llamanix.core.host_choice import pick_host
@@ -40,10 +40,11 @@ from llamanix.deploy.fleet.rollout import (
     RolloutOptions,
 )
 from llamanix.deploy.generations import GenerationRecord, HostState
+from llamanix.deploy.host_lock import units_lock
 from llamanix.deploy.host_render import render_host, with_source_revisions
 from llamanix.deploy.request import ALL_HOSTS, parse_hosts
 from llamanix.deploy.supervisor import DEFAULT_START_TIMEOUT_S, Supervisor
-from llamanix.deploy.switch_records import RollbackOptions, SwitchOptions
+from llamanix.deploy.switch_records import DEFAULT_TIMEOUT_S, RollbackOptions, SwitchOptions
 from llamanix.external.process import Runner
 
 
@@ -89,12 +90,18 @@ def up(
     directory = units_dir or HostState.beside(config, name).root / "up"
     timeout_s = deprecated(timeout_s, start_timeout, "--start-timeout", "--timeout")
     supervisor = Supervisor(directory, start_timeout_s=timeout_s, log=_echo)
-    supervisor.claim()
     render = with_source_revisions(render_host(cfg, name), cfg, from_flake=False)
     manager = managers.UpManager(directory)
-    managers.install_files(
-        Runner(echo=_echo), directory, render.files(), manager.installed(), managers.is_render_file
-    )
+    # Writing the directory's units is what a switch of it does: not while one is under way.
+    with units_lock(directory, str(config), command="up"):
+        supervisor.claim()
+        managers.install_files(
+            Runner(echo=_echo),
+            directory,
+            render.files(),
+            manager.installed(),
+            managers.is_render_file,
+        )
     click.echo(f"up: {len(render.instances)} instance(s) of host {name} from {directory}")
     supervisor.run()
 
@@ -229,6 +236,28 @@ def rollback(
         number = commands.rollback(config, host, opts, Runner(dry_run=dry_run, echo=_echo), _echo)
     if number is not None and not dry_run:
         click.echo(f"now serving generation {number}")
+
+
+@click.command()
+@config_argument(default="llamanix.toml")
+@host_option("Host to tidy (may be left out when the config has one).")
+@timeout_option(DEFAULT_TIMEOUT_S, "Seconds each restarted instance may take to serve.")
+@WAIT
+def tidy(config: Path, host: str | None, timeout_s: float, wait_s: float) -> None:
+    """Remove what a killed switch left, and serve the current generation again (exit 1 if not).
+
+    After a switch or rollback that did not finish (SIGKILL, the OOM killer, a reboot):
+    fences and redirects, a blue-green bridge, warm-switch slot files, staging directories
+    and temporary files go, a generation left "pending" is marked interrupted, the units are
+    put back as the current generation records them and those that do not run are started.
+    `llamanix doctor` lists what is left; the config is not changed.
+    """
+    from llamanix.deploy.tidy import tidy as tidy_host
+
+    with host_flag(host):
+        serving = tidy_host(config, host, timeout_s, wait_s, Runner(echo=_echo), _echo)
+    if not serving:
+        exit_with(1)
 
 
 @click.command()
@@ -432,5 +461,5 @@ def pin(
 
 def register(group: click.Group) -> None:
     """Add this module's commands to the main group."""
-    for command in (up, switch, rollback, generations, pin):
+    for command in (up, switch, rollback, tidy, generations, pin):
         group.add_command(command)

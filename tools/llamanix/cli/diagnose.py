@@ -203,6 +203,11 @@ def doctor_cmd(
             baseline_url=baseline_url,
         )
     )
+    from llamanix.core.config import load_config
+    from llamanix.deploy.leftovers_report import report_leftovers
+
+    # What a switch of a host of this config that did not finish left on this machine.
+    report_leftovers(report, load_config(config), config)
     if as_json:
         echo_json(report.to_json())
     else:

@@ -59,6 +59,10 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "llamanix rollback",
         "llamanix rollback llamanix.toml --host gpu1 --to 3",
     ),
+    "tidy": (
+        "llamanix tidy",
+        "llamanix tidy llamanix.toml --host gpu1 --wait 60",
+    ),
     "generations": (
         "llamanix generations",
         "llamanix generations llamanix.toml --host gpu1 --json",

@@ -23,6 +23,7 @@ from typing import Any, Literal
 import click
 
 from llamanix.cli.options import exit_with
+from llamanix.core import file_reader
 from llamanix.core.errors import Problem, UserError
 from llamanix.deploy.fleet import agent
 from llamanix.deploy.fleet.protocol import (
@@ -73,8 +74,26 @@ def _begin(ctx: click.Context, command: AgentCommand) -> tuple[agent.FleetDir, A
         )
         exit_with(EXIT_INCOMPATIBLE)
     stdin = click.get_text_stream("stdin")
-    # A person at a terminal sends no request: never wait for one.
-    text = "" if stdin.isatty() else stdin.read()
+    # A person at a terminal sends no request: never wait for one. A request is read as every
+    # file is: bounded, and parsed by the one JSON reader (nesting, duplicate keys, NaN).
+    text = "" if stdin.isatty() else stdin.read(file_reader.LIMIT + 1)
+    if len(text) > file_reader.LIMIT:
+        raise UserError(
+            Problem(
+                source,
+                "stdin",
+                f"the request is larger than {file_reader.LIMIT} bytes",
+                "send the config and its options, nothing else",
+            )
+        )
+    if text.strip():
+        file_reader.parse_json(text, f"{source}: stdin")
+        try:
+            json.loads(text, parse_constant=_not_a_number)
+        except ValueError as err:
+            raise UserError(
+                Problem(source, "stdin", str(err), "send numbers JSON allows")
+            ) from None
     d = agent.FleetDir.here()
     if not text.strip():
         if command != "status":
@@ -103,6 +122,10 @@ def _begin(ctx: click.Context, command: AgentCommand) -> tuple[agent.FleetDir, A
     agent.check_name(request.host, f"{source}: stdin")
     d.check_if_there()
     return d, request
+
+
+def _not_a_number(name: str) -> None:
+    raise ValueError(f"the request holds {name}, which is no JSON number")
 
 
 def _finish(d: agent.FleetDir, report: RunReport) -> None:

@@ -45,7 +45,10 @@ def wait_option(what: str) -> Decorator:
     )
 
 
-WAIT = wait_option("another switch or rollback of the same host")
+WAIT = wait_option(
+    "another switch, rollback or tidy of the same host (or another command writing the same "
+    "units on this machine)"
+)
 # pin locks the flake (its flake.lock), not a host.
 PIN_WAIT = wait_option("another pin of the same flake")
 

@@ -12,6 +12,7 @@ Here rather than next to the HTTP client so that ``llamanix readiness`` (every k
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from llamanix.core import file_reader
@@ -24,6 +25,10 @@ __all__ = ["first_key", "key_env", "key_if_readable", "read_api_key"]
 
 # What an Authorization header carries unchanged: printable ASCII, spaces only inside.
 _PRINTABLE = frozenset(range(0x20, 0x7F))
+# A bearer token (RFC 6750's b64token). Root reads key files and sends their first key to the
+# port a config names: a first line of another shape (a password hash, a PEM or ssh key's
+# header) is some other file, and is never sent.
+_TOKEN = re.compile(rb"[A-Za-z0-9._~+/-]+=*")
 
 
 def key_env(instance: str) -> str:
@@ -52,6 +57,12 @@ def _unsendable(line: bytes) -> tuple[str, str] | None:
         return (
             "holds a character an HTTP header cannot carry (a control character or non-ASCII)",
             "use a key of printable ASCII characters",
+        )
+    if not _TOKEN.fullmatch(line):
+        return (
+            "is not a bearer token (letters, digits and '-._~+/', then '=' padding): llamanix "
+            "sends no other line, as it may be another file's secret",
+            "write a key such as the output of: openssl rand -hex 32",
         )
     return None
 

@@ -935,6 +935,15 @@ def _check_routers(c: _Checker, hosts: dict[str, Host], instances: dict[str, Ins
                             "llama-swap takes only upper-case environment names",
                             f"write it as {key.upper()}",
                         )
+                for key, value in inst.environment.items():
+                    # llama-swap replaces ${env.NAME} macros anywhere in its file before it
+                    # parses it, with no way to escape one.
+                    if "${" in value:
+                        c.add(
+                            f"instances.{inst.name}.environment.{key}",
+                            "holds '${', which llama-swap would replace with one of its macros",
+                            'write the value without it, or use kind = "llama-server"',
+                        )
         for inst in instances.values():
             if (
                 inst.host == host.name

@@ -615,7 +615,9 @@ TABLE_NAME: TextKind = "name"
 # Unit names llamanix derives besides an instance's own (llamanix-NAME.service): an instance may
 # not take one. A blue-green switch's bridge of instance NAME is llamanix-NAME-bridge.service,
 # so no instance name ends in the bridge's suffix: a bridge can never be another instance.
-RESERVED_NAMES = ("router", "gateway", "exporter")
+# `fleet` is the fleet agent's own transient unit (llamanix-fleet.service) and `gateway-keys`
+# the NixOS gateway's key unit (llamanix-gateway-keys.service).
+RESERVED_NAMES = ("router", "gateway", "exporter", "fleet", "gateway-keys")
 BRIDGE_SUFFIX = "-bridge"
 
 

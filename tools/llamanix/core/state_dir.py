@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from llamanix.core.trusted_path import require_trusted
 from llamanix.core.types import child_name
 
 STATE_DIR = ".llamanix-state"
@@ -14,5 +15,8 @@ STATE_DIR = ".llamanix-state"
 
 def host_state_root(config: Path, host: str) -> Path:
     """``.llamanix-state/HOST``: a host's name is one directory's name (core.types checks it
-    in the config; this holds for a name from anywhere else, e.g. --host)."""
-    return config.resolve().parent / STATE_DIR / child_name(host)
+    in the config; this holds for a name from anywhere else, e.g. --host). As root, the
+    config's directory must be root's alone: rollback installs the unit files kept there."""
+    folder = config.resolve().parent
+    require_trusted(folder, str(config), "", "keep its generations beside it and install them")
+    return folder / STATE_DIR / child_name(host)

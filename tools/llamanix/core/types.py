@@ -201,13 +201,36 @@ TYPES: dict[TextKind, TextType] = {
         ),
         TextType(
             "env_name",
-            "an environment variable's name",
+            "an environment variable's name (none that the dynamic loader, glibc or Python "
+            "obey: a keyed unit's readiness check runs as root under the unit's environment)",
             "[A-Za-z_][A-Za-z0-9_]*",
             128,
-            "use letters, digits and '_', not starting with a digit",
-            None,
-            ("CUDA_VISIBLE_DEVICES", "_x", "OMP_NUM_THREADS"),
-            ("", "1X", "A-B", "A B", "A=B", "A\nB"),
+            "use letters, digits and '_', not starting with a digit, and none of LD_*, "
+            "PYTHON*, HOME (Python's user site), GLIBC_TUNABLES, MALLOC_* or glibc's other "
+            "variables it ignores for setuid programs (install libraries where the loader finds "
+            "them: the Nix build's RUNPATH, or /etc/ld.so.conf.d)",
+            (
+                "(LD_|PYTHON|MALLOC_)[A-Za-z0-9_]*|GLIBC_TUNABLES|GCONV_PATH|GETCONF_DIR"
+                "|HOSTALIASES|LOCALDOMAIN|LOCPATH|NIS_PATH|NLSPATH|RESOLV_HOST_CONF|RES_OPTIONS"
+                "|TMPDIR|TZDIR|HOME",
+                "a variable that changes what a root process loads or runs",
+            ),
+            ("CUDA_VISIBLE_DEVICES", "_x", "OMP_NUM_THREADS", "XLD_PRELOAD", "MYPYTHONPATH"),
+            (
+                "",
+                "1X",
+                "A-B",
+                "A B",
+                "A=B",
+                "A\nB",
+                "LD_PRELOAD",
+                "LD_LIBRARY_PATH",
+                "PYTHONPATH",
+                "PYTHONWARNINGS",
+                "GCONV_PATH",
+                "GLIBC_TUNABLES",
+                "HOME",
+            ),
         ),
         TextType(
             "text",
@@ -280,7 +303,8 @@ def text_problem(kind: TextKind, value: str) -> str | None:
 
 
 def _article(doc: str) -> str:
-    return doc.split(":")[0]
+    """The type's name as a message says it: its doc up to the first explanation."""
+    return doc.split(" (")[0].split(":")[0]
 
 
 def _shown(value: str) -> str:

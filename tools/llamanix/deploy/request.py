@@ -29,8 +29,9 @@ from llamanix.deploy.config_edit import (
 from llamanix.deploy.gate import GatePrompts
 from llamanix.deploy.gate_records import GateKind
 from llamanix.deploy.generations import HostState
-from llamanix.deploy.host_lock import host_lock
+from llamanix.deploy.host_lock import host_lock, units_lock
 from llamanix.deploy.host_render import render_known_host
+from llamanix.deploy.leftovers import Scope, local_scope
 from llamanix.deploy.switch_records import Echo, RollbackOptions, SwitchOptions
 from llamanix.render.manifest import Render
 
@@ -85,6 +86,11 @@ class SwitchRequest:
     @property
     def path(self) -> Path:
         return self.source.path
+
+    def units_scope(self, host: str) -> Scope | None:
+        """The units on this machine that switching ``host`` changes (None: another
+        machine's)."""
+        return local_scope(self.path, self.config, host, self.opts.manager, self.opts.units_dir)
 
     @property
     def old_text(self) -> str:
@@ -174,6 +180,11 @@ class RollbackRequest:
     def path(self) -> Path:
         return self.source.path
 
+    def units_scope(self, host: str) -> Scope | None:
+        """The units on this machine that rolling ``host`` back changes (None: another
+        machine's)."""
+        return local_scope(self.path, self.config, host, self.opts.manager, self.opts.units_dir)
+
     def config_of(self, text: str) -> Config | None:
         """A generation's config: the parse already made when it is the file's text, else
         ``text`` parsed (None when it is not valid)."""
@@ -195,6 +206,8 @@ class _Request(Protocol):
     @property
     def hosts(self) -> tuple[str, ...]: ...
 
+    def units_scope(self, host: str) -> Scope | None: ...
+
 
 _R = TypeVar("_R", bound=_Request)
 
@@ -202,8 +215,8 @@ _R = TypeVar("_R", bound=_Request)
 def read_locked(
     read: Callable[[], _R], locks: ExitStack, wait_s: float, command: str, echo: Echo
 ) -> _R:
-    """The request, read once, with its hosts' locks held (in ``locks``) and what a killed
-    command left tidied.
+    """The request, read once, with its hosts' locks and their units' locks held (in
+    ``locks``) and what a killed command left in the hosts' state tidied.
 
     Which locks to take follows from the config (``all``, or its only host when none is
     named), so the request is read before them: with the locks held, the file's stamp says
@@ -224,6 +237,12 @@ def read_locked(
                     host_lock(state.root, f"host {name}", str(path), wait_s, command=command)
                 )
                 _recover(state, echo)
+            # Then the units they change on this machine, whatever config names them (the
+            # fleet agent's copy, a local file): always after the hosts' locks and in one
+            # order, so that nobody waits for a host's lock while holding units.
+            units = {s.units_dir.resolve() for h in request.hosts if (s := request.units_scope(h))}
+            for units_dir in sorted(units):
+                locks.enter_context(units_lock(units_dir, str(path), wait_s, command=command))
             locked = request.hosts
         if request.source.unchanged():
             return request

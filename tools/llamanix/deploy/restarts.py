@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from llamanix.deploy.blue_green import RUNTIME_UNITS, SUFFIX, Bridge, remove_bridge_directories
+from llamanix.core.errors import ExternalCommandError
+from llamanix.deploy.blue_green import RUNTIME_UNITS, Bridge, remove_bridge_directories
+from llamanix.deploy.crash_point import crash_point
 from llamanix.deploy.gap_records import GapRecord
 from llamanix.deploy.warm import WarmCaches
 from llamanix.external import nft, signals, systemctl
@@ -110,6 +112,7 @@ class DrainingRestart:
         port = port if before.runs else None
         fenced_at, no_fence = _put_fence(port)
         try:
+            crash_point("restart:fenced")
             with AnswerWatch(endpoints) as watch:
                 if old is not None and before.runs:
                     settle = fenced_at + DRAIN_SETTLE_S if fenced_at is not None else None
@@ -118,7 +121,9 @@ class DrainingRestart:
                         self.warm.save(name, old)
                     if before.main_pid is not None:
                         signals.signal_process(before.main_pid, signal.SIGTERM)
+                crash_point("restart:stopped")
                 ok = systemctl.restart(runner, user, [unit], check=False)
+                crash_point("restart:started")
                 after = systemctl.show(user, unit)
                 started = after.main_started
                 if ok and started is not None:
@@ -169,6 +174,7 @@ class DrainingRestart:
         started_at = time.monotonic()
         ok = False
         try:
+            crash_point("blue-green:bridge-written")
             # Conntrack follows the port's connections from now: those made while the bridge
             # loads are known from their SYN when the redirect comes (``nft.redirect_script``).
             nft.track(port)
@@ -179,22 +185,27 @@ class DrainingRestart:
                 systemctl.stop(runner, user, [bridge.unit])
                 return self._restart_one(runner, user, unit)
             steps = {"bridge served": time.monotonic()}
+            crash_point("blue-green:bridge-serving")
             with AnswerWatch([old, at_bridge]) as watch:
                 handed = time.monotonic()
                 nft.redirect(port, bridge.port)
                 steps["port handed over"] = time.monotonic()
+                crash_point("blue-green:redirected")
                 time.sleep(HANDOVER_GRACE_S)
                 nft.fence(port)
                 fenced = time.monotonic()
+                crash_point("blue-green:fenced")
                 before = systemctl.show(user, unit)
                 drained = drain(
                     old, self.drain_timeout_s, settle_until=fenced + DRAIN_SETTLE_S, port=port
                 )
                 if before.main_pid is not None:
                     signals.signal_process(before.main_pid, signal.SIGTERM)
+                crash_point("blue-green:old-stopped")
                 ok = systemctl.restart(runner, user, [unit], check=False)
                 started = systemctl.show(user, unit).main_started
                 steps["unit served"] = time.monotonic()
+                crash_point("blue-green:unit-serving")
                 # Back to the unit's own port: new connections go there, and the bridge's
                 # open ones are refused new requests (its fence) while it drains; those it has
                 # keep their redirect until the table goes, after the bridge has stopped.
@@ -207,6 +218,7 @@ class DrainingRestart:
                 time.sleep(HANDOVER_GRACE_S)
                 nft.fence(bridge.port)
                 back = time.monotonic()
+                crash_point("blue-green:port-back")
                 drain(
                     at_bridge,
                     self.drain_timeout_s,
@@ -216,14 +228,10 @@ class DrainingRestart:
                 systemctl.stop(runner, user, [bridge.unit])
                 ended = time.monotonic()
                 steps["bridge stopped"] = ended
+                crash_point("blue-green:bridge-stopped")
         finally:
-            nft.unfence(port)
-            nft.untrack(port)
-            nft.unfence(bridge.port)
-            if path.exists():
-                path.unlink()
-                systemctl.daemon_reload(runner, user)
-            remove_bridge_directories(bridge)
+            # However it ends (done, an error, Ctrl-C): the bridge goes, with what served it.
+            _remove_bridge(runner, user, bridge, port, path)
         silence = longest_silence(watch.answers(), handed, ended)
         load = None
         if started is not None:
@@ -259,27 +267,29 @@ def _put_fence(port: int | None) -> tuple[float | None, str | None]:
     return time.monotonic(), None
 
 
-def tidy_after_a_killed_switch(runner: Runner, user: bool) -> list[str]:
-    """Undo what a switch killed mid-restart left on this machine: fences, redirects, and a
-    blue-green bridge still running; one line for each thing undone."""
-    done: list[str] = []
-    if nft.unavailable() is None:
-        for port in nft.fenced_ports():
-            nft.unfence(port)
-            done.append(f"lifted the fence a killed switch left on port {port}")
-        for port in nft.redirected_ports():
-            nft.untrack(port)
-            done.append(f"ended the redirect a killed switch left on port {port}")
-    if user:
-        return done
-    bridges = sorted(Path(RUNTIME_UNITS).glob(f"llamanix-*{SUFFIX}.service"))
-    for path in bridges:
-        systemctl.stop(runner, user, [path.name])
+def _remove_bridge(runner: Runner, user: bool, bridge: Bridge, port: int, path: Path) -> None:
+    """Undo a blue-green handover, from wherever it got to: the tables (new connections reach
+    the unit's own port again), then the bridge itself (stopped: it holds a copy of the
+    model), its unit file and its directories. Every step is tried; the first error is raised
+    once all were."""
+    errors: list[ExternalCommandError] = []
+
+    def step(action: Callable[[], object]) -> None:
+        try:
+            action()
+        except ExternalCommandError as err:
+            errors.append(err)
+
+    step(lambda: nft.unfence(port))
+    step(lambda: nft.untrack(port))
+    step(lambda: nft.unfence(bridge.port))
+    step(lambda: systemctl.stop(runner, user, [bridge.unit]))
+    if path.exists():
         path.unlink()
-        done.append(f"stopped the blue-green bridge a killed switch left ({path.name})")
-    if bridges:
-        systemctl.daemon_reload(runner, user)
-    return done
+        step(lambda: systemctl.daemon_reload(runner, user))
+    remove_bridge_directories(bridge)
+    if errors:
+        raise errors[0]
 
 
 def _record(gap_s: float | None, load_s: float | None, drained: Drained | None) -> GapRecord:

@@ -11,6 +11,7 @@ from llamanix.core.errors import ExternalCommandError, Problem, UserError
 from llamanix.deploy.config_edit import write_config
 from llamanix.deploy.crash_point import crash_point
 from llamanix.deploy.generations import Generation, HostState
+from llamanix.deploy.leftovers import scope_of, tidy_machine
 from llamanix.deploy.managers import as_installed, make_manager
 from llamanix.deploy.request import RollbackRequest
 from llamanix.deploy.serving import check_serving
@@ -51,6 +52,11 @@ def rollback_host(request: RollbackRequest, runner: Runner, echo: Echo) -> Gener
         file_reader.read_text(snapshot, source=str(snapshot)) if snapshot is not None else None
     )
     echo(f"{name}: rolling back to generation {target.number} via {manager.name}")
+    if not runner.dry_run:
+        # What a switch that did not finish left with these units (fences, redirects, a
+        # bridge, slot files) goes first: the lock is ours, no switch is under way.
+        for line in tidy_machine(scope_of(manager), runner):
+            echo(f"  {line}")
     if runner.dry_run:
         if snapshot_text is not None:
             runner.note(f"write {path}")

@@ -48,6 +48,7 @@ from llamanix.deploy.generations import (
     RollbackRecord,
 )
 from llamanix.deploy.host_render import with_source_revisions
+from llamanix.deploy.leftovers import scope_of, tidy_machine
 from llamanix.deploy.managers import (
     Manager,
     NixosManager,
@@ -60,7 +61,7 @@ from llamanix.deploy.managers import (
     summary_of,
 )
 from llamanix.deploy.request import SwitchRequest
-from llamanix.deploy.restarts import DrainingRestart, tidy_after_a_killed_switch
+from llamanix.deploy.restarts import DrainingRestart
 from llamanix.deploy.serving import (
     check_serving,
     endpoints,
@@ -174,6 +175,11 @@ def switch_host(
     activate and gate, then keep the generation or restore the previous one. ``file_text``:
     what the config file holds now (the new text once an earlier host's switch wrote it)."""
     sw = _prepare(request, host, file_text, runner, echo)
+    if not runner.dry_run:
+        # What a switch that did not finish left with these units (the lock is ours: no other
+        # is under way) goes before anything is measured or written, changed or not.
+        for line in tidy_machine(scope_of(sw.manager), runner):
+            echo(f"{sw.host}: {line}")
     if not sw.changed and not sw.removed and sw.file_text == sw.new_text:
         echo(f"{sw.host}: nothing changed")
         number = sw.current.number if sw.current else None
@@ -298,6 +304,9 @@ def _dry_run(sw: _HostSwitch) -> HostOutcome:
     if not sw.manager.runs_flake_packages:
         for line in probe_notes(sw.config, sw.host):
             note(line)
+    if isinstance(sw.manager, SystemdManager):
+        # As switch_host does, before anything is measured or written.
+        note("lift what a killed switch left: fences, redirects, a blue-green bridge")
     if sw.gate == "bench" and sw.opts.max_regression is not None:
         for name in (n for n in sw.changed if n != GATEWAY_UNIT):
             note(
@@ -310,7 +319,6 @@ def _dry_run(sw: _HostSwitch) -> HostOutcome:
     if sw.file_text != sw.new_text:
         note(f"write {sw.path}")
     if isinstance(sw.manager, SystemdManager):
-        note("lift what a killed switch left: fences, redirects, a blue-green bridge")
         servers = [n for n in sw.changed if n in sw.config.instances or n == ROUTER]
         if servers:
             note(
@@ -420,8 +428,6 @@ def _draining_restart(sw: _HostSwitch) -> DrainingRestart | None:
     first (deploy.restarts)."""
     if not isinstance(sw.manager, SystemdManager) or sw.runner.dry_run:
         return None
-    for line in tidy_after_a_killed_switch(sw.runner, sw.manager.user):
-        sw.echo(f"  {line}")
     old_config = sw.request.old_config
     bridges, no_bridge = _bridges(sw, sw.manager.user) if sw.opts.blue_green else ({}, {})
     sw.manager.restarts = DrainingRestart(

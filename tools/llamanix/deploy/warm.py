@@ -37,7 +37,8 @@ The files are bounded: each slot's file is estimated from the model's KV bytes p
 it is written (an upper bound), and the switch saves no more than ``limit_bytes`` in all nor
 anything that would leave the file system with less than ``FREE_RESERVE_BYTES`` free. A file
 that turns out larger than the limit is deleted at once. Every file is deleted after its
-restore, and a switch that was killed leaves files the next switch deletes before it saves.
+restore; files a killed switch left are named by ``llamanix doctor`` and deleted by the next
+switch, rollback or ``llamanix tidy`` (``deploy.leftovers``).
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ from llamanix.core.config import Instance
 from llamanix.core.errors import UserError
 from llamanix.core.json_value import JsonObject
 from llamanix.core.schema import SPEC_DRAFTERS
+from llamanix.deploy.crash_point import crash_point
 from llamanix.deploy.warm_records import DEFAULT_LIMIT_GIB, SlotOutcome, WarmRecord, WarmSlot
 from llamanix.external.files import atomic_write
 from llamanix.measure.drain import Endpoint
@@ -317,6 +319,7 @@ class WarmCaches:
             write_stamp(plan.directory, slot_file(slot.slot), build, plan.layout)
             saved.append(_Saved(slot, done))
         self.pending[name] = saved
+        crash_point("warm:saved")
 
     def restore(self, name: str, endpoint: Endpoint) -> WarmRecord | None:
         """Restore what ``save`` kept into ``name``'s new server (it serves), check each slot,
@@ -365,6 +368,7 @@ class WarmCaches:
                     None if ok else f"saved {s.file.tokens} tokens, restored {back.tokens}",
                 )
             )
+        crash_point("warm:restored")
         _remove_files(plan.directory)
         record = WarmRecord(None, tuple(slots))
         self.records[name] = record

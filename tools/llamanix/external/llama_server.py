@@ -15,6 +15,7 @@ from typing import IO
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
 from llamanix.core.probe import Capabilities, parse_capabilities
 from llamanix.core.process_end import died_of
+from llamanix.core.trusted_path import require_trusted
 from llamanix.external.process import Child, spawn
 
 
@@ -28,7 +29,9 @@ def binary_argv(binary: str | Path, arg: str) -> list[str]:
 
 
 def run_binary(binary: str, arg: str, timeout: float = 60) -> str:
-    """Run ``BINARY ARG`` and return stdout+stderr (llama-server prints --version to stderr)."""
+    """Run ``BINARY ARG`` and return stdout+stderr (llama-server prints --version to stderr).
+    As root, only a binary that root alone can change is run."""
+    require_trusted(Path(binary), binary, arg, f"run it ('{arg}')")
     try:
         proc = subprocess.run(
             binary_argv(binary, arg),

@@ -27,8 +27,8 @@ exceeds the IP header plus the TCP header (``tcp doff`` 32-bit words), one rule 
 length (IPv4 with a plain 20-byte header; IPv6 with TCP as the next header).
 
 The fence lives in the kernel, not in a file: a reboot lifts it, and so does ``unfence``. A
-switch that was killed with a fence up leaves it; the next switch lifts every fence it finds
-(``fenced_ports``) before it starts.
+switch that was killed with a fence up leaves it; ``llamanix doctor`` names it, and the next
+switch, rollback or ``llamanix tidy`` lifts every fence it finds (``fenced_ports``).
 """
 
 from __future__ import annotations
@@ -108,11 +108,13 @@ def _delete_table(table: str, what: str) -> None:
         raise ExternalCommandError(f"nft: {what}: {done.stderr.strip()}")
 
 
-def _ports(tables: re.Pattern[str]) -> list[int]:
-    """The ports of the inet tables whose names ``tables`` matches (none where nft fails)."""
+def _ports(tables: re.Pattern[str], what: str) -> list[int]:
+    """The ports of the inet tables whose names ``tables`` matches. An nft that fails says
+    nothing of what is there: that is an error, never "none"."""
     done = run_captured(["nft", "list", "tables", "inet"], timeout_s=30)
     if done.returncode != 0:
-        return []
+        why = done.stderr.strip()[:300] or f"exit code {done.returncode}"
+        raise ExternalCommandError(f"nft list tables inet (looking for {what}) failed: {why}")
     return sorted(int(m.group(1)) for m in tables.finditer(done.stdout))
 
 
@@ -188,9 +190,10 @@ def untrack(port: int) -> None:
 
 
 def redirected_ports() -> list[int]:
-    return _ports(_REDIRECT)
+    """The ports a redirect table is up on now (``ExternalCommandError`` when nft fails)."""
+    return _ports(_REDIRECT, "redirects")
 
 
 def fenced_ports() -> list[int]:
-    """The ports a fence is up on now."""
-    return _ports(_TABLE)
+    """The ports a fence is up on now (``ExternalCommandError`` when nft fails)."""
+    return _ports(_TABLE, "fences")

@@ -38,3 +38,9 @@ def signal_child(child: Child | TextChild, sig: signal.Signals) -> None:
 def kill_this_process() -> None:
     """SIGKILL to this very process: it ends here, with no ``finally`` and no ``atexit``."""
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def interrupt_this_process() -> None:
+    """SIGINT to this very process, as a Ctrl-C sends it: under ``interrupt.handled()`` the
+    main thread raises at its next instruction, and the ``finally`` blocks run."""
+    os.kill(os.getpid(), signal.SIGINT)

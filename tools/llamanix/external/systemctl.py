@@ -157,3 +157,40 @@ def show(user: bool, unit: str) -> UnitState:
             else None
         ),
     )
+
+
+@dataclass(frozen=True)
+class ListedUnit:
+    """One line of ``systemctl list-units``: a unit systemd has loaded, its file there or not
+    (a running unit whose file was deleted stays loaded, as ``not-found``)."""
+
+    unit: str
+    load_state: str
+    active_state: str
+    sub_state: str
+
+
+def list_units_argv(user: bool, pattern: str) -> list[str]:
+    return [*_base(user), "list-units", "--all", "--plain", "--no-legend", "--full", pattern]
+
+
+def list_units(user: bool, pattern: str) -> list[ListedUnit]:
+    """Every unit systemd has loaded whose name matches ``pattern``, whatever its state; a
+    query (dry runs too). A systemctl that fails says nothing of what is there: that is
+    ``ExternalCommandError``, never an empty list."""
+    argv = list_units_argv(user, pattern)
+    try:
+        done = subprocess.run(
+            argv, capture_output=True, text=True, errors="replace", timeout=60, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise ExternalCommandError(f"{' '.join(argv)}: {err}") from None
+    if done.returncode != 0:
+        raise ExternalCommandError(f"{' '.join(argv)} failed: {done.stderr.strip()[:300]}")
+    found = []
+    for line in done.stdout.splitlines():
+        # A failed unit's line starts with a marker ("●") on some versions.
+        words = line.replace("\u25cf", " ").split()
+        if len(words) >= 4:
+            found.append(ListedUnit(words[0], words[1], words[2], words[3]))
+    return found

@@ -54,6 +54,7 @@ CheckName = Literal[
     "spec-crossover",
     "spec-workloads",
     "key-file",
+    "leftovers",
 ]
 # A check passed, found something, or could not look (and says why).
 Outcome = Literal["ok", "finding", "skipped"]
@@ -77,6 +78,18 @@ FindingCode = Literal[
     "spec-workload-pays",
     "spec-workload-unclear",
     "key-readable",
+    # What a switch that did not finish left on this machine (deploy.leftovers).
+    "leftover-fence",
+    "leftover-redirect",
+    "leftover-bridge",
+    "leftover-bridge-files",
+    "leftover-slot-files",
+    "leftover-staging",
+    "leftover-temporary-file",
+    "leftover-pending",
+    "unit-differs",
+    "unit-not-running",
+    "leftovers-unknown",
 ]
 # Below this share of drafted tokens kept, drafting costs more than it saves (users of a 27B
 # model reported 12% on ik, and 50% with a draft spending 78% of the time: both slower).

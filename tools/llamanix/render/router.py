@@ -223,7 +223,9 @@ def swap_yaml(
         if router.idle_ttl:
             entry["ttl"] = router.idle_ttl
         if inst.environment:
-            entry["env"] = [f"{k}={v}" for k, v in sorted(inst.environment.items())]
+            entry["env"] = [
+                _swap_env(config, member, k, v) for k, v in sorted(inst.environment.items())
+            ]
         models[member.served_as] = entry
     data: JsonObject = {"healthCheckTimeout": health_timeout_s, "models": models}
     groups = _swap_groups(member_list, plan)
@@ -252,6 +254,21 @@ def _swap_groups(
 
 
 _SHELL_SAFE = re.compile(r"^[A-Za-z0-9_./:=,+@%-]+$")
+
+
+def _swap_env(config: Config, member: Member, name: str, value: str) -> str:
+    """One ``env`` entry of a member. llama-swap replaces ${env.NAME} macros anywhere in its
+    file before it parses it, with no way to escape one: a value holding "${" is refused."""
+    if "${" in value:
+        raise UserError(
+            Problem(
+                config.source,
+                f"instances.{member.name}.environment.{name}",
+                "holds '${', which llama-swap would replace with one of its macros",
+                'write the value without it, or use kind = "llama-server"',
+            )
+        )
+    return f"{name}={value}"
 
 
 def _shell_word(config: Config, member: Member, word: str) -> str:

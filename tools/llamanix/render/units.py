@@ -207,10 +207,13 @@ def needs_resource_syscalls(argv: list[str], environment: Mapping[str, str]) -> 
 
 def _environment_lines(state: str, own: Mapping[str, str]) -> list[systemd.UnitText]:
     """The unit's Environment= lines: HOME and LLAMA_CACHE in its cache directory, then the
-    config's own variables."""
+    config's own variables. HOME is the server's to write, and a keyed unit's readiness check
+    runs as root under the same environment: PYTHONNOUSERSITE keeps that Python from loading
+    anything from HOME (a config can set no PYTHON* variable)."""
     return [
         systemd.assignment("HOME", f"%C/{state}", expand=True),
         systemd.assignment("LLAMA_CACHE", f"%C/{state}", expand=True),
+        systemd.assignment("PYTHONNOUSERSITE", "1"),
         *(systemd.assignment(k, v) for k, v in sorted(own.items())),
     ]
 
