@@ -249,3 +249,114 @@ def test_a_cache_step_is_no_switch_and_names_no_path(
     assert done.exit_code == 2, done.output
     assert "'../../etc/shadow' is not a file a move saves" in done.output
     assert len([line for line in done.output.splitlines() if "shadow" in line]) == 1
+
+
+def test_a_file_larger_than_a_request_travels_in_parts_each_inside_the_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real model's slot is larger than the agent's bound on its stdin (a 4k-token Gemma 3
+    270M slot: about 75 MB): ``send`` hands it in parts, each part's ``take`` request fits the
+    bound, and the taker appends them into one file whose bytes are the saved file's."""
+    import os
+
+    from llamanix.core import file_reader
+    from llamanix.deploy import cache_moves
+    from llamanix.deploy.fleet.protocol import PROTOCOL, AgentRequest, CacheStep
+    from llamanix.deploy.warm import slot_layout, write_stamp
+
+    cfg = config(tmp_path)
+    source, target = tmp_path / "source", tmp_path / "target"
+    source.mkdir()
+    target.mkdir()
+    dirs = {"chat-box1": source, "chat-box2": target}
+    monkeypatch.setattr(cache_moves, "state_directory", lambda name, manager: dirs[name])
+    monkeypatch.setattr(cache_moves, "server_build", lambda endpoint: "b1-abc")
+    monkeypatch.setattr(cache_moves, "_cold_of", lambda inst: None)  # no model file here
+    restored: list[bytes] = []
+
+    def restore(
+        endpoint: object, name: str, header: object, tokens: int, size: int
+    ) -> dict[str, object]:
+        restored.append((target / cache_moves.INCOMING).read_bytes())
+        return {"outcome": "restored", "bytes": size, "tokens": tokens}
+
+    monkeypatch.setattr(cache_moves, "_restore", restore)
+    data = os.urandom(2 * cache_moves.PART_BYTES + 12345)
+    (source / "llamanix-move-0.bin").write_bytes(data)
+    write_stamp(source, "llamanix-move-0.bin", "b1-abc", slot_layout(cfg.instances["chat-box2"]))
+    offset, parts = 0, 0
+    while True:
+        lines = list(
+            cache_moves.send(cfg, "box1", "chat-box1", "llamanix-move-0.bin", "stdin", offset)
+        )
+        sent = json.loads(lines[-1])
+        assert sent["offset"] == offset and sent["size"] == len(data)
+        header = {"instance": "chat-box2", "tokens": 7, **sent}
+        step = CacheStep("take", json.dumps(header), tuple(lines[:-1]))
+        assert len(AgentRequest(PROTOCOL, "box2", cache=step).text()) < file_reader.LIMIT
+        took = cache_moves.take(cfg, "box2", header, iter(lines[:-1]), "stdin")
+        parts += 1
+        if sent["last"]:
+            break
+        assert took == {"tokens": 7, "outcome": "receiving", "bytes": offset + sent["bytes"]}
+        assert (source / "llamanix-move-0.bin").exists()
+        offset += sent["bytes"]
+    assert parts == 3
+    assert took["outcome"] == "restored" and restored == [data]
+    assert not (source / "llamanix-move-0.bin").exists()
+    assert not (target / cache_moves.INCOMING).exists()
+
+
+def test_a_part_out_of_place_or_damaged_ends_the_move_and_leaves_no_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A part that does not start where the taken bytes end, or whose digest does not match,
+    is refused and the half-taken file deleted; a discarded file is deleted at its source."""
+    import hashlib
+
+    from llamanix.deploy import cache_moves
+    from llamanix.deploy.warm import slot_layout
+
+    cfg = config(tmp_path)
+    target = tmp_path / "target"
+    target.mkdir()
+    monkeypatch.setattr(cache_moves, "state_directory", lambda name, manager: target)
+    monkeypatch.setattr(cache_moves, "server_build", lambda endpoint: "b1-abc")
+    monkeypatch.setattr(cache_moves, "_cold_of", lambda inst: None)  # no model file here
+    stamp = {"build": "b1-abc", "layout": slot_layout(cfg.instances["chat-box2"])}
+    part = b"x" * 1000
+    line = base64.b64encode(part).decode()
+    good = {
+        "instance": "chat-box2",
+        "bytes": 1000,
+        "sha256": hashlib.sha256(part).hexdigest(),
+        "size": 3000,
+        "last": False,
+        "stamp": stamp,
+    }
+    first = cache_moves.take(cfg, "box2", {**good, "offset": 0}, iter([line]), "stdin")
+    assert first["outcome"] == "receiving"
+    skipped = cache_moves.take(cfg, "box2", {**good, "offset": 2000}, iter([line]), "stdin")
+    assert skipped["outcome"] == "not restored"
+    assert "came out of place" in str(skipped["why"])
+    assert not (target / cache_moves.INCOMING).exists()
+    cache_moves.take(cfg, "box2", {**good, "offset": 0}, iter([line]), "stdin")
+    damaged = {**good, "offset": 1000, "sha256": "0" * 64}
+    answer = cache_moves.take(cfg, "box2", damaged, iter([line]), "stdin")
+    assert answer["why"] == "the bytes arrived damaged"
+    assert not (target / cache_moves.INCOMING).exists()
+    # Another build's file is refused before its first part is written.
+    other = {**good, "offset": 0, "stamp": {**stamp, "build": "b2-def"}}
+    refused = cache_moves.take(cfg, "box2", other, iter([line]), "stdin")
+    assert "each build reads only its own files" in str(refused["why"])
+    assert not (target / cache_moves.INCOMING).exists()
+    # The controller gives up on a file: its source deletes it and its stamp.
+    (target / "llamanix-move-3.bin").write_bytes(part)
+    (target / "llamanix-move-3.json").write_text("{}")
+    said = list(
+        cache_moves.send(cfg, "box2", "chat-box2", "llamanix-move-3.bin", "stdin", discard=True)
+    )
+    assert said == ['{"discarded": true}']
+    assert list(target.iterdir()) == []
+    with pytest.raises(UserError, match="is not a byte offset"):
+        list(cache_moves.send(cfg, "box2", "chat-box2", "llamanix-move-3.bin", "stdin", -1))

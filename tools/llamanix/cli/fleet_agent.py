@@ -203,7 +203,13 @@ def _cache_step(d: agent.FleetDir, host: str, step: CacheStep) -> None:
         _answer(cache_moves.save(config, host, str(order.get("instance")), source))
     elif step.step == "send":
         lines = cache_moves.send(
-            config, host, str(order.get("instance")), str(order.get("file")), source
+            config,
+            host,
+            str(order.get("instance")),
+            str(order.get("file")),
+            source,
+            order.get("offset", 0),
+            order.get("discard") is True,
         )
         last = None
         for line in lines:

@@ -7,12 +7,16 @@ replica of the same model group, which takes them over:
 - ``save``, on the drained replica's host: the server saves each slot that holds a cache to a
   file in the unit's state directory (``llamanix-move-N.bin``, as a warm switch does), each
   stamped with the server's build and the context layout (deploy/warm.py);
-- ``send``, there: one file's bytes, for the controller to carry (the file is deleted);
-- ``take``, on the other replica's host: the stamp is checked against that server's build and
-  layout (another build or layout: refused, and the reason says which), the bytes are written
-  into its state directory and restored into a slot that is idle (one never used first; the
-  conversation a used one holds is first kept in the server's prompt cache in RAM), and the
-  file is deleted;
+- ``send``, there: one part of a file's bytes (``PART_BYTES`` at most, so that each request
+  and answer stays far inside the agent's bound on its stdin, whatever the slot's size), for
+  the controller to carry; after the last part, or when the controller gives up, the file is
+  deleted;
+- ``take``, on the other replica's host, once per part: on the first, the stamp is checked
+  against that server's build and layout (another build or layout: refused, and the reason
+  says which, before any more bytes travel); each part is appended to one file in its state
+  directory, checked against its size, digest and place; after the last, the whole is
+  restored into a slot that is idle (one never used first; the conversation a used one holds
+  is first kept in the server's prompt cache in RAM), and the file is deleted;
 - ``route``, on the gateway's host: the routes file the gateway's plugin follows (which replicas
   are draining, whose conversations now live where), and its answer that it applied them.
 
@@ -29,6 +33,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -61,6 +66,9 @@ INCOMING = f"{MOVE_PREFIX}in.bin"
 _MOVE_FILE = re.compile(r"llamanix-move-[0-9]{1,6}\.bin")
 # Bytes per data line (base64: a third more on the wire).
 CHUNK = 48 * 1024
+# Bytes per part: a part's base64 lines (8 MiB) and its JSON fit the agent's 16 MiB bound on
+# the request it reads (core/file_reader.py), with room to spare.
+PART_BYTES = 6 * 1024 * 1024
 LIMIT_BYTES = int(DEFAULT_LIMIT_GIB * GIB)
 # How long the gateway's plugin has to say it applied new routes (it looks every 0.2 s).
 ROUTE_ACK_S = 10.0
@@ -145,14 +153,37 @@ def _open_nofollow(path: Path) -> int:
     return os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
 
 
-def send(config: Config, host: str, name: str, filename: str, source: str) -> Iterator[str]:
-    """``filename``'s bytes as base64 lines (a file ``save`` wrote: its name is checked, and
-    it is opened without following a link); the file and its stamp are deleted once read. The
-    last line is not data: JSON with its size, its sha256 and its stamp."""
+def _offset(value: object, source: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise UserError(Problem(source, "offset", f"{value!r} is not a byte offset"))
+    return value
+
+
+def send(
+    config: Config,
+    host: str,
+    name: str,
+    filename: str,
+    source: str,
+    offset: object = 0,
+    discard: bool = False,
+) -> Iterator[str]:
+    """The part of ``filename`` that starts at ``offset`` (``PART_BYTES`` at most), as base64
+    lines (a file ``save`` wrote: its name is checked, and it is opened without following a
+    link). The last line is not data: JSON with the part's place, size and sha256, the file's
+    size and stamp, and whether it was the last part. The file and its stamp are deleted once
+    its last part is read, or at once when the controller ``discard``s it."""
     _instance(config, host, name, source)
     if not _MOVE_FILE.fullmatch(filename):
         raise UserError(Problem(source, "file", f"{filename!r} is not a file a move saves"))
     directory = state_directory(name, "systemd")
+    paths = (directory / filename, directory / stamp_file(filename))
+    if discard:
+        for path in paths:
+            path.unlink(missing_ok=True)
+        yield json.dumps({"discarded": True})
+        return
+    start = _offset(offset, source)
     stamp = read_stamp(directory, filename)
     digest = hashlib.sha256()
     size = 0
@@ -161,13 +192,30 @@ def send(config: Config, host: str, name: str, filename: str, source: str) -> It
     except OSError as err:
         raise UserError(Problem(source, "file", f"{filename}: {err.strerror}")) from None
     with os.fdopen(fd, "rb") as fh:
-        while chunk := fh.read(CHUNK):
+        info = os.fstat(fh.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise UserError(Problem(source, "file", f"{filename}: not a regular file"))
+        if start > info.st_size:
+            raise UserError(Problem(source, "offset", f"{start} is past the file's end"))
+        fh.seek(start)
+        while size < PART_BYTES and (chunk := fh.read(min(CHUNK, PART_BYTES - size))):
             digest.update(chunk)
             size += len(chunk)
             yield base64.b64encode(chunk).decode()
-    for path in (directory / filename, directory / stamp_file(filename)):
-        path.unlink(missing_ok=True)
-    yield json.dumps({"bytes": size, "sha256": digest.hexdigest(), "stamp": stamp})
+    last = start + size >= info.st_size
+    if last:
+        for path in paths:
+            path.unlink(missing_ok=True)
+    yield json.dumps(
+        {
+            "offset": start,
+            "bytes": size,
+            "sha256": digest.hexdigest(),
+            "size": info.st_size,
+            "last": last,
+            "stamp": stamp,
+        }
+    )
 
 
 def _free_slot(endpoint: Endpoint, avoid: set[int]) -> tuple[int, bool] | None:
@@ -203,19 +251,32 @@ def _park(endpoint: Endpoint, slot: int) -> None:
         http.post("/completion", json=body)
 
 
-def _write_incoming(directory: Path, chunks: Iterable[str], limit: int) -> tuple[int, str]:
-    """The bytes into ``directory/INCOMING``, created anew (never through a link), owned by
-    the directory's owner (the server's user reads it); (size, sha256)."""
+def _write_part(directory: Path, chunks: Iterable[str], offset: int, limit: int) -> str:
+    """Append one part to ``directory/INCOMING``: the first (``offset`` 0) creates it anew
+    (never through a link), owned by the directory's owner (the server's user reads it); a
+    later one must find it a regular file exactly ``offset`` bytes long. The part's sha256;
+    ValueError (the file deleted) when the part does not fit or comes out of place."""
     path = directory / INCOMING
-    path.unlink(missing_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    flags = os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+    if offset == 0:
+        path.unlink(missing_ok=True)
+        fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o600)
+    else:
+        try:
+            fd = os.open(path, flags | os.O_APPEND)
+        except OSError as err:
+            raise ValueError(f"the earlier parts are not here: {err.strerror}") from None
     owner = os.stat(directory)
     digest = hashlib.sha256()
-    size = 0
+    size = offset
     try:
-        if os.geteuid() == 0:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size != offset:
+            raise ValueError(f"the part at byte {offset} came out of place")
+        if offset == 0 and os.geteuid() == 0:
             os.fchown(fd, owner.st_uid, owner.st_gid)
-        with os.fdopen(fd, "wb") as fh:
+        with os.fdopen(fd, "ab") as fh:
+            fd = -1
             for line in chunks:
                 data = base64.b64decode(line, validate=True)
                 size += len(data)
@@ -224,38 +285,72 @@ def _write_incoming(directory: Path, chunks: Iterable[str], limit: int) -> tuple
                 digest.update(data)
                 fh.write(data)
     except BaseException:
+        if fd >= 0:
+            os.close(fd)
         path.unlink(missing_ok=True)
         raise
-    return size, digest.hexdigest()
+    return digest.hexdigest()
 
 
 def take(
     config: Config, host: str, header: JsonObject, chunks: Iterable[str], source: str
 ) -> JsonObject:
-    """Restore a moved file into an idle slot of the instance ``header`` names, once its stamp
-    matches this server's build and layout; what became of it (a ``WarmSlot``'s fields)."""
+    """Take one part of a moved file for the instance ``header`` names: the first part only
+    once the file's stamp matches this server's build and layout; after the last, restore the
+    whole into an idle slot. What became of it: ``receiving`` (with the bytes taken so far)
+    until the last part, then a ``WarmSlot``'s fields."""
     name = header.get("instance")
     if not isinstance(name, str):
         raise UserError(Problem(source, "instance", "missing"))
     inst = _instance(config, host, name, source)
     tokens = header.get("tokens")
     tokens = tokens if isinstance(tokens, int) else 0
+    offset = _offset(header.get("offset", 0), source)
+    directory = state_directory(name, "systemd")
 
-    def refused(why: str) -> JsonObject:
+    def refused(why: str, **more: JsonValue) -> JsonObject:
         for _ in chunks:  # read to the end: the controller writes it all
             pass
-        return {"tokens": tokens, "outcome": "not restored", "why": why}
+        (directory / INCOMING).unlink(missing_ok=True)
+        return {**more, "tokens": tokens, "outcome": "not restored", "why": why}
 
     cold = _cold_of(inst)
     if cold is not None:
         return refused(cold)
     endpoint = _endpoint(config, host, name)
     stamp = header.get("stamp")
-    why = stamp_refusal(
-        stamp if isinstance(stamp, dict) else None, server_build(endpoint), slot_layout(inst)
-    )
-    if why is not None:
-        return refused(why)
+    last = header.get("last") is True
+    if offset == 0 or last:
+        # Checked before the first byte travels, and again before the restore (the server
+        # may have been switched in between).
+        why = stamp_refusal(
+            stamp if isinstance(stamp, dict) else None, server_build(endpoint), slot_layout(inst)
+        )
+        if why is not None:
+            return refused(why)
+    free = shutil.disk_usage(directory).free - FREE_RESERVE_BYTES
+    try:
+        digest = _write_part(directory, chunks, offset, max(0, min(LIMIT_BYTES, free + offset)))
+    except (ValueError, OSError) as err:
+        return refused(f"not written: {err}")
+    part = header.get("bytes")
+    size = offset + (part if isinstance(part, int) and not isinstance(part, bool) else -1)
+    if digest != header.get("sha256") or os.stat(directory / INCOMING).st_size != size:
+        return refused("the bytes arrived damaged")
+    if not last:
+        return {"tokens": tokens, "outcome": "receiving", "bytes": size}
+    if size != header.get("size"):
+        return refused(f"{size} bytes arrived of {header.get('size')}")
+    try:
+        return _restore(endpoint, name, header, tokens, size)
+    finally:
+        (directory / INCOMING).unlink(missing_ok=True)
+
+
+def _restore(
+    endpoint: Endpoint, name: str, header: JsonObject, tokens: int, size: int
+) -> JsonObject:
+    """Restore the file all parts arrived in into an idle slot."""
     avoid = header.get("avoid")
     taken = {s for s in (avoid if isinstance(avoid, list) else []) if isinstance(s, int)}
     # Every slot may be busy with a turn: each frees up when its answer ends.
@@ -263,25 +358,15 @@ def take(
     while (chosen := _free_slot(endpoint, taken)) is None and time.monotonic() < deadline:
         time.sleep(0.2)
     if chosen is None:
-        return refused(f"{name} had no idle slot to restore into for {SLOT_WAIT_S:g} s")
+        why = f"{name} had no idle slot to restore into for {SLOT_WAIT_S:g} s"
+        return {"tokens": tokens, "outcome": "not restored", "why": why}
     slot, held = chosen
     if held:
         _park(endpoint, slot)
-    directory = state_directory(name, "systemd")
-    free = shutil.disk_usage(directory).free - FREE_RESERVE_BYTES
     try:
-        size, digest = _write_incoming(directory, chunks, max(0, min(LIMIT_BYTES, free)))
-    except (ValueError, OSError) as err:
-        return {"tokens": tokens, "outcome": "not restored", "why": f"not written: {err}"}
-    try:
-        if size != header.get("bytes") or digest != header.get("sha256"):
-            return {"tokens": tokens, "outcome": "not restored", "why": "the bytes arrived damaged"}
-        try:
-            back = restore_slot(endpoint, slot, INCOMING)
-        except SlotError as err:
-            return {"slot": slot, "tokens": tokens, "outcome": "not restored", "why": str(err)}
-    finally:
-        (directory / INCOMING).unlink(missing_ok=True)
+        back = restore_slot(endpoint, slot, INCOMING)
+    except SlotError as err:
+        return {"slot": slot, "tokens": tokens, "outcome": "not restored", "why": str(err)}
     ok = back.tokens > 0 and back.tokens == tokens
     outcome = "restored" if ok else "restore incomplete" if back.tokens else "restore did nothing"
     return {

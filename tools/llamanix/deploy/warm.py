@@ -47,6 +47,7 @@ import contextlib
 import json
 import os
 import shutil
+import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,6 +74,8 @@ from llamanix.measure.slots import (
 FILE_PREFIX = "llamanix-warm-"
 FREE_RESERVE_BYTES = 1 << 30
 GIB = 1 << 30
+# A stamp is a few hundred bytes of JSON.
+STAMP_LIMIT = 64 * 1024
 
 
 def slot_file(slot: int) -> str:
@@ -105,10 +108,20 @@ def write_stamp(directory: Path, filename: str, build: str, layout: JsonObject) 
 
 
 def read_stamp(directory: Path, filename: str) -> JsonObject | None:
+    """The stamp beside ``filename``; None when there is none. The directory is the server
+    user's: a link or anything but a small regular file there is not read (root reads it)."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
-        data = json.loads((directory / stamp_file(filename)).read_text())
-    except (OSError, ValueError):
+        fd = os.open(directory / stamp_file(filename), flags)
+    except OSError:
         return None
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+            return None
+        try:
+            data = json.loads(fh.read(STAMP_LIMIT))
+        except (OSError, ValueError):
+            return None
     return data if isinstance(data, dict) else None
 
 

@@ -77,6 +77,7 @@ class CacheMoves:
     echo: Echo
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _draining: set[str] = field(default_factory=set)
+    _takers: dict[str, threading.Lock] = field(default_factory=dict)
     # The hosts this rollout has switched so far (their instances run the new config).
     _switched: set[str] = field(default_factory=set)
 
@@ -205,6 +206,53 @@ class CacheMoves:
                 return other
         return None
 
+    def _taking(self, taker: str) -> threading.Lock:
+        """One move at a time into a taker: its parts go to one file on its host."""
+        with self._lock:
+            return self._takers.setdefault(taker, threading.Lock())
+
+    def _carry(
+        self,
+        source: remote.RemoteHost,
+        target: remote.RemoteHost,
+        inst: Instance,
+        taker: Instance,
+        filename: str,
+        tokens: int,
+        used: list[int],
+    ) -> tuple[JsonObject, JsonObject]:
+        """Carry one saved file from the source's host to the taker's, part by part (each
+        request stays inside the agent's bound on its stdin); the last part's ``send`` answer
+        and the ``take`` answer that ended the move. A take that refuses a part stops the move,
+        and the source deletes its file."""
+        run = self.runner, self.echo
+        offset = 0
+        while True:
+            wanted = json.dumps({"instance": inst.name, "file": filename, "offset": offset})
+            sent, data = remote.remote_cache_step(source, CacheStep("send", wanted), *run)
+            header = {
+                "instance": taker.name,
+                "tokens": tokens,
+                "offset": offset,
+                "bytes": sent.get("bytes"),
+                "sha256": sent.get("sha256"),
+                "size": sent.get("size"),
+                "last": sent.get("last") is True,
+                "stamp": sent.get("stamp"),
+                "avoid": list[JsonValue](used),
+            }
+            took, _ = remote.remote_cache_step(
+                target, CacheStep("take", json.dumps(header), tuple(data)), *run
+            )
+            part = _int(sent.get("bytes"))
+            if self.runner.dry_run or sent.get("last") is True or part is None:
+                return sent, took
+            if took.get("outcome") != "receiving":
+                dropped = json.dumps({"instance": inst.name, "file": filename, "discard": True})
+                remote.remote_cache_step(source, CacheStep("send", dropped), *run)
+                return sent, took
+            offset += part
+
     def _move(self, host: str, inst: Instance, taker: Instance) -> CacheMove:
         source = remote.remote_host(self.new, host)
         target = remote.remote_host(self.new, taker.host)
@@ -228,19 +276,8 @@ class CacheMoves:
                 why = str(entry.get("why") or "not saved")
                 slots.append(WarmSlot(slot, tokens, "not saved", why=why))
                 continue
-            wanted = json.dumps({"instance": inst.name, "file": filename})
-            sent, data = remote.remote_cache_step(source, CacheStep("send", wanted), *run)
-            header = {
-                "instance": taker.name,
-                "tokens": tokens,
-                "bytes": sent.get("bytes"),
-                "sha256": sent.get("sha256"),
-                "stamp": sent.get("stamp"),
-                "avoid": used,
-            }
-            took, _ = remote.remote_cache_step(
-                target, CacheStep("take", json.dumps(header), tuple(data)), *run
-            )
+            with self._taking(taker.name):
+                _, took = self._carry(source, target, inst, taker, filename, tokens, used)
             outcome = took.get("outcome")
             restored_in = _int(took.get("slot"))
             if restored_in is not None:
