@@ -141,6 +141,46 @@ def test_a_replica_that_fails_is_left_out_until_a_later_check_passes() -> None:
     assert router.choose("chat", "c", ["a", "b"]) == ["a", "b"]
 
 
+def test_a_late_health_answer_moves_no_conversation_until_three_in_a_row(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A replica busy with prefill on a loaded host answers its /health late: two late
+    answers keep its conversations there (each move is a full prefill elsewhere), the third
+    in a row makes it unhealthy; a refusal or a 503 does so at once, and a late answer after
+    one keeps it out. Each move is said, with its reason and without the conversation."""
+    router = Router(settings(), Clock())
+    assert router.choose("chat", "secret-session", ["a", "b"]) == ["a"]
+    for _ in range(2):
+        router.checked("a", False, 0.0, late=True)
+        assert router.choose("chat", "secret-session", ["a", "b"]) == ["a"]
+    router.checked("a", False, 0.0, late=True)
+    assert router.choose("chat", "secret-session", ["a", "b"]) == ["b"]
+    said = capsys.readouterr().err
+    assert "replica a is unhealthy" in said
+    assert "a conversation of chat moved from a to b: it fails its health checks" in said
+    assert "secret-session" not in said
+    router.checked("a", True, 0.0)
+    assert "replica a passes its health checks again" in capsys.readouterr().err
+    router.checked("a", False, 0.0)  # refused, or a 503: out at once
+    assert router.choose("chat", "other", ["a", "b"]) == ["b"]
+    router.checked("a", False, 0.0, late=True)
+    assert not router.replicas["a"].healthy
+
+
+def test_a_late_answer_is_told_from_a_refusal() -> None:
+    """What the check reads: no answer in time is ``LATE``; a closed port is not."""
+    import socket
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(1)  # accepts into its backlog, never answers
+        port = silent.getsockname()[1]
+        status, _ = plugin._get_json(f"http://127.0.0.1:{port}/health", 0.3)
+        assert status == plugin.LATE
+    status, _ = plugin._get_json(f"http://127.0.0.1:{port}/health", 0.3)
+    assert status == 0
+
+
 def test_a_group_without_affinity_gets_every_usable_replica() -> None:
     router = Router(settings(), Clock())
     router.checked("b", False, 0.0)

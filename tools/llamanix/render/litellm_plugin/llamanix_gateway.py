@@ -42,6 +42,7 @@ import contextlib
 import hashlib
 import json
 import os
+import sys
 import tempfile
 import threading
 import time
@@ -62,6 +63,13 @@ except ImportError:  # llamanix's own tests run the logic without LiteLLM
     IN_LITELLM = False
 
 SETTINGS_ENV = "LLAMANIX_GATEWAY"
+
+
+def say(line: str) -> None:
+    """One line of the plugin's own into LiteLLM's output (the unit's journal)."""
+    print(f"llamanix gateway: {line}", file=sys.stderr, flush=True)
+
+
 SESSION_HEADER = "x-session-id"
 # How much of the first user message names a conversation: enough to tell conversations apart,
 # and the same while the prompt of a raw completion grows turn by turn.
@@ -73,6 +81,12 @@ OVERLOAD = 2
 # A request older than this is taken for ended (its end was not logged): LiteLLM's own timeout.
 STALE_S = 900.0
 HEALTH_TIMEOUT_S = 2.0
+# A server busy with prefill on a loaded host answers its /health late; one that is down
+# refuses the connection or answers 503 at once. Only this many late answers in a row make a
+# replica unhealthy: one late answer would move every conversation it holds, cold.
+LATE_CHECKS = 3
+# What a check that got no answer in time returns as its status.
+LATE = -1
 ROUTES_TICK_S = 0.2
 ROUTES_APPLIED = "routes-applied.json"
 Clock = Callable[[], float]
@@ -181,6 +195,8 @@ class Replica:
     failed_at: float | None = None
     # Its slots (llama-server's /props total_slots); None where it does not say (a router).
     slots: int | None = None
+    # Checks in a row that got no answer within HEALTH_TIMEOUT_S.
+    late: int = 0
     # Requests in flight there: LiteLLM's call id -> when it was sent.
     calls: dict[str, float] = field(default_factory=dict)
     conversations: int = 0
@@ -221,15 +237,32 @@ class Router:
             if not self.settings.affinity.get(group, False):
                 return usable
             fresh = [c for c in usable if c not in self.draining] or usable
-            if key is not None:
-                home = self.conversations.get((group, key))
-                if home is not None and home in usable and not self._overloaded(home, fresh):
-                    self.conversations.move_to_end((group, key))
-                    return [home]
+            home = None if key is None else self.conversations.get((group, key))
+            why = None if home is None else self._left(home, candidates, fresh)
+            if key is not None and home is not None and why is None:
+                self.conversations.move_to_end((group, key))
+                return [home]
             chosen = min(fresh, key=self._load)
             if key is not None:
                 self._remember((group, key), chosen)
+            if why is not None and chosen != home:
+                # Each such turn is one full prefill: say why (never which conversation: its
+                # key may be a client's session header).
+                say(f"a conversation of {group} moved from {home} to {chosen}: {why}")
             return [chosen]
+
+    def _left(self, home: str, candidates: Sequence[str], fresh: Sequence[str]) -> str | None:
+        """Why a conversation leaves ``home``, its replica; None while it stays."""
+        replica = self._replica(home)
+        if home not in candidates:
+            return "LiteLLM left it out (its cooldown, or no longer in the group)"
+        if not replica.healthy:
+            return "it fails its health checks"
+        if replica.failed_at is not None:
+            return "a request failed there and no check has passed since"
+        if self._overloaded(home, fresh):
+            return f"{len(replica.calls)} requests in flight for its {replica.slots} slots"
+        return None
 
     def _usable(self, name: str) -> bool:
         replica = self._replica(name)
@@ -295,11 +328,21 @@ class Router:
         with self.lock:
             self._replica(name).failed_at = now
 
-    def checked(self, name: str, ok: bool, started: float, slots: int | None = None) -> None:
-        """A health check of ``name``, sent at ``started``, passed (``ok``) or not."""
+    def checked(
+        self, name: str, ok: bool, started: float, slots: int | None = None, late: bool = False
+    ) -> None:
+        """A health check of ``name``, sent at ``started``, passed (``ok``) or not; ``late``:
+        it got no answer in time (unhealthy only after ``LATE_CHECKS`` such checks in a
+        row)."""
         with self.lock:
             replica = self._replica(name)
-            replica.healthy = ok
+            replica.late = replica.late + 1 if late else 0
+            was = replica.healthy
+            # A late answer keeps what the last answer said, up to LATE_CHECKS in a row.
+            replica.healthy = (was and replica.late < LATE_CHECKS) if late else ok
+            if was != replica.healthy:
+                state = "passes its health checks again" if replica.healthy else "is unhealthy"
+                say(f"replica {name} {state}")
             if ok and replica.failed_at is not None and started > replica.failed_at:
                 replica.failed_at = None
             if slots is not None:
@@ -339,6 +382,10 @@ def _get_json(url: str, timeout_s: float) -> tuple[int, object]:
             status = int(resp.status)
     except urllib.error.HTTPError as err:
         return err.code, None
+    except TimeoutError:
+        return LATE, None
+    except urllib.error.URLError as err:
+        return (LATE if isinstance(err.reason, TimeoutError) else 0), None
     except (OSError, ValueError):
         return 0, None
     try:
@@ -366,7 +413,7 @@ def watch_health(router: Router, name: str, url: str, stop: threading.Event) -> 
             _, props = _get_json(props_url(url), timeout)
             total = props.get("total_slots") if isinstance(props, dict) else None
             slots = total if isinstance(total, int) and total > 0 else None
-        router.checked(name, status == 200, started, slots)
+        router.checked(name, status == 200, started, slots, late=status == LATE)
         stop.wait(max(0.0, interval - (router.clock() - started)))
 
 
