@@ -537,6 +537,9 @@ in
         # Else LiteLLM fetches its model cost map from GitHub at every start. Set on the unit,
         # not services.litellm.environment, whose telemetry-off default a definition replaces.
         environment.LITELLM_LOCAL_MODEL_COST_MAP = "True";
+        # llamanix's plugin (affinity, health checks by /health), which the settings load as a
+        # callback: its directory holds that one module.
+        environment.PYTHONPATH = "${../tools/llamanix/render/litellm_plugin}";
         serviceConfig = {
           # The keys, as one more EnvironmentFile= beside the one services.litellm.environmentFile
           # names: that option takes one file, and it stays the user's (provider keys, say).

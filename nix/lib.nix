@@ -867,10 +867,44 @@ rec {
     in
     map (name: replica name config.instances.${name}) (builtins.attrNames (config.instances or { }));
 
+  # render/gateway.py's health_url: a replica's /health (its server's, or its router's, which
+  # loads no member).
+  gatewayHealthUrl =
+    url:
+    let
+      n = builtins.stringLength url;
+      base =
+        if n >= 3 && builtins.substring (n - 3) 3 url == "/v1" then builtins.substring 0 (n - 3) url else url;
+    in
+    base + "/health";
+
+  # render/gateway.py's plugin_settings, for a NixOS gateway: no routes file (a rolling switch
+  # tells only a Debian gateway where caches moved).
+  gatewayPluginSettings =
+    { gateway, replicas }:
+    {
+      version = 1;
+      interval = gateway.health_check_interval;
+      routes = null;
+      inherit (gateway) conversations;
+      affinity = builtins.listToAttrs (
+        map (r: {
+          name = r.alias;
+          value = gateway.affinity && !(builtins.elem r.alias gateway.no_affinity);
+        }) replicas
+      );
+      health = builtins.listToAttrs (
+        map (r: {
+          name = r.instance;
+          value = gatewayHealthUrl r.url;
+        }) replicas
+      );
+    };
+
   # LiteLLM's config, as render/gateway.py's settings() writes it. gateway: the option values
   # of services.llamanix.gateway (schema keys), replicas: as gatewayReplicas gives them.
   gatewaySettings =
-    { gateway, replicas }:
+    args@{ gateway, replicas }:
     {
       model_list = map (r: {
         model_name = r.alias;
@@ -880,24 +914,33 @@ rec {
           # LiteLLM's OpenAI client needs a string even where the server takes none.
           api_key = if r.apiKeyFile != null then "os.environ/${gatewayKeyEnv r.instance}" else "none";
         };
-        model_info.health_check_max_tokens = 1;
+        # The deployment's id: llamanix's plugin names replicas by instance.
+        model_info.id = r.instance;
       }) replicas;
       router_settings = {
         inherit (gateway) routing_strategy;
         num_retries = gateway.retries;
         # Retry on another replica at once: a replica that is down stays down for seconds.
         retry_after = 0;
-        enable_health_check_routing = true;
         # A replica restarting behind its fence must not be cooled down (docs/gateway.md).
         disable_cooldowns = true;
       };
       general_settings = {
         master_key = "os.environ/LITELLM_MASTER_KEY";
-        background_health_checks = true;
-        inherit (gateway) health_check_interval;
+        # LiteLLM's own checks send each replica a completion: llamanix's plugin checks /health.
+        background_health_checks = false;
       };
-      litellm_settings.request_timeout = 600;
+      litellm_settings = {
+        request_timeout = 600;
+        callbacks = [ "${gatewayPluginModule}.handler" ];
+      };
+      # The plugin's settings, as one line of JSON (render/gateway.py's plugin_settings_text).
+      environment_variables.LLAMANIX_GATEWAY = builtins.toJSON (gatewayPluginSettings args);
     };
+
+  # The module LiteLLM loads (tools/llamanix/render/litellm_plugin/, whose directory the NixOS
+  # module puts on LiteLLM's PYTHONPATH).
+  gatewayPluginModule = "llamanix_gateway";
 
   # The keys' way into LiteLLM on NixOS. nixpkgs' services.litellm (its
   # nixos/modules/services/misc/litellm.nix) runs its own ExecStart and takes secrets through

@@ -143,6 +143,13 @@ def gateway_field(key: str) -> Callable[[str], dict[str, Any]]:
     return lambda value: gatewayed(**{key: value})
 
 
+def no_affinity(value: str) -> dict[str, Any]:
+    """A model group routed without affinity: it must be one the config serves."""
+    data = gatewayed(no_affinity=[value])
+    data["instances"]["chat"]["alias"] = value
+    return data
+
+
 def metrics_field(key: str) -> Callable[[str], dict[str, Any]]:
     def place(value: str) -> dict[str, Any]:
         data = base()
@@ -223,6 +230,7 @@ CASES: dict[str, Case] = {
     "gateway.api_key_file": Case(
         gateway_field("api_key_file"), "/etc/llamanix/gateway.key", host="gw", reaches=("unit",)
     ),
+    "gateway.no_affinity": Case(no_affinity, "qwen3.6-27b", host="gw", reaches=("yaml",)),
     "metrics.listen": Case(metrics_field("listen"), "127.0.0.1"),
     "instances.<name>": Case(renamed_instance, "chat", reaches=("unit",)),
     "instances.host": Case(

@@ -440,3 +440,124 @@ def test_a_bad_replica_is_rolled_back_while_the_other_serves(bed: Bed) -> None:
     assert rows["box2"]["verdict"] == "rolled back", rows
     assert seen.failed == [], seen.failed[:5]
     assert seen.unavailable_s == 0.0
+
+
+# Runs on the controller: CONVERSATIONS conversations through the gateway, turn after turn, a
+# round a second (each turn is the whole conversation so far plus a short question; each
+# conversation's first message is longer, so that a cache shows against the new tokens), until
+# the stop file appears (then one more round). Each
+# turn's replica (the deployment LiteLLM names) and the server's own timings: tokens taken from
+# the cache and tokens processed. The ready file appears once every conversation had two turns.
+_TURNS = """
+import json, os, sys, time, httpx
+url, key_file, ready, stop, out, count = sys.argv[1:7]
+key = open(key_file).read().strip()
+headers = {"Authorization": f"Bearer {key}"}
+MAX_TURNS = 60
+words = "lorem ipsum dolor sit amet consectetur adipiscing elit sed do".split()
+convs = [[{"role": "user", "content": f"Conversation {n}. " + " ".join(
+    words[(n + i) % len(words)] for i in range(50))}] for n in range(int(count))]
+turns, give_up, last = [], time.monotonic() + 600, False
+while not last and time.monotonic() < give_up:
+    # Once the stop file is there, one more round at once (each conversation's turn after the
+    # switch), then the end.
+    last = os.path.exists(stop)
+    # Else one round a second (the load's pace, not a wait of the test's), and no conversation
+    # past its slot's context: about 15 tokens a turn.
+    if not last:
+        time.sleep(1)
+    for n, messages in enumerate(convs):
+        if len(messages) > 2 * MAX_TURNS:
+            continue
+        began = time.monotonic()
+        try:
+            r = httpx.post(url + "/v1/chat/completions", headers=headers, timeout=120,
+                           json={"model": "chat", "messages": messages, "max_tokens": 4,
+                                 "temperature": 0})
+        except httpx.HTTPError as err:
+            turns.append({"conv": n, "ok": False, "why": repr(err)[:200], "t": began})
+            continue
+        if r.status_code != 200:
+            turns.append({"conv": n, "ok": False, "why": r.text[:200], "t": began})
+            print(turns[-1], flush=True)
+            continue
+        data = r.json()
+        timings = data.get("timings") or {}
+        turns.append({"conv": n, "ok": True, "t": began,
+                      "replica": r.headers.get("x-litellm-model-id"),
+                      "cache_n": timings.get("cache_n"), "prompt_n": timings.get("prompt_n")})
+        messages += [{"role": "assistant", "content": data["choices"][0]["message"]["content"]},
+                     {"role": "user", "content": f"More, turn {len(messages)}?"}]
+    if not os.path.exists(ready) and all(
+            sum(1 for t in turns if t["conv"] == n and t["ok"]) >= 2 for n in range(len(convs))):
+        open(ready, "w").close()
+with open(out, "w") as f:
+    json.dump(turns, f)
+"""
+# Three: whatever conversations the earlier tests left, new ones land on both replicas.
+CONVERSATIONS = 3
+
+
+def test_conversations_keep_their_cache_across_a_rolling_switch(bed: Bed) -> None:
+    """Affinity and caches that move with a drain, read from the servers' own timings: after
+    its first turn, every turn of a conversation takes most of its prompt from the cache of the
+    replica it lands on (``cache_n`` against ``prompt_n`` processed), before, during and after
+    a rolling switch of both replicas, which moves each drained replica's caches to the other
+    one before it restarts; and the rollout's record says what moved where."""
+    # Three slots of 2,048 tokens each: room for every turn of a conversation, and for every
+    # conversation on one replica while the other is drained (with fewer slots than
+    # conversations, one waits in the server's RAM cache, which no move carries: it goes cold).
+    text = fleet_config(6144).replace("parallel = 2\n", "parallel = 3\nwarm_switch = true\n")
+    write_config(bed, text)
+    # Turning warm_switch on restarts both replicas: their caches go cold, saying why.
+    code, out, err = llamanix(bed, "switch", CONFIG, "--hosts", "box1,box2", "--json")
+    assert code == 0, err[-4000:]
+    first = {r["host"]: r for r in json.loads(out)}
+    assert "runs without warm_switch" in first["box1"]["caches"]["chat-box1"]["cold"], first
+
+    d = bed.fleet.home / "turns"
+    shutil.rmtree(d, ignore_errors=True)
+    d.mkdir()
+    files = {n: d / n for n in ("ready", "stop", "out.json", "log")}
+    url = f"http://{bed.fleet.address('box3')}:{GATEWAY_PORT}"
+    argv = [sys.executable, "-c", _TURNS, url, str(bed.key_file)]
+    argv += [str(files[n]) for n in ("ready", "stop", "out.json")] + [str(CONVERSATIONS)]
+    with files["log"].open("w") as log:
+        child = bed.fleet.controller_popen(argv, stdout=log)
+        deadline = time.monotonic() + 300
+        while not files["ready"].exists():
+            assert child.poll() is None, files["log"].read_text()[-2000:]
+            assert time.monotonic() < deadline, files["log"].read_text()[-2000:]
+            time.sleep(0.2)
+        started = time.monotonic()
+        sets = [a for n in REPLICAS for a in ("--set", f"instances.chat-{n}.threads=1")]
+        code, out, err = llamanix(bed, "switch", CONFIG, *sets, "--hosts", "box1,box2", "--json")
+        switched = time.monotonic()
+        # One more round after the switch, and the client ends.
+        files["stop"].touch()
+        child.wait(timeout=180)
+    assert code == 0, err[-4000:]
+    rows = {r["host"]: r for r in json.loads(out)}
+    turns = json.loads(files["out.json"].read_text())
+    moved = {host: rows[host]["caches"][f"chat-{host}"] for host in REPLICAS}
+    during = [t for t in turns if started <= t["t"] <= switched]
+    FIGURES.append(
+        f"conversations across a rolling switch: {len(turns)} turns of {CONVERSATIONS} "
+        f"conversations, {len(during)} during the switch; "
+        + "; ".join(f"{h}: {m}" for h, m in moved.items())
+    )
+    assert [t for t in turns if not t["ok"]] == [], [t for t in turns if not t["ok"]][:3]
+    for host, other in (("box1", "box2"), ("box2", "box1")):
+        move = moved[host]
+        assert move.get("cold") is None and move["to"] == f"chat-{other}", move
+        assert any(s["outcome"] == "restored" for s in move["slots"]), move
+        assert move["routed"] is True, move
+        assert f"{host}:   chat-{host}: caches moved to chat-{other}: slot" in err
+    assert during, "no turn ran during the switch"
+    for n in range(CONVERSATIONS):
+        mine = [t for t in turns if t["conv"] == n]
+        for t in mine[1:]:
+            # Most of the prompt came from the cache on the replica the turn landed on.
+            assert t["cache_n"] > t["prompt_n"], (n, t, mine)
+    # Both replicas served conversations (a new one goes to the least loaded).
+    assert {t["replica"] for t in turns if t["t"] < started} == {"chat-box1", "chat-box2"}

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
+import shutil
 import subprocess
+import sys
+import time
 import tomllib
 from pathlib import Path
 
@@ -14,11 +18,11 @@ from click.testing import CliRunner
 
 from llamanix.cli import main
 from llamanix.core.config import load_config, parse_config
-from llamanix.core.errors import UserError
+from llamanix.core.errors import ExternalCommandError, UserError
 from llamanix.core.schema import LITELLM_VERSION
 from llamanix.deploy import gateway_venv
 from llamanix.external.process import Runner
-from llamanix.render import gateway
+from llamanix.render import gateway, systemd
 from llamanix.render.units import render_host
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -75,6 +79,12 @@ def _write(tmp_path: Path, gateway_text: str = GATEWAY, listen: str = "0.0.0.0")
             "host's target set)",
         ),
         (
+            GATEWAY + '\nno_affinity = ["qwn"]',
+            "0.0.0.0",
+            "gateway.no_affinity: no model group 'qwn' (a group is an instance's alias, else its "
+            "name) (did you mean 'qwen'?)",
+        ),
+        (
             GATEWAY.replace('"litellm"', '"litelm"'),
             "0.0.0.0",
             "gateway.kind: unknown value 'litelm' (did you mean 'litellm'?)",
@@ -102,6 +112,7 @@ def _write(tmp_path: Path, gateway_text: str = GATEWAY, listen: str = "0.0.0.0")
         "compromised version",
         "missing host",
         "unreachable loopback replica",
+        "unknown group without affinity",
         "bad kind",
         "no key",
         "key variables collide",
@@ -145,21 +156,41 @@ def test_the_example_renders_the_measured_settings() -> None:
         "routing_strategy": "simple-shuffle",
         "num_retries": 8,
         "retry_after": 0,
-        "enable_health_check_routing": True,
         "disable_cooldowns": True,
     }
     general = settings["general_settings"]
-    assert isinstance(general, dict)
-    assert general["master_key"] == "os.environ/LITELLM_MASTER_KEY"
-    assert general["health_check_interval"] == 5
+    assert general == {
+        "master_key": "os.environ/LITELLM_MASTER_KEY",
+        # LiteLLM's own checks send completions: llamanix's plugin asks /health instead.
+        "background_health_checks": False,
+    }
+    assert settings["litellm_settings"] == {
+        "request_timeout": 600,
+        "callbacks": ["llamanix_gateway.handler"],
+    }
+    plugin = settings["environment_variables"]
+    assert isinstance(plugin, dict)
+    assert json.loads(str(plugin["LLAMANIX_GATEWAY"])) == {
+        "version": 1,
+        "interval": 5,
+        "routes": "/var/lib/llamanix-gateway/routes.json",
+        "conversations": 4096,
+        "affinity": {"qwen3-8b": True},
+        "health": {
+            "qwen-a": "http://box1.lan:8080/health",
+            "qwen-b": "http://10.0.0.12:8080/health",
+        },
+    }
     # allowed_fails: 0 put both replicas into cooldown at once when measured (docs/gateway.md)
     assert "allowed_fails" not in json.dumps(settings)
     models = settings["model_list"]
     assert isinstance(models, list)
-    assert [(m["model_name"], m["litellm_params"]) for m in models if isinstance(m, dict)] == [
+    rows = [(m["model_name"], m["litellm_params"], m["model_info"]) for m in models]  # type: ignore[index]
+    assert rows == [
         (
             "qwen3-8b",
             {"model": "openai/qwen3-8b", "api_base": "http://box1.lan:8080/v1", "api_key": "none"},
+            {"id": "qwen-a"},
         ),
         (
             "qwen3-8b",
@@ -168,6 +199,7 @@ def test_the_example_renders_the_measured_settings() -> None:
                 "api_base": "http://10.0.0.12:8080/v1",
                 "api_key": "os.environ/LLAMANIX_KEY_QWEN_B",
             },
+            {"id": "qwen-b"},
         ),
     ]
     # The YAML LiteLLM reads is the same data.
@@ -221,11 +253,21 @@ def test_the_unit_carries_no_key_and_loads_each_as_a_credential() -> None:
                  'Environment="LITELLM_LOCAL_MODEL_COST_MAP=True"'):  # fmt: skip
         assert line in text.splitlines(), line
     exec_start = next(x for x in text.splitlines() if x.startswith("ExecStart="))
-    # The shell sees $CREDENTIALS_DIRECTORY: systemd turns $$ into $ and expands nothing.
-    assert '$$(cat \\"$$CREDENTIALS_DIRECTORY/master-key\\")' in exec_start
-    assert f"/var/lib/llamanix/litellm/{LITELLM_VERSION}/bin/litellm --config" in exec_start
+    # No shell: llamanix's gateway-exec reads each credential into its variable and execs
+    # LiteLLM with an argv, every word of it quoted, %d (the credentials) the one specifier.
+    words = shlex.split(exec_start.removeprefix("ExecStart="))
+    assert words[1:] == [
+        "gateway-exec",
+        "--credential-env", "LITELLM_MASTER_KEY=master-key",
+        "--credential-env", "LLAMANIX_KEY_QWEN_B=key-qwen-b",
+        "--", f"/var/lib/llamanix/litellm/{LITELLM_VERSION}/bin/litellm",
+        "--config", "%d/litellm.yaml", "--host", "0.0.0.0", "--port", "4000",
+    ]  # fmt: skip
+    assert "/bin/sh" not in text
     post = next(x for x in text.splitlines() if x.startswith("ExecStartPost="))
-    assert "http://127.0.0.1:4000/health/liveliness" in post and "${MAINPID}" in post
+    assert shlex.split(post.removeprefix("ExecStartPost="))[1:] == [
+        "gateway-ready", "--url", "http://127.0.0.1:4000/health/liveliness", "--pid", "$MAINPID"
+    ]  # fmt: skip
     assert set(render.files()) == {
         "llamanix-gateway.service", "gateway.argv.json", "litellm.yaml", "manifest.json"
     }  # fmt: skip
@@ -341,3 +383,100 @@ def test_a_nixos_gateway_host_validates_and_renders_no_unit_of_its_own(tmp_path:
     assert result.exit_code == 0, result.output
     assert "warning" not in result.output
     assert render_host(load_config(path), "box3").gateway is None
+
+
+def test_no_config_value_reaches_a_shell_or_the_unit_unquoted(tmp_path: Path) -> None:
+    """The unit has no shell: systemd's own parser splits its ExecStart into gateway-exec's
+    argv, word for word. An instance named like a shell command or a version with a shell's
+    ``;`` (values validate refuses) are refused by the unit writer too, never written."""
+    from dataclasses import replace
+
+    from llamanix.render.systemd import UnitValueError
+
+    cfg = load_config(EXAMPLE)
+    hostile = 'q$(touch /tmp/x)"a'
+    instances = {
+        (hostile if n == "qwen-b" else n): replace(i, name=hostile if n == "qwen-b" else n)
+        for n, i in cfg.instances.items()
+    }
+    assert cfg.gateway is not None
+    llamanix = ["/opt/llamanix/bin/llamanix"]
+    for bad in (
+        replace(cfg, instances=instances),
+        replace(cfg, gateway=replace(cfg.gateway, version="1.106.12; touch /tmp/y")),
+    ):
+        with pytest.raises(UnitValueError):
+            gateway.render_unit(bad, "0" * 64, llamanix)
+    unit = gateway.render_unit(cfg, "0" * 64, llamanix).unit_text
+    assert "/bin/sh" not in unit
+    line = next(x for x in unit.splitlines() if x.startswith("ExecStart="))
+    words = systemd.exec_argv(line.removeprefix("ExecStart="), {"d": "%d"})[1]
+    assert words == gateway.start_argv(cfg, llamanix)
+    if shutil.which("systemd-analyze"):
+        path = tmp_path / "llamanix-gateway.service"
+        path.write_text(unit)
+        done = subprocess.run(
+            ["systemd-analyze", "verify", str(path)], capture_output=True, text=True, check=False
+        )
+        assert "Failed to parse" not in done.stderr and "Invalid" not in done.stderr, done.stderr
+
+
+def test_the_venv_of_a_version_that_leaves_its_directory_is_never_deleted(tmp_path: Path) -> None:
+    """``gateway.version`` names the venv's directory, deleted before pip runs: a version that
+    would point that delete elsewhere is refused before anything is touched."""
+    root = tmp_path / "litellm"
+    root.mkdir()
+    precious = tmp_path / "etc"
+    precious.mkdir()
+    (precious / "passwd").write_text("keep me\n")
+    (root / "link").symlink_to(precious)
+    for version in ("../etc", "..", "", ".", "a/../../etc", "link", "/etc"):
+        with pytest.raises(ExternalCommandError, match="does not name a directory inside"):
+            gateway_venv.ensure(Runner(), version, root=root)
+    assert (precious / "passwd").read_text() == "keep me\n"
+
+
+def test_gateway_exec_hands_litellm_its_keys_and_the_plugin(tmp_path: Path) -> None:
+    """The unit's ExecStart, run for real: each credential into its variable, the plugin's
+    directory (which holds the plugin alone) on the path, then the program in its place."""
+    creds = tmp_path / "credentials"
+    creds.mkdir()
+    (creds / "master-key").write_text("sk-master\n")
+    (creds / "key-a").write_text("sk-a\n")
+    env = {**os.environ, "CREDENTIALS_DIRECTORY": str(creds), "PYTHONPATH": str(ROOT / "tools")}
+    done = subprocess.run(
+        [sys.executable, "-m", "llamanix", "gateway-exec",
+         "--credential-env", "LITELLM_MASTER_KEY=master-key",
+         "--credential-env", "LLAMANIX_KEY_A=key-a", "--", "/usr/bin/env"],
+        env=env, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    seen = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
+    assert seen["LITELLM_MASTER_KEY"] == "sk-master" and seen["LLAMANIX_KEY_A"] == "sk-a"
+    plugin = Path(seen["PYTHONPATH"])
+    assert sorted(p.name for p in plugin.glob("*.py")) == ["__init__.py", "llamanix_gateway.py"]
+    # A credential name that is a path, and a missing one: one line, exit 2, nothing run.
+    for pair in ("K=../master-key", "K=missing"):
+        bad = subprocess.run(
+            [sys.executable, "-m", "llamanix", "gateway-exec", "--credential-env", pair,
+             "--", "/usr/bin/env"],
+            env=env, capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+        assert "sk-" not in bad.stdout + bad.stderr
+
+
+def test_gateway_ready_fails_once_litellm_has_exited() -> None:
+    from llamanix.measure.server_process import free_port
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "llamanix", "gateway-ready", "--url",
+         f"http://127.0.0.1:{free_port()}/health/liveliness", "--pid", str(dead.pid)],
+        env={**os.environ, "PYTHONPATH": str(ROOT / "tools")},
+        capture_output=True, text=True, check=False, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert "exited" in done.stderr and time.monotonic() - started < 30

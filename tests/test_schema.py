@@ -67,7 +67,7 @@ def test_every_number_has_both_bounds() -> None:
         schema.SPECULATIVE_FIELDS,
     )
     numeric = [f for t in tables for f in t if f.kind in (schema.INT, schema.FLOAT, schema.LAYERS)]
-    assert len(numeric) == 21
+    assert len(numeric) == 22
     for f in numeric:
         assert f.minimum is not None and f.maximum is not None, f.name
         if f.kind != schema.FLOAT:

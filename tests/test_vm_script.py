@@ -44,6 +44,8 @@ from llamanix.testbed.gateway_wheels import local_litellm
 from llamanix.testbed.synth import SynthSpec, synth_model
 
 ROOT = Path(__file__).resolve().parent.parent
+# The plugin's directory, which the module puts on litellm.service's PYTHONPATH.
+REPO_PLUGIN = ROOT / "tools/llamanix/render/litellm_plugin"
 SCRIPT = ROOT / "tests/vm-test-script.py"
 DRIVER_CALL = "run(machine, start_all, subtest)"
 # The names the NixOS test driver puts into the script's globals (test_driver.driver's
@@ -701,6 +703,8 @@ def vm_gateway(
         **keys_env,
         "HOME": str(tmp),
         "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        # What the module adds to litellm.service (modules/llamanix.nix): llamanix's plugin.
+        "PYTHONPATH": str(REPO_PLUGIN),
         # nixpkgs' services.litellm.environment default.
         "SCARF_NO_ANALYTICS": "True",
         "DO_NOT_TRACK": "True",
@@ -729,6 +733,30 @@ def vm_gateway(
         running.stop()
         router.stop()
         log.close()
+
+
+@needs_nix
+@pytest.mark.server
+def test_the_gateway_health_checks_load_no_router_member(
+    vm_gateway: tuple[Gateway, list[str], Any],
+) -> None:
+    """The VM's router (at most one member loaded) behind LiteLLM with the module's settings:
+    three check intervals after LiteLLM came up, before any client asked, every member is
+    still unloaded. llamanix's plugin asks the router's /health, which loads nothing; LiteLLM's
+    own checks sent each member a completion every interval, loading one after the other, and
+    raced check_router's loaded and unloaded assertions in the VM test. (Runs first of the
+    gateway's tests: they load members.)"""
+    _, served, given = vm_gateway
+    settings = given["settings"]
+    assert settings["general_settings"]["background_health_checks"] is False
+    plugin = json.loads(settings["environment_variables"]["LLAMANIX_GATEWAY"])
+    time.sleep(3 * plugin["interval"])
+    base = settings["model_list"][0]["litellm_params"]["api_base"].removesuffix("/v1")
+    port = int(base.rsplit(":", 1)[1])
+    script = load_script()
+    statuses = script.member_statuses(LocalShell(), port)
+    assert statuses == dict.fromkeys(served, "unloaded"), statuses
+    assert set(plugin["health"].values()) == {f"{base}/health"}
 
 
 @needs_nix

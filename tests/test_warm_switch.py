@@ -277,3 +277,50 @@ def test_a_routers_member_cannot_ask_for_a_warm_switch(tmp_path: Path) -> None:
     with pytest.raises(UserError) as err:
         load_config(tmp_path / "l.toml")
     assert "instances.chat.warm_switch: a router's member cannot keep its caches" in str(err.value)
+
+
+@pytest.mark.server
+def test_a_slot_file_from_another_build_is_refused(
+    server_factory: ServerFactory, llama_server_bin: Path, synth_models: Any, tmp_path: Path
+) -> None:
+    """Each saved file is stamped with the build that wrote it (``/props``' build_info) and
+    the context layout; a restore into a server of another build, or of another layout, is
+    refused before the server reads a byte of it, and the switch is cold saying why."""
+    slots = tmp_path / "slots"
+    slots.mkdir()
+
+    def server() -> Endpoint:
+        argv = [str(llama_server_bin), "-m", str(synth_models.target), "-c", "512", "-np", "1"]
+        return Endpoint(server_factory([*argv, "--slot-save-path", str(slots), "-t", "1"]).url)
+
+    old, new = server(), server()
+    build = httpx.get(f"{new.url}/props", timeout=30).json()["build_info"]
+    layout = {"model": str(synth_models.target), "context": 512, "parallel": 1}
+    plan = WarmPlan(INSTANCE, None, slots, 4096.0, 1 << 30, layout)
+    body = {"prompt": " ".join(["hello"] * 40), "n_predict": 4, "temperature": 0}
+    assert httpx.post(f"{old.url}/completion", json=body, timeout=120).status_code == 200
+
+    caches = WarmCaches({INSTANCE: plan})
+    caches.save(INSTANCE, old)
+    stamp = json.loads((slots / "llamanix-warm-0.json").read_text())
+    assert stamp == {"build": build, "layout": layout}
+    # The same file, as a build before a pin move would have written it.
+    (slots / "llamanix-warm-0.json").write_text(json.dumps({**stamp, "build": "b11428-0aaaaaa"}))
+    record = caches.restore(INSTANCE, new)
+    assert record is not None and record.slots == ()
+    assert record.cold == (
+        f"the slot file is from build b11428-0aaaaaa, the server runs {build}: each build reads "
+        "only its own files"
+    )
+    assert list(slots.iterdir()) == []
+    # Nothing reached the new server's slot.
+    (slot,) = httpx.get(f"{new.url}/slots", timeout=30).json()
+    assert "n_prompt_tokens" not in slot
+
+    # Another layout is refused the same way.
+    caches = WarmCaches({INSTANCE: plan})
+    caches.save(INSTANCE, old)
+    other = WarmPlan(INSTANCE, None, slots, 4096.0, 1 << 30, {**layout, "context": 1024})
+    record = WarmCaches({INSTANCE: other}, caches.pending).restore(INSTANCE, new)
+    assert record is not None
+    assert record.cold == "the context layout's context changes (512 -> 1024)"

@@ -159,9 +159,19 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "fleet_agent",
         "The remote side of a fleet switch over ssh: llamanix runs it, not a person.",
     ),
+    "gateway-exec": (
+        "gateway",
+        "Start the gateway's LiteLLM: its keys from the unit's credentials, llamanix's plugin on "
+        "its path, then ARGV (LiteLLM's own command line) in place of this process.",
+    ),
+    "gateway-ready": (
+        "gateway",
+        "Exit 0 once the gateway's LiteLLM answers URL; 1 when it exits first or the time is up.",
+    ),
 }
-# Commands llamanix itself runs (over ssh): left out of `--help` and of completion.
-HIDDEN = frozenset({"fleet-agent"})
+# Commands llamanix itself runs (over ssh, or as the gateway's unit): left out of `--help` and
+# of completion.
+HIDDEN = frozenset({"fleet-agent", "gateway-exec", "gateway-ready"})
 
 
 class LlamanixGroup(click.Group):

@@ -7,12 +7,18 @@ host's sudoers line names each exactly as it runs. Each prints the protocol it s
 before it reads the request, so a controller of another protocol can name both; an argument
 (what an older controller sends) is refused after that. ``unit-switch`` and ``unit-rollback``
 are what the transient unit runs: no argument either, and nowhere but in that unit.
+
+A rolling switch behind a gateway moves a drained replica's caches in steps
+(deploy/fleet/cache_move.py): each is a request to ``switch`` that carries a ``cache`` step
+instead of a config, so the sudoers line allows no command for them of its own. A step names an
+instance of the host's own copy of the config, a file name ``save`` chose (checked against its
+fixed pattern) or the gateway's routes: never a path.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Literal
+from typing import Any, Literal
 
 import click
 
@@ -21,12 +27,15 @@ from llamanix.core import file_reader
 from llamanix.core.errors import Problem, UserError
 from llamanix.deploy.fleet import agent
 from llamanix.deploy.fleet.protocol import (
+    ANSWER,
+    DATA,
     EXIT_FAILED,
     EXIT_INCOMPATIBLE,
     GENERATIONS,
     PROTOCOL,
     AgentCommand,
     AgentRequest,
+    CacheStep,
     RunReport,
     started_line,
 )
@@ -137,12 +146,84 @@ def switch(ctx: click.Context, /) -> None:
     """Switch this host to the config in the request, with its options, gated, in a unit of
     its own systemd."""
     d, request = _begin(ctx, "switch")
+    if request.cache is not None:
+        if request.order is not None:
+            raise UserError(
+                Problem(
+                    "llamanix fleet-agent switch: stdin",
+                    "cache",
+                    "comes with an order: a request is a switch or a step of a cache move",
+                )
+            )
+        _cache_step(d, request.host, request.cache)
+        return
     if request.order is None:
         raise _missing("switch", "order")
     order = request.order
     record = agent.start_switch(d, request.host, order, Runner(echo=_echo), _echo)
     click.echo(started_line(record.run))
     _finish(d, agent.follow(d, record, _echo, order.options.follow_s))
+
+
+# --- a rolling switch's cache move (deploy/cache_moves.py) ---------------------------------------
+
+
+def _answer(value: object) -> None:
+    click.echo(ANSWER + json.dumps(value))
+
+
+def _step_order(step: CacheStep, source: str) -> dict[str, Any]:
+    try:
+        order = json.loads(step.order)
+    except ValueError as err:
+        raise UserError(Problem(source, "cache.order", f"not JSON: {err}")) from None
+    if not isinstance(order, dict):
+        raise UserError(Problem(source, "cache.order", "not a JSON object"))
+    return order
+
+
+def _cache_step(d: agent.FleetDir, host: str, step: CacheStep) -> None:
+    """Run one step of a cache move with the host's own copy of the config; its answer."""
+    from llamanix.deploy import cache_moves
+
+    source = f"llamanix fleet-agent switch: stdin: cache step {step.step}"
+    order = _step_order(step, source)
+    found = agent.local_config(d, host)
+    if found is None:
+        raise UserError(
+            Problem(
+                str(d.root),
+                "",
+                f"no fleet copy of a config that names host '{host}' on this host",
+                "switch this host once from the controller with llamanix switch",
+            )
+        )
+    config = found[1]
+    if step.step == "save":
+        _answer(cache_moves.save(config, host, str(order.get("instance")), source))
+    elif step.step == "send":
+        lines = cache_moves.send(
+            config,
+            host,
+            str(order.get("instance")),
+            str(order.get("file")),
+            source,
+            order.get("offset", 0),
+            order.get("discard") is True,
+        )
+        last = None
+        for line in lines:
+            if last is not None:
+                click.echo(DATA + last)
+            last = line
+        _answer(json.loads(last) if last is not None else {})
+    elif step.step == "take":
+        chunks = (line.strip() for line in step.data if line.strip())
+        _answer(cache_moves.take(config, host, order, chunks, source))
+    else:
+        if config.gateway is None or config.gateway.host != host:
+            raise UserError(Problem(str(d.root), "", f"host '{host}' runs no gateway"))
+        _answer(cache_moves.route(order))
 
 
 @fleet_agent.command("rollback", context_settings=_LENIENT)

@@ -115,6 +115,13 @@ class Gateway:
     routing_strategy: RoutingStrategy = "simple-shuffle"
     retries: int = 8
     health_check_interval: int = 5
+    affinity: bool = True
+    no_affinity: tuple[str, ...] = ()
+    conversations: int = 4096
+
+    def affinity_of(self, group: str) -> bool:
+        """Whether a model group's conversations keep their replica."""
+        return self.affinity and group not in self.no_affinity
 
 
 @dataclass(frozen=True)
@@ -842,6 +849,14 @@ def _check_gateway(
             f"port {gateway.port} on host '{gateway.host}' is already used by its router",
             "give the gateway its own port",
         )
+    groups = sorted({inst.alias or inst.name for inst in instances.values()})
+    for group in gateway.no_affinity:
+        if group not in groups:
+            c.add(
+                "gateway.no_affinity",
+                f"no model group '{group}' (a group is an instance's alias, else its name)",
+                suggest(group, tuple(groups)),
+            )
 
 
 def _check_keys(c: _Checker, hosts: dict[str, Host], instances: dict[str, Instance]) -> None:

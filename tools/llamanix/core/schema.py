@@ -335,10 +335,36 @@ GATEWAY_FIELDS: tuple[Field, ...] = (
     Field(
         "health_check_interval",
         INT,
-        "Seconds between LiteLLM's background health checks, whose verdicts steer routing.",
+        "Seconds between the gateway's checks of each replica's /health (no completion, no "
+        "slot, no router member loaded), whose verdicts steer routing.",
         5,
         minimum=1,
         maximum=MAX_SECONDS,
+    ),
+    Field(
+        "affinity",
+        BOOL,
+        "Keep each conversation on the replica that served its last turn, where its prompt is "
+        "cached; new conversations go to the least loaded replica (docs/gateway.md). Off: "
+        "routing_strategy alone picks among the healthy replicas.",
+        True,
+    ),
+    Field(
+        "no_affinity",
+        LIST_STR,
+        "Model groups (aliases) routed by routing_strategy alone, while affinity is on for "
+        "the others.",
+        [],
+        text="alias",
+    ),
+    Field(
+        "conversations",
+        INT,
+        "How many conversations the gateway remembers the replica of (the least recently "
+        "used is forgotten first; a forgotten one costs one cold turn).",
+        4096,
+        minimum=1,
+        maximum=1_000_000,
     ),
 )
 

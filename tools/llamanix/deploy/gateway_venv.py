@@ -27,20 +27,40 @@ def requirement(version: str) -> str:
     return f"litellm[proxy]=={version}"
 
 
+def venv_path(root: Path, version: str) -> Path:
+    """``root/version``, refused unless it is a directory right inside ``root``: the venv is
+    deleted before it is made again, and no version may point that delete anywhere else (the
+    config's validate checks the version's form; this holds whatever reaches here)."""
+    venv = root / version
+    inside = (
+        version not in ("", ".", "..")
+        and "/" not in version
+        and "\0" not in version
+        and not venv.is_symlink()
+        and venv.resolve().parent == root.resolve()
+    )
+    if not inside:
+        raise ExternalCommandError(
+            f"LiteLLM version {version!r} does not name a directory inside {root}: nothing "
+            "deleted, nothing installed"
+        )
+    return venv
+
+
 def ensure(
     runner: Runner, version: str, root: Path = Path(VENV_ROOT), python: str = "python3"
 ) -> bool:
     """Make LiteLLM ``version``'s venv unless it is there; whether it had to be made."""
     if version in LITELLM_REFUSED:  # the config refuses it too; never install it by any path
         raise ExternalCommandError(f"LiteLLM {version} {LITELLM_REFUSED[version]}: not installed")
-    venv = root / version
+    venv = venv_path(root, version)
     if (venv / MARKER).is_file() and (venv / "bin" / "litellm").is_file():
         return False
     if runner.dry_run:
         runner.note(f"make the venv {venv}")
     else:
-        shutil.rmtree(venv, ignore_errors=True)
         venv.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(venv_path(root, version), ignore_errors=True)
     runner.run(pip.venv_argv(python, venv))
     runner.run(pip.venv_install_argv(venv, [requirement(version)]))
     if runner.dry_run:

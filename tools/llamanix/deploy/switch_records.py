@@ -15,13 +15,13 @@ from typing import Literal, get_args
 from llamanix.core import json_fields as jf
 from llamanix.core.config import suggest
 from llamanix.core.errors import Problem, UserError
-from llamanix.core.json_codec import JsonRecord, json_via
+from llamanix.core.json_codec import OMIT_NONE, JsonRecord, json_via
 from llamanix.core.json_value import JsonObject
 from llamanix.deploy.gap_records import GapRecord
 from llamanix.deploy.gate import BENCH_RUNS, DEFAULT_MAX_RUNS, GatePrompts, Thresholds
 from llamanix.deploy.gate_records import ACTIONS, GATES, Action, Baseline, GateKind, GateResult
 from llamanix.deploy.generations import ManagerKind
-from llamanix.deploy.warm_records import DEFAULT_LIMIT_GIB, WarmRecord
+from llamanix.deploy.warm_records import DEFAULT_LIMIT_GIB, CacheMove, WarmRecord
 
 DEFAULT_DRAIN_TIMEOUT_S = 30.0
 # How long each instance may take to become healthy after a switch or rollback.
@@ -228,6 +228,9 @@ class HostOutcome(JsonRecord):
     restore: Restore | None = None
     # What each warm_switch instance kept of its caches (deploy.warm).
     warm: dict[str, WarmRecord] = field(default_factory=dict)
+    # A rolling switch behind a gateway: where each restarted replica's caches moved, or why
+    # they went cold (deploy/fleet/cache_move.py; the controller's record, not the host's).
+    caches: dict[str, CacheMove] | None = field(default=None, metadata=OMIT_NONE)
 
     @property
     def ok(self) -> bool:

@@ -25,6 +25,14 @@ format); a model whose cache a restore cannot bring back whole is not warm eithe
 
 Anything else makes the switch cold, and it says why (``cold_reason``).
 
+**Stamps.** Each file is written with a stamp beside it (``llamanix-warm-N.json``): the build
+that wrote it (``/props``' ``build_info``: build number and commit) and the context layout
+(``slot_layout``). Before any file is restored the new server's build and layout are compared
+with the stamps, and a file from another build or layout is not restored: the switch is cold
+and says so. Upstream changed the file's format in v0.6.0 (b11429), so a pin move within one
+variant is cold by design. The same stamps travel with a rolling switch's cache move
+(deploy/slot_moves.py).
+
 The files are bounded: each slot's file is estimated from the model's KV bytes per token before
 it is written (an upper bound), and the switch saves no more than ``limit_bytes`` in all nor
 anything that would leave the file system with less than ``FREE_RESERVE_BYTES`` free. A file
@@ -36,8 +44,10 @@ switch, rollback or ``llamanix tidy`` (``deploy.leftovers``).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
+import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,9 +55,11 @@ from pathlib import Path
 from llamanix.core.argv import SLOT_SAVE_FLAG
 from llamanix.core.config import Instance
 from llamanix.core.errors import UserError
+from llamanix.core.json_value import JsonObject
 from llamanix.core.schema import SPEC_DRAFTERS
 from llamanix.deploy.crash_point import crash_point
 from llamanix.deploy.warm_records import DEFAULT_LIMIT_GIB, SlotOutcome, WarmRecord, WarmSlot
+from llamanix.external.files import atomic_write
 from llamanix.measure.drain import Endpoint
 from llamanix.measure.slots import (
     CachedSlot,
@@ -56,15 +68,81 @@ from llamanix.measure.slots import (
     cached_slots,
     restore_slot,
     save_slot,
+    server_build,
 )
 
 FILE_PREFIX = "llamanix-warm-"
 FREE_RESERVE_BYTES = 1 << 30
 GIB = 1 << 30
+# A stamp is a few hundred bytes of JSON.
+STAMP_LIMIT = 64 * 1024
 
 
 def slot_file(slot: int) -> str:
     return f"{FILE_PREFIX}{slot}.bin"
+
+
+def stamp_file(filename: str) -> str:
+    """The stamp beside a slot file: ``llamanix-warm-0.bin`` -> ``llamanix-warm-0.json``."""
+    return filename.removesuffix(".bin") + ".json"
+
+
+def slot_layout(inst: Instance) -> JsonObject:
+    """What a slot file's cache depends on besides the build: the model file, the variant,
+    the context layout and the KV-cache types (the warm switch's rules, ``cold_reason``)."""
+    return {
+        "model": inst.model,
+        "variant": inst.variant,
+        "context": inst.context,
+        "parallel": inst.parallel,
+        "flash_attn": inst.flash_attn,
+        "cache_type_k": inst.cache_type_k,
+        "cache_type_v": inst.cache_type_v,
+        "swa_full": "--swa-full" in inst.extra_args,
+    }
+
+
+def write_stamp(directory: Path, filename: str, build: str, layout: JsonObject) -> None:
+    text = json.dumps({"build": build, "layout": layout}, sort_keys=True)
+    atomic_write(directory / stamp_file(filename), text + "\n", mode=0o600)
+
+
+def read_stamp(directory: Path, filename: str) -> JsonObject | None:
+    """The stamp beside ``filename``; None when there is none. The directory is the server
+    user's: a link or anything but a small regular file there is not read (root reads it)."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(directory / stamp_file(filename), flags)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+            return None
+        try:
+            data = json.loads(fh.read(STAMP_LIMIT))
+        except (OSError, ValueError):
+            return None
+    return data if isinstance(data, dict) else None
+
+
+def stamp_refusal(stamp: JsonObject | None, build: str | None, layout: JsonObject) -> str | None:
+    """Why a file stamped ``stamp`` is not restored into a server of ``build`` and ``layout``
+    (None: it is restored)."""
+    if stamp is None:
+        return "the slot file has no stamp (its build is unknown)"
+    if build is None:
+        return "the server does not say its build (GET /props)"
+    if stamp.get("build") != build:
+        return (
+            f"the slot file is from build {stamp.get('build')}, the server runs {build}: each "
+            "build reads only its own files"
+        )
+    theirs = stamp.get("layout")
+    theirs = theirs if isinstance(theirs, dict) else {}
+    for key, value in layout.items():
+        if theirs.get(key) != value:
+            return _changed(f"context layout's {key}", theirs.get(key), value)
+    return None
 
 
 def state_directory(name: str, manager: str, units_dir: Path | None = None) -> Path:
@@ -90,6 +168,8 @@ class WarmPlan:
     directory: Path
     bytes_per_token: float = 0.0
     limit_bytes: int = int(DEFAULT_LIMIT_GIB * GIB)
+    # The new server's layout, which each file's stamp must match (``slot_layout``).
+    layout: JsonObject = field(default_factory=dict)
 
 
 def _layout(inst: Instance) -> dict[str, object]:
@@ -187,7 +267,7 @@ def plan_for(
         why, per_token = model_reason(new)
     if why is None and not directory.is_dir():
         why = f"its state directory {directory} is not there"
-    return WarmPlan(name, why, directory, per_token, limit_bytes)
+    return WarmPlan(name, why, directory, per_token, limit_bytes, slot_layout(new))
 
 
 @dataclass
@@ -221,6 +301,10 @@ class WarmCaches:
         if slots is None:
             self.records[name] = WarmRecord("the running server does not list its slots")
             return
+        build = server_build(endpoint)
+        if build is None:
+            self.records[name] = WarmRecord("the running server does not say its build (/props)")
+            return
         saved: list[_Saved] = []
         used = 0
         for slot in sorted(slots, key=lambda s: s.slot):
@@ -245,6 +329,7 @@ class WarmCaches:
                 why = f"its {done.bytes / 1e6:.0f} MB passed the limit"
                 saved.append(_Saved(slot, None, why))
                 continue
+            write_stamp(plan.directory, slot_file(slot.slot), build, plan.layout)
             saved.append(_Saved(slot, done))
         self.pending[name] = saved
         crash_point("warm:saved")
@@ -256,6 +341,11 @@ class WarmCaches:
         saved = self.pending.pop(name, None)
         if plan is None or saved is None:
             return self.records.get(name)
+        refused = self._refusal(plan, saved, endpoint)
+        if refused is not None:
+            _remove_files(plan.directory)
+            self.records[name] = WarmRecord(refused)
+            return self.records[name]
         slots: list[WarmSlot] = []
         for s in saved:
             if s.file is None:
@@ -297,6 +387,20 @@ class WarmCaches:
         self.records[name] = record
         return record
 
+    @staticmethod
+    def _refusal(plan: WarmPlan, saved: list[_Saved], endpoint: Endpoint) -> str | None:
+        """Why the files are not restored into the new server: a stamp of another build or
+        layout (the new server's /props says its build)."""
+        files = [slot_file(s.slot.slot) for s in saved if s.file is not None]
+        if not files:
+            return None
+        build = server_build(endpoint)
+        for filename in files:
+            why = stamp_refusal(read_stamp(plan.directory, filename), build, plan.layout)
+            if why is not None:
+                return why
+        return None
+
     def settle(self) -> None:
         """A record for each cold plan no restart reached (a manager that restarts on its
         own, as nixos-rebuild does)."""
@@ -319,7 +423,8 @@ def _remove(path: Path) -> None:
         path.unlink()
 
 
-def _remove_files(directory: Path) -> None:
+def _remove_files(directory: Path, prefix: str = FILE_PREFIX) -> None:
+    """Every slot file of ``prefix`` in ``directory``, with its stamp."""
     with contextlib.suppress(OSError):
-        for path in directory.glob(f"{FILE_PREFIX}*.bin"):
+        for path in [*directory.glob(f"{prefix}*.bin"), *directory.glob(f"{prefix}*.json")]:
             _remove(path)

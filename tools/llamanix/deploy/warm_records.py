@@ -61,3 +61,22 @@ class WarmRecord(JsonRecord):
             else:
                 parts.append(f"slot {s.slot} {s.outcome}: {s.why}")
         return "warm: " + "; ".join(parts)
+
+
+@dataclass(frozen=True)
+class CacheMove(JsonRecord):
+    """A drained replica's caches in a rolling switch behind a gateway (deploy/cache_moves.py):
+    the replica that took them over (``to``) and each slot's restore there, or why they went
+    cold (``cold``). ``routed``: the gateway said it sends the conversations there now."""
+
+    to: str | None = None
+    cold: str | None = None
+    slots: tuple[WarmSlot, ...] = ()
+    routed: bool = False
+
+    def describe(self) -> str:
+        if self.cold is not None:
+            return f"cold: {self.cold}"
+        moved = WarmRecord(None, self.slots).describe().removeprefix("warm: ")
+        routed = "" if self.routed else " (the gateway did not confirm the move)"
+        return f"caches moved to {self.to}: {moved}{routed}"

@@ -8,6 +8,10 @@ The answers name what was done: ``n_saved``/``n_written`` (tokens, bytes) and
 ``n_restored``/``n_read``. A server without the flag answers the POST with an error, and so does
 a restore that cannot fit the file into the slot.
 
+What build wrote a file: ``GET /props`` names the server's build (``build_info``), which the
+switch stamps beside each file it has saved (deploy/warm.py): a file is restored only into a
+server of the same build, since upstream changes the file's format between builds.
+
 Which slots hold a cache: ``GET /slots`` lists each slot, and a slot that has served a request
 carries ``n_prompt_tokens``, the tokens its cache holds (prompt and answer). A fresh server's
 slots carry none, and a restored slot shows none either until it serves again: so what a restore
@@ -69,6 +73,19 @@ def cached_slots(endpoint: Endpoint, timeout_s: float = 10.0) -> list[CachedSlot
         if isinstance(slot, int) and isinstance(tokens, int) and tokens > 0:
             found.append(CachedSlot(slot, tokens))
     return found
+
+
+def server_build(endpoint: Endpoint, timeout_s: float = 10.0) -> str | None:
+    """The build the server says it is (``GET /props``'s ``build_info``: build number and
+    commit, ``b8770-0c1e570``); None when it does not say (no /props, or not answering)."""
+    try:
+        with endpoint.client(timeout_s) as http:
+            resp = http.get("/props")
+        data = resp.json() if resp.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return None
+    build = data.get("build_info") if isinstance(data, dict) else None
+    return build if isinstance(build, str) and build else None
 
 
 def _action(endpoint: Endpoint, slot: int, action: str, filename: str) -> dict[str, object]:

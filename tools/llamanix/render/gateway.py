@@ -1,16 +1,19 @@
 """The gateway: LiteLLM's proxy in front of the instances of every host (``[gateway]``).
 
 Every instance is a replica in the model group named by its alias (else its name); LiteLLM
-spreads a group's requests over its replicas, retries a failed one on another and, from its
-background health checks, routes around a replica that is down. Here: the LiteLLM config
-(``litellm.yaml``), the check of its keys against what the pinned LiteLLM accepts, and the
-hardened unit that runs it on a Debian host. docs/gateway.md has the defaults and why.
+spreads a group's requests over its replicas and retries a failed one on another. llamanix's
+plugin (render/litellm_plugin/llamanix_gateway.py), which LiteLLM loads as a callback, keeps
+each conversation on the replica that holds its cache and checks each replica's ``/health``
+(LiteLLM's own health checks would send completions). Here: the LiteLLM config
+(``litellm.yaml``, the plugin's settings in it), the check of its keys against what the pinned
+LiteLLM accepts, and the hardened unit that runs it on a Debian host. docs/gateway.md has the
+defaults and why.
 """
 
 from __future__ import annotations
 
 import json
-import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -30,10 +33,17 @@ MASTER_KEY_CREDENTIAL = "master-key"
 MASTER_KEY_ENV = "LITELLM_MASTER_KEY"
 # Where a Debian host keeps each LiteLLM release's own venv (deploy.gateway_venv makes it).
 VENV_ROOT = "/var/lib/llamanix/litellm"
-# What each deployment's health check asks for: one token is enough to know it serves.
-HEALTH_CHECK_MAX_TOKENS = 1
 # Seconds LiteLLM waits for one request: a long generation on a big model takes minutes.
 REQUEST_TIMEOUT_S = 600
+# The plugin LiteLLM loads (render/litellm_plugin/): its module, the callback in it, and the
+# variable its settings reach it through (LiteLLM's config sets it: environment_variables).
+PLUGIN_MODULE = "llamanix_gateway"
+PLUGIN_CALLBACK = f"{PLUGIN_MODULE}.handler"
+PLUGIN_SETTINGS_ENV = "LLAMANIX_GATEWAY"
+# The Debian unit's state directory as LiteLLM sees it (StateDirectory=llamanix-gateway): where
+# a rolling switch writes the routes the plugin follows (deploy/slot_moves.py).
+STATE_DIRECTORY = "/var/lib/llamanix-gateway"
+ROUTES_FILE = f"{STATE_DIRECTORY}/routes.json"
 
 
 @dataclass(frozen=True)
@@ -88,9 +98,39 @@ def deployments(config: Config) -> list[Deployment]:
     return out
 
 
+def health_url(api_base: str) -> str:
+    """A replica's ``/health`` (its server's, or its router's: neither loads a member)."""
+    return api_base.removesuffix("/v1") + "/health"
+
+
+def plugin_settings(config: Config) -> JsonObject:
+    """What the plugin reads (its ``Settings``): the check interval, the routes file a rolling
+    switch writes (a Debian gateway's; a NixOS one gets none), the LRU's bound, each model
+    group's affinity, and each replica's ``/health`` by its deployment id."""
+    gateway = gateway_of(config)
+    found = deployments(config)
+    routes = ROUTES_FILE if config.hosts[gateway.host].kind == "systemd" else None
+    return {
+        "version": 1,
+        "interval": gateway.health_check_interval,
+        "routes": routes,
+        "conversations": gateway.conversations,
+        "affinity": {g: gateway.affinity_of(g) for g in sorted({d.group for d in found})},
+        "health": {d.instance: health_url(d.api_base) for d in found},
+    }
+
+
+def plugin_settings_text(config: Config) -> str:
+    """The settings as one line of JSON, spelled as Nix's builtins.toJSON spells them (sorted
+    keys, no spaces), so that the NixOS module's render is the same text."""
+    return json.dumps(
+        plugin_settings(config), sort_keys=True, separators=(",", ":"), ensure_ascii=False
+    )
+
+
 def settings(config: Config) -> JsonObject:
-    """LiteLLM's config: the model list and the settings measured to keep clients served
-    while replicas go down in turn (docs/gateway.md)."""
+    """LiteLLM's config: the model list, the settings measured to keep clients served while
+    replicas go down in turn, and the plugin (docs/gateway.md)."""
     gateway = gateway_of(config)
     model_list: list[JsonValue] = []
     for d in deployments(config):
@@ -103,7 +143,8 @@ def settings(config: Config) -> JsonObject:
                     # LiteLLM's OpenAI client needs a string even where the server takes none.
                     "api_key": f"os.environ/{d.key_env}" if d.key_env else "none",
                 },
-                "model_info": {"health_check_max_tokens": HEALTH_CHECK_MAX_TOKENS},
+                # The deployment's id: the plugin and a rolling switch name it by instance.
+                "model_info": {"id": d.instance},
             }
         )
     return {
@@ -113,21 +154,20 @@ def settings(config: Config) -> JsonObject:
             "num_retries": gateway.retries,
             # Retry on another replica at once: a replica that is down stays down for seconds.
             "retry_after": 0,
-            # Read by litellm.Router, not by general_settings, in 1.106.12.
-            "enable_health_check_routing": True,
             # A replica fenced for its restart fails every request sent to it for a second or
             # two; past half of a minute's requests LiteLLM would cool it down for 5 s, and a
             # rolling switch then fences the other one while the first is still cooling:
-            # every request failed (measured: 132 in 5 s). The health checks and the per-request
-            # failover already route around a replica that is down.
+            # every request failed (measured: 132 in 5 s). The plugin's health checks and the
+            # per-request failover already route around a replica that is down.
             "disable_cooldowns": True,
         },
         "general_settings": {
             "master_key": f"os.environ/{MASTER_KEY_ENV}",
-            "background_health_checks": True,
-            "health_check_interval": gateway.health_check_interval,
+            # LiteLLM's own checks send each replica a completion: the plugin checks /health.
+            "background_health_checks": False,
         },
-        "litellm_settings": {"request_timeout": REQUEST_TIMEOUT_S},
+        "litellm_settings": {"request_timeout": REQUEST_TIMEOUT_S, "callbacks": [PLUGIN_CALLBACK]},
+        "environment_variables": {PLUGIN_SETTINGS_ENV: plugin_settings_text(config)},
     }
 
 
@@ -206,47 +246,41 @@ def _credential(instance: str) -> str:
     return f"key-{instance}"
 
 
-def _systemd_word(text: str) -> str:
-    """One ExecStart word, in systemd's double quotes: no specifier, no variable expanded."""
-    text = text.replace("%", "%%").replace("$", "$$")
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def start_script(config: Config) -> str:
-    """What the unit's shell runs: each key from its credential into the variable LiteLLM
-    reads it from, then LiteLLM itself (exec, so it is the unit's main process)."""
-    gateway = gateway_of(config)
-    cred = '"$CREDENTIALS_DIRECTORY/'
-    lines = ["set -e", f'{MASTER_KEY_ENV}=$(cat {cred}{MASTER_KEY_CREDENTIAL}")']
-    names = [MASTER_KEY_ENV]
+def key_credentials(config: Config) -> list[tuple[str, str]]:
+    """(variable, credential) of every key LiteLLM's config names: the master key, then each
+    replica's once."""
+    found = [(MASTER_KEY_ENV, MASTER_KEY_CREDENTIAL)]
     for d in deployments(config):
-        if d.key_env and d.key_env not in names:
-            lines.append(f'{d.key_env}=$(cat {cred}{_credential(d.instance)}")')
-            names.append(d.key_env)
-    lines.append("export " + " ".join(names))
-    program = f"{venv_dir(gateway.version)}/bin/litellm"
-    lines.append(
-        f'exec {program} --config {cred}{CONFIG_FILE}" --host {shlex.quote(gateway.listen)} '
-        f"--port {gateway.port}"
-    )
-    return "; ".join(lines)
+        pair = (d.key_env, _credential(d.instance)) if d.key_env else None
+        if pair is not None and pair not in found:
+            found.append(pair)
+    return found
 
 
-def ready_script(config: Config) -> str:
-    """Waits until LiteLLM's liveliness endpoint answers, or fails when LiteLLM exited."""
+def start_argv(config: Config, llamanix: Sequence[str]) -> list[str]:
+    """What the unit runs: llamanix's ``gateway-exec`` (``llamanix``: how the unit runs
+    llamanix), which reads each key from its credential into the variable LiteLLM reads it
+    from, puts the plugin's directory on LiteLLM's path and execs LiteLLM with its own argv.
+    No shell: every config value is one argument of its own."""
     gateway = gateway_of(config)
-    python = f"{venv_dir(gateway.version)}/bin/python"
+    argv = [*llamanix, "gateway-exec"]
+    for variable, credential in key_credentials(config):
+        argv += ["--credential-env", f"{variable}={credential}"]
+    argv += ["--", f"{venv_dir(gateway.version)}/bin/litellm", "--config", f"%d/{CONFIG_FILE}"]
+    return [*argv, "--host", gateway.listen, "--port", str(gateway.port)]
+
+
+def ready_argv(config: Config, llamanix: Sequence[str]) -> list[str]:
+    """Waits until LiteLLM's liveliness endpoint answers, or fails once LiteLLM has exited."""
+    gateway = gateway_of(config)
     url = connect_url(gateway.listen, gateway.port) + "/health/liveliness"
-    probe = "import sys, urllib.request as u; u.urlopen(sys.argv[1], timeout=2)"
-    return (
-        f"until {python} -c {shlex.quote(probe)} {shlex.quote(url)} 2>/dev/null; do "
-        'kill -0 "$MAINPID" || exit 1; sleep 0.5; done'
-    )
+    return [*llamanix, "gateway-ready", "--url", url, "--pid", "$MAINPID"]
 
 
-def render_unit(config: Config, digest: str) -> RenderedInstance:
+def render_unit(config: Config, digest: str, llamanix: Sequence[str]) -> RenderedInstance:
     """``llamanix-gateway.service``: LiteLLM from its own venv, hardened like the servers,
-    its config carried in the unit and every key loaded as a credential."""
+    its config carried in the unit and every key loaded as a credential; ``llamanix``: how
+    the unit runs llamanix (its ``gateway-exec`` starts LiteLLM)."""
     gateway = gateway_of(config)
     text = config_text(config)
     keys = [systemd.credential_path(MASTER_KEY_CREDENTIAL, gateway.api_key_file)]
@@ -255,6 +289,7 @@ def render_unit(config: Config, digest: str) -> RenderedInstance:
         if d.key_file and d.instance not in seen:
             keys.append(systemd.credential_path(_credential(d.instance), d.key_file))
             seen.add(d.instance)
+    config_arg = f"%d/{CONFIG_FILE}"
     state = "%C/llamanix-gateway"
     environment = [
         systemd.assignment("HOME", state, expand=True),
@@ -268,11 +303,9 @@ def render_unit(config: Config, digest: str) -> RenderedInstance:
         source=systemd.comment(Path(config.source).name),
         config_hash=digest[:19],
         version=gateway.version,
-        exec_start=systemd.UnitText("/bin/sh -c " + _systemd_word(start_script(config))),
-        # ${MAINPID} is the one variable systemd is meant to expand here.
-        exec_start_post=systemd.UnitText(
-            "/bin/sh -c " + _systemd_word(ready_script(config)).replace("$$MAINPID", "${MAINPID}")
-        ),
+        exec_start=systemd.exec_line(start_argv(config, llamanix), keep=(config_arg,)),
+        # $MAINPID is the one variable systemd is meant to expand here.
+        exec_start_post=systemd.exec_line(ready_argv(config, llamanix), keep=("$MAINPID",)),
         environment=environment,
         load_credentials=keys,
         config_name=CONFIG_FILE,

@@ -351,7 +351,7 @@ def render_host(
     gateway = None
     if config.gateway is not None and config.gateway.host == name and kind == "systemd":
         # A NixOS host runs nixpkgs' services.litellm, configured by the module instead.
-        gateway = gateways.render_unit(config, digest)
+        gateway = gateways.render_unit(config, digest, llamanix_command())
     if problems:
         raise UserError(problems)
     return Render(

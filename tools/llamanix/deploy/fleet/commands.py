@@ -12,8 +12,9 @@ from types import FrameType
 
 from llamanix.core.errors import ExternalCommandError, UserError
 from llamanix.deploy.fleet import remote
+from llamanix.deploy.fleet.cache_move import CacheMoves
 from llamanix.deploy.fleet.dispatch import FleetOps, rollback_one, switch_one
-from llamanix.deploy.fleet.rollout import Rollout, RolloutOptions, run_rollout
+from llamanix.deploy.fleet.rollout import Rollout, RolloutOptions, plan_batches, run_rollout
 from llamanix.deploy.request import HostChoice, RollbackRequest, SwitchRequest, read_locked
 from llamanix.deploy.rollback import rollback_host
 from llamanix.deploy.switch_records import Echo, HostOutcome, RollbackOptions, SwitchOptions
@@ -105,7 +106,12 @@ def rolling_switch(
         return SwitchRequest.read(path, HostChoice(hosts=hosts, several=True), opts)
 
     def run(request: SwitchRequest) -> Rollout:
-        ops = FleetOps(request, runner, echo, rollout_opts.preflight_timeout_s)
+        moves = None
+        if request.config.gateway is not None:
+            batches = plan_batches(request.order, rollout_opts.batch)
+            old = request.old_config or request.config
+            moves = CacheMoves(old, request.config, batches, runner, echo)
+        ops = FleetOps(request, runner, echo, rollout_opts.preflight_timeout_s, moves)
         with _stop_between_hosts(echo) as asked:
             return run_rollout(request.order, rollout_opts, ops, echo, lambda: asked[0])
 

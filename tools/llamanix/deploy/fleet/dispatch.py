@@ -5,12 +5,13 @@ llamanix over ssh (fleet.remote). The rollout's ``HostOps`` bound to them."""
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from llamanix.core import file_reader
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
 from llamanix.deploy.config_edit import write_config
 from llamanix.deploy.fleet import remote
+from llamanix.deploy.fleet.cache_move import CacheMoves
 from llamanix.deploy.fleet.rollout import HostOps, Lost, Unreachable
 from llamanix.deploy.request import RollbackRequest, SwitchRequest
 from llamanix.deploy.rollback import rollback_host
@@ -69,6 +70,8 @@ class FleetOps(HostOps):
     echo: Echo
     # How long the preflight follows a run that still goes on on a host.
     preflight_s: float
+    # Behind a gateway: each replica's caches move before its host's switch.
+    moves: CacheMoves | None = None
 
     def _remote(self, host: str) -> remote.RemoteHost | None:
         return remote.remote_host(self.request.config, host)
@@ -103,14 +106,19 @@ class FleetOps(HostOps):
     def switch(self, host: str, first: bool) -> HostOutcome:
         # The file holds the text read until the canary passes with the new one.
         file_text = self.request.old_text if first else self.request.new_text
+        caches = self.moves.before(host) if self.moves is not None else {}
         try:
-            return switch_one(
+            outcome = switch_one(
                 self.request, host, file_text, self.runner, self.echo, restore_config=first
             )
         except remote.RemoteLost as err:
             raise Lost(str(err)) from err
         except remote.RemoteUnreachable as err:
             raise Unreachable(str(err)) from err
+        finally:
+            if self.moves is not None:
+                self.moves.after(host)
+        return replace(outcome, caches=caches) if caches else outcome
 
     def rollback(self, host: str, to: int) -> HostOutcome:
         request = rollback_request(self.request, host, to)

@@ -11,8 +11,8 @@ The agent's stdout is progress lines for the user, plus machine lines, each one 
 after a fixed prefix: first ``HELLO`` (the protocol it speaks and its version; before it
 checks the protocol asked for, so a controller of another protocol can say which), then
 ``STARTED`` once a switch or rollback runs there (its run's id), last ``OUTCOME`` (switch,
-rollback, status) or ``GENERATIONS``. Its exit code: 0 passed or unchanged, 1 failed, 2 a
-one-line user error on stderr, 3 another protocol.
+rollback, status), ``GENERATIONS``, or a cache move step's ``ANSWER``. Its exit code: 0 passed
+or unchanged, 1 failed, 2 a one-line user error on stderr, 3 another protocol.
 
 Bump ``PROTOCOL`` when either side's words change in a way the other cannot read.
 """
@@ -33,6 +33,10 @@ HELLO = "llamanix-fleet-agent: "
 STARTED = "llamanix-fleet-started: "
 OUTCOME = "llamanix-fleet-outcome: "
 GENERATIONS = "llamanix-fleet-generations: "
+# A cache move's steps (deploy/cache_moves.py): their one answer, and the lines of a file's
+# bytes (base64) that the ``send`` step prints (``take`` gets them back in its request).
+ANSWER = "llamanix-fleet-answer: "
+DATA = "llamanix-fleet-data: "
 EXIT_FAILED = 1
 EXIT_USER_ERROR = 2
 EXIT_INCOMPATIBLE = 3
@@ -44,6 +48,10 @@ OPS: tuple[Op, ...] = get_args(Op)
 # sudoers line names these, and no other.
 AgentCommand = Literal["switch", "rollback", "status", "generations", "top"]
 AGENT_COMMANDS: tuple[AgentCommand, ...] = get_args(AgentCommand)
+# The steps of a rolling switch's cache move (deploy/fleet/cache_move.py), each a request to the
+# host's ``switch`` (part of the switch, so no command of its own for sudo to allow).
+CacheStepName = Literal["save", "send", "take", "route"]
+CACHE_STEPS: tuple[CacheStepName, ...] = get_args(CacheStepName)
 # How the config is spelled: the agent keeps its copy in the controller's format.
 ConfigFormat = Literal["toml", "json"]
 FORMATS: tuple[ConfigFormat, ...] = get_args(ConfigFormat)
@@ -73,6 +81,19 @@ class SwitchOrder(JsonRecord):
 
 
 @dataclass(frozen=True)
+class CacheStep(JsonRecord):
+    """One step of a cache move, in the request to ``switch`` instead of its ``order``:
+    ``order`` is the step's JSON object (an instance's name, a file name ``save`` wrote, a
+    moved file's header, the gateway's routes: each checked on the host, which derives every
+    path from its own config and a fixed file name); ``data``: ``take``'s bytes, as the base64
+    lines ``send`` printed."""
+
+    step: CacheStepName
+    order: str
+    data: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class AgentRequest(JsonRecord):
     """What every agent command reads on stdin, one JSON record: the protocol the controller
     speaks, the host it takes this machine for (a host of the config, which the agent checks),
@@ -88,6 +109,8 @@ class AgentRequest(JsonRecord):
     follow_timeout_s: float | None = field(default=None, metadata=OMIT_NONE)
     # top: read twice this many seconds apart and take the rates over that window (None: once).
     window_s: float | None = field(default=None, metadata=OMIT_NONE)
+    # switch, as a step of a rolling switch's cache move (instead of its order).
+    cache: CacheStep | None = field(default=None, metadata=OMIT_NONE)
 
     def text(self) -> str:
         return json.dumps(self.to_json())

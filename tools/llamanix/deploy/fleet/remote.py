@@ -29,11 +29,14 @@ from llamanix.core.errors import ExternalCommandError, Problem, UserError
 from llamanix.core.json_value import JsonObject
 from llamanix.deploy.fleet.protocol import (
     AGENT_COMMANDS,
+    ANSWER,
+    DATA,
     EXIT_USER_ERROR,
     GENERATIONS,
     PROTOCOL,
     AgentCommand,
     AgentRequest,
+    CacheStep,
     ConfigFormat,
     Hello,
     RunReport,
@@ -111,10 +114,13 @@ def agent_request(
     rollback: RollbackOptions | None = None,
     follow_timeout_s: float | None = None,
     window_s: float | None = None,
+    cache: CacheStep | None = None,
 ) -> str:
     """What goes on the agent's stdin: this side's protocol, the host's name, and what the
     command needs besides (``AgentRequest``)."""
-    return AgentRequest(PROTOCOL, rh.name, order, rollback, follow_timeout_s, window_s).text()
+    return AgentRequest(
+        PROTOCOL, rh.name, order, rollback, follow_timeout_s, window_s, cache
+    ).text()
 
 
 def switch_order(rh: RemoteHost, new_text: str, opts: SwitchOptions) -> SwitchOrder:
@@ -134,6 +140,9 @@ class _Reply:
     started: str | None = None
     report: RunReport | None = None
     generations: list[JsonObject] | None = None
+    # A cache move's command: its answer, and the data lines it printed.
+    answer: JsonObject | None = None
+    data: list[str] = field(default_factory=list)
     result: SshResult = field(default_factory=lambda: SshResult(0, ()))
 
 
@@ -175,6 +184,17 @@ def _call(
         report = RunReport.parse(line)
         if report is not None:
             reply.report = report
+            return
+        if line.startswith(DATA):
+            reply.data.append(line[len(DATA) :])
+            return
+        if line.startswith(ANSWER):
+            try:
+                found = json.loads(line[len(ANSWER) :])
+            except ValueError:
+                found = None
+            if isinstance(found, dict):
+                reply.answer = found
             return
         if line.startswith(GENERATIONS):
             try:
@@ -242,7 +262,7 @@ def _check(rh: RemoteHost, reply: _Reply, runner: Runner) -> None:
                 f"{hello.protocol}, this one {PROTOCOL}; {fix}",
             )
         )
-    if reply.report is None and reply.generations is None:
+    if reply.report is None and reply.generations is None and reply.answer is None:
         if result.returncode == EXIT_USER_ERROR and said:
             raise UserError(Problem(rh.name, "", f"{rh.target}: {said}"))
         raise ExternalCommandError(
@@ -437,3 +457,22 @@ def remote_generations(rh: RemoteHost, runner: Runner) -> list[JsonObject]:
             f"{rh.name}: lost {rh.target} over ssh: {lost.reply.result.last_error}"
         ) from None
     return reply.generations or []
+
+
+def remote_cache_step(
+    rh: RemoteHost, step: CacheStep, runner: Runner, echo: Echo
+) -> tuple[JsonObject, list[str]]:
+    """One step of a cache move (deploy/cache_moves.py), which the host's ``switch`` runs (a
+    part of the switch: no command of its own in the sudoers line): its answer and the data
+    lines it printed. ``RemoteUnreachable`` when ssh cannot reach the host or loses it; a dry
+    run prints the ssh argv and answers nothing."""
+    request = agent_request(rh, cache=step)
+    try:
+        reply = _call(rh, "switch", request, runner, echo, show=False)
+    except _Lost as lost:
+        raise RemoteUnreachable(
+            f"{rh.name}: lost {rh.target} over ssh: {lost.reply.result.last_error}"
+        ) from None
+    if runner.dry_run:
+        runner.note(f"on ssh's stdin: {request}")
+    return reply.answer or {}, reply.data

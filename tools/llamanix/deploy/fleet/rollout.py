@@ -26,9 +26,10 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol, get_args
 
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
-from llamanix.core.json_codec import JsonRecord, json_key
+from llamanix.core.json_codec import OMIT_NONE, JsonRecord, json_key
 from llamanix.deploy.gap_records import GapRecord
 from llamanix.deploy.switch_records import HostOutcome
+from llamanix.deploy.warm_records import CacheMove
 
 OnFailure = Literal["stop", "rollback-all"]
 ON_FAILURE: tuple[OnFailure, ...] = get_args(OnFailure)
@@ -101,6 +102,8 @@ class HostRow(JsonRecord):
     detail: str = ""
     # Each restarted instance's gap on this host (docs/switching.md).
     gaps: dict[str, GapRecord] = field(default_factory=dict)
+    # Behind a gateway: where each restarted replica's caches moved, or why they went cold.
+    caches: dict[str, CacheMove] | None = field(default=None, metadata=OMIT_NONE)
 
     @property
     def generations(self) -> str:
@@ -164,6 +167,7 @@ def _row(outcome: HostOutcome) -> HostRow:
         outcome.out_of_service_s,
         outcome.detail,
         dict(outcome.gaps),
+        outcome.caches,
     )
 
 
