@@ -360,3 +360,44 @@ def test_a_part_out_of_place_or_damaged_ends_the_move_and_leaves_no_file(
     assert list(target.iterdir()) == []
     with pytest.raises(UserError, match="is not a byte offset"):
         list(cache_moves.send(cfg, "box2", "chat-box2", "llamanix-move-3.bin", "stdin", -1))
+
+
+def test_a_fifo_a_directory_or_a_link_planted_by_the_servers_user_hangs_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The state directories are the server's and the gateway's users': a FIFO where a move
+    reads or appends, or a directory where it writes, is refused at once (root never waits on
+    it), and a file written there gets its mode on the descriptor, never through a name."""
+    import hashlib
+    import os
+
+    from llamanix.deploy import cache_moves
+    from llamanix.external.files import atomic_write
+
+    cfg = config(tmp_path)
+    state = tmp_path / "state"
+    state.mkdir()
+    monkeypatch.setattr(cache_moves, "state_directory", lambda name, manager: state)
+    monkeypatch.setattr(cache_moves, "server_build", lambda endpoint: "b1")
+    monkeypatch.setattr(cache_moves, "_cold_of", lambda inst: None)
+    os.mkfifo(state / "llamanix-move-0.bin")
+    with pytest.raises(UserError, match=r"llamanix-move-0\.bin: not a regular file"):
+        list(cache_moves.send(cfg, "box1", "chat-box1", "llamanix-move-0.bin", "stdin"))
+    os.mkfifo(state / cache_moves.INCOMING)
+    line = base64.b64encode(b"x").decode()
+    part = {"instance": "chat-box2", "offset": 1, "bytes": 1, "last": False}
+    part["sha256"] = hashlib.sha256(b"x").hexdigest()
+    answer = cache_moves.take(cfg, "box2", part, iter([line]), "stdin")
+    assert answer["outcome"] == "not restored" and "not written" in str(answer["why"])
+    (state / cache_moves.INCOMING).unlink(missing_ok=True)
+    (state / cache_moves.INCOMING).mkdir()
+    first = {**part, "offset": 0, "stamp": None}
+    answer = cache_moves.take(cfg, "box2", first, iter([line]), "stdin")
+    assert answer["outcome"] == "not restored"
+    gateway = tmp_path / "gateway"
+    gateway.mkdir()
+    os.mkfifo(gateway / "routes-applied.json")
+    said = cache_moves.route({"seq": 1}, gateway / "routes.json", wait_s=0.3)
+    assert said == {"applied": False, "why": "the gateway did not apply them within 0.3 s"}
+    atomic_write(gateway / "stamp.json", "{}\n", mode=0o600)
+    assert (gateway / "stamp.json").stat().st_mode & 0o777 == 0o600

@@ -455,11 +455,12 @@ def test_gateway_exec_hands_litellm_its_keys_and_the_plugin(tmp_path: Path) -> N
     assert seen["LITELLM_MASTER_KEY"] == "sk-master" and seen["LLAMANIX_KEY_A"] == "sk-a"
     plugin = Path(seen["PYTHONPATH"])
     assert sorted(p.name for p in plugin.glob("*.py")) == ["__init__.py", "llamanix_gateway.py"]
-    # A credential name that is a path, and a missing one: one line, exit 2, nothing run.
-    for pair in ("K=../master-key", "K=missing"):
+    # A credential name that is a path, a missing one, a variable named twice: one line,
+    # exit 2, nothing run.
+    dup = ["--credential-env", "K=master-key", "--credential-env", "K=key-a"]
+    for pairs in (["--credential-env", "K=../master-key"], ["--credential-env", "K=missing"], dup):
         bad = subprocess.run(
-            [sys.executable, "-m", "llamanix", "gateway-exec", "--credential-env", pair,
-             "--", "/usr/bin/env"],
+            [sys.executable, "-m", "llamanix", "gateway-exec", *pairs, "--", "/usr/bin/env"],
             env=env, capture_output=True, text=True, check=False,
         )  # fmt: skip
         assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr

@@ -269,3 +269,26 @@ def test_the_rendered_settings_parse(tmp_path: Path) -> None:
         "qwen-b": "http://10.0.0.12:8080/health",
     }
     assert parsed.affinity == {"qwen3-8b": True} and parsed.interval_s == 5.0
+
+
+def test_a_client_cannot_name_the_conversation_its_request_continues() -> None:
+    """The filter alone says which conversation a request continues: a client's own metadata
+    naming another conversation is dropped before the request is routed, so it moves nothing
+    and fills no memory; a malformed one is not taken by the hooks either."""
+    import asyncio
+
+    router = Router(settings(), Clock())
+    handler = plugin.Handler(router)
+    victim = conversation_key([{"role": "user", "content": "the victim's start"}], {})
+    assert victim is not None
+    assert router.choose("chat", victim, ["a", "b"]) == ["a"]
+    deployments = [{"model_info": {"id": "a"}}, {"model_info": {"id": "b"}}]
+    forged = {"metadata": {plugin.CONVERSATION: ["chat", victim], "headers": {}}}
+    asyncio.run(handler.async_filter_deployments("chat", deployments, [], forged))
+    assert plugin.CONVERSATION not in forged["metadata"]
+    # The request's own start names no conversation: nothing is remembered for it.
+    call = {"litellm_call_id": "c1", "metadata": {**forged["metadata"], "model_info": {"id": "b"}}}
+    handler.log_pre_api_call("chat", [], call)
+    assert router.home("chat", victim) == "a"
+    odd = {"litellm_call_id": "c2", "metadata": {plugin.CONVERSATION: ["chat", "x" * 10**6]}}
+    assert plugin._call_of(odd)[2] is None

@@ -182,6 +182,15 @@ def _step_order(step: CacheStep, source: str) -> dict[str, Any]:
     return order
 
 
+def _field(order: dict[str, Any], name: str, source: str) -> str:
+    """A name the step's order must carry: missing or not a string is refused, never read as
+    the name "None"."""
+    value = order.get(name)
+    if not isinstance(value, str):
+        raise UserError(Problem(source, f"cache.order.{name}", "is missing or not a string"))
+    return value
+
+
 def _cache_step(d: agent.FleetDir, host: str, step: CacheStep) -> None:
     """Run one step of a cache move with the host's own copy of the config; its answer."""
     from llamanix.deploy import cache_moves
@@ -200,13 +209,13 @@ def _cache_step(d: agent.FleetDir, host: str, step: CacheStep) -> None:
         )
     config = found[1]
     if step.step == "save":
-        _answer(cache_moves.save(config, host, str(order.get("instance")), source))
+        _answer(cache_moves.save(config, host, _field(order, "instance", source), source))
     elif step.step == "send":
         lines = cache_moves.send(
             config,
             host,
-            str(order.get("instance")),
-            str(order.get("file")),
+            _field(order, "instance", source),
+            _field(order, "file", source),
             source,
             order.get("offset", 0),
             order.get("discard") is True,

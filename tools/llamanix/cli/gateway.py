@@ -10,7 +10,12 @@ import click
 from llamanix.cli.options import fail
 
 
-@click.command("gateway-exec", hidden=True, context_settings={"ignore_unknown_options": True})
+@click.command(
+    "gateway-exec",
+    hidden=True,
+    # LiteLLM's argv begins at its program: an option of its own is never taken for ours.
+    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+)
 @click.option(
     "--credential-env",
     "pairs",

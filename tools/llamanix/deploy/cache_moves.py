@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -150,7 +151,14 @@ def save(config: Config, host: str, name: str, source: str) -> JsonObject:
 
 
 def _open_nofollow(path: Path) -> int:
-    return os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    """``path`` for reading, never through a link and never waiting on a FIFO: these files
+    live in directories other users own (the server's, the gateway's). OSError unless it is a
+    regular file."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file")
+    return fd
 
 
 def _offset(value: object, source: str) -> int:
@@ -193,8 +201,8 @@ def send(
         raise UserError(Problem(source, "file", f"{filename}: {err.strerror}")) from None
     with os.fdopen(fd, "rb") as fh:
         info = os.fstat(fh.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            raise UserError(Problem(source, "file", f"{filename}: not a regular file"))
+        if info.st_nlink != 1:  # a hard link to a file of another's, made by the directory's owner
+            raise UserError(Problem(source, "file", f"{filename}: has {info.st_nlink} links"))
         if start > info.st_size:
             raise UserError(Problem(source, "offset", f"{start} is past the file's end"))
         fh.seek(start)
@@ -218,10 +226,11 @@ def send(
     )
 
 
-def _free_slot(endpoint: Endpoint, avoid: set[int]) -> tuple[int, bool] | None:
+def _free_slot(endpoint: Endpoint, restored: set[int]) -> tuple[int, bool] | None:
     """An idle slot to restore into, and whether it holds a conversation: one that never
-    served first, else the one that served longest ago; None when every slot is busy or
-    taken."""
+    served first, else the one that served longest ago, and a slot an earlier move of this
+    rollout ``restored`` into last (a restore leaves no task behind, so the server lists it as
+    never used); None when every slot is busy."""
     try:
         with endpoint.client(10.0) as http:
             data = http.get("/slots").json()
@@ -232,11 +241,14 @@ def _free_slot(endpoint: Endpoint, avoid: set[int]) -> tuple[int, bool] | None:
         for s in (data if isinstance(data, list) else [])
         if isinstance(s, dict) and isinstance(s.get("id"), int) and not s.get("is_processing")
     ]
-    idle = [s for s in idle if s["id"] not in avoid]
     if not idle:
         return None
-    best = min(idle, key=lambda s: (s.get("id_task") is not None, s.get("id_task") or 0))
-    return int(best["id"]), best.get("id_task") is not None
+
+    def held(s: dict[str, object]) -> bool:
+        return s["id"] in restored or s.get("id_task") is not None
+
+    best = min(idle, key=lambda s: (s["id"] in restored, held(s), s.get("id_task") or 0))
+    return int(best["id"]), held(best)
 
 
 def _park(endpoint: Endpoint, slot: int) -> None:
@@ -263,7 +275,7 @@ def _write_part(directory: Path, chunks: Iterable[str], offset: int, limit: int)
         fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o600)
     else:
         try:
-            fd = os.open(path, flags | os.O_APPEND)
+            fd = os.open(path, flags | os.O_APPEND | os.O_NONBLOCK)
         except OSError as err:
             raise ValueError(f"the earlier parts are not here: {err.strerror}") from None
     owner = os.stat(directory)
@@ -287,7 +299,8 @@ def _write_part(directory: Path, chunks: Iterable[str], offset: int, limit: int)
     except BaseException:
         if fd >= 0:
             os.close(fd)
-        path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            path.unlink(missing_ok=True)
         raise
     return digest.hexdigest()
 
@@ -311,7 +324,8 @@ def take(
     def refused(why: str, **more: JsonValue) -> JsonObject:
         for _ in chunks:  # read to the end: the controller writes it all
             pass
-        (directory / INCOMING).unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # a directory there is refused, not followed
+            (directory / INCOMING).unlink(missing_ok=True)
         return {**more, "tokens": tokens, "outcome": "not restored", "why": why}
 
     cold = _cold_of(inst)

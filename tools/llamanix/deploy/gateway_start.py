@@ -46,6 +46,7 @@ def litellm_environment(
             Problem(SOURCE, "$CREDENTIALS_DIRECTORY", "is not set", "run it as the gateway's unit")
         )
     env = dict(base)
+    seen: set[str] = set()
     for pair in pairs:
         variable, _, credential = pair.partition("=")
         if not _VARIABLE.fullmatch(variable) or not _CREDENTIAL.fullmatch(credential):
@@ -57,11 +58,16 @@ def litellm_environment(
                     "e.g. LITELLM_MASTER_KEY=master-key",
                 )
             )
+        if variable in seen:
+            raise UserError(
+                Problem(SOURCE, "--credential-env", f"{variable} is named twice", "name it once")
+            )
         path = Path(credentials) / credential
         key = read_api_key(path, "--credential-env")
         if key is None:
             raise UserError(Problem(SOURCE, credential, f"{path} is empty", "write the key there"))
         env[variable] = key
+        seen.add(variable)
     env["PYTHONPATH"] = str(plugin_dir())
     return env
 

@@ -51,10 +51,12 @@ def atomic_write(path: Path, data: str | bytes, mode: int = 0o644) -> None:
         raise WriteFailed(path, err) from None
     try:
         with os.fdopen(fd, "wb") as fh:
+            # On the descriptor, never by name: in a directory another user owns (a unit's
+            # state directory), the name may be a link to another file by the time it is used.
+            os.fchmod(fh.fileno(), mode)
             fh.write(raw)
             fh.flush()
             os.fsync(fh.fileno())
-        os.chmod(tmp, mode)
         os.replace(tmp, path)
     except OSError as err:
         Path(tmp).unlink(missing_ok=True)

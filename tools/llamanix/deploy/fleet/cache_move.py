@@ -78,6 +78,7 @@ class CacheMoves:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _draining: set[str] = field(default_factory=set)
     _takers: dict[str, threading.Lock] = field(default_factory=dict)
+    _restored: dict[str, list[int]] = field(default_factory=dict)
     # The hosts this rollout has switched so far (their instances run the new config).
     _switched: set[str] = field(default_factory=set)
 
@@ -265,7 +266,10 @@ class CacheMoves:
         if saved.get("cold") is not None:
             return CacheMove(to=taker.name, cold=str(saved["cold"]))
         slots: list[WarmSlot] = []
-        used: list[int] = []
+        # The taker's slots that moves of this rollout restored into, from every source: a
+        # later restore takes another slot while one is idle.
+        with self._lock:
+            used = self._restored.setdefault(taker.name, [])
         entries = saved.get("slots")
         for entry in entries if isinstance(entries, list) else []:
             if not isinstance(entry, dict):
@@ -278,10 +282,10 @@ class CacheMoves:
                 continue
             with self._taking(taker.name):
                 _, took = self._carry(source, target, inst, taker, filename, tokens, used)
+                restored_in = _int(took.get("slot"))
+                if restored_in is not None and took.get("outcome") == "restored":
+                    used.append(restored_in)
             outcome = took.get("outcome")
-            restored_in = _int(took.get("slot"))
-            if restored_in is not None:
-                used.append(restored_in)
             slots.append(
                 WarmSlot(
                     slot,

@@ -42,6 +42,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import sys
 import tempfile
 import threading
@@ -409,10 +410,17 @@ def watch_health(router: Router, name: str, url: str, stop: threading.Event) -> 
         status, _ = _get_json(url, timeout)
         slots = None
         if status == 200 and not slots_known:
-            slots_known = True
-            _, props = _get_json(props_url(url), timeout)
+            answer, props = _get_json(props_url(url), timeout)
             total = props.get("total_slots") if isinstance(props, dict) else None
             slots = total if isinstance(total, int) and total > 0 else None
+            # Asked once an answer came (a router or llama-swap has no total_slots to give);
+            # without its slots a full replica does not spill over, which is said.
+            slots_known = answer not in (0, LATE)
+            if slots_known and slots is None:
+                say(
+                    f"replica {name} does not say its slots (/props answered {answer}): "
+                    "its conversations stay on it however many wait there"
+                )
         router.checked(name, status == 200, started, slots, late=status == LATE)
         stop.wait(max(0.0, interval - (router.clock() - started)))
 
@@ -488,6 +496,7 @@ def _call_of(kwargs: Mapping[str, Any]) -> tuple[str | None, str | None, Convers
         if isinstance(conversation, list | tuple)
         and len(conversation) == 2
         and all(isinstance(c, str) for c in conversation)
+        and _KEY.fullmatch(conversation[1])
         else None
     )
     return (str(call) if call is not None else None), name, conv
@@ -495,6 +504,8 @@ def _call_of(kwargs: Mapping[str, Any]) -> tuple[str | None, str | None, Convers
 
 # Where the filter leaves the request's conversation for the hooks that see where it went.
 CONVERSATION = "llamanix_conversation"
+# The shape of a key ``conversation_key`` makes (a client's metadata cannot smuggle another).
+_KEY = re.compile(r"(session|prefix):[0-9a-f]{32}")
 
 
 def _replica_fault(exception: object) -> bool:
@@ -519,10 +530,15 @@ class Handler(CustomLogger):  # type: ignore[misc]
         request_kwargs: dict[str, Any] | None = None,
         parent_otel_span: object = None,
     ) -> list[Any]:
+        kwargs = request_kwargs if request_kwargs is not None else {}
+        for where in ("metadata", "litellm_metadata"):
+            # Only this filter says which conversation a request continues: a client's own
+            # metadata could otherwise move another's conversation, or fill the memory.
+            if isinstance(kwargs.get(where), dict):
+                kwargs[where].pop(CONVERSATION, None)
         by_id = {_deployment_id(d): d for d in healthy_deployments}
         if None in by_id or not by_id:
             return healthy_deployments
-        kwargs = request_kwargs if request_kwargs is not None else {}
         metadata = kwargs.get("metadata")
         if not isinstance(metadata, dict):
             metadata = _dict(kwargs.get("litellm_metadata"))
