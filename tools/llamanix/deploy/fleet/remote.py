@@ -430,17 +430,25 @@ def _run_order(
     return _outcome(rh, op, reply.report, follow_s)
 
 
+def _call_quietly(
+    rh: RemoteHost, op: AgentCommand, request: str, runner: Runner, echo: Echo
+) -> _Reply:
+    """``_call`` without echoing the agent's lines, for a command whose answer the caller
+    reads; ``RemoteUnreachable`` when ssh cannot reach the host or loses it."""
+    try:
+        return _call(rh, op, request, runner, echo, show=False)
+    except _Lost as lost:
+        raise RemoteUnreachable(
+            f"{rh.name}: lost {rh.target} over ssh: {lost.reply.result.last_error}"
+        ) from None
+
+
 def remote_status(rh: RemoteHost, follow_s: float, runner: Runner, echo: Echo) -> RunReport:
     """How the last fleet switch or rollback on the host ended; one that still runs is
     followed for ``follow_s`` at most (its progress echoed; ``running`` when it still runs
     then)."""
     request = _status_request(rh, follow_s)
-    try:
-        reply = _call(rh, "status", request, runner, echo, show=False)
-    except _Lost as lost:
-        raise RemoteUnreachable(
-            f"{rh.name}: lost {rh.target} over ssh: {lost.reply.result.last_error}"
-        ) from None
+    reply = _call_quietly(rh, "status", request, runner, echo)
     if runner.dry_run:
         runner.note(f"on ssh's stdin: {request}")
         return RunReport(None)
@@ -450,12 +458,7 @@ def remote_status(rh: RemoteHost, follow_s: float, runner: Runner, echo: Echo) -
 
 def remote_generations(rh: RemoteHost, runner: Runner) -> list[JsonObject]:
     """The remote host's generations, as ``llamanix generations --json`` lists them there."""
-    try:
-        reply = _call(rh, "generations", agent_request(rh), runner, runner.echo, show=False)
-    except _Lost as lost:
-        raise RemoteUnreachable(
-            f"{rh.name}: lost {rh.target} over ssh: {lost.reply.result.last_error}"
-        ) from None
+    reply = _call_quietly(rh, "generations", agent_request(rh), runner, runner.echo)
     return reply.generations or []
 
 
@@ -467,12 +470,7 @@ def remote_cache_step(
     lines it printed. ``RemoteUnreachable`` when ssh cannot reach the host or loses it; a dry
     run prints the ssh argv and answers nothing."""
     request = agent_request(rh, cache=step)
-    try:
-        reply = _call(rh, "switch", request, runner, echo, show=False)
-    except _Lost as lost:
-        raise RemoteUnreachable(
-            f"{rh.name}: lost {rh.target} over ssh: {lost.reply.result.last_error}"
-        ) from None
+    reply = _call_quietly(rh, "switch", request, runner, echo)
     if runner.dry_run:
         runner.note(f"on ssh's stdin: {request}")
     return reply.answer or {}, reply.data
