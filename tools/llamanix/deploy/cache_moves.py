@@ -263,10 +263,11 @@ def _park(endpoint: Endpoint, slot: int) -> None:
         http.post("/completion", json=body)
 
 
-def _write_part(directory: Path, chunks: Iterable[str], offset: int, limit: int) -> str:
+def _write_part(directory: Path, chunks: Iterable[str], offset: int, limit: int) -> tuple[int, str]:
     """Append one part to ``directory/INCOMING``: the first (``offset`` 0) creates it anew
     (never through a link), owned by the directory's owner (the server's user reads it); a
-    later one must find it a regular file exactly ``offset`` bytes long. The part's sha256;
+    later one must find it a regular file exactly ``offset`` bytes long. (The file's size
+    after the part, the part's sha256);
     ValueError (the file deleted) when the part does not fit or comes out of place."""
     path = directory / INCOMING
     flags = os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -302,7 +303,7 @@ def _write_part(directory: Path, chunks: Iterable[str], offset: int, limit: int)
         with contextlib.suppress(OSError):
             path.unlink(missing_ok=True)
         raise
-    return digest.hexdigest()
+    return size, digest.hexdigest()
 
 
 def take(
@@ -344,12 +345,13 @@ def take(
             return refused(why)
     free = shutil.disk_usage(directory).free - FREE_RESERVE_BYTES
     try:
-        digest = _write_part(directory, chunks, offset, max(0, min(LIMIT_BYTES, free + offset)))
+        size, digest = _write_part(
+            directory, chunks, offset, max(0, min(LIMIT_BYTES, free + offset))
+        )
     except (ValueError, OSError) as err:
         return refused(f"not written: {err}")
     part = header.get("bytes")
-    size = offset + (part if isinstance(part, int) and not isinstance(part, bool) else -1)
-    if digest != header.get("sha256") or os.stat(directory / INCOMING).st_size != size:
+    if digest != header.get("sha256") or isinstance(part, bool) or size - offset != part:
         return refused("the bytes arrived damaged")
     if not last:
         return {"tokens": tokens, "outcome": "receiving", "bytes": size}
