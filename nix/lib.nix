@@ -374,7 +374,7 @@ rec {
       "known: ${builtins.concatStringsSep ", " choices}";
 
   # The router's mistakes that evaluation can see, each in the words `llamanix render` would use
-  # at build time (core/config.py, render/units.py), so `nixos-rebuild` stops before building.
+  # at build time (config/model.py, render/units.py), so `nixos-rebuild` stops before building.
   # router: services.llamanix.router (or null); instanceNames: the instances' names.
   routerProblems =
     { router, instanceNames }:

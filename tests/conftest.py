@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 
 from llamanix.core.errors import UserError
-from llamanix.deploy.host_lock import RUN_DIR_ENV
 from llamanix.external import llama_server, pip
-from llamanix.measure.server_process import LlamaServer, processes_with_env
+from llamanix.server.server_process import LlamaServer, processes_with_env
+from llamanix.state.host_lock import RUN_DIR_ENV
 from llamanix.testbed import hosts, server_build
 from llamanix.testbed import real_model as llamanix_real_model
 from llamanix.testbed.demo import DemoModels, write_models
@@ -68,7 +68,7 @@ def no_leftover_processes() -> Iterator[None]:
 
 @pytest.fixture(scope="session", autouse=True)
 def own_units_locks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """This run's units locks (deploy.host_lock) in a directory of its own: test runs beside
+    """This run's units locks (state.host_lock) in a directory of its own: test runs beside
     each other on one machine never take each other's turns. A booted test host has its own
     /run, where llamanix keeps them as on any machine."""
     previous = os.environ.get(RUN_DIR_ENV)

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from llamanix.config.model import parse_config
 from llamanix.core.address import (
     SshTarget,
     connect_host,
@@ -17,12 +18,11 @@ from llamanix.core.address import (
     parse_target,
     url_host,
 )
-from llamanix.core.config import parse_config
 from llamanix.core.errors import UserError
-from llamanix.deploy.serving import gate_url
 from llamanix.external.process import alive
 from llamanix.external.ssh import ssh_argv
 from llamanix.render.units import ip_allow_list
+from llamanix.switch.serving import gate_url
 
 
 @pytest.mark.parametrize(

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from llamanix.core.argv import instance_argv
-from llamanix.core.config import parse_config
+from llamanix.config.argv import instance_argv
+from llamanix.config.model import parse_config
 from llamanix.core.errors import UserError
 from llamanix.core.schema import SPEC_TYPES
 from llamanix.core.variants import VARIANTS

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from standins import recorded, stand_in
 
-from llamanix.deploy.generations import GenerationRecord, HostState, ManagerRecord
+from llamanix.state.generations import GenerationRecord, HostState, ManagerRecord
 
 # A bad file must be refused well within this (a hang or a read of /dev/zero never ends).
 LIMIT_S = 30

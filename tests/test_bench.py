@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
+from llamanix.bench.bench_results import load_result
+from llamanix.bench.prompts import builtin_prompts, parse_prompts
 from llamanix.cli import main
 from llamanix.core.errors import UserError
 from llamanix.core.gpus import load_gpus
-from llamanix.measure.bench_results import load_result
-from llamanix.measure.gguf_info import read_gguf
-from llamanix.measure.prompts import builtin_prompts, parse_prompts
-from llamanix.measure.server_process import LlamaServer, free_port
+from llamanix.model.gguf_info import read_gguf
+from llamanix.server.server_process import LlamaServer, free_port
 from llamanix.testbed.synth import SynthSpec, synth_model
 
 HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None

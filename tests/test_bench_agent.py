@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from click.testing import CliRunner, Result
 
+from llamanix.bench.bench import planned_steps, run_bench
+from llamanix.bench.bench_results import BenchSettings, load_result
+from llamanix.bench.prompts import agent_messages, agent_prompt, load_prompts, parse_prompts
+from llamanix.bench.streaming import ThinkingClock
 from llamanix.cli import main
 from llamanix.core.errors import UserError
-from llamanix.measure.bench import planned_steps, run_bench
-from llamanix.measure.bench_results import BenchSettings, load_result
-from llamanix.measure.prompts import agent_messages, agent_prompt, load_prompts, parse_prompts
-from llamanix.measure.server_process import LlamaServer
-from llamanix.measure.streaming import ThinkingClock
+from llamanix.server.server_process import LlamaServer
 
 if TYPE_CHECKING:
     from conftest import SynthModels

@@ -36,8 +36,8 @@ import yaml
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from llamanix.config.model import parse_config
 from llamanix.core import schema
-from llamanix.core.config import parse_config
 from llamanix.core.errors import UserError
 from llamanix.core.types import TYPES
 from llamanix.render import systemd

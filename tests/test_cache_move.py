@@ -1,4 +1,4 @@
-"""A rolling switch's cache moves as the controller orders them (deploy/fleet/cache_move.py):
+"""A rolling switch's cache moves as the controller orders them (fleet/cache_move.py):
 which replicas move where, which go cold and why, and the agent commands a move runs, in
 order (a dry run prints them). The moves themselves, against real hosts and servers:
 tests/test_fleet_gateway.py."""
@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from llamanix.core.config import Config, parse_config
+from llamanix.config.model import Config, parse_config
 from llamanix.core.errors import UserError
-from llamanix.deploy.fleet.cache_move import CacheMoves
 from llamanix.external.process import Runner
+from llamanix.fleet.cache_move import CacheMoves
 
 
 def config(
@@ -126,7 +126,7 @@ def test_the_agent_sends_only_a_file_a_move_saved(
 ) -> None:
     """The controller names the file to send; only a move's own file names pass, and a link
     planted in the unit's state directory (the server's user owns it) is not followed."""
-    from llamanix.deploy import cache_moves
+    from llamanix.switch import cache_moves
 
     cfg = config(tmp_path)
     state = tmp_path / "state"
@@ -155,8 +155,8 @@ def test_the_agent_sends_only_a_file_a_move_saved(
 def test_the_gateway_routes_are_written_and_their_answer_awaited(tmp_path: Path) -> None:
     """What the gateway's agent does: the routes file written whole, then the plugin's answer
     awaited; a plugin that does not answer in time is said so, and nothing else fails."""
-    from llamanix.deploy import cache_moves
     from llamanix.render.litellm_plugin import llamanix_gateway as plugin
+    from llamanix.switch import cache_moves
 
     routes = tmp_path / "routes.json"
     router = plugin.Router(
@@ -185,7 +185,7 @@ def test_the_agent_reads_a_moved_file_whole_from_its_request(tmp_path: Path) -> 
     import subprocess
     import sys
 
-    from llamanix.deploy.fleet.protocol import ANSWER, PROTOCOL, AgentRequest, CacheStep
+    from llamanix.fleet.protocol import ANSWER, PROTOCOL, AgentRequest, CacheStep
 
     config(tmp_path)
     fleet_dir = tmp_path / "fleet"
@@ -200,7 +200,7 @@ def test_the_agent_reads_a_moved_file_whole_from_its_request(tmp_path: Path) -> 
     request = AgentRequest(PROTOCOL, "box2", cache=step).text()
     stand_in = (
         "import base64, sys\n"
-        "import llamanix.deploy.cache_moves as m\n"
+        "import llamanix.switch.cache_moves as m\n"
         "m.take = lambda c, h, hd, ch, s: {'bytes': sum(len(base64.b64decode(x)) for x in ch),"
         " 'header': hd}\n"
         "from llamanix.cli import main\n"
@@ -227,8 +227,8 @@ def test_a_cache_step_is_no_switch_and_names_no_path(
     from click.testing import CliRunner
 
     from llamanix.cli import main
-    from llamanix.deploy.fleet.protocol import PROTOCOL, AgentRequest, CacheStep, SwitchOrder
-    from llamanix.deploy.switch_records import SwitchOptions
+    from llamanix.fleet.protocol import PROTOCOL, AgentRequest, CacheStep, SwitchOrder
+    from llamanix.switch.switch_records import SwitchOptions
 
     config(tmp_path)
     fleet_dir = tmp_path / "fleet"
@@ -260,9 +260,9 @@ def test_a_file_larger_than_a_request_travels_in_parts_each_inside_the_bound(
     import os
 
     from llamanix.core import file_reader
-    from llamanix.deploy import cache_moves
-    from llamanix.deploy.fleet.protocol import PROTOCOL, AgentRequest, CacheStep
-    from llamanix.deploy.warm import slot_layout, write_stamp
+    from llamanix.fleet.protocol import PROTOCOL, AgentRequest, CacheStep
+    from llamanix.hosts.warm import slot_layout, write_stamp
+    from llamanix.switch import cache_moves
 
     cfg = config(tmp_path)
     source, target = tmp_path / "source", tmp_path / "target"
@@ -314,8 +314,8 @@ def test_a_part_out_of_place_or_damaged_ends_the_move_and_leaves_no_file(
     is refused and the half-taken file deleted; a discarded file is deleted at its source."""
     import hashlib
 
-    from llamanix.deploy import cache_moves
-    from llamanix.deploy.warm import slot_layout
+    from llamanix.hosts.warm import slot_layout
+    from llamanix.switch import cache_moves
 
     cfg = config(tmp_path)
     target = tmp_path / "target"
@@ -371,8 +371,8 @@ def test_a_fifo_a_directory_or_a_link_planted_by_the_servers_user_hangs_nothing(
     import hashlib
     import os
 
-    from llamanix.deploy import cache_moves
     from llamanix.external.files import atomic_write
+    from llamanix.switch import cache_moves
 
     cfg = config(tmp_path)
     state = tmp_path / "state"

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from llamanix.cli import main
 from llamanix.core.errors import UserError
 from llamanix.core.gpus import load_gpus
-from llamanix.measure.ceiling import (
+from llamanix.model.ceiling import (
     BASE_MARGIN_BYTES,
     VramBudget,
     compute_margin,
@@ -25,7 +25,7 @@ from llamanix.measure.ceiling import (
     vram_breakdown,
     vram_budget,
 )
-from llamanix.measure.gguf_info import read_gguf
+from llamanix.model.gguf_info import read_gguf
 
 if TYPE_CHECKING:
     from conftest import SynthModels

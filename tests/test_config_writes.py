@@ -27,7 +27,7 @@ from click.testing import CliRunner, Result
 from standins import recorded, stand_in
 
 from llamanix.cli import main
-from llamanix.deploy.generations import HostState
+from llamanix.state.generations import HostState
 
 OWNER = (4242, 4343)  # not this process's: only root can keep them
 

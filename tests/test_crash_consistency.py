@@ -4,7 +4,7 @@ rollback (without --wait) exits 0 with the instance serving what the config says
 
 Real processes throughout: ``llamanix up`` runs the real llama-server; the killed command is
 a real ``llamanix switch``/``rollback`` that sends itself SIGKILL at the step named by
-``LLAMANIX_TEST_CRASH_AT`` (llamanix.deploy.crash_point).
+``LLAMANIX_TEST_CRASH_AT`` (llamanix.state.crash_point).
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from typing import Any
 import httpx
 import pytest
 
-from llamanix.deploy.crash_point import CRASH_ENV, CRASH_POINTS, RESTART_POINTS, CrashPoint
-from llamanix.deploy.up_status import UpInstance
-from llamanix.measure.server_process import free_port
+from llamanix.server.server_process import free_port
+from llamanix.state.crash_point import CRASH_ENV, CRASH_POINTS, RESTART_POINTS, CrashPoint
+from llamanix.state.up_status import UpInstance
 from llamanix.testbed.up_process import instance_status, start_up, stop_up
 
 DEADLINE_S = 120.0

@@ -10,7 +10,7 @@ tidy of the one before left (the current generation serving), which is itself wh
 must achieve. They run on Debian 12 and 13 (systemd 252 and 257), the versions users run;
 ``LLAMANIX_CRASH_HOSTS=debian13`` runs one of them. The killed command is a real
 ``llamanix switch`` that sends itself SIGKILL at the step ``LLAMANIX_TEST_CRASH_AT`` names
-(llamanix.deploy.crash_point).
+(llamanix.state.crash_point).
 """
 
 from __future__ import annotations
@@ -37,16 +37,16 @@ from hostbed import (
     write_config,
 )
 
-from llamanix.deploy.crash_point import (
+from llamanix.external.container import nsenter_argv
+from llamanix.fleet.protocol import PROTOCOL, AgentRequest, RunReport, SwitchOrder
+from llamanix.state.crash_point import (
     CRASH_ENV,
     CRASH_HOW_ENV,
     RESTART_POINTS,
     CrashHow,
     CrashPoint,
 )
-from llamanix.deploy.fleet.protocol import PROTOCOL, AgentRequest, RunReport, SwitchOrder
-from llamanix.deploy.switch_records import SwitchOptions
-from llamanix.external.container import nsenter_argv
+from llamanix.switch.switch_records import SwitchOptions
 from llamanix.testbed import hosts
 from llamanix.testbed.hosts import Host
 

@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from click.testing import CliRunner, Result
 
+from llamanix.bench.crossover import Line, crossover, fit_line
 from llamanix.cli import main
-from llamanix.measure.crossover import Line, crossover, fit_line
-from llamanix.measure.server_process import LlamaServer
+from llamanix.server.server_process import LlamaServer
 
 if TYPE_CHECKING:
     from conftest import SynthModels

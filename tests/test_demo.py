@@ -20,8 +20,8 @@ import gguf
 import pytest
 from rich.console import Console
 
-from llamanix.deploy.up_status import read_status
-from llamanix.measure.interval import RatioInterval
+from llamanix.bench.interval import RatioInterval
+from llamanix.state.up_status import read_status
 from llamanix.testbed import demo, real_text
 
 pytestmark = pytest.mark.server
@@ -144,7 +144,7 @@ def test_the_bench_gate_keeps_the_good_draft_and_rolls_back_the_bad(demo_run: De
         ("bad draft", "rolled back"),
     ]
     assert all(g["outcome"] == g["expected"] for g in gate)
-    # The gate's own wording is deploy.gate's business; the demo only passes it on.
+    # The gate's own wording is switch.gate's business; the demo only passes it on.
     assert all(g["detail"] for g in gate)
 
     # The switches really went through the deploy machinery: generations, gate verdicts,

@@ -20,10 +20,10 @@ from click.testing import CliRunner, Result
 from standins import recorded, stand_in
 
 from llamanix.cli import main
-from llamanix.deploy.config_edit import apply_sets
-from llamanix.deploy.generations import GenerationRecord, HostState
 from llamanix.external import nix
-from llamanix.measure.server_process import free_port
+from llamanix.server.server_process import free_port
+from llamanix.state.config_edit import apply_sets
+from llamanix.state.generations import GenerationRecord, HostState
 
 
 @pytest.fixture

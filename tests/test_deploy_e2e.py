@@ -18,8 +18,8 @@ from typing import Any
 import httpx
 import pytest
 
-from llamanix.deploy.up_status import UpInstance
-from llamanix.measure.server_process import free_port
+from llamanix.server.server_process import free_port
+from llamanix.state.up_status import UpInstance
 from llamanix.testbed.up_process import instance_status, running_up
 
 DEADLINE_S = 120.0

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from llamanix.core.argv import dialect_warning, instance_argv
-from llamanix.core.config import parse_config
+from llamanix.config.argv import dialect_warning, instance_argv
+from llamanix.config.model import parse_config
 from llamanix.core.errors import UserError
 from llamanix.core.probe import Capabilities, parse_capabilities
 from llamanix.core.variants import VARIANTS, detect_dialect

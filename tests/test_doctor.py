@@ -20,14 +20,14 @@ from standins import recorded_argv, stand_in
 from test_inspect import qwen35_like
 
 from llamanix.cli import main
-from llamanix.core.argv import instance_argv
-from llamanix.core.config import load_config
+from llamanix.config.argv import instance_argv
+from llamanix.config.model import load_config
 from llamanix.core.variants import VARIANTS
+from llamanix.diagnose.doctor import parse_nvidia_smi
 from llamanix.external.journalctl import journalctl_argv
 from llamanix.external.llama_server import ServerStartError
 from llamanix.external.nvidia import NVIDIA_SMI_ARGV
-from llamanix.measure.doctor import parse_nvidia_smi
-from llamanix.measure.server_process import LlamaServer, free_port
+from llamanix.server.server_process import LlamaServer, free_port
 
 if TYPE_CHECKING:
     from conftest import SynthModels

@@ -1,4 +1,4 @@
-"""The drain and the gap (llamanix.measure.drain) against a real llama-server: the drain waits
+"""The drain and the gap (llamanix.server.drain) against a real llama-server: the drain waits
 for a streamed answer in flight and no longer, and the watch sees the server's answers."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from llamanix.measure.drain import AnswerWatch, Drained, Endpoint, drain, gap_of, in_flight
+from llamanix.server.drain import AnswerWatch, Drained, Endpoint, drain, gap_of, in_flight
 from llamanix.testbed.synth import SynthSpec, synth_model
 
 pytestmark = pytest.mark.server

@@ -1,4 +1,4 @@
-"""The flag-drift report (core/drift.py) on real pairs of recorded --help texts: nixpkgs' b8770
+"""The flag-drift report (config/drift.py) on real pairs of recorded --help texts: nixpkgs' b8770
 against upstream 0c1e570 (the move a b8770 user with a draft model needs), ik's pinned de55d9e2
 against 8337e4cd, and BeeLlama v0.3 against the derived after-v0.3 text (NOT a recording, see
 recorded_help.py); then through `plan --previous --capabilities` and `pin --dry-run`.
@@ -18,8 +18,8 @@ from standins import recorded as recorded_calls
 from standins import stand_in
 
 from llamanix.cli import main
-from llamanix.core.config import Config, load_config
-from llamanix.core.drift import FieldDrift, drift_report
+from llamanix.config.drift import FieldDrift, drift_report
+from llamanix.config.model import Config, load_config
 
 ROOT = Path(__file__).resolve().parent.parent
 DRAFT_EXAMPLE = ROOT / "examples" / "rtx5090-qwen27b-draft.toml"

@@ -18,7 +18,7 @@ import pytest
 from click.testing import CliRunner
 
 from llamanix.cli import main
-from llamanix.core.config import parse_config
+from llamanix.config.model import parse_config
 from llamanix.core.errors import UserError
 from llamanix.render import formats, systemd
 from llamanix.render.manifest import MANIFEST

@@ -28,11 +28,11 @@ import httpx
 import pytest
 
 import llamanix.render.units as units
-from llamanix.core.config import parse_config
-from llamanix.deploy.supervisor import load_specs
+from llamanix.config.model import parse_config
 from llamanix.external import systemd_analyze
-from llamanix.measure.server_process import free_port
+from llamanix.hosts.supervisor import load_specs
 from llamanix.render.units import LOCAL_NETWORKS, ip_allow_list, render_host, write_render
+from llamanix.server.server_process import free_port
 
 needs_systemd = pytest.mark.skipif(
     not systemd_analyze.available(), reason="systemd-analyze is not installed"

@@ -18,9 +18,10 @@ from standins import stand_in
 
 from llamanix.cli import main
 from llamanix.cli.diagnose import no_findings_line
-from llamanix.deploy import host_kind, port_check
+from llamanix.diagnose.doctor import Report
 from llamanix.external.listeners import Listener, listeners
-from llamanix.measure.doctor import Report
+from llamanix.hosts import host_kind
+from llamanix.plan import port_check
 
 REPO = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "PYTHONPATH": str(REPO / "tools")}
@@ -354,7 +355,7 @@ def test_pin_waits_for_another_pin_of_the_same_flake() -> None:
 
 def test_every_flag_spelling_is_one_option_of_the_recorded_help() -> None:
     """Each group of FLAG_SPELLINGS is the spellings of one option of upstream's --help."""
-    from llamanix.core.config import FLAG_SPELLINGS
+    from llamanix.config.model import FLAG_SPELLINGS
     from llamanix.core.probe import parse_help
 
     text = (REPO / "tests" / "data" / "help" / "upstream-0c1e570.help.txt").read_text()

@@ -21,9 +21,9 @@ import pytest
 from conftest import HOST_FIGURES, REPO
 from hostbed import slow_script, tiny_fleet
 
-from llamanix.deploy.fleet.protocol import PROTOCOL, AgentRequest
-from llamanix.deploy.fleet.remote import sudoers_line
 from llamanix.external.signals import signal_process
+from llamanix.fleet.protocol import PROTOCOL, AgentRequest
+from llamanix.fleet.remote import sudoers_line
 from llamanix.testbed import hosts
 from llamanix.testbed.fleet import Fleet
 

@@ -16,7 +16,7 @@ import pytest
 from conftest import HOST_FIGURES
 from hostbed import BROKEN, SERVER, chat, config_text, show, slow_script
 
-from llamanix.deploy.fleet.protocol import (
+from llamanix.fleet.protocol import (
     GENERATIONS,
     PROTOCOL,
     AgentRequest,
@@ -24,7 +24,7 @@ from llamanix.deploy.fleet.protocol import (
     SwitchOrder,
     parse_started,
 )
-from llamanix.deploy.switch_records import SwitchOptions
+from llamanix.switch.switch_records import SwitchOptions
 from llamanix.testbed import hosts
 from llamanix.testbed.hosts import Host
 

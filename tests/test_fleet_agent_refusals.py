@@ -19,9 +19,9 @@ from click.testing import CliRunner, Result
 
 from llamanix.cli import main
 from llamanix.core.errors import UserError
-from llamanix.deploy.fleet import agent
-from llamanix.deploy.fleet.protocol import PROTOCOL, AgentRequest, RunReport, SwitchOrder
-from llamanix.deploy.switch_records import RollbackOptions, SwitchOptions
+from llamanix.fleet import agent
+from llamanix.fleet.protocol import PROTOCOL, AgentRequest, RunReport, SwitchOrder
+from llamanix.switch.switch_records import RollbackOptions, SwitchOptions
 
 ROOT = os.geteuid() == 0
 KIND = "systemd" if ROOT else "systemd-user"

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 from hostbed import tiny_fleet
 
-from llamanix.deploy.fleet.protocol import HELLO, PROTOCOL, AgentRequest
 from llamanix.external import netns
+from llamanix.fleet.protocol import HELLO, PROTOCOL, AgentRequest
 from llamanix.testbed import hosts
 from llamanix.testbed.fleet import BRIDGE, CONNECT_TIMEOUT_S, CONTROLLER_ADDRESS, Fleet
 

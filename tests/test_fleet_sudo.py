@@ -25,10 +25,10 @@ import pytest
 from conftest import HOST_FIGURES, REPO
 from hostbed import tiny_fleet
 
-from llamanix.deploy.fleet.protocol import PROTOCOL, AgentRequest, RunReport, SwitchOrder
-from llamanix.deploy.fleet.remote import sudoers_line
-from llamanix.deploy.switch_records import RollbackOptions, SwitchOptions
 from llamanix.external.process import Finished
+from llamanix.fleet.protocol import PROTOCOL, AgentRequest, RunReport, SwitchOrder
+from llamanix.fleet.remote import sudoers_line
+from llamanix.switch.switch_records import RollbackOptions, SwitchOptions
 from llamanix.testbed import hosts
 from llamanix.testbed.fleet import ADMIN, Fleet
 

@@ -35,7 +35,7 @@ from typing import Any
 import pytest
 from conftest import HOST_FIGURES
 
-from llamanix.measure.server_process import free_port
+from llamanix.server.server_process import free_port
 from llamanix.testbed.synth import SynthSpec, synth_model
 from llamanix.testbed.up_process import instance_status, running_up
 

@@ -1,6 +1,6 @@
 """The bench gate tells noise from regression.
 
-The statistics (``llamanix.measure.interval``) on given sample arrays; then ``llamanix switch``
+The statistics (``llamanix.bench.interval``) on given sample arrays; then ``llamanix switch``
 with ``llamanix up`` as the manager and the real llama-server: the first bench stores its runs,
 a change with no effect on speed records a baseline measured just before the switch, an interval
 and the decision that interval and threshold imply, and a config an order of magnitude slower (a
@@ -19,16 +19,10 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from test_deploy_e2e import DEADLINE_S, llamanix, serving, settled_files
 
-from llamanix.deploy.gate import BASELINE_RUNS, BENCH_RUNS, confirm_regression, resolve
-from llamanix.deploy.gate_records import Baseline, BaselineRecord, BenchVerdict
-from llamanix.measure.interval import (
-    MIN_SAMPLES,
-    RatioInterval,
-    decide,
-    ratio_interval,
-    threshold_of,
-)
-from llamanix.measure.server_process import free_port
+from llamanix.bench.interval import MIN_SAMPLES, RatioInterval, decide, ratio_interval, threshold_of
+from llamanix.server.server_process import free_port
+from llamanix.state.gate_records import Baseline, BaselineRecord, BenchVerdict
+from llamanix.switch.gate import BASELINE_RUNS, BENCH_RUNS, confirm_regression, resolve
 from llamanix.testbed.up_process import instance_status, running_up
 
 if TYPE_CHECKING:

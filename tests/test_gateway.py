@@ -17,11 +17,11 @@ import pytest
 from click.testing import CliRunner
 
 from llamanix.cli import main
-from llamanix.core.config import load_config, parse_config
+from llamanix.config.model import load_config, parse_config
 from llamanix.core.errors import ExternalCommandError, UserError
 from llamanix.core.schema import LITELLM_VERSION
-from llamanix.deploy import gateway_venv
 from llamanix.external.process import Runner
+from llamanix.hosts import gateway_venv
 from llamanix.render import gateway, systemd
 from llamanix.render.units import render_host
 
@@ -363,7 +363,7 @@ def test_a_change_of_the_gateway_alone_is_a_change_to_switch() -> None:
 
 
 def test_up_refuses_the_gateways_host(tmp_path: Path) -> None:
-    from llamanix.deploy.managers import refuse_router_under_up
+    from llamanix.hosts.managers import refuse_router_under_up
 
     cfg = load_config(EXAMPLE)
     with pytest.raises(UserError) as err:
@@ -468,7 +468,7 @@ def test_gateway_exec_hands_litellm_its_keys_and_the_plugin(tmp_path: Path) -> N
 
 
 def test_gateway_ready_fails_once_litellm_has_exited() -> None:
-    from llamanix.measure.server_process import free_port
+    from llamanix.server.server_process import free_port
 
     dead = subprocess.Popen(["true"])
     dead.wait()

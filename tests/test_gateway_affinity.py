@@ -28,9 +28,9 @@ import httpx
 import pytest
 from conftest import REPO
 
-from llamanix.core.config import load_config
-from llamanix.measure.server_process import LlamaServer, free_port
+from llamanix.config.model import load_config
 from llamanix.render import gateway
+from llamanix.server.server_process import LlamaServer, free_port
 from llamanix.testbed.gateway_wheels import local_litellm
 
 pytestmark = [pytest.mark.server]

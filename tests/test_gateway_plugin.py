@@ -259,7 +259,7 @@ def test_settings_that_do_not_parse_stop_litellm(text: str | None, message: str)
 
 
 def test_the_rendered_settings_parse(tmp_path: Path) -> None:
-    from llamanix.core.config import load_config
+    from llamanix.config.model import load_config
     from llamanix.render import gateway
 
     cfg = load_config(Path(__file__).parent / "data/configs/fleet-gateway.toml")

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from llamanix.core.argv import instance_argv
-from llamanix.core.config import Config, load_config
+from llamanix.config.argv import instance_argv
+from llamanix.config.model import Config, load_config
 from llamanix.core.errors import UserError
 from llamanix.core.probe import Capabilities, parse_capabilities
 from llamanix.core.variants import VARIANTS

@@ -15,7 +15,7 @@ from conftest import HOST_FIGURES, REPO
 from hostbed import CONFIG, KEY_FILE, SERVER, llamanix, new_key, output, reset
 
 from llamanix.core.schema import LITELLM_VERSION
-from llamanix.deploy.gateway_venv import MARKER
+from llamanix.hosts.gateway_venv import MARKER
 from llamanix.render.gateway import VENV_ROOT
 from llamanix.testbed import hosts
 from llamanix.testbed.gateway_wheels import litellm_wheels, offer_wheels

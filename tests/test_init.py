@@ -18,9 +18,9 @@ from click.testing import CliRunner
 from standins import recorded_argv, stand_in
 
 from llamanix.cli import main
-from llamanix.deploy import init_config
 from llamanix.external import machine
 from llamanix.external.nvidia import NVIDIA_SMI_ARGV
+from llamanix.plan import init_config
 from llamanix.render import units
 from llamanix.testbed.synth import SynthSpec, synth_model
 

@@ -12,8 +12,8 @@ import pytest
 from click.testing import CliRunner
 
 from llamanix.cli import main
-from llamanix.measure.gguf_info import read_gguf, read_vocab, vocab_mismatch
-from llamanix.measure.server_log import parse_server_log
+from llamanix.model.gguf_info import read_gguf, read_vocab, vocab_mismatch
+from llamanix.server.server_log import parse_server_log
 from llamanix.testbed.synth import SynthSpec, tokenizer_from
 
 if TYPE_CHECKING:

@@ -24,9 +24,9 @@ from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 
 from llamanix.cli import main
-from llamanix.core.argv import instance_argv
-from llamanix.core.config import Config, parse_config
-from llamanix.measure.server_process import LlamaServer, free_port
+from llamanix.config.argv import instance_argv
+from llamanix.config.model import Config, parse_config
+from llamanix.server.server_process import LlamaServer, free_port
 
 if TYPE_CHECKING:
     from conftest import ServerFactory, SynthModels

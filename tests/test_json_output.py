@@ -224,7 +224,7 @@ def test_json_of_the_commands_that_talk_to_a_server(
 ) -> None:
     """bench, bench run, bench compare, bench synthetic, lossless and smoke on a real
     llama-server (the synthetic model), each printing its result as JSON."""
-    from llamanix.measure.server_process import free_port
+    from llamanix.server.server_process import free_port
 
     port = free_port()
     server_factory(

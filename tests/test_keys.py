@@ -23,8 +23,8 @@ import pytest
 
 from llamanix.core.api_key import read_api_key
 from llamanix.core.errors import UserError
-from llamanix.deploy.fleet.agent import DIR_ENV
-from llamanix.deploy.fleet.protocol import PROTOCOL, AgentRequest
+from llamanix.fleet.agent import DIR_ENV
+from llamanix.fleet.protocol import PROTOCOL, AgentRequest
 
 # --- the file, read as llama-server reads it -----------------------------------------------------
 

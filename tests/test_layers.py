@@ -1,11 +1,10 @@
 """The package's layers import only downward, and no two modules import each other.
 
-Layers, bottom to top: core (the domain, pure), external (the programs llamanix runs, atomic
-files), render, measure, deploy, testbed, cli. A module may import its own layer or any layer
-below; the package root (``llamanix``, which holds only the version) is below them all. Imports
-inside functions and under ``TYPE_CHECKING`` count too: a cycle that only type hints close is
-still two modules that cannot be understood apart. Only ``external/`` runs programs and sends
-signals.
+Layers, bottom to top: as ``LAYERS`` lists them (docs/development.md says what each holds). A
+module may import its own layer or any layer below; the package root (``llamanix``, which holds
+only the version) is below them all. Imports inside functions and under ``TYPE_CHECKING`` count
+too: a cycle that only type hints close is still two modules that cannot be understood apart.
+Only ``external/`` runs programs and sends signals.
 """
 
 from __future__ import annotations
@@ -16,7 +15,24 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "tools" / "llamanix"
-LAYERS = ("core", "external", "render", "measure", "deploy", "testbed", "cli")
+LAYERS = (
+    "core",
+    "config",
+    "external",
+    "model",
+    "render",
+    "server",
+    "bench",
+    "diagnose",
+    "state",
+    "hosts",
+    "plan",
+    "switch",
+    "fleet",
+    "observe",
+    "testbed",
+    "cli",
+)
 
 
 def module_name(path: Path) -> str:
@@ -45,12 +61,12 @@ def imported_modules(name: str, path: Path, known: set[str]) -> set[str]:
                 module = ".".join([*base, node.module] if node.module else base)
             else:
                 module = node.module or ""
-            # `from llamanix.measure import bench` imports the module llamanix.measure.bench.
+            # `from llamanix.bench import bench` imports the module llamanix.bench.bench.
             candidates = [module, *(f"{module}.{alias.name}" for alias in node.names)]
         for candidate in candidates:
             target = candidate if candidate in known else None
             if target is None and candidate.split(".")[0] == "llamanix":
-                # `import llamanix.core.config as c` or an attribute of a module: its module.
+                # `import llamanix.config.model as c` or an attribute of a module: its module.
                 parts = candidate.split(".")
                 while parts and ".".join(parts) not in known:
                     parts.pop()
@@ -153,13 +169,13 @@ def test_graph_sees_function_level_and_type_checking_imports(tmp_path: Path) -> 
     source = tmp_path / "m.py"
     source.write_text(
         "from typing import TYPE_CHECKING\n"
-        "if TYPE_CHECKING:\n    from llamanix.core.config import Config\n"
-        "def f():\n    from llamanix.measure import bench\n"
+        "if TYPE_CHECKING:\n    from llamanix.config.model import Config\n"
+        "def f():\n    from llamanix.bench import bench\n"
     )
     found = imported_modules(
-        "llamanix.core.m", source, {"llamanix.core.config", "llamanix.measure.bench"}
+        "llamanix.core.m", source, {"llamanix.config.model", "llamanix.bench.bench"}
     )
-    assert found == {"llamanix.core.config", "llamanix.measure.bench"}
+    assert found == {"llamanix.config.model", "llamanix.bench.bench"}
 
 
 def imports_subprocess(path: Path) -> bool:
@@ -254,10 +270,10 @@ def test_the_signal_check_flags_a_layer_and_spares_external(tmp_path: Path) -> N
     (tmp_path / "crash_point.py").write_text(text)
     (tmp_path / "signals.py").write_text(text)
     mods = {
-        "llamanix.deploy.crash_point": tmp_path / "crash_point.py",
+        "llamanix.state.crash_point": tmp_path / "crash_point.py",
         "llamanix.external.signals": tmp_path / "signals.py",
     }
-    assert signal_offenders(mods) == ["llamanix.deploy.crash_point: crash_point.py:3: os.kill"]
+    assert signal_offenders(mods) == ["llamanix.state.crash_point: crash_point.py:3: os.kill"]
 
 
 @pytest.mark.parametrize(

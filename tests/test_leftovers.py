@@ -20,15 +20,15 @@ from pathlib import Path
 import pytest
 from standins import stand_in
 
-from llamanix.core.config import load_config
+from llamanix.config.model import load_config
 from llamanix.core.errors import ExternalCommandError
-from llamanix.deploy.generations import GateRecord, GenerationRecord, HostState, ManagerRecord
-from llamanix.deploy.host_lock import units_lock_path
-from llamanix.deploy.host_render import render_host
-from llamanix.deploy.managers import install_files, is_render_file
-from llamanix.deploy.warm import slot_file
 from llamanix.external import nft, systemctl
 from llamanix.external.process import Runner
+from llamanix.hosts.managers import install_files, is_render_file
+from llamanix.hosts.warm import slot_file
+from llamanix.render.host_render import render_host
+from llamanix.state.generations import GateRecord, GenerationRecord, HostState, ManagerRecord
+from llamanix.state.host_lock import units_lock_path
 
 
 def llamanix(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -164,7 +164,7 @@ def test_doctor_names_what_a_killed_switch_left_in_the_state_and_tidy_removes_it
 _HOLD = """
 import sys
 from pathlib import Path
-from llamanix.deploy.host_lock import units_lock
+from llamanix.state.host_lock import units_lock
 with units_lock(Path(sys.argv[1]), sys.argv[2], command="switch"):
     print("held", flush=True)
     sys.stdin.read()

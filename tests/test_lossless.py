@@ -22,11 +22,11 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from click.testing import CliRunner, Result
 
+from llamanix.bench.prompts import parse_prompts
 from llamanix.cli import main
 from llamanix.core.errors import UserError
-from llamanix.measure.lossless import ToolCall, compare_tool_calls, first_difference, json_shape
-from llamanix.measure.prompts import parse_prompts
-from llamanix.measure.server_process import LlamaServer, free_port
+from llamanix.diagnose.lossless import ToolCall, compare_tool_calls, first_difference, json_shape
+from llamanix.server.server_process import LlamaServer, free_port
 
 if TYPE_CHECKING:
     from conftest import SynthModels

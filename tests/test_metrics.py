@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from llamanix.measure.client import LlamaClient
-from llamanix.measure.metrics import MetricsSnapshot, metrics_delta, parse_metrics
+from llamanix.server.client import LlamaClient
+from llamanix.server.metrics import MetricsSnapshot, metrics_delta, parse_metrics
 
 if TYPE_CHECKING:
     from conftest import ServerFactory, SynthModels

@@ -18,17 +18,17 @@ from typing import Any
 
 import pytest
 
-from llamanix.core.config import Metrics, load_config
+from llamanix.config.model import Metrics, load_config
 from llamanix.core.errors import UserError
-from llamanix.deploy.gap_records import GapRecord
-from llamanix.deploy.gate_records import GateResult
-from llamanix.deploy.generations import GateRecord, GenerationRecord, HostState, RollbackRecord
-from llamanix.deploy.switch_figures import switch_figures
-from llamanix.measure.live_figures import Counters, figures
-from llamanix.measure.metrics import parse_metrics
-from llamanix.measure.scrape import Endpoint, build_commit, http_client, parse_families, scrape
-from llamanix.measure.server_process import free_port
+from llamanix.observe.live_figures import Counters, figures
+from llamanix.observe.scrape import Endpoint, build_commit, http_client, parse_families, scrape
+from llamanix.observe.switch_figures import switch_figures
 from llamanix.render.prometheus import prometheus_config
+from llamanix.server.metrics import parse_metrics
+from llamanix.server.server_process import free_port
+from llamanix.state.gap_records import GapRecord
+from llamanix.state.gate_records import GateResult
+from llamanix.state.generations import GateRecord, GenerationRecord, HostState, RollbackRecord
 
 DATA = Path(__file__).parent / "data"
 RECORDED = (DATA / "upstream-metrics-spec.txt").read_text()
@@ -433,8 +433,8 @@ def test_top_reads_the_fleet_agents_copy_as_a_remote_host_does(tmp_path: Path) -
     parser; without a copy, one line."""
     import os
 
-    from llamanix.deploy.fleet.protocol import HELLO, PROTOCOL, AgentRequest
-    from llamanix.deploy.top_rows import parse_top_json
+    from llamanix.fleet.protocol import HELLO, PROTOCOL, AgentRequest
+    from llamanix.observe.top_rows import parse_top_json
 
     fleet = tmp_path / "fleet"
     fleet.mkdir(mode=0o700)

@@ -1,6 +1,6 @@
 """A blue-green handover's nftables steps (``llamanix.external.nft``), run for real: two
 network namespaces joined by a veth pair, an "old" server and a "bridge" on one side, clients
-on the other, and the redirect table taken through what ``deploy.restarts`` does with it
+on the other, and the redirect table taken through what ``hosts.restarts`` does with it
 (follow, redirect, end the redirect, remove) while the clients stream.
 
 What broke before: conntrack runs in a namespace only while a rule needs it. The redirect's

@@ -23,7 +23,7 @@ import pytest
 from recorded_help import RECORDED_PROBE, probe_of, recorded, write_probe
 from standins import recorded_argv, stand_in
 
-from llamanix.core.config import parse_config, suggest
+from llamanix.config.model import parse_config, suggest
 from llamanix.core.errors import UserError
 from llamanix.core.variants import VARIANTS
 from llamanix.render.units import render_host

@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 from recorded_help import RECORDED_PROBE, probe_of, recorded, write_probe
 
-from llamanix.core.config import load_config
+from llamanix.config.model import load_config
 from llamanix.core.probe import parse_capabilities
 from llamanix.external import systemd_analyze
 

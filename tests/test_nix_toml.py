@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from llamanix.core.config import load_config
+from llamanix.config.model import load_config
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.skipif(shutil.which("nix-instantiate") is None, reason="needs Nix")

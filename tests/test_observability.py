@@ -4,7 +4,7 @@ second with the rendered config and rules, and ``llamanix top`` against the same
 
 Beside the server the config has two instances that cannot be read: ``gone`` (nothing listens)
 and ``junk`` (an HTTP server whose /metrics answers HTML). The generation records are written
-through ``deploy.generations`` as a switch writes them: a kept generation, gated by a real bench
+through ``state.generations`` as a switch writes them: a kept generation, gated by a real bench
 gate against the server, and a newer one that failed its gate and was rolled back.
 
 Everything is started once, by one module-scoped fixture; the tests read what it left.
@@ -28,26 +28,26 @@ from typing import Any
 import httpx
 import pytest
 
-from llamanix.core.argv import instance_argv
-from llamanix.core.config import load_config
+from llamanix.bench.bench import run_bench
+from llamanix.bench.bench_results import BenchResult, BenchSettings
+from llamanix.bench.prompts import load_prompts
+from llamanix.config.argv import instance_argv
+from llamanix.config.model import load_config
 from llamanix.core.gpus import load_gpus
 from llamanix.core.observability import LLAMACPP_SERIES, SERIES
-from llamanix.deploy.gap_records import GapRecord
-from llamanix.deploy.gate import GateTarget, run_gate
-from llamanix.deploy.gate_records import GateResult
-from llamanix.deploy.generations import GateRecord, GenerationRecord, HostState, RollbackRecord
-from llamanix.deploy.host_render import render_host
 from llamanix.external import prometheus
 from llamanix.external.process import Child, run_captured, spawn
 from llamanix.external.signals import signal_group
-from llamanix.measure.bench import run_bench
-from llamanix.measure.bench_results import BenchResult, BenchSettings
-from llamanix.measure.gguf_info import read_gguf
-from llamanix.measure.prompts import load_prompts
-from llamanix.measure.scrape import build_commit
-from llamanix.measure.server_process import LlamaServer, free_port
+from llamanix.model.gguf_info import read_gguf
+from llamanix.observe.scrape import build_commit
 from llamanix.render import dashboards
+from llamanix.render.host_render import render_host
 from llamanix.render.prometheus import alert_rules
+from llamanix.server.server_process import LlamaServer, free_port
+from llamanix.state.gap_records import GapRecord
+from llamanix.state.gate_records import GateResult
+from llamanix.state.generations import GateRecord, GenerationRecord, HostState, RollbackRecord
+from llamanix.switch.gate import GateTarget, run_gate
 
 pytestmark = pytest.mark.server
 
@@ -315,7 +315,7 @@ def test_prometheus_holds_the_labelled_series(bed: Bed) -> None:
     # The exporter's own figures, with the same labels.
     [decode] = bed.query('llamanix_decode_tokens_per_second{instance="chat"}')
     assert decode["metric"]["build"] == bed.build and float(decode["value"][1]) > 0
-    # The ceiling from the header alone (measure.gguf_weights) is the gguf library's figure.
+    # The ceiling from the header alone (model.gguf_weights) is the gguf library's figure.
     [ceiling] = bed.query('llamanix_decode_ceiling_tokens_per_second{instance="chat"}')
     model = read_gguf(Path(load_config(bed.config).instances["chat"].model))
     expected = load_gpus()["rtx3090"].bandwidth_gb_s * 1e9 / model.weight_bytes_per_token()

@@ -14,8 +14,8 @@ from click.testing import CliRunner
 from llamanix.cli import main
 from llamanix.core.gpus import load_gpus
 from llamanix.external import systemd_analyze
-from llamanix.measure.ceiling import decode_ceiling_tok_s, vram_breakdown
-from llamanix.measure.gguf_info import read_gguf
+from llamanix.model.ceiling import decode_ceiling_tok_s, vram_breakdown
+from llamanix.model.gguf_info import read_gguf
 from llamanix.testbed.synth import SynthSpec, synth_model
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -211,9 +211,9 @@ SANDBOX_CONFIGS = [*EXAMPLES, *sorted((ROOT / "tests" / "data" / "configs").glob
 def test_one_unit_per_sandbox_scores_every_unit(path: Path, tmp_path: Path) -> None:
     """plan scores one unit of each sandbox (units alike but for their names and command
     lines): each unit scored on its own must read what plan gave it."""
-    from llamanix.core.config import load_config
-    from llamanix.deploy.host_render import render_host
-    from llamanix.deploy.plan import _exposures
+    from llamanix.config.model import load_config
+    from llamanix.plan.plan import _exposures
+    from llamanix.render.host_render import render_host
 
     config = load_config(path)
     for host in config.hosts:

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
+from llamanix.config.model import load_config
 from llamanix.core import schema
-from llamanix.core.config import load_config
 from llamanix.render.prometheus import scrape_job
 
 ROOT = Path(__file__).resolve().parent.parent

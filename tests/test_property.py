@@ -9,9 +9,9 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from llamanix.config.argv import instance_argv
+from llamanix.config.model import parse_config
 from llamanix.core import schema
-from llamanix.core.argv import instance_argv
-from llamanix.core.config import parse_config
 from llamanix.core.errors import UserError
 from llamanix.core.variants import VARIANTS
 from llamanix.render.units import render_host

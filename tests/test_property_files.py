@@ -27,19 +27,19 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from llamanix.bench.bench_results import load_result
+from llamanix.bench.prompts import load_prompts
+from llamanix.config.model import load_config
 from llamanix.core.api_key import read_api_key
-from llamanix.core.config import load_config
 from llamanix.core.errors import UserError
 from llamanix.core.probe import load_capabilities
-from llamanix.deploy.config_edit import apply_sets, parse_text
-from llamanix.deploy.generations import GenerationRecord, HostState, ManagerRecord
-from llamanix.deploy.supervisor import load_specs
-from llamanix.measure.bench_results import load_result
-from llamanix.measure.gguf_header import read_header
-from llamanix.measure.gguf_info import read_gguf
-from llamanix.measure.gguf_weights import weight_table
-from llamanix.measure.prompts import load_prompts
+from llamanix.hosts.supervisor import load_specs
+from llamanix.model.gguf_header import read_header
+from llamanix.model.gguf_info import read_gguf
+from llamanix.model.gguf_weights import weight_table
 from llamanix.render.manifest import Manifest
+from llamanix.state.config_edit import apply_sets, parse_text
+from llamanix.state.generations import GenerationRecord, HostState, ManagerRecord
 
 # A reader that takes longer than this on a file of a few kB hangs (a FIFO waited on, a
 # device read): the alarm fails the example instead of the run.

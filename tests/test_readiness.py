@@ -22,9 +22,9 @@ import pytest
 
 from llamanix.core.address import connect_url
 from llamanix.core.readiness import BASE_S, PER_GIB_S, deadline_s, start_timeout_s
-from llamanix.deploy.supervisor import ServiceRunner, load_specs
-from llamanix.measure.server_process import free_port
+from llamanix.hosts.supervisor import ServiceRunner, load_specs
 from llamanix.render.units import llamanix_command
+from llamanix.server.server_process import free_port
 
 pytestmark = pytest.mark.server
 

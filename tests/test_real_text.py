@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from llamanix.measure.prompts import load_prompts
-from llamanix.measure.server_process import LlamaServer
+from llamanix.bench.prompts import load_prompts
+from llamanix.server.server_process import LlamaServer
 from llamanix.testbed import real_model as real_model_module
 from llamanix.testbed import real_text, real_text_study, server_build
 

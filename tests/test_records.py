@@ -14,9 +14,11 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+from llamanix.bench.interval import RatioInterval
 from llamanix.cli import main
-from llamanix.deploy.gate_records import Baseline, BaselineRecord, BenchVerdict, GateResult
-from llamanix.deploy.generations import (
+from llamanix.render.manifest import Manifest, ManifestInstance, Render, RenderedInstance
+from llamanix.state.gate_records import Baseline, BaselineRecord, BenchVerdict, GateResult
+from llamanix.state.generations import (
     GateRecord,
     GenerationRecord,
     HostState,
@@ -24,8 +26,6 @@ from llamanix.deploy.generations import (
     ManagerRecord,
     RollbackRecord,
 )
-from llamanix.measure.interval import RatioInterval
-from llamanix.render.manifest import Manifest, ManifestInstance, Render, RenderedInstance
 
 
 def stored(data: object) -> Any:

@@ -13,8 +13,8 @@ import pytest
 from click.testing import CliRunner
 
 from llamanix.cli import main
-from llamanix.deploy.config_edit import apply_sets
 from llamanix.render import units
+from llamanix.state.config_edit import apply_sets
 
 BASE = """
 [hosts.gpu1]

@@ -28,12 +28,13 @@ from click.testing import CliRunner, Result
 
 from llamanix import __version__
 from llamanix.cli import main
+from llamanix.config.model import load_config
 from llamanix.core.address import parse_target
-from llamanix.core.config import load_config
 from llamanix.core.errors import UserError
-from llamanix.deploy.fleet import agent as fleet_agent
-from llamanix.deploy.fleet import remote
-from llamanix.deploy.fleet.protocol import (
+from llamanix.external.process import Runner
+from llamanix.fleet import agent as fleet_agent
+from llamanix.fleet import remote
+from llamanix.fleet.protocol import (
     GENERATIONS,
     PROTOCOL,
     AgentRequest,
@@ -42,9 +43,8 @@ from llamanix.deploy.fleet.protocol import (
     SwitchOrder,
     started_line,
 )
-from llamanix.deploy.gate_records import BenchVerdict, GateResult
-from llamanix.deploy.switch_records import HostOutcome, RollbackOptions, SwitchOptions
-from llamanix.external.process import Runner
+from llamanix.state.gate_records import BenchVerdict, GateResult
+from llamanix.switch.switch_records import HostOutcome, RollbackOptions, SwitchOptions
 
 ROOT = Path(__file__).resolve().parent.parent
 SSH_OPTS = [

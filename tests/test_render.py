@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from llamanix.cli import main
-from llamanix.core.config import parse_config
+from llamanix.config.model import parse_config
 from llamanix.core.errors import UserError
 from llamanix.external import systemd_analyze
 from llamanix.render.units import llamanix_command, render_host, systemd_escape_arg, write_render

@@ -1,4 +1,4 @@
-"""The rolling switch's rules (deploy.fleet.rollout): order, canary, batches, stopping,
+"""The rolling switch's rules (fleet.rollout): order, canary, batches, stopping,
 rollback-all.
 
 The hosts here are a recording of calls: what each host does is the one-host switch, tested
@@ -21,16 +21,10 @@ from standins import recorded, stand_in
 
 from llamanix.cli import main
 from llamanix.core.errors import Problem, UserError
-from llamanix.deploy.fleet.rollout import (
-    Lost,
-    RolloutOptions,
-    Unreachable,
-    plan_batches,
-    run_rollout,
-)
-from llamanix.deploy.request import parse_hosts
-from llamanix.deploy.switch_records import HostOutcome
-from llamanix.measure.server_process import free_port
+from llamanix.fleet.rollout import Lost, RolloutOptions, Unreachable, plan_batches, run_rollout
+from llamanix.server.server_process import free_port
+from llamanix.switch.request import parse_hosts
+from llamanix.switch.switch_records import HostOutcome
 
 
 @dataclass

@@ -19,15 +19,15 @@ from typing import Any
 import httpx
 import pytest
 
-from llamanix.core.config import load_config, parse_config
+from llamanix.config.model import load_config, parse_config
 from llamanix.core.errors import UserError
 from llamanix.core.probe import Capabilities, parse_capabilities, parse_help
 from llamanix.core.residency import GIB, plan_residency
 from llamanix.core.variants import VARIANTS
 from llamanix.external import systemd_analyze
-from llamanix.measure.server_process import free_port
 from llamanix.render import router as r
 from llamanix.render.units import render_host, write_render
+from llamanix.server.server_process import free_port
 
 HELP = Path(__file__).parent / "data" / "help"
 # A llama-server for every variant: a plain systemd host names the one it runs for each.
@@ -492,7 +492,7 @@ def test_router_mode_serves_two_members_on_one_port_and_evicts(
 
 @pytest.mark.server
 def test_readiness_loads_each_member_in_turn(running_router: RunningRouter) -> None:
-    from llamanix.measure.readiness import ReadinessCheck, wait_ready
+    from llamanix.server.readiness import ReadinessCheck, wait_ready
 
     took = wait_ready(
         ReadinessCheck(running_router.url, served_models=("alpha", "beta-model"), deadline_s=60)
@@ -917,8 +917,8 @@ def test_the_exporter_reads_each_member_through_the_router_and_loads_none(
     """The exporter's reading of a routed host: a member the router has not loaded is
     `unloaded` (and stays unloaded: the scrape asks with autoload=false); a loaded one is read
     through the router with its own labels."""
-    from llamanix.deploy.exporter import reading_families
-    from llamanix.deploy.host_reading import HostReader
+    from llamanix.observe.exporter import reading_families
+    from llamanix.observe.host_reading import HostReader
 
     reader = HostReader(running_router.config_path, "box")
     try:

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from llamanix.measure.server_process import free_port
+from llamanix.server.server_process import free_port
 from llamanix.testbed.up_process import start_up, stop_up, wait_running
 
 pytestmark = pytest.mark.server

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import httpx
 import pytest
 
-from llamanix.measure.server_log import parse_server_log
+from llamanix.server.server_log import parse_server_log
 
 if TYPE_CHECKING:
     from conftest import ServerFactory, SynthModels

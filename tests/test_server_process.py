@@ -12,7 +12,7 @@ import pytest
 
 from llamanix.external.llama_server import ServerStartError
 from llamanix.external.process import alive
-from llamanix.measure.server_process import (
+from llamanix.server.server_process import (
     LlamaServer,
     free_port,
     processes_with_env,

@@ -21,8 +21,8 @@ from llamanix.cli import main
 from llamanix.core.process_end import describe_returncode, died_of
 from llamanix.external.llama_server import ServerStartError
 from llamanix.external.systemctl import UnitState
-from llamanix.measure.server_log import parse_server_log
-from llamanix.measure.server_process import LlamaServer
+from llamanix.server.server_log import parse_server_log
+from llamanix.server.server_process import LlamaServer
 
 if TYPE_CHECKING:
     from conftest import SynthModels

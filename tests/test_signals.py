@@ -29,7 +29,7 @@ import httpx
 import pytest
 
 from llamanix.external import interrupt, signals
-from llamanix.measure.server_process import free_port, processes_with_env
+from llamanix.server.server_process import free_port, processes_with_env
 from llamanix.testbed.demo import DEMO_MODEL
 from llamanix.testbed.synth import synth_model
 

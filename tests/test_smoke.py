@@ -22,8 +22,7 @@ from click.testing import CliRunner, Result
 from standins import recorded_argv, stand_in
 
 from llamanix.cli import main
-from llamanix.external.nvidia import list_elf_argv
-from llamanix.measure.cuda_check import (
+from llamanix.diagnose.cuda_check import (
     JIT_MIN_EXTRA_S,
     SassArch,
     check_device,
@@ -35,8 +34,9 @@ from llamanix.measure.cuda_check import (
     offload_counts,
     parse_list_elf,
 )
-from llamanix.measure.server_log import parse_server_log
-from llamanix.measure.smoke import CHECK_ORDER, gpu_checks
+from llamanix.diagnose.smoke import CHECK_ORDER, gpu_checks
+from llamanix.external.nvidia import list_elf_argv
+from llamanix.server.server_log import parse_server_log
 from llamanix.testbed.synth import SynthSpec, synth_model
 
 if TYPE_CHECKING:

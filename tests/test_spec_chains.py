@@ -13,8 +13,8 @@ from click.testing import CliRunner
 from recorded_help import B8770, BEE03, IK_NEW, IK_PIN, UPSTREAM, bee_after_v03, recorded
 
 from llamanix.cli import main
-from llamanix.core.argv import check_against, dialect_warning, instance_arg_pieces, instance_argv
-from llamanix.core.config import parse_config
+from llamanix.config.argv import check_against, dialect_warning, instance_arg_pieces, instance_argv
+from llamanix.config.model import parse_config
 from llamanix.core.errors import UserError
 from llamanix.core.variants import VARIANTS, effective_variant
 

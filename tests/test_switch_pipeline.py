@@ -26,13 +26,13 @@ from click.testing import CliRunner, Result
 from standins import recorded, stand_in
 
 from llamanix.cli import main
-from llamanix.core import config as core_config
-from llamanix.core.config import Config
-from llamanix.core.host_choice import HostChoiceError, pick_host
-from llamanix.deploy import config_edit
-from llamanix.deploy.host_lock import host_lock
+from llamanix.config import model as core_config
+from llamanix.config.host_choice import HostChoiceError, pick_host
+from llamanix.config.model import Config
 from llamanix.external.files import atomic_write
-from llamanix.measure.server_process import free_port
+from llamanix.server.server_process import free_port
+from llamanix.state import config_edit
+from llamanix.state.host_lock import host_lock
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -233,12 +233,12 @@ def test_host_choice_speaks_of_the_config_and_the_cli_adds_its_flag(tmp_path: Pa
 
 
 def test_every_command_renders_a_host_one_way() -> None:
-    """Only deploy.host_render calls the renderer itself: every other module goes through it,
+    """Only render.host_render calls the renderer itself: every other module goes through it,
     so a routed host's residency always comes with its members' VRAM."""
     package = ROOT / "tools" / "llamanix"
     callers = []
     for path in sorted(package.rglob("*.py")):
-        if path in (package / "deploy" / "host_render.py", package / "render" / "units.py"):
+        if path in (package / "render" / "host_render.py", package / "render" / "units.py"):
             continue
         nodes = list(ast.walk(ast.parse(path.read_text(), str(path))))
         by_name = any(

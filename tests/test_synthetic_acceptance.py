@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from click.testing import CliRunner, Result
 
+from llamanix.bench import synthetic_acceptance as synth
+from llamanix.bench.bench_results import BenchSettings
+from llamanix.bench.prompts import load_prompts
 from llamanix.cli import main
-from llamanix.core.config import load_config
+from llamanix.config.model import load_config
 from llamanix.core.errors import UserError
-from llamanix.measure import synthetic_acceptance as synth
-from llamanix.measure.bench_results import BenchSettings
-from llamanix.measure.prompts import load_prompts
 
 if TYPE_CHECKING:
     from conftest import SynthModels

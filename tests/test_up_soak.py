@@ -24,9 +24,9 @@ import httpx
 import pytest
 from conftest import SESSION_TAG_ENV
 
-from llamanix.deploy.up_status import STATUS, UpInstance
-from llamanix.measure.client import LlamaClient
-from llamanix.measure.server_process import free_port, processes_with_env
+from llamanix.server.client import LlamaClient
+from llamanix.server.server_process import free_port, processes_with_env
+from llamanix.state.up_status import STATUS, UpInstance
 from llamanix.testbed.up_process import instance_status, start_up, stop_up
 
 pytestmark = pytest.mark.server

@@ -1,4 +1,4 @@
-"""``llamanix up``'s status file (deploy/up_status.py): what the supervisor writes is what the
+"""``llamanix up``'s status file (state/up_status.py): what the supervisor writes is what the
 managers, ``plan`` and a second ``up`` read back; a file whose ``up`` is gone is ignored; one
 that a live ``up`` wrote but that does not read as a status is one line and exit 2."""
 
@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from llamanix.deploy.up_status import STATUS, UpInstance, UpStatus, read_status, write_status
+from llamanix.state.up_status import STATUS, UpInstance, UpStatus, read_status, write_status
 from llamanix.testbed.up_process import instance_state, up_units
 
 # The llama-server a plain systemd host runs (a host names one per variant it serves).

@@ -15,9 +15,9 @@ from click.testing import CliRunner
 from standins import recorded, recorded_argv, stand_in
 
 from llamanix.cli import main
-from llamanix.core.config import load_config
-from llamanix.deploy import variant_build
-from llamanix.deploy.variant_build import ARCH_SUFFIXES
+from llamanix.config.model import load_config
+from llamanix.plan import variant_build
+from llamanix.plan.variant_build import ARCH_SUFFIXES
 
 REPO = Path(__file__).resolve().parent.parent
 HELP = REPO / "tests" / "data" / "help"

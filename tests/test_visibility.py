@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 import llamanix.render.units as units
 from llamanix.cli import main
-from llamanix.core.config import parse_config
+from llamanix.config.model import parse_config
 from llamanix.core.visibility import (
     Node,
     PathState,

@@ -36,10 +36,10 @@ from typing import Any
 import pytest
 from recorded_help import UPSTREAM, probe_of, recorded, write_probe
 
-from llamanix.core.config import load_config
+from llamanix.config.model import load_config
 from llamanix.core.probe import Capabilities
-from llamanix.measure.server_process import LlamaServer, free_port
 from llamanix.render.units import render_host
+from llamanix.server.server_process import LlamaServer, free_port
 from llamanix.testbed.gateway_wheels import local_litellm
 from llamanix.testbed.synth import SynthSpec, synth_model
 

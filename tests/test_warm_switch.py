@@ -6,7 +6,7 @@ follow-up is asked before and after a switch that keeps the cache's shape: after
 switch the server restores the slot (the switch reports its token count) and the follow-up
 reuses it (``timings.cache_n``) and continues exactly as it did without a switch (temperature
 0). A switch that changes the context size is cold, and says why. The mechanics under it
-(``deploy.warm``) are checked against real servers of the tiny model: a file that is gone and
+(``hosts.warm``) are checked against real servers of the tiny model: a file that is gone and
 a file that holds fewer tokens than were saved are reported, never taken for a restore.
 """
 
@@ -25,14 +25,14 @@ import pytest
 from conftest import ServerFactory
 from recorded_help import B8770, BEE03, IK_NEW, IK_PIN, UPSTREAM, recorded
 
-from llamanix.core.argv import SLOT_SAVE_FLAG
-from llamanix.core.config import load_config
+from llamanix.bench.prompts import load_prompts
+from llamanix.config.argv import SLOT_SAVE_FLAG
+from llamanix.config.model import load_config
 from llamanix.core.errors import UserError
-from llamanix.deploy.warm import WarmCaches, WarmPlan, cold_reason, model_reason, plan_for
-from llamanix.measure.drain import Endpoint
-from llamanix.measure.prompts import load_prompts
-from llamanix.measure.server_process import free_port
+from llamanix.hosts.warm import WarmCaches, WarmPlan, cold_reason, model_reason, plan_for
 from llamanix.render.units import render_host
+from llamanix.server.drain import Endpoint
+from llamanix.server.server_process import free_port
 from llamanix.testbed.up_process import instance_status, running_up
 
 INSTANCE = "chat"

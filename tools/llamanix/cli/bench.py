@@ -18,6 +18,10 @@ from urllib.parse import urlparse
 import click
 from rich.markup import escape
 
+from llamanix.bench import bench as benchmod
+from llamanix.bench import bench_results
+from llamanix.bench import report as bench_report
+from llamanix.bench.prompts import load_prompts
 from llamanix.cli.console import console as make_console
 from llamanix.cli.console import echo_json, progress_bar, size
 from llamanix.cli.options import (
@@ -37,14 +41,11 @@ from llamanix.core.address import is_loopback
 from llamanix.core.api_key import read_api_key
 from llamanix.core.errors import Problem, UserError
 from llamanix.core.gpus import Gpu
+from llamanix.diagnose import doctor
 from llamanix.external.files import atomic_write
-from llamanix.measure import bench as benchmod
-from llamanix.measure import bench_results, doctor
-from llamanix.measure import report as bench_report
-from llamanix.measure.ceiling import ceiling_for, find_gpu
-from llamanix.measure.client import check_url
-from llamanix.measure.gguf_info import read_gguf
-from llamanix.measure.prompts import load_prompts
+from llamanix.model.ceiling import ceiling_for, find_gpu
+from llamanix.model.gguf_info import read_gguf
+from llamanix.server.client import check_url
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -252,8 +253,8 @@ def _run_synthetic(opts: BenchOptions, rates_text: str | None) -> None:
     """The sweep: the instance's server per acceptance rate, and one without speculation."""
     import tempfile
 
-    from llamanix.core.config import load_config
-    from llamanix.measure import synthetic_acceptance as synth
+    from llamanix.bench import synthetic_acceptance as synth
+    from llamanix.config.model import load_config
 
     config_path, instance, rates_text = _synthetic_needs(opts, rates_text)
     rates = synth.parse_rates(rates_text)

@@ -8,8 +8,8 @@ import click
 
 from llamanix.cli.host_flag import host_flag
 from llamanix.cli.options import DIRECTORY, config_argument, host_option
-from llamanix.core.config import load_config
-from llamanix.deploy.variant_build import driver_fix, plan_build, run_build
+from llamanix.config.model import load_config
+from llamanix.plan.variant_build import driver_fix, plan_build, run_build
 
 
 @click.command("build")

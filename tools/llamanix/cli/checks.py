@@ -13,9 +13,9 @@ from rich.table import Table
 from llamanix.cli.console import console as make_console
 from llamanix.cli.options import DIRECTORY, FILE, OneOf, exit_with, json_flag, output_option
 from llamanix.core.variants import variant_names
+from llamanix.diagnose import smoke as smoke_module
+from llamanix.diagnose.smoke import SmokeReport, SmokeSettings
 from llamanix.external.files import atomic_write
-from llamanix.measure import smoke as smoke_module
-from llamanix.measure.smoke import SmokeReport, SmokeSettings
 from llamanix.testbed.demo import DEMO_MODEL
 from llamanix.testbed.synth import synth_model
 

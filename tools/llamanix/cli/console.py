@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 if TYPE_CHECKING:  # a type only: inspect and ceiling load no HTTP client
-    from llamanix.measure.bench import ProgressHook
+    from llamanix.bench.bench import ProgressHook
 
 
 @contextmanager

@@ -19,20 +19,20 @@ from llamanix.cli.options import (
     instance_argument,
     json_flag,
 )
+from llamanix.config.argv import dialect_warning, instance_argv
+from llamanix.config.model import Config, load_config
+from llamanix.config.probe_diff import probe_diff
 from llamanix.core import schema
-from llamanix.core.argv import dialect_warning, instance_argv
-from llamanix.core.config import Config, load_config
 from llamanix.core.errors import Problem, UserError
 from llamanix.core.gpus import arch_mismatch, load_gpus
 from llamanix.core.probe import Capabilities, load_capabilities
-from llamanix.core.probe_diff import probe_diff
-from llamanix.deploy.host_kind import refuse_unstated_nixos, unstated_nixos
-from llamanix.deploy.host_plan import print_plan
-from llamanix.deploy.host_render import render_host
-from llamanix.deploy.plan import arch_warnings, plan_config, unseen
-from llamanix.deploy.port_check import taken_ports
 from llamanix.external.files import atomic_write
 from llamanix.external.llama_server import probe_binary
+from llamanix.hosts.host_kind import refuse_unstated_nixos, unstated_nixos
+from llamanix.plan.host_plan import print_plan
+from llamanix.plan.plan import arch_warnings, plan_config, unseen
+from llamanix.plan.port_check import taken_ports
+from llamanix.render.host_render import render_host
 from llamanix.render.observability import observability_files
 from llamanix.render.paths import open_key_files
 from llamanix.render.units import CapabilityMap, write_render
@@ -166,7 +166,7 @@ def validate_loaded(cfg: Config, caps: CapabilityMap, remote: bool) -> None:
 
 def _left_out_gpu(cfg: Config, host: str, gpu: bool) -> list[Problem]:
     """A host whose instances use its GPU, and whose cuda_archs build no code for that card:
-    the words plan warns with (deploy.plan.arch_warnings) and doctor finds, refused here,
+    the words plan warns with (plan.plan.arch_warnings) and doctor finds, refused here,
     before anything is built."""
     warned = arch_warnings(cfg.hosts[host], gpu)
     if not warned:

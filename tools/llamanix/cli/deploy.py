@@ -27,25 +27,25 @@ from llamanix.cli.options import (
     timeout_option,
 )
 from llamanix.cli.switch_options import PIN_WAIT, WAIT, rollback_options, switch_options
-from llamanix.core.config import load_config
+from llamanix.config.host_choice import pick_host
+from llamanix.config.model import load_config
 from llamanix.core.errors import Problem, UserError
-from llamanix.core.host_choice import pick_host
-from llamanix.deploy import listing, managers
-from llamanix.deploy import pin as pin_module
-from llamanix.deploy.fleet import commands, remote
-from llamanix.deploy.fleet.rollout import (
+from llamanix.external.process import Runner
+from llamanix.fleet import commands, remote
+from llamanix.fleet.rollout import (
     DEFAULT_PREFLIGHT_TIMEOUT_S,
     ON_FAILURE,
     OnFailure,
     RolloutOptions,
 )
-from llamanix.deploy.generations import GenerationRecord, HostState
-from llamanix.deploy.host_lock import units_lock
-from llamanix.deploy.host_render import render_host, with_source_revisions
-from llamanix.deploy.request import ALL_HOSTS, parse_hosts
-from llamanix.deploy.supervisor import DEFAULT_START_TIMEOUT_S, Supervisor
-from llamanix.deploy.switch_records import DEFAULT_TIMEOUT_S, RollbackOptions, SwitchOptions
-from llamanix.external.process import Runner
+from llamanix.hosts import listing, managers
+from llamanix.hosts.supervisor import DEFAULT_START_TIMEOUT_S, Supervisor
+from llamanix.plan import pin as pin_module
+from llamanix.render.host_render import render_host, with_source_revisions
+from llamanix.state.generations import GenerationRecord, HostState
+from llamanix.state.host_lock import units_lock
+from llamanix.switch.request import ALL_HOSTS, parse_hosts
+from llamanix.switch.switch_records import DEFAULT_TIMEOUT_S, RollbackOptions, SwitchOptions
 
 
 def _echo(line: str) -> None:
@@ -252,7 +252,7 @@ def tidy(config: Path, host: str | None, timeout_s: float, wait_s: float) -> Non
     put back as the current generation records them and those that do not run are started.
     `llamanix doctor` lists what is left; the config is not changed.
     """
-    from llamanix.deploy.tidy import tidy as tidy_host
+    from llamanix.switch.tidy import tidy as tidy_host
 
     with host_flag(host):
         serving = tidy_host(config, host, timeout_s, wait_s, Runner(echo=_echo), _echo)

@@ -9,6 +9,8 @@ from pathlib import Path
 import click
 from rich.markup import escape
 
+from llamanix.bench import bench_results
+from llamanix.bench.prompts import load_prompts
 from llamanix.cli.console import console as make_console
 from llamanix.cli.console import echo_json, progress_bar
 from llamanix.cli.options import (
@@ -24,13 +26,11 @@ from llamanix.cli.options import (
 )
 from llamanix.core.api_key import read_api_key
 from llamanix.core.errors import Problem, UserError
+from llamanix.diagnose import lossless as losslessmod
+from llamanix.diagnose.doctor import Report
+from llamanix.diagnose.doctor_inputs import DoctorRequest, run_doctor
 from llamanix.external.files import atomic_write
-from llamanix.measure import bench_results
-from llamanix.measure import lossless as losslessmod
-from llamanix.measure.client import check_url
-from llamanix.measure.doctor import Report
-from llamanix.measure.doctor_inputs import DoctorRequest, run_doctor
-from llamanix.measure.prompts import load_prompts
+from llamanix.server.client import check_url
 
 
 @click.command("lossless")
@@ -203,8 +203,8 @@ def doctor_cmd(
             baseline_url=baseline_url,
         )
     )
-    from llamanix.core.config import load_config
-    from llamanix.deploy.leftovers_report import report_leftovers
+    from llamanix.config.model import load_config
+    from llamanix.hosts.leftovers_report import report_leftovers
 
     # What a switch of a host of this config that did not finish left on this machine.
     report_leftovers(report, load_config(config), config)

@@ -8,7 +8,7 @@ import click
 
 from llamanix.core.errors import Problem, UserError
 from llamanix.core.text_table import box_table, print_lines
-from llamanix.deploy.fleet.rollout import Rollout
+from llamanix.fleet.rollout import Rollout
 
 # A rollout ended at once by a second stop signal (as a shell reports a command killed by
 # SIGINT).

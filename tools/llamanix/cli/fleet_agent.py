@@ -1,5 +1,5 @@
 """llamanix CLI: ``fleet-agent``, hidden: the remote side of a fleet switch, which llamanix on
-another machine runs over ssh (deploy/fleet/remote.py); deploy/fleet/agent.py does the work.
+another machine runs over ssh (fleet/remote.py); fleet/agent.py does the work.
 
 A controller's commands (``switch``, ``rollback``, ``status``, ``generations``, ``top``) take no
 argument: each reads its request on stdin (fleet/protocol.py ``AgentRequest``), so that the
@@ -9,7 +9,7 @@ before it reads the request, so a controller of another protocol can name both; 
 are what the transient unit runs: no argument either, and nowhere but in that unit.
 
 A rolling switch behind a gateway moves a drained replica's caches in steps
-(deploy/fleet/cache_move.py): each is a request to ``switch`` that carries a ``cache`` step
+(fleet/cache_move.py): each is a request to ``switch`` that carries a ``cache`` step
 instead of a config, so the sudoers line allows no command for them of its own. A step names an
 instance of the host's own copy of the config, a file name ``save`` chose (checked against its
 fixed pattern) or the gateway's routes: never a path.
@@ -25,8 +25,9 @@ import click
 from llamanix.cli.options import exit_with
 from llamanix.core import file_reader
 from llamanix.core.errors import Problem, UserError
-from llamanix.deploy.fleet import agent
-from llamanix.deploy.fleet.protocol import (
+from llamanix.external.process import Runner
+from llamanix.fleet import agent
+from llamanix.fleet.protocol import (
     ANSWER,
     DATA,
     EXIT_FAILED,
@@ -39,8 +40,7 @@ from llamanix.deploy.fleet.protocol import (
     RunReport,
     started_line,
 )
-from llamanix.deploy.fleet.rollout import DEFAULT_PREFLIGHT_TIMEOUT_S
-from llamanix.external.process import Runner
+from llamanix.fleet.rollout import DEFAULT_PREFLIGHT_TIMEOUT_S
 
 # An older controller's options reach the callback, which says its protocol first.
 _LENIENT = {"ignore_unknown_options": True, "allow_extra_args": True}
@@ -165,7 +165,7 @@ def switch(ctx: click.Context, /) -> None:
     _finish(d, agent.follow(d, record, _echo, order.options.follow_s))
 
 
-# --- a rolling switch's cache move (deploy/cache_moves.py) ---------------------------------------
+# --- a rolling switch's cache move (switch/cache_moves.py) ---------------------------------------
 
 
 def _answer(value: object) -> None:
@@ -193,7 +193,7 @@ def _field(order: dict[str, Any], name: str, source: str) -> str:
 
 def _cache_step(d: agent.FleetDir, host: str, step: CacheStep) -> None:
     """Run one step of a cache move with the host's own copy of the config; its answer."""
-    from llamanix.deploy import cache_moves
+    from llamanix.switch import cache_moves
 
     source = f"llamanix fleet-agent switch: stdin: cache step {step.step}"
     order = _step_order(step, source)

@@ -1,5 +1,5 @@
 """llamanix CLI: ``gateway-exec`` and ``gateway-ready``, hidden: what the gateway's unit runs
-(deploy/gateway_start.py), not a person."""
+(hosts/gateway_start.py), not a person."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from llamanix.cli.options import fail
 def gateway_exec(pairs: tuple[str, ...], argv: tuple[str, ...]) -> None:
     """Start the gateway's LiteLLM: its keys from the unit's credentials, llamanix's plugin on
     its path, then ARGV (LiteLLM's own command line) in place of this process."""
-    from llamanix.deploy.gateway_start import litellm_environment
+    from llamanix.hosts.gateway_start import litellm_environment
 
     env = litellm_environment(pairs, os.environ.get("CREDENTIALS_DIRECTORY"), os.environ)
     try:
@@ -43,7 +43,7 @@ def gateway_exec(pairs: tuple[str, ...], argv: tuple[str, ...]) -> None:
 def gateway_ready(url: str, pid: int | None, timeout_s: float) -> None:
     """Exit 0 once the gateway's LiteLLM answers URL; 1 when it exits first or the time is
     up."""
-    from llamanix.deploy.gateway_start import wait_live
+    from llamanix.hosts.gateway_start import wait_live
 
     took = wait_live(url, pid, timeout_s)
     click.echo(f"{url}: live after {took:.1f}s")

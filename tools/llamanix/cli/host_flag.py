@@ -6,8 +6,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 
+from llamanix.config.host_choice import HostChoiceError
 from llamanix.core.errors import UserError
-from llamanix.core.host_choice import HostChoiceError
 
 
 @contextmanager

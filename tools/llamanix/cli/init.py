@@ -8,10 +8,10 @@ from pathlib import Path
 import click
 
 from llamanix.cli.options import DIRECTORY, FILE, exit_with
-from llamanix.core.config import load_config
+from llamanix.config.model import load_config
 from llamanix.core.errors import Problem, UserError
-from llamanix.deploy import init_config
 from llamanix.external.files import create_new
+from llamanix.plan import init_config
 
 
 @click.command("init")

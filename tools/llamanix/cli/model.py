@@ -13,8 +13,8 @@ from llamanix.cli.console import count, echo_json, size
 from llamanix.cli.options import FILE, json_flag
 from llamanix.core.errors import Problem, UserError
 from llamanix.core.gpus import load_gpus
-from llamanix.measure.ceiling import ceiling_for, decode_ceiling_tok_s, find_gpu, parse_bytes
-from llamanix.measure.gguf_info import CACHE_TYPES, GgufInfo, read_gguf
+from llamanix.model.ceiling import ceiling_for, decode_ceiling_tok_s, find_gpu, parse_bytes
+from llamanix.model.gguf_info import CACHE_TYPES, GgufInfo, read_gguf
 
 
 def _inspect_table(info: GgufInfo) -> Table:

@@ -8,8 +8,8 @@ from pathlib import Path
 import click
 
 from llamanix.cli.options import FILE, exit_with, host_option, json_flag
+from llamanix.config.model import Metrics, load_config, remote_exporter_refusal
 from llamanix.core.address import is_loopback
-from llamanix.core.config import Metrics, load_config, remote_exporter_refusal
 from llamanix.core.errors import Problem, UserError
 from llamanix.external import interrupt
 
@@ -57,8 +57,8 @@ def metrics_cmd(
     (docs/observability.md lists every series). It runs as llamanix-exporter.service where
     the config has a [metrics] table.
     """
-    from llamanix.deploy.exporter import Exporter, exposition, registry_of, serve
-    from llamanix.deploy.host_reading import HostReader
+    from llamanix.observe.exporter import Exporter, exposition, registry_of, serve
+    from llamanix.observe.host_reading import HostReader
 
     settings = _metrics_settings(config)
     if port is not None and not 1 <= port <= 65535:

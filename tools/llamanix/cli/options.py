@@ -171,7 +171,7 @@ class OneOf(click.Choice):  # type: ignore[type-arg]
         try:
             return super().convert(value, param, ctx)
         except click.BadParameter:
-            from llamanix.core.config import suggest
+            from llamanix.config.model import suggest
             from llamanix.core.errors import Problem, UserError
 
             where = f"llamanix {ctx.info_name}" if ctx is not None else "llamanix"

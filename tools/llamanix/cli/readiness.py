@@ -1,5 +1,5 @@
 """``llamanix readiness``, in a module of its own: every unit start waits on it, so it imports
-nothing beyond click and the standard library's HTTP client (measure/readiness.py)."""
+nothing beyond click and the standard library's HTTP client (server/readiness.py)."""
 
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def readiness(
     `nixos-rebuild switch` only succeeds) when its new backend serves. Exit 1 with one line
     when the deadline passes or the server exits first.
     """
-    from llamanix.measure.readiness import NotReady, ReadinessCheck, wait_ready
+    from llamanix.server.readiness import NotReady, ReadinessCheck, wait_ready
 
     timeout_s = deprecated(timeout_s, deadline, "--deadline", "--timeout")
     check = ReadinessCheck(

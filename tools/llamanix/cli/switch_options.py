@@ -1,7 +1,7 @@
 """The options of ``switch`` and ``rollback``, declared once: each decorator adds its options
 and hands the command one record built from them (``opts``), so no command fills a
 SwitchOptions or RollbackOptions by hand. A remote host's agent gets the same record as JSON
-(deploy.fleet.protocol), not as options of its own."""
+(fleet.protocol), not as options of its own."""
 
 from __future__ import annotations
 
@@ -13,10 +13,11 @@ from typing import Any
 import click
 
 from llamanix.cli.options import DIRECTORY, OneOf, timeout_option
-from llamanix.deploy.gate import DEFAULT_MAX_RUNS
-from llamanix.deploy.gate_records import ACTIONS, GATES
-from llamanix.deploy.generations import MANAGERS
-from llamanix.deploy.switch_records import (
+from llamanix.state.gate_records import ACTIONS, GATES
+from llamanix.state.generations import MANAGERS
+from llamanix.state.warm_records import DEFAULT_LIMIT_GIB
+from llamanix.switch.gate import DEFAULT_MAX_RUNS
+from llamanix.switch.switch_records import (
     DEFAULT_DRAIN_TIMEOUT_S,
     DEFAULT_RUN_TIMEOUT_S,
     DEFAULT_TIMEOUT_S,
@@ -24,7 +25,6 @@ from llamanix.deploy.switch_records import (
     RollbackOptions,
     SwitchOptions,
 )
-from llamanix.deploy.warm_records import DEFAULT_LIMIT_GIB
 
 Command = Callable[..., None]
 Decorator = Callable[[Command], Command]

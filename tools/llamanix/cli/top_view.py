@@ -1,7 +1,7 @@
 """``llamanix top``: the table, drawn once or redrawn in place with rich.
 
-Local hosts are read here (``deploy.host_reading``); remote ones by their own llamanix over ssh
-(``deploy.top_rows.remote_top``), each in a thread of its own so a slow host does not hold the
+Local hosts are read here (``observe.host_reading``); remote ones by their own llamanix over ssh
+(``observe.top_rows.remote_top``), each in a thread of its own so a slow host does not hold the
 others' redraw.
 """
 
@@ -17,12 +17,12 @@ from rich.table import Table
 from rich.text import Text
 
 from llamanix.cli.console import console as make_console
-from llamanix.core.config import Config, load_config
-from llamanix.core.host_choice import pick_host
-from llamanix.deploy.host_reading import HostReader
-from llamanix.deploy.top_rows import TopHost, TopRow, is_remote, remote_top, top_host, top_json
+from llamanix.config.host_choice import pick_host
+from llamanix.config.model import Config, load_config
 from llamanix.external import interrupt
 from llamanix.external.process import Runner
+from llamanix.observe.host_reading import HostReader
+from llamanix.observe.top_rows import TopHost, TopRow, is_remote, remote_top, top_host, top_json
 
 # In the live view, the window over which a remote host's own llamanix takes its rates (it reads
 # its instances twice, this far apart, for each redraw its row gets).

@@ -1,6 +1,6 @@
 """The series a host's exporter serves: names, labels and meanings, in one place.
 
-The exporter (``deploy.exporter``) writes them, the alert rules and the Grafana dashboards
+The exporter (``observe.exporter``) writes them, the alert rules and the Grafana dashboards
 (``render.alert_rules``, ``render.dashboards``) query them, and docs/observability.md lists
 them; tests check that every query of a rule or a panel names a series listed here or one of
 llama-server's own.

@@ -2,7 +2,7 @@
 
 Every string a config carries (a table's name, a path, an address, an environment value, an
 argv word) has one of the types below. ``core.schema`` names the type of each field;
-``core.config`` (validate, ``--set``) checks values with ``check_text``; ``data/schema.json``
+``config.model`` (validate, ``--set``) checks values with ``check_text``; ``data/schema.json``
 carries the same table, from which ``nix/schema-options.nix`` makes the NixOS options'
 ``types.strMatching`` (a test runs both engines over a table of good and bad values).
 

@@ -2,7 +2,7 @@
 plain commands) and the start of a serving process.
 
 The parsing lives in ``llamanix.core.probe``, and waiting for a started server to serve in
-``llamanix.measure.server_process``; this module only runs the binary.
+``llamanix.server.server_process``; this module only runs the binary.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """NVIDIA's tools: nvidia-smi (the local GPUs) and cuobjdump (the cubins a library carries).
 
-Only the runs live here; what their output means is ``llamanix.measure.doctor`` (nvidia-smi's
-CSV) and ``llamanix.measure.cuda_check`` (cuobjdump's listing).
+Only the runs live here; what their output means is ``llamanix.diagnose.doctor`` (nvidia-smi's
+CSV) and ``llamanix.diagnose.cuda_check`` (cuobjdump's listing).
 """
 
 from __future__ import annotations

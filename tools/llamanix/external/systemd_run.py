@@ -1,6 +1,6 @@
 """systemd-run: start a command as a transient service that the host's systemd owns.
 
-A fleet switch runs this way on a remote host (deploy/fleet/agent.py): the unit is in its own
+A fleet switch runs this way on a remote host (fleet/agent.py): the unit is in its own
 cgroup under PID 1 (or the user's manager), not in the ssh session's, so a dropped connection
 or a killed agent neither stops it half-way nor leaves it without a record of how it ended.
 """

@@ -14,8 +14,8 @@ import json
 from dataclasses import dataclass
 from typing import Literal
 
+from llamanix.config.model import Metrics
 from llamanix.core import observability as obs
-from llamanix.core.config import Metrics
 from llamanix.core.json_value import JsonObject, JsonValue
 
 SCHEMA_VERSION = 39

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from llamanix.config.model import Config
 from llamanix.core.address import connect_host, is_loopback, is_wildcard
-from llamanix.core.config import Config
 from llamanix.core.state_dir import host_state_root
 from llamanix.core.visibility import protect_home
 from llamanix.render import systemd
@@ -40,7 +40,7 @@ def config_credential(source: str) -> str:
 
 def key_credential(owner: str) -> str:
     """The credential an instance's key (or a router's, owner "router") is handed in; the
-    exporter looks for it there (deploy.metrics_targets)."""
+    exporter looks for it there (observe.metrics_targets)."""
     return f"key-{owner}"
 
 

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from llamanix.config.model import Config, Gateway, Instance
 from llamanix.core.address import connect_url, remote_host, url_host
 from llamanix.core.api_key import key_env
-from llamanix.core.config import Config, Gateway, Instance
 from llamanix.core.errors import Problem, UserError
 from llamanix.core.json_value import JsonObject, JsonValue
 from llamanix.render import formats, systemd
@@ -31,7 +31,7 @@ CONFIG_FILE = "litellm.yaml"
 UNIT_NAME = "gateway"
 MASTER_KEY_CREDENTIAL = "master-key"
 MASTER_KEY_ENV = "LITELLM_MASTER_KEY"
-# Where a Debian host keeps each LiteLLM release's own venv (deploy.gateway_venv makes it).
+# Where a Debian host keeps each LiteLLM release's own venv (hosts.gateway_venv makes it).
 VENV_ROOT = "/var/lib/llamanix/litellm"
 # Seconds LiteLLM waits for one request: a long generation on a big model takes minutes.
 REQUEST_TIMEOUT_S = 600
@@ -41,7 +41,7 @@ PLUGIN_MODULE = "llamanix_gateway"
 PLUGIN_CALLBACK = f"{PLUGIN_MODULE}.handler"
 PLUGIN_SETTINGS_ENV = "LLAMANIX_GATEWAY"
 # The Debian unit's state directory as LiteLLM sees it (StateDirectory=llamanix-gateway): where
-# a rolling switch writes the routes the plugin follows (deploy/slot_moves.py).
+# a rolling switch writes the routes the plugin follows (switch/cache_moves.py).
 STATE_DIRECTORY = "/var/lib/llamanix-gateway"
 ROUTES_FILE = f"{STATE_DIRECTORY}/routes.json"
 

@@ -4,7 +4,7 @@ unit, the deployment's Prometheus config and alert rules, and the Grafana dashbo
 
 from __future__ import annotations
 
-from llamanix.core.config import Config
+from llamanix.config.model import Config
 from llamanix.render import dashboards, prometheus
 from llamanix.render.exporter_unit import UNIT, render_exporter
 

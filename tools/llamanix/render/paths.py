@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llamanix.core.config import Config
+from llamanix.config.model import Config
 from llamanix.core.errors import Problem
 from llamanix.core.visibility import (
     PathState,

@@ -19,9 +19,9 @@ import json
 from dataclasses import dataclass
 from typing import Literal
 
+from llamanix.config.model import Config, Metrics
 from llamanix.core import observability as obs
 from llamanix.core.address import connect_host, is_loopback, remote_host, url_host
-from llamanix.core.config import Config, Metrics
 from llamanix.core.errors import Problem, UserError
 from llamanix.core.json_value import JsonObject
 

@@ -5,7 +5,7 @@ address. Two kinds:
 
 - ``llama-server``: upstream's router mode. The router is ``llama-server --models-preset
   FILE.ini`` without a model; it starts a child per member on demand, with its own binary and
-  the member's preset section as flags. So every member runs one binary (``core.config``
+  the member's preset section as flags. So every member runs one binary (``config.model``
   refuses a mix) and the preset must say exactly what the member's argv says.
 - ``llama-swap``: one ``cmd`` per member, so any mix of binaries and variants.
 
@@ -19,8 +19,8 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from llamanix.core.argv import Arg, flatten, instance_arg_pieces
-from llamanix.core.config import Config, Instance, Router
+from llamanix.config.argv import Arg, flatten, instance_arg_pieces
+from llamanix.config.model import Config, Instance, Router
 from llamanix.core.errors import Problem, UserError
 from llamanix.core.json_value import JsonObject
 from llamanix.core.probe import Capabilities

@@ -18,9 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import llamanix
-from llamanix.core import file_reader
-from llamanix.core.address import connect_url, is_loopback
-from llamanix.core.argv import (
+from llamanix.config.argv import (
     SLOT_SAVE_FLAG,
     dialect_warning,
     flatten,
@@ -28,9 +26,11 @@ from llamanix.core.argv import (
     resolve_variant,
     state_dir_spec,
 )
-from llamanix.core.config import Config, Host, Instance, suggest
+from llamanix.config.host_choice import pick_host
+from llamanix.config.model import Config, Host, Instance, suggest
+from llamanix.core import file_reader
+from llamanix.core.address import connect_url, is_loopback
 from llamanix.core.errors import Problem, UserError
-from llamanix.core.host_choice import pick_host
 from llamanix.core.probe import Capabilities
 from llamanix.core.readiness import start_timeout_s
 from llamanix.core.types import child_name
@@ -114,7 +114,7 @@ def _readiness_line(inst: Instance, api_key: bool) -> systemd.UnitText:
     # with DynamicUser=, and user units, whose sandbox is a mount namespace): "+" starts the
     # check outside the sandbox, as root in a system unit and as the user in a user unit; it
     # reads the key as the server sees it and becomes the server's user before any request
-    # (llamanix.measure.readiness says why that is safe).
+    # (llamanix.server.readiness says why that is safe).
     if api_key:
         words += ["--api-key-file", _CREDENTIAL_PATH, "--as-server-user"]
     # systemd substitutes the main process's pid: the check stops as soon as the server exits.
@@ -312,7 +312,7 @@ def render_host(
     """Render in memory; raises UserError (nothing written) when anything is wrong.
 
     ``vram``: each router member's VRAM need, for the router's residency (None: unknown, as
-    for a host without a GPU). Commands call ``deploy.host_render.render_host``, which reads
+    for a host without a GPU). Commands call ``render.host_render.render_host``, which reads
     the needs from the model files (a render stays a pure function of what it is given)."""
     name = pick_host(config, host)
     kind = config.hosts[name].kind
@@ -394,7 +394,7 @@ def render_router(
         argv = routing.llama_server_router_argv(
             config, host_name, members, plan, f"%d/{config_name}", key_path
         )
-        environment_of = insts[0].environment  # equal for all members (core.config checks)
+        environment_of = insts[0].environment  # equal for all members (config.model checks)
     else:
         binary = router.binary or ("llama-swap" if host.kind == "nixos" else None)
         if binary is None:

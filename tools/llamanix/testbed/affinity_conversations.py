@@ -26,8 +26,8 @@ from pathlib import Path
 
 import httpx
 
+from llamanix.bench.prompts import load_prompts
 from llamanix.external.process import run_captured
-from llamanix.measure.prompts import load_prompts
 
 FIRST_CHARS = 7200  # about 1,800 tokens of English text
 TURN_CHARS = 1200  # about 300

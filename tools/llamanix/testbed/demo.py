@@ -39,16 +39,16 @@ from typing import Literal
 from rich.console import Console
 from rich.table import Table
 
-from llamanix.core.config import load_config
+from llamanix.bench.bench import run_bench
+from llamanix.bench.bench_results import BenchResult, BenchSettings
+from llamanix.bench.prompts import Prompt
+from llamanix.config.model import load_config
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
-from llamanix.deploy.host_render import render_host
 from llamanix.external.files import atomic_write, work_dir
 from llamanix.external.process import run_captured
-from llamanix.measure.bench import run_bench
-from llamanix.measure.bench_results import BenchResult, BenchSettings
-from llamanix.measure.prompts import Prompt
-from llamanix.measure.server_process import LlamaServer, free_port
+from llamanix.render.host_render import render_host
 from llamanix.render.units import write_render
+from llamanix.server.server_process import LlamaServer, free_port
 from llamanix.testbed import real_model, real_text, server_build, up_process
 from llamanix.testbed.synth import SynthSpec, synth_model
 
@@ -203,7 +203,7 @@ def deploy_config_text(binary: Path, models: DemoModels, ports: dict[str, int]) 
 def measure(
     url: str, label: str, speculation: str, tokens: int, runs: int
 ) -> tuple[BenchResult, DemoRow]:
-    """Streamed chat completions through llamanix.measure.bench: one warm-up, then ``runs`` runs."""
+    """Streamed chat completions through llamanix.bench.bench: one warm-up, then ``runs`` runs."""
     settings = BenchSettings(url=url, max_tokens=(tokens,), runs=runs, warmup=1, label=label)
     prompt = Prompt("demo", ({"role": "user", "content": DEMO_PROMPT},))
     result = run_bench(settings, [prompt])

@@ -40,10 +40,10 @@ from pathlib import Path
 from typing import IO, Any
 
 from llamanix.core.errors import ExternalCommandError
-from llamanix.deploy.fleet.remote import sudoers_line
 from llamanix.external import cgroups, container, netns, ssh_keys
 from llamanix.external.process import Finished, TextChild, wait_exit
 from llamanix.external.signals import signal_group
+from llamanix.fleet.remote import sudoers_line
 from llamanix.testbed import hosts
 from llamanix.testbed.hosts import Host, HostName
 

@@ -11,10 +11,10 @@ from pathlib import Path
 
 from llamanix.core.errors import ExternalCommandError
 from llamanix.core.schema import LITELLM_VERSION
-from llamanix.deploy.gateway_venv import requirement
 from llamanix.external import pip
 from llamanix.external.files import atomic_write, locked
 from llamanix.external.process import run_captured
+from llamanix.hosts.gateway_venv import requirement
 from llamanix.testbed import hosts
 from llamanix.testbed.hosts import Host
 from llamanix.testbed.server_build import cache_root

@@ -29,15 +29,15 @@ from pathlib import Path
 
 from rapidfuzz.distance import Levenshtein
 
-from llamanix.core.config import Config, parse_config
+from llamanix.bench.bench_results import RunResult
+from llamanix.bench.interval import RatioInterval, paired_speedup
+from llamanix.bench.prompts import Prompt, load_prompts
+from llamanix.bench.workloads import run_interleaved as interleaved
+from llamanix.config.model import Config, parse_config
 from llamanix.core.errors import UserError
 from llamanix.core.json_value import JsonObject
-from llamanix.deploy.host_render import render_host
-from llamanix.measure.bench_results import RunResult
-from llamanix.measure.interval import RatioInterval, paired_speedup
-from llamanix.measure.prompts import Prompt, load_prompts
-from llamanix.measure.server_process import LlamaServer, free_port
-from llamanix.measure.workloads import run_interleaved as interleaved
+from llamanix.render.host_render import render_host
+from llamanix.server.server_process import LlamaServer, free_port
 
 HOST = "local"
 THREADS = 2

@@ -12,14 +12,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from llamanix.core.config import Config
+from llamanix.bench.bench import run_bench
+from llamanix.bench.bench_results import BenchSettings
+from llamanix.bench.interval import RatioInterval
+from llamanix.bench.prompts import Prompt
+from llamanix.bench.synthetic_acceptance import SweepRequest, mean_length, plan_sweep, run_sweep
+from llamanix.config.model import Config
 from llamanix.core.json_value import JsonObject
-from llamanix.external.llama_bench import LlamaBenchTest, llama_bench_argv, run_llama_bench
-from llamanix.measure.bench import run_bench
-from llamanix.measure.bench_results import BenchSettings
-from llamanix.measure.client import LlamaClient
-from llamanix.measure.interval import RatioInterval
-from llamanix.measure.lossless import (
+from llamanix.diagnose.lossless import (
     Answer,
     LosslessSettings,
     WorkloadSummary,
@@ -27,13 +27,8 @@ from llamanix.measure.lossless import (
     compare_runs,
     summarise_workloads,
 )
-from llamanix.measure.prompts import Prompt
-from llamanix.measure.synthetic_acceptance import (
-    SweepRequest,
-    mean_length,
-    plan_sweep,
-    run_sweep,
-)
+from llamanix.external.llama_bench import LlamaBenchTest, llama_bench_argv, run_llama_bench
+from llamanix.server.client import LlamaClient
 from llamanix.testbed.real_text import (
     NGRAM_MOD,
     PLAIN,

@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import IO, Any
 
 from llamanix.core.errors import ExternalCommandError
-from llamanix.deploy.state_dir import host_state_root
-from llamanix.deploy.up_status import UpInstance, UpState, read_status
+from llamanix.core.state_dir import host_state_root
 from llamanix.external import interrupt
 from llamanix.external.process import PIPE, TextChild, spawn_text, wait_exit
 from llamanix.external.signals import signal_child, signal_group
+from llamanix.state.up_status import UpInstance, UpState, read_status
 
 UP_START_S = 180.0
 STOP_S = 30.0

@@ -36,10 +36,10 @@ from pathlib import Path
 
 import httpx
 
+from llamanix.bench.interval import median_interval, ratio_interval
+from llamanix.bench.prompts import load_prompts
 from llamanix.core.api_key import read_api_key
 from llamanix.external.process import run_captured
-from llamanix.measure.interval import median_interval, ratio_interval
-from llamanix.measure.prompts import load_prompts
 
 QUESTION = "\n\nQuestion: in one sentence, what was the first text above about?\nAnswer:"
 TARGET_TOKENS = 4000

@@ -1,0 +1,1 @@
+"""Is it right and fast: doctor and its inputs, smoke, the CUDA checks, lossless."""

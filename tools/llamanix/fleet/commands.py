@@ -1,0 +1,155 @@
+"""What ``switch`` and ``rollback`` do, for one host or several: read the config once, lock the
+hosts, and switch or roll back each where it lives (fleet.dispatch). The rolling switch's
+order, batches and stopping rules are fleet.rollout's."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from types import FrameType
+
+from llamanix.core.errors import ExternalCommandError, UserError
+from llamanix.external import ssh
+from llamanix.external.process import Runner
+from llamanix.fleet import remote
+from llamanix.fleet.cache_move import CacheMoves
+from llamanix.fleet.dispatch import FleetOps, rollback_one, switch_one
+from llamanix.fleet.rollout import Rollout, RolloutOptions, plan_batches, run_rollout
+from llamanix.switch.request import HostChoice, RollbackRequest, SwitchRequest, read_locked
+from llamanix.switch.rollback import rollback_host
+from llamanix.switch.switch_records import Echo, HostOutcome, RollbackOptions, SwitchOptions
+
+
+def switch(
+    path: Path,
+    host: str | None,
+    opts: SwitchOptions,
+    runner: Runner,
+    echo: Echo,
+    new_text: str | None = None,
+) -> HostOutcome:
+    """Switch one host (None: the config's only one); several are a rollout
+    (``rolling_switch``). ``new_text``: switch to this text instead of the file's with --set
+    applied.
+
+    The host's lock is held for the whole switch (--wait: how long to wait for another
+    switch, rollback or pin to finish), the config read under it (see ``read_locked``); a dry
+    run changes nothing and locks nothing."""
+    opts.gate_kind(str(path))  # bad options: one line before anything is read or locked
+
+    def read() -> SwitchRequest:
+        return SwitchRequest.read(path, HostChoice(host), opts, new_text)
+
+    def run(request: SwitchRequest) -> HostOutcome:
+        return switch_one(request, request.hosts[0], request.old_text, runner, echo)
+
+    if runner.dry_run:
+        return run(read())
+    with ExitStack() as locks:
+        return run(read_locked(read, locks, opts.wait_s, "switch", echo))
+
+
+def rollback(
+    path: Path, host: str | None, opts: RollbackOptions, runner: Runner, echo: Echo
+) -> int | None:
+    """Serve an earlier generation again (``opts.to``; None: the newest good one before the
+    current) and put its config back: the generation now serving (None after a dry run of a
+    remote host's)."""
+
+    def read() -> RollbackRequest:
+        return RollbackRequest.read(path, HostChoice(host), opts)
+
+    if runner.dry_run:
+        return rollback_one(read(), runner, echo)
+    with ExitStack() as locks:
+        return rollback_one(read_locked(read, locks, opts.wait_s, "rollback", echo), runner, echo)
+
+
+@contextmanager
+def _stop_between_hosts(echo: Echo) -> Iterator[list[bool]]:
+    """The first SIGINT or SIGTERM asks the rollout to stop once the hosts under way are
+    done; a second one interrupts at once."""
+    asked = [False]
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        if asked[0]:
+            # The hosts under way talk to ssh in sessions of their own, which the signal
+            # did not reach: end them, so that the batch ends now, not when they do.
+            ssh.stop_all()
+            raise KeyboardInterrupt
+        asked[0] = True
+        echo(f"rollout: {signal.Signals(signum).name}: stopping after the hosts under way")
+
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield asked
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+        ssh.allow_again()
+
+
+def rolling_switch(
+    path: Path,
+    hosts: str | None,
+    opts: SwitchOptions,
+    rollout_opts: RolloutOptions,
+    runner: Runner,
+    echo: Echo,
+) -> Rollout:
+    """``switch --hosts a,b,c`` (or ``--all-hosts``, hosts None): see fleet.rollout."""
+    opts.gate_kind(str(path))
+
+    def read() -> SwitchRequest:
+        return SwitchRequest.read(path, HostChoice(hosts=hosts, several=True), opts)
+
+    def run(request: SwitchRequest) -> Rollout:
+        moves = None
+        if request.config.gateway is not None:
+            batches = plan_batches(request.order, rollout_opts.batch)
+            old = request.old_config or request.config
+            moves = CacheMoves(old, request.config, batches, runner, echo)
+        ops = FleetOps(request, runner, echo, rollout_opts.preflight_timeout_s, moves)
+        with _stop_between_hosts(echo) as asked:
+            return run_rollout(request.order, rollout_opts, ops, echo, lambda: asked[0])
+
+    if runner.dry_run:
+        return run(read())
+    with ExitStack() as locks:
+        return run(read_locked(read, locks, opts.wait_s, "switch", echo))
+
+
+def fleet_rollback(
+    path: Path, hosts: str | None, opts: RollbackOptions, runner: Runner, echo: Echo
+) -> list[HostOutcome]:
+    """``rollback --hosts a,b``: each host back to ``opts.to`` (or its previous good
+    generation), in the order given, stopping at the first that fails."""
+
+    def read() -> RollbackRequest:
+        return RollbackRequest.read(path, HostChoice(hosts=hosts, several=True), opts)
+
+    def run(request: RollbackRequest) -> list[HostOutcome]:
+        outcomes: list[HostOutcome] = []
+        for host in request.order:
+            rh = remote.remote_host(request.config, host)
+            try:
+                if rh is not None:
+                    outcomes.append(remote.remote_rollback(rh, opts, runner, echo))
+                    continue
+                gen = rollback_host(request.of(host), runner, echo)
+                outcomes.append(HostOutcome(host, "passed", gen.number))
+            except (ExternalCommandError, UserError) as err:
+                echo(f"{host}: {err}")
+                outcomes.append(HostOutcome(host, "failed", None, str(err)))
+                break
+        return outcomes
+
+    if runner.dry_run:
+        return run(read())
+    with ExitStack() as locks:
+        return run(read_locked(read, locks, opts.wait_s, "rollback", echo))
+
+
+__all__ = ["fleet_rollback", "rollback", "rolling_switch", "switch"]

@@ -1,0 +1,249 @@
+"""A switch or a rollback as read: the config file once, its parse, the hosts it touches and the
+options, with those hosts' locks held.
+
+Every stage of a switch (switch.transaction here, fleet over ssh) and of a rollback
+(switch.rollback) takes what it needs from the request, so nothing reads or parses the config
+again.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Protocol, TypeVar
+
+from llamanix.config.host_choice import pick_host
+from llamanix.config.model import Config, suggest
+from llamanix.core.errors import Problem, UserError
+from llamanix.hosts.leftovers import Scope, local_scope
+from llamanix.render.host_render import render_known_host
+from llamanix.render.manifest import Render
+from llamanix.state.config_edit import (
+    ConfigText,
+    apply_sets,
+    lenient_parse,
+    parse_text,
+    read_config,
+    rewrite_problem,
+)
+from llamanix.state.gate_records import GateKind
+from llamanix.state.generations import HostState
+from llamanix.state.host_lock import host_lock, units_lock
+from llamanix.switch.gate import GatePrompts
+from llamanix.switch.switch_records import Echo, RollbackOptions, SwitchOptions
+
+# switch's host that means every host of the config, in config order.
+ALL_HOSTS = "all"
+
+
+@dataclass(frozen=True)
+class SwitchRequest:
+    """One switch as read: the config file, the text with --set applied and its parse, the
+    hosts it switches (in config order) and the options. Made once, with the hosts' locks held
+    (see ``read_locked``)."""
+
+    source: ConfigText  # the file as read: the text a failed gate puts back
+    new_text: str
+    config: Config  # new_text, parsed
+    hosts: tuple[str, ...]  # in config order: the order their locks are taken in
+    order: tuple[str, ...]  # the order they are switched in (--hosts' own)
+    opts: SwitchOptions
+    gate: GateKind
+    # Each host this machine switches, rendered once (a remote plain-systemd host renders
+    # its own): a bad value of any host stops the switch before anything is written.
+    renders: Mapping[str, Render]
+    # The bench gate's prompts (--gate-prompts), loaded once; None: the default.
+    prompts: GatePrompts | None = None
+
+    @staticmethod
+    def read(
+        path: Path, which: HostChoice, opts: SwitchOptions, new_text: str | None = None
+    ) -> SwitchRequest:
+        """Read the file, apply --set, parse and render (every value checked before anything
+        is written). ``new_text``: the text to switch to in place of the file's with --set
+        applied (a remote host's agent gets it from the switch that runs there over ssh)."""
+        source = read_config(path)
+        if new_text is None:
+            new_text = apply_sets(path, source.text, opts.sets)
+        config = parse_text(path, new_text)
+        if new_text != source.text:
+            cannot = rewrite_problem(path)
+            if cannot is not None:
+                raise UserError(cannot)
+        order = which.hosts_of(config)
+        gate = opts.gate_kind(str(path))
+        renders = {
+            h: render_known_host(config, h) for h in order if not config.hosts[h].runs_own_switch
+        }
+        hosts = tuple(h for h in config.hosts if h in order)
+        return SwitchRequest(
+            source, new_text, config, hosts, order, opts, gate, renders, opts.bench_prompts()
+        )
+
+    @property
+    def path(self) -> Path:
+        return self.source.path
+
+    def units_scope(self, host: str) -> Scope | None:
+        """The units on this machine that switching ``host`` changes (None: another
+        machine's)."""
+        return local_scope(self.path, self.config, host, self.opts.manager, self.opts.units_dir)
+
+    @property
+    def old_text(self) -> str:
+        return self.source.text
+
+    @functools.cached_property
+    def old_config(self) -> Config | None:
+        """The config before --set, for the instances it ran (a baseline measured on them, and
+        whether they serve again after a failed gate): the one parse when --set changed
+        nothing, else that text parsed on first use; None when it is not valid."""
+        if self.old_text == self.new_text:
+            return self.config
+        return lenient_parse(self.path, self.old_text)
+
+
+@dataclass(frozen=True)
+class HostChoice:
+    """Which hosts a command works on: ``--host`` (a name, or None for the config's only
+    host), or ``--hosts a,b`` (in the order given; None with ``--all-hosts``, or
+    ``--host all``)."""
+
+    host: str | None = None
+    hosts: str | None = None
+    several: bool = False  # --hosts or --all-hosts
+
+    def hosts_of(self, config: Config) -> tuple[str, ...]:
+        """The hosts, in the order they are worked on."""
+        if self.several:
+            every = tuple(config.hosts)
+            return every if self.hosts is None else parse_hosts(self.hosts, every, config.source)
+        return (pick_host(config, self.host),)
+
+
+def parse_hosts(text: str, known: Sequence[str], source: str) -> tuple[str, ...]:
+    """``--hosts a,b,c``: names of the config's hosts, each once, in the order given."""
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    if not names:
+        raise UserError(Problem(source, "--hosts", "names no host", "e.g. --hosts gpu1,gpu2"))
+    for name in names:
+        if name not in known:
+            raise UserError(
+                Problem(
+                    source,
+                    "--hosts",
+                    f"no host '{name}' in the config",
+                    suggest(name, tuple(known)),
+                )
+            )
+    seen = [n for i, n in enumerate(names) if n in names[:i]]
+    if seen:
+        raise UserError(
+            Problem(source, "--hosts", f"'{seen[0]}' is named twice", "name each host once")
+        )
+    return names
+
+
+@dataclass(frozen=True)
+class RollbackRequest:
+    """One rollback as read: the config file, its parse, the hosts (in config order; one, but
+    for ``rollback --hosts``) and the options. Made once, with the hosts' locks held (see
+    ``read_locked``)."""
+
+    source: ConfigText
+    config: Config
+    hosts: tuple[str, ...]  # in config order: the order their locks are taken in
+    order: tuple[str, ...]  # the order they are rolled back in
+    opts: RollbackOptions
+
+    @staticmethod
+    def read(path: Path, which: HostChoice, opts: RollbackOptions) -> RollbackRequest:
+        source = read_config(path)
+        config = parse_text(path, source.text)
+        order = which.hosts_of(config)
+        hosts = tuple(h for h in config.hosts if h in order)
+        return RollbackRequest(source, config, hosts, order, opts)
+
+    @property
+    def host(self) -> str:
+        """The host of a rollback of one."""
+        return self.hosts[0]
+
+    def of(self, host: str) -> RollbackRequest:
+        """The rollback of ``host`` alone."""
+        return replace(self, hosts=(host,), order=(host,))
+
+    @property
+    def path(self) -> Path:
+        return self.source.path
+
+    def units_scope(self, host: str) -> Scope | None:
+        """The units on this machine that rolling ``host`` back changes (None: another
+        machine's)."""
+        return local_scope(self.path, self.config, host, self.opts.manager, self.opts.units_dir)
+
+    def config_of(self, text: str) -> Config | None:
+        """A generation's config: the parse already made when it is the file's text, else
+        ``text`` parsed (None when it is not valid)."""
+        return self.config if text == self.source.text else lenient_parse(self.path, text)
+
+
+def _recover(state: HostState, echo: Echo) -> None:
+    """Tidy what a killed switch or rollback of this host left (the caller holds the lock)."""
+    for note in state.recover():
+        echo(f"{state.host}: {note}")
+
+
+class _Request(Protocol):
+    """What ``read_locked`` needs of a request: the file as read, and the hosts to lock."""
+
+    @property
+    def source(self) -> ConfigText: ...
+
+    @property
+    def hosts(self) -> tuple[str, ...]: ...
+
+    def units_scope(self, host: str) -> Scope | None: ...
+
+
+_R = TypeVar("_R", bound=_Request)
+
+
+def read_locked(
+    read: Callable[[], _R], locks: ExitStack, wait_s: float, command: str, echo: Echo
+) -> _R:
+    """The request, read once, with its hosts' locks and their units' locks held (in
+    ``locks``) and what a killed command left in the hosts' state tidied.
+
+    Which locks to take follows from the config (``all``, or its only host when none is
+    named), so the request is read before them: with the locks held, the file's stamp says
+    whether it still holds the text read, and only when another command wrote it meanwhile
+    (the switch a --wait waited for) is it read again, its hosts' locks taken anew. So an
+    uncontended switch or rollback reads and parses the config once, and none works from a
+    text the file no longer holds once the locks are held.
+    """
+    request = read()
+    locked: tuple[str, ...] = ()
+    while True:
+        if request.hosts != locked:
+            locks.close()
+            path = request.source.path
+            for name in request.hosts:  # always in config order, so two callers cannot deadlock
+                state = HostState.beside(path, name)
+                locks.enter_context(
+                    host_lock(state.root, f"host {name}", str(path), wait_s, command=command)
+                )
+                _recover(state, echo)
+            # Then the units they change on this machine, whatever config names them (the
+            # fleet agent's copy, a local file): always after the hosts' locks and in one
+            # order, so that nobody waits for a host's lock while holding units.
+            units = {s.units_dir.resolve() for h in request.hosts if (s := request.units_scope(h))}
+            for units_dir in sorted(units):
+                locks.enter_context(units_lock(units_dir, str(path), wait_s, command=command))
+            locked = request.hosts
+        if request.source.unchanged():
+            return request
+        request = read()
