@@ -54,6 +54,8 @@ SPEC_PARAMS = ("n_max", "n_min", "p_min", "draft_ctx_size", "dflash_max_slots", 
 # enum, a layer word), a number, a boolean, a tuple of strings (list_str, enum_list) or a table
 # of strings (dict_str).
 FieldValue: TypeAlias = str | int | float | bool | tuple[str, ...] | dict[str, str]
+_Number = TypeVar("_Number", int, float)
+_Record = TypeVar("_Record")
 
 
 @dataclass(frozen=True)
@@ -392,10 +394,6 @@ class _Checker:
             )
             return None
         return value
-
-
-_Number = TypeVar("_Number", int, float)
-_Record = TypeVar("_Record")
 
 
 # A checked value read back as its kind's type. The check made it so: anything else is a bug in
