@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import os
 import shlex
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import click
 from click.shell_completion import CompletionItem
@@ -34,7 +34,7 @@ def _config_path(ctx: click.Context) -> Path:
     return next((Path(w) for w in words[1:] if w.endswith(".toml")), DEFAULT_CONFIG)
 
 
-def _table(ctx: click.Context, key: str) -> dict[str, Any]:
+def _table(ctx: click.Context, key: str) -> Mapping[str, object]:
     config = _config_path(ctx)
     try:
         data = file_reader.read_toml(Path(config))

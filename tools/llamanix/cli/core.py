@@ -25,6 +25,7 @@ from llamanix.config.probe_diff import probe_diff
 from llamanix.core import schema
 from llamanix.core.errors import Problem, UserError
 from llamanix.core.gpus import arch_mismatch, load_gpus
+from llamanix.core.json_value import JsonObject
 from llamanix.core.probe import Capabilities, load_capabilities
 from llamanix.external.files import atomic_write
 from llamanix.external.llama_server import probe_binary
@@ -94,7 +95,7 @@ def validate(
     --remote: only where each path is counts there. NixOS hosts get neither check (the module
     puts the programs in the store)."""
     caps = _load_caps(capabilities)
-    results: list[dict[str, Any]] = []
+    results: list[JsonObject] = []
     failed: list[UserError] = []
     for config in configs:
         try:
@@ -105,7 +106,7 @@ def validate(
                 {"config": str(config), "ok": False, "problems": [str(p) for p in err.problems]}
             )
             continue
-        results.append({"config": str(config), "ok": True, "instances": sorted(cfg.instances)})
+        results.append({"config": str(config), "ok": True, "instances": [*sorted(cfg.instances)]})
         if not as_json:
             click.echo(
                 f"{config}: ok ({_count(len(cfg.instances), 'instance')} on "

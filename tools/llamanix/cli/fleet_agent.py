@@ -18,13 +18,14 @@ fixed pattern) or the gateway's routes: never a path.
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Literal
 
 import click
 
 from llamanix.cli.options import exit_with
 from llamanix.core import file_reader
 from llamanix.core.errors import Problem, UserError
+from llamanix.core.json_value import JsonObject, JsonValue
 from llamanix.external.process import Runner
 from llamanix.fleet import agent
 from llamanix.fleet.protocol import (
@@ -172,9 +173,9 @@ def _answer(value: object) -> None:
     click.echo(ANSWER + json.dumps(value))
 
 
-def _step_order(step: CacheStep, source: str) -> dict[str, Any]:
+def _step_order(step: CacheStep, source: str) -> JsonObject:
     try:
-        order = json.loads(step.order)
+        order: JsonValue = json.loads(step.order)
     except ValueError as err:
         raise UserError(Problem(source, "cache.order", f"not JSON: {err}")) from None
     if not isinstance(order, dict):
@@ -182,7 +183,7 @@ def _step_order(step: CacheStep, source: str) -> dict[str, Any]:
     return order
 
 
-def _field(order: dict[str, Any], name: str, source: str) -> str:
+def _field(order: JsonObject, name: str, source: str) -> str:
     """A name the step's order must carry: missing or not a string is refused, never read as
     the name "None"."""
     value = order.get(name)

@@ -11,10 +11,10 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import TypeAlias, TypeVar, cast
 
 from llamanix.core import file_reader, schema
 from llamanix.core.address import SshTarget, is_loopback, parse_target
@@ -49,6 +49,13 @@ _SECRET_ENV = ("LLAMA_API_KEY", "LLAMA_ARG_API_KEY")
 # Speculative parameters besides type and the draft model, in the order argv renders them. They
 # belong to the first type of a chain.
 SPEC_PARAMS = ("n_max", "n_min", "p_min", "draft_ctx_size", "dflash_max_slots", "dflash_cross_ctx")
+
+# What a field's check (_Checker.value) gives back, by the schema's kind: a string (str, path,
+# enum, a layer word), a number, a boolean, a tuple of strings (list_str, enum_list) or a table
+# of strings (dict_str).
+FieldValue: TypeAlias = str | int | float | bool | tuple[str, ...] | dict[str, str]
+_Number = TypeVar("_Number", int, float)
+_Record = TypeVar("_Record")
 
 
 @dataclass(frozen=True)
@@ -200,7 +207,7 @@ class Config:
     source: str
     hosts: dict[str, Host]
     instances: dict[str, Instance]
-    raw: dict[str, Any]
+    raw: Mapping[str, object]
     gateway: Gateway | None = None
     metrics: Metrics | None = None
 
@@ -235,7 +242,7 @@ class _Checker:
     def add(self, where: str, message: str, fix: str = "") -> None:
         self.problems.append(Problem(self.source, where, message, fix))
 
-    def table(self, where: str, value: Any) -> dict[str, Any]:
+    def table(self, where: str, value: object) -> Mapping[str, object]:
         if isinstance(value, dict):
             return value
         self.add(where, f"must be a table, got {_describe(value)}", f"write [{where}]")
@@ -246,7 +253,9 @@ class _Checker:
             if key not in known:
                 self.add(f"{where}.{key}", "unknown key", suggest(key, known))
 
-    def value(self, where: str, f: Field, value: Any, variants: tuple[str, ...] = ()) -> Any:
+    def value(
+        self, where: str, f: Field, value: object, variants: tuple[str, ...] = ()
+    ) -> FieldValue | None:
         """Check one value against its field; returns the value or None when wrong."""
         kind = f.kind
         if kind in (schema.STR, schema.PATH):
@@ -295,7 +304,7 @@ class _Checker:
                     )
                     return None
                 return value
-            if value in ("all", "auto"):
+            if isinstance(value, str) and value in ("all", "auto"):
                 return value
             self.add(
                 where,
@@ -349,16 +358,18 @@ class _Checker:
             return None
         return value
 
-    def _enum_list(self, where: str, f: Field, value: Any) -> tuple[str, ...] | None:
-        items = value if isinstance(value, list) else [value]
-        if not items:
+    def _enum_list(self, where: str, f: Field, value: object) -> tuple[str, ...] | None:
+        given_items: list[object] = value if isinstance(value, list) else [value]
+        if not given_items:
             self.add(where, "is an empty list", f'write one value, e.g. "{f.values[0]}"')
             return None
-        for item in items:
+        items: list[str] = []
+        for item in given_items:
             if not isinstance(item, str) or item not in f.values:
                 given = one_line(item) if isinstance(item, str) else _describe(item)
                 self.add(where, f"unknown value '{given}'", suggest(str(given), f.values))
                 return None
+            items.append(item)
         if len(items) > 1 and "none" in items:
             self.add(where, "'none' in a chain", 'write "none" alone, or leave it out')
             return None
@@ -367,7 +378,7 @@ class _Checker:
             return None
         return tuple(items)
 
-    def _bounds(self, where: str, f: Field, value: float) -> Any:
+    def _bounds(self, where: str, f: Field, value: _Number) -> _Number | None:
         if f.minimum is not None and value < f.minimum:
             self.add(
                 where,
@@ -383,6 +394,39 @@ class _Checker:
             )
             return None
         return value
+
+
+# A checked value read back as its kind's type. The check made it so: anything else is a bug in
+# core/schema.py, never in the file.
+
+
+def _text(value: FieldValue | None) -> str | None:
+    """A string field's value; None when absent or refused."""
+    if value is None or isinstance(value, str):
+        return value
+    raise AssertionError(f"checked value {value!r} is not a string")
+
+
+def _texts(value: FieldValue | None) -> tuple[str, ...]:
+    """A list of strings' value; () when absent or refused."""
+    if value is None or isinstance(value, tuple):
+        return value or ()
+    raise AssertionError(f"checked value {value!r} is not a tuple of strings")
+
+
+def _text_table(value: FieldValue | None) -> dict[str, str]:
+    """A table of strings' value; {} when absent or refused."""
+    if value is None or isinstance(value, dict):
+        return value or {}
+    raise AssertionError(f"checked value {value!r} is not a table of strings")
+
+
+def _record(record: Callable[..., _Record], values: Mapping[str, object]) -> _Record:
+    """A config record from its checked values, by field name (a key left out keeps the
+    record's default). The one place the schema's kinds meet the records' annotations, which
+    mypy cannot follow through a table: tests/test_schema.py checks each field's kind against
+    the annotation of the record field it fills."""
+    return record(**values)
 
 
 def _number(value: float) -> str:
@@ -402,7 +446,7 @@ def _range_fix(f: Field) -> str:
     return f"use a value of at most {hi}"
 
 
-def _first_not_str(value: Any) -> str:
+def _first_not_str(value: object) -> str:
     """What a list or table of strings holds that is not a string: the item itself (an
     integer, a table...), with its key, so the message points at what to change."""
     if isinstance(value, list):
@@ -416,10 +460,10 @@ def _first_not_str(value: Any) -> str:
     return _describe(value)
 
 
-def _quote_fix(value: Any) -> str:
+def _quote_fix(value: object) -> str:
     """How to write the first item of a list or table of strings that is not one: a number or
     a boolean quoted (an environment variable's 1 is "1"), anything else as a string."""
-    items: list[tuple[str | None, Any]] = []
+    items: list[tuple[str | None, object]] = []
     if isinstance(value, dict):
         items = [(str(k), v) for k, v in value.items()]
     elif isinstance(value, list):
@@ -444,7 +488,7 @@ def _key(key: str) -> str:
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 
 
-def _describe(value: Any) -> str:
+def _describe(value: object) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):
@@ -468,11 +512,13 @@ def read_config_text(path: Path) -> str:
     return file_reader.read_text(path)
 
 
-def config_data(text: str, source: str, is_json: bool) -> dict[str, Any]:
+def config_data(text: str, source: str, is_json: bool) -> dict[str, object]:
     """A config's text as the table ``parse_config`` checks: JSON (a key given twice refused)
     or TOML, nesting bounded, and no string or key holding a NUL byte (no path, name or
     argument can hold one: the kernel, systemd and argv all end a string there)."""
-    data = file_reader.parse_json(text, source) if is_json else file_reader.parse_toml(text, source)
+    data: object = (
+        file_reader.parse_json(text, source) if is_json else file_reader.parse_toml(text, source)
+    )
     if not isinstance(data, dict):
         raise UserError(Problem(source, "", "the top level must be a table"))
     nul = _nul_field(data)
@@ -483,9 +529,9 @@ def config_data(text: str, source: str, is_json: bool) -> dict[str, Any]:
     return data
 
 
-def _nul_field(data: dict[str, Any]) -> str | None:
+def _nul_field(data: Mapping[str, object]) -> str | None:
     """The dotted name of the first key or string value that holds a NUL byte, else None."""
-    stack: list[tuple[str, Any]] = [("", data)]
+    stack: list[tuple[str, object]] = [("", data)]
     while stack:
         where, node = stack.pop()
         if isinstance(node, str):
@@ -509,7 +555,7 @@ def load_config(path: Path) -> Config:
     return parse_config(config_data(text, source, path.suffix == ".json"), source)
 
 
-def parse_config(data: dict[str, Any], source: str) -> Config:
+def parse_config(data: Mapping[str, object], source: str) -> Config:
     """Check and type a config; raises UserError listing every problem found."""
     c = _Checker(source)
     for key in data:
@@ -589,7 +635,7 @@ def _free_name(c: _Checker, name: str) -> bool:
     return True
 
 
-def _parse_hosts(c: _Checker, raw: dict[str, Any]) -> dict[str, Host]:
+def _parse_hosts(c: _Checker, raw: Mapping[str, object]) -> dict[str, Host]:
     hosts: dict[str, Host] = {}
     known = (*schema.HOSTS, *schema.HOST_TABLES)
     for name, table in raw.items():
@@ -598,15 +644,15 @@ def _parse_hosts(c: _Checker, raw: dict[str, Any]) -> dict[str, Host]:
             continue
         table = c.table(where, table)
         c.unknown_keys(where, table, known)
-        values: dict[str, Any] = {}
+        values: dict[str, FieldValue | None] = {}
         for key, f in schema.HOSTS.items():
             if key in table:
                 values[key] = c.value(f"{where}.{key}", f, table[key])
-        gpu = values.get("gpu")
+        gpu = _text(values.get("gpu"))
         if gpu is not None and gpu not in load_gpus():
             c.add(f"{where}.gpu", f"unknown GPU '{gpu}'", suggest(gpu, tuple(load_gpus())))
             gpu = None
-        archs = values.get("cuda_archs") or ()
+        archs = _texts(values.get("cuda_archs"))
         for arch in archs:
             if not _CUDA_ARCH.match(arch):
                 c.add(
@@ -614,7 +660,7 @@ def _parse_hosts(c: _Checker, raw: dict[str, Any]) -> dict[str, Host]:
                     f"'{arch}' is not a compute capability",
                     'write it like "8.6" or "12.0"',
                 )
-        binaries = values.get("binaries") or {}
+        binaries = _text_table(values.get("binaries"))
         for variant, path in binaries.items():
             if variant not in VARIANTS:
                 c.add(
@@ -632,14 +678,14 @@ def _parse_hosts(c: _Checker, raw: dict[str, Any]) -> dict[str, Host]:
         hosts[name] = Host(
             name=name,
             kind=kind,
-            target=_target(c, where, values.get("target"), kind),
+            target=_target(c, where, _text(values.get("target")), kind),
             gpu=gpu,
             cuda_archs=tuple(archs),
             binaries=dict(binaries),
             # checked against the enum
             gpu_sandbox=cast(GpuSandbox, values.get("gpu_sandbox") or "device-allow"),
             router=_parse_router(c, where, table["router"]) if "router" in table else None,
-            build_host=values.get("build_host"),
+            build_host=_text(values.get("build_host")),
             sudo=cast(NixosSudo, values.get("sudo") or "auto"),  # checked against the enum
             kind_stated="kind" in table,
         )
@@ -679,11 +725,11 @@ TARGET_FIX = (
 )
 
 
-def _parse_router(c: _Checker, host_where: str, raw: Any) -> Router | None:
+def _parse_router(c: _Checker, host_where: str, raw: object) -> Router | None:
     where = f"{host_where}.router"
     table = c.table(where, raw)
     c.unknown_keys(where, table, tuple(schema.ROUTER))
-    values: dict[str, Any] = {}
+    values: dict[str, FieldValue | None] = {}
     for key, f in schema.ROUTER.items():
         if key in table:
             values[key] = c.value(f"{where}.{key}", f, table[key])
@@ -692,14 +738,14 @@ def _parse_router(c: _Checker, host_where: str, raw: Any) -> Router | None:
             values[key] = None
     if any(v is None for v in values.values()):
         return None
-    members = values.pop("members")
+    members = _texts(values["members"])
     if not members:
         c.add(f"{where}.members", "is empty", _ROUTER_MISSING["members"])
         return None
     if len(set(members)) < len(members):
         c.add(f"{where}.members", "names an instance twice", "name each member once")
         return None
-    return Router(kind=cast(RouterKind, values.pop("kind")), members=members, **values)
+    return _record(Router, values)
 
 
 _ROUTER_MISSING = {
@@ -715,11 +761,11 @@ _GATEWAY_MISSING = {
 }
 
 
-def _parse_gateway(c: _Checker, raw: Any, hosts: dict[str, Host]) -> Gateway | None:
+def _parse_gateway(c: _Checker, raw: object, hosts: dict[str, Host]) -> Gateway | None:
     where = "gateway"
     table = c.table(where, raw)
     c.unknown_keys(where, table, tuple(schema.GATEWAY))
-    values: dict[str, Any] = {}
+    values: dict[str, FieldValue | None] = {}
     for key, f in schema.GATEWAY.items():
         if key in table:
             values[key] = c.value(f"{where}.{key}", f, table[key])
@@ -728,7 +774,7 @@ def _parse_gateway(c: _Checker, raw: Any, hosts: dict[str, Host]) -> Gateway | N
             values[key] = None
     if any(v is None for v in values.values()):
         return None
-    version = values.get("version", schema.LITELLM_VERSION)
+    version = _text(values.get("version")) or schema.LITELLM_VERSION
     if version in schema.LITELLM_REFUSED:
         c.add(
             f"{where}.version",
@@ -737,8 +783,8 @@ def _parse_gateway(c: _Checker, raw: Any, hosts: dict[str, Host]) -> Gateway | N
         )
         return None
     host = values["host"]
-    if host not in hosts:
-        c.add(f"{where}.host", f"no host '{host}'", suggest(host, tuple(hosts)))
+    if not isinstance(host, str) or host not in hosts:
+        c.add(f"{where}.host", f"no host '{host}'", suggest(str(host), tuple(hosts)))
         return None
     if hosts[host].kind == "systemd-user":
         c.add(
@@ -747,7 +793,7 @@ def _parse_gateway(c: _Checker, raw: Any, hosts: dict[str, Host]) -> Gateway | N
             'run it on a host of kind "systemd" or "nixos"',
         )
         return None
-    return Gateway(**values)
+    return _record(Gateway, values)
 
 
 def remote_exporter_refusal(listen: str) -> tuple[str, str]:
@@ -763,7 +809,7 @@ def remote_exporter_refusal(listen: str) -> tuple[str, str]:
 
 def _parse_metrics(
     c: _Checker,
-    raw: Any,
+    raw: object,
     hosts: dict[str, Host],
     instances: dict[str, Instance],
     gateway: Gateway | None,
@@ -778,7 +824,7 @@ def _parse_metrics(
     }
     if any(v is None for v in values.values()):
         return None
-    metrics = Metrics(**values)
+    metrics = _record(Metrics, values)
     if not is_loopback(metrics.listen) and not metrics.allow_remote:
         c.add("metrics.listen", *remote_exporter_refusal(metrics.listen))
     for inst in instances.values():
@@ -1006,8 +1052,8 @@ def _one_binary_problems(members: list[Instance], host: Host) -> list[tuple[str,
 def _parse_instance(
     c: _Checker,
     name: str,
-    defaults: dict[str, Any],
-    raw: dict[str, Any],
+    defaults: Mapping[str, object],
+    raw: Mapping[str, object],
     hosts: dict[str, Host],
     variants: tuple[str, ...],
 ) -> Instance | None:
@@ -1015,24 +1061,24 @@ def _parse_instance(
     known = tuple(schema.INSTANCE) + schema.INSTANCE_TABLES
     c.unknown_keys(where, raw, known)
     merged = {**defaults, **raw}
-    spec_raw: dict[str, Any] = {}
+    spec_raw: dict[str, object] = {}
     for layer, label in ((defaults, "defaults"), (raw, where)):
         if "speculative" in layer:
             table = c.table(f"{label}.speculative", layer["speculative"])
             c.unknown_keys(f"{label}.speculative", table, tuple(schema.SPECULATIVE))
             spec_raw.update(table)
 
-    values: dict[str, Any] = {}
+    values: dict[str, FieldValue | None] = {}
     for key, f in schema.INSTANCE.items():
         if key in merged:
             origin = where if key in raw else "defaults"
             values[key] = c.value(f"{origin}.{key}", f, merged[key], variants)
-    spec_values: dict[str, Any] = {}
+    spec_values: dict[str, FieldValue | None] = {}
     for key, f in schema.SPECULATIVE.items():
         if key in spec_raw:
             spec_values[key] = c.value(f"{where}.speculative.{key}", f, spec_raw[key])
 
-    host = values.get("host")
+    host = _text(values.get("host"))
     if host is None:
         if len(hosts) == 1:
             host = next(iter(hosts))
@@ -1052,7 +1098,7 @@ def _parse_instance(
     if any(v is None for v in spec_values.values()):
         return None
 
-    for env_key in values.get("environment", {}):
+    for env_key in _text_table(values.get("environment")):
         if not _ENV_NAME.match(env_key):
             c.add(f"{where}.environment.{env_key}", "is not a valid environment variable name")
         elif env_key in _SECRET_ENV:
@@ -1061,7 +1107,7 @@ def _parse_instance(
                 "would put the API key into the unit text",
                 "use api_key_file instead",
             )
-    for arg in values.get("extra_args", ()):
+    for arg in _texts(values.get("extra_args")):
         if arg == "--api-key" or arg.startswith("--api-key="):
             c.add(
                 f"{where}.extra_args",
@@ -1076,9 +1122,9 @@ def _parse_instance(
                 "remove it; sweep acceptance with llamanix bench synthetic",
             )
 
-    spec = Speculative(types=spec_values.pop("type", ("none",)), **spec_values)
-    fields = {k: v for k, v in values.items() if k != "model"}
-    return Instance(name=name, model=model, speculative=spec, **{**fields, "host": host})
+    spec_values["types"] = spec_values.pop("type", ("none",))
+    spec = _record(Speculative, spec_values)
+    return _record(Instance, {**values, "name": name, "host": host, "speculative": spec})
 
 
 def _check_ports(c: _Checker, instances: dict[str, Instance], hosts: dict[str, Host]) -> None:
@@ -1328,7 +1374,7 @@ def _quantized(cache_type: str | None) -> bool:
 
 
 def what_a_unit_cannot_do(
-    data: Mapping[str, Any],
+    data: Mapping[str, object],
     source: str,
     hosts: Mapping[str, Host],
     instances: Mapping[str, Instance],
@@ -1371,7 +1417,7 @@ FIRST_UNPRIVILEGED_PORT = 1024
 
 
 def listening_ports(
-    data: Mapping[str, Any],
+    data: Mapping[str, object],
     hosts: Mapping[str, Host],
     instances: Mapping[str, Instance],
     gateway: Gateway | None,
@@ -1429,7 +1475,7 @@ def _rendered_keys(inst: Instance) -> dict[str, str]:
     """Config key -> the flag llamanix renders for it, for the keys this instance sets."""
     flags = VARIANTS[inst.variant].dialect.flags
     spec = inst.speculative
-    values: dict[str, Any] = {
+    values: dict[str, object] = {
         "model": inst.model,
         "alias": inst.alias,
         "listen": inst.listen,

@@ -31,9 +31,10 @@ import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 from llamanix.core.errors import Problem, UserError, printable
+from llamanix.core.json_value import JsonObject, JsonValue
 
 __all__ = [
     "LIMIT",
@@ -244,8 +245,8 @@ class _DuplicateKey(Exception):
         self.key = key
 
 
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    found: dict[str, Any] = {}
+def _unique_keys(pairs: list[tuple[str, JsonValue]]) -> JsonObject:
+    found: JsonObject = {}
     for key, value in pairs:
         if key in found:
             raise _DuplicateKey(key)
@@ -281,12 +282,12 @@ def _too_deep(source: str, field: str, what: str) -> FileRefused:
     )
 
 
-def parse_json(text: str, source: str, field: str = "") -> Any:
+def parse_json(text: str, source: str, field: str = "") -> JsonValue:
     """JSON text as Python values; one line for a syntax error (its line and column), a key
     given twice in one object, nesting deeper than ``MAX_DEPTH``, or a number Python will not
     read."""
     try:
-        data = json.loads(text, object_pairs_hook=_unique_keys)
+        data: JsonValue = json.loads(text, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as err:
         raise _refuse(
             source,
@@ -310,13 +311,13 @@ def parse_json(text: str, source: str, field: str = "") -> Any:
     return data
 
 
-def parse_toml(text: str, source: str, field: str = "") -> dict[str, Any]:
+def parse_toml(text: str, source: str, field: str = "") -> dict[str, object]:
     """TOML text as a table; one line for a syntax error, nesting deeper than ``MAX_DEPTH``,
     or a number Python will not read."""
     import tomllib  # here: ``llamanix readiness`` reads a key file and never TOML
 
     try:
-        data = tomllib.loads(text)
+        data: dict[str, object] = tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
         raise _refuse(
             source, f"TOML syntax error: {err}", "fix the syntax at that line and column", field
@@ -330,14 +331,16 @@ def parse_toml(text: str, source: str, field: str = "") -> dict[str, Any]:
     return data
 
 
-def read_json(path: Path, *, limit: int = LIMIT, source: str | None = None, field: str = "") -> Any:
+def read_json(
+    path: Path, *, limit: int = LIMIT, source: str | None = None, field: str = ""
+) -> JsonValue:
     where = _source(path, source)
     return parse_json(read_text(path, limit=limit, source=where, field=field), where, field)
 
 
 def json_if_present(
     path: Path, *, limit: int = LIMIT, source: str | None = None, field: str = ""
-) -> Any | None:
+) -> JsonValue | None:
     """``read_json``, or None when there is no such file."""
     where = _source(path, source)
     text = text_if_present(path, limit=limit, source=where, field=field)
@@ -346,6 +349,6 @@ def json_if_present(
 
 def read_toml(
     path: Path, *, limit: int = LIMIT, source: str | None = None, field: str = ""
-) -> dict[str, Any]:
+) -> dict[str, object]:
     where = _source(path, source)
     return parse_toml(read_text(path, limit=limit, source=where, field=field), where, field)

@@ -220,6 +220,10 @@ def load_specs(units_dir: Path) -> dict[str, ServiceSpec]:
             settings = unit_settings(file_reader.read_text(units_dir / unit))
         except file_reader.FileRefused as err:
             raise UserError(Problem(str(units_dir), name, f"incomplete render: {err}")) from None
+        if not isinstance(argv, list):
+            raise UserError(
+                Problem(str(units_dir), name, f"incomplete render: {name}.argv.json is not a list")
+            )
         try:
             specs[name] = ServiceSpec(
                 name=name,

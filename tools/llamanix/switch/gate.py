@@ -25,11 +25,12 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from llamanix.bench.interval import MIN_SAMPLES, Decision, decide, ratio_interval, threshold_of
 from llamanix.bench.prompts import Prompt, load_prompts, warmup_prompt
 from llamanix.core.errors import ExternalCommandError, UserError
+from llamanix.core.json_value import JsonObject, JsonValue
 from llamanix.external.clock import now
 from llamanix.server.metrics import parse_metrics
 from llamanix.state.gate_records import (
@@ -82,8 +83,8 @@ class GateFailed(Exception):
         self.tok_s = tok_s
 
 
-def chat(client: LlamaClient, target: GateTarget, max_tokens: int) -> dict[str, Any]:
-    body: dict[str, Any] = {
+def chat(client: LlamaClient, target: GateTarget, max_tokens: int) -> JsonObject:
+    body: JsonObject = {
         "messages": [{"role": "user", "content": "Say hello in one short sentence."}],
         "max_tokens": max_tokens,
         "temperature": 0,
@@ -93,11 +94,17 @@ def chat(client: LlamaClient, target: GateTarget, max_tokens: int) -> dict[str, 
     resp = client.chat(body)
     if resp.status_code != 200:
         raise GateFailed(f"chat completion: HTTP {resp.status_code}: {resp.text[:200]}")
-    data: Any = resp.json()
+    data: JsonValue = resp.json()
     choices = data.get("choices") if isinstance(data, dict) else None
-    if not choices or "message" not in choices[0]:
+    if (
+        not isinstance(data, dict)
+        or not isinstance(choices, list)
+        or not choices
+        or not isinstance(choices[0], dict)
+        or "message" not in choices[0]
+    ):
         raise GateFailed(f"chat completion without a message: {str(data)[:200]}")
-    return dict(data)
+    return data
 
 
 def _smoke(client: LlamaClient, target: GateTarget) -> str:
@@ -111,8 +118,10 @@ def _smoke(client: LlamaClient, target: GateTarget) -> str:
             raise GateFailed("/metrics has no llamacpp:prompt_tokens_total")
         notes.append("/metrics ok")
     if target.speculative:
-        data = chat(client, target, 64)
-        draft_n = (data.get("timings") or {}).get("draft_n") or 0
+        timings = chat(client, target, 64).get("timings")
+        draft_n = (timings.get("draft_n") if isinstance(timings, dict) else None) or 0
+        if not isinstance(draft_n, int | float):
+            raise GateFailed(f"timings.draft_n is not a number: {str(draft_n)[:200]}")
         if draft_n <= 0:
             raise GateFailed(
                 "speculation is configured but the server drafted nothing (timings.draft_n = 0)"

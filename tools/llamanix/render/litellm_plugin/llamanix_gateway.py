@@ -53,7 +53,6 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 try:
     from litellm.integrations.custom_logger import CustomLogger
@@ -474,7 +473,7 @@ def start_watching(router: Router) -> threading.Event:
 # --- LiteLLM's hooks --------------------------------------------------------------------------
 
 
-def _dict(value: object) -> dict[str, Any]:
+def _dict(value: object) -> Mapping[str, object]:
     return value if isinstance(value, dict) else {}
 
 
@@ -483,7 +482,7 @@ def _deployment_id(deployment: object) -> str | None:
     return None if value is None else str(value)
 
 
-def _call_of(kwargs: Mapping[str, Any]) -> tuple[str | None, str | None, Conversation | None]:
+def _call_of(kwargs: Mapping[str, object]) -> tuple[str | None, str | None, Conversation | None]:
     """(call id, deployment id, conversation) of one request's kwargs, as LiteLLM's logging
     hooks and its failure hook hand them over."""
     call = kwargs.get("litellm_call_id")
@@ -525,63 +524,69 @@ class Handler(CustomLogger):  # type: ignore[misc]
     async def async_filter_deployments(
         self,
         model: str,
-        healthy_deployments: list[Any],
+        healthy_deployments: list[object],
         messages: object,
-        request_kwargs: dict[str, Any] | None = None,
+        request_kwargs: dict[str, object] | None = None,
         parent_otel_span: object = None,
-    ) -> list[Any]:
+    ) -> list[object]:
         kwargs = request_kwargs if request_kwargs is not None else {}
         for where in ("metadata", "litellm_metadata"):
             # Only this filter says which conversation a request continues: a client's own
             # metadata could otherwise move another's conversation, or fill the memory.
-            if isinstance(kwargs.get(where), dict):
-                kwargs[where].pop(CONVERSATION, None)
+            client_metadata = kwargs.get(where)
+            if isinstance(client_metadata, dict):
+                client_metadata.pop(CONVERSATION, None)
         by_id = {_deployment_id(d): d for d in healthy_deployments}
         if None in by_id or not by_id:
             return healthy_deployments
-        metadata = kwargs.get("metadata")
-        if not isinstance(metadata, dict):
-            metadata = _dict(kwargs.get("litellm_metadata"))
+        request_metadata = kwargs.get("metadata")
+        metadata = (
+            request_metadata
+            if isinstance(request_metadata, dict)
+            else _dict(kwargs.get("litellm_metadata"))
+        )
         key = conversation_key(messages, _dict(metadata.get("headers")))
         group = model
         chosen = self.router.choose(group, key, [str(i) for i in by_id])
-        if key is not None and isinstance(kwargs.get("metadata"), dict):
-            kwargs["metadata"][CONVERSATION] = [group, key]
+        if key is not None and isinstance(request_metadata, dict):
+            request_metadata[CONVERSATION] = [group, key]
         return [by_id[name] for name in chosen]
 
-    def log_pre_api_call(self, model: object, messages: object, kwargs: dict[str, Any]) -> None:
+    def log_pre_api_call(
+        self, model: object, messages: object, kwargs: Mapping[str, object]
+    ) -> None:
         call, name, conversation = _call_of(kwargs)
         if call is not None and name is not None:
             self.router.started(call, name, conversation)
 
-    def _ended(self, kwargs: Mapping[str, Any]) -> None:
+    def _ended(self, kwargs: Mapping[str, object]) -> None:
         call, _, _ = _call_of(kwargs)
         if call is not None:
             self.router.ended(call)
 
     def log_success_event(
-        self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any
+        self, kwargs: object, response_obj: object, start_time: object, end_time: object
     ) -> None:
         self._ended(_dict(kwargs))
 
     async def async_log_success_event(
-        self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any
+        self, kwargs: object, response_obj: object, start_time: object, end_time: object
     ) -> None:
         self._ended(_dict(kwargs))
 
     def log_failure_event(
-        self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any
+        self, kwargs: object, response_obj: object, start_time: object, end_time: object
     ) -> None:
         self._ended(_dict(kwargs))
 
     async def async_log_failure_event(
-        self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any
+        self, kwargs: object, response_obj: object, start_time: object, end_time: object
     ) -> None:
         self._ended(_dict(kwargs))
 
     async def async_post_call_failure_deployment_hook(
         self,
-        request_data: Mapping[str, Any],
+        request_data: Mapping[str, object],
         exception: Exception,
         call_type: object,
         fallback_depth: int | None = None,
