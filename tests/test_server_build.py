@@ -171,7 +171,7 @@ def test_override_wins_and_builds_nothing(
     path_line, version_line = result.output.strip().splitlines()
     assert path_line == str(llama_server_bin)
     assert version_line.startswith("version: ")
-    printed = CliRunner().invoke(main, ["build-server", "--print-path"])
+    printed = CliRunner().invoke(main, ["testbed", "build-server", "--print-path"])
     assert printed.output == f"{llama_server_bin}\n"
     # llama-quantize next to an overriding llama-server is taken from there.
     quantize = sb.ensure_llama_quantize()

@@ -175,7 +175,7 @@ def test_speculation_that_never_drafts_fails(
 
 
 def smoke_cli(*args: str) -> Result:
-    return CliRunner().invoke(main, ["smoke", *args])
+    return CliRunner().invoke(main, ["check", "smoke", *args])
 
 
 def test_mtp_without_a_model_is_refused(tmp_path: Path) -> None:
