@@ -51,7 +51,7 @@ TOKENS = "16"
 def smoke_process(*args: str) -> subprocess.CompletedProcess[str]:
     """The real command, as CI and the Nix GPU test run it."""
     return subprocess.run(
-        [sys.executable, "-m", "llamanix", "smoke", *args],
+        [sys.executable, "-m", "llamanix", "check", "smoke", *args],
         capture_output=True,
         text=True,
         timeout=600,
