@@ -24,7 +24,7 @@ let
     "switch"
     "bench"
     "doctor"
-    "synth-model"
+    "testbed"
   ];
 in
 python3Packages.buildPythonApplication {

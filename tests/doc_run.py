@@ -43,8 +43,12 @@ REFUSED_PROGRAMS = (
 SHOWN_VENV = "/opt/llamanix"
 SHOWN_CACHE = "/home/you/.cache/llamanix"
 COLUMNS = "100"
-_DRY_RUN = re.compile(r"((?:^|[\s/])llamanix\s+(?:switch|rollback|pin|build))(?=\s|$)")
-_SUBCOMMANDS_THAT_CHANGE = re.compile(r"(?:^|[\s/])llamanix\s+(switch|rollback|pin|build)(?=\s|$)")
+_DRY_RUN = re.compile(
+    r"((?:^|[\s/])llamanix\s+(?:switch|rollback|(?:variant\s+)?(?:pin|build)))(?=\s|$)"
+)
+_SUBCOMMANDS_THAT_CHANGE = re.compile(
+    r"(?:^|[\s/])llamanix\s+(switch|rollback|(?:variant\s+)?(?:pin|build))(?=\s|$)"
+)
 
 
 @dataclass(frozen=True)

@@ -182,7 +182,7 @@ def _current_not_a_number(d: Path) -> tuple[list[str], str]:
 
 
 def _synth_into_proc(d: Path) -> tuple[list[str], str]:
-    return ["synth-model", "/proc/nope.gguf", "--layers", "1"], "/proc/nope.gguf"
+    return ["testbed", "synth-model", "/proc/nope.gguf", "--layers", "1"], "/proc/nope.gguf"
 
 
 def _key_file_fifo(d: Path) -> tuple[list[str], str]:
@@ -211,7 +211,7 @@ def _capabilities_fifo(d: Path) -> tuple[list[str], str]:
 
 def _gguf_fifo(d: Path) -> tuple[list[str], str]:
     os.mkfifo(d / "m.gguf")
-    return ["ceiling", "--gpu", "rtx3090", "--model", str(d / "m.gguf")], str(d / "m.gguf")
+    return ["model", "ceiling", "--gpu", "rtx3090", "--model", str(d / "m.gguf")], str(d / "m.gguf")
 
 
 CASES = [

@@ -40,13 +40,13 @@ def run(*args: str) -> tuple[int, str, str]:
 def test_seed_example_gives_111(size: str) -> None:
     """1700 GB/s over a 15.3 GB Q4_K_M model is 111 tok/s (a user's own arithmetic for a 5090)."""
     assert round(decode_ceiling_tok_s(1700, 15.3e9)) == 111
-    code, out, err = run("ceiling", "--bandwidth", "1700", "--bytes", size)
+    code, out, err = run("model", "ceiling", "--bandwidth", "1700", "--bytes", size)
     assert code == 0, err
     assert "111 tok/s" in out
 
 
 def test_ceiling_json_is_complete() -> None:
-    code, out, _ = run("ceiling", "--bandwidth", "1700", "--bytes", "15.3GB", "--json")
+    code, out, _ = run("model", "ceiling", "--bandwidth", "1700", "--bytes", "15.3GB", "--json")
     assert code == 0
     data = json.loads(out)
     assert data["bandwidth_gb_s"] == 1700
@@ -65,7 +65,7 @@ def test_parse_bytes_units() -> None:
 
 
 def test_gpu_and_active_fraction() -> None:
-    code, out, _ = run("ceiling", "--gpu", "rtx5090", "--bytes", "15.3GB")
+    code, out, _ = run("model", "ceiling", "--gpu", "rtx5090", "--bytes", "15.3GB")
     assert code == 0
     assert "1792 GB/s" in out and "117 tok/s" in out
     # MoE: reading a tenth of the weights per token gives ten times the ceiling.
@@ -78,14 +78,14 @@ def test_gpu_and_active_fraction() -> None:
 @pytest.mark.parametrize(
     "args",
     [
-        ["ceiling", "--bytes", "1GB"],
-        ["ceiling", "--bandwidth", "1000"],
-        ["ceiling", "--gpu", "rtx5090", "--bandwidth", "1000", "--bytes", "1GB"],
-        ["ceiling", "--gpu", "voodoo2", "--bytes", "1GB"],
-        ["ceiling", "--bandwidth", "1000", "--bytes", "lots"],
-        ["ceiling", "--bandwidth", "-3", "--bytes", "1GB"],
-        ["ceiling", "--bandwidth", "1000", "--bytes", "1GB", "--active-fraction", "1.5"],
-        ["ceiling", "--bandwidth", "1000", "--model", "/nonexistent/model.gguf"],
+        ["model", "ceiling", "--bytes", "1GB"],
+        ["model", "ceiling", "--bandwidth", "1000"],
+        ["model", "ceiling", "--gpu", "rtx5090", "--bandwidth", "1000", "--bytes", "1GB"],
+        ["model", "ceiling", "--gpu", "voodoo2", "--bytes", "1GB"],
+        ["model", "ceiling", "--bandwidth", "1000", "--bytes", "lots"],
+        ["model", "ceiling", "--bandwidth", "-3", "--bytes", "1GB"],
+        ["model", "ceiling", "--bandwidth", "1000", "--bytes", "1GB", "--active-fraction", "1.5"],
+        ["model", "ceiling", "--bandwidth", "1000", "--model", "/nonexistent/model.gguf"],
     ],
 )
 def test_bad_input_is_one_line_exit_2(args: list[str]) -> None:
@@ -129,9 +129,9 @@ def test_find_gpu_accepts_labels_from_nvidia_smi() -> None:
 
 
 def test_list_shows_the_table() -> None:
-    code, out, _ = run("ceiling", "--list")
+    code, out, _ = run("model", "ceiling", "--list")
     assert code == 0 and "rtx3090ti" in out and "1008" in out
-    code, out, _ = run("ceiling", "--list", "--json")
+    code, out, _ = run("model", "ceiling", "--list", "--json")
     assert json.loads(out)["b200"]["bandwidth_gb_s"] == 8000
 
 
@@ -185,7 +185,7 @@ def test_vram_budget_adds_weights_draft_cache_and_margin(synth_models: SynthMode
 def test_model_path_not_a_gguf(tmp_path: Path) -> None:
     bad = tmp_path / "model.gguf"
     bad.write_text("not a model")
-    code, _, err = run("ceiling", "--bandwidth", "100", "--model", str(bad))
+    code, _, err = run("model", "ceiling", "--bandwidth", "100", "--model", str(bad))
     assert code == 2 and "not a GGUF file" in err
 
 

@@ -3,6 +3,7 @@ and instance names from the config, and one meaning of --json (JSON on stdout)."
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -96,9 +97,9 @@ def test_completion_names_hosts_and_instances_from_the_config(tmp_path: Path) ->
     assert complete("llamanix render two.toml --host ", tmp_path) == ["gpu1", "gpu2"]
     assert complete("llamanix switch two.toml --host g", tmp_path) == ["gpu1", "gpu2"]
     assert complete("llamanix switch two.toml --host ", tmp_path) == ["gpu1", "gpu2", "all"]
-    # The default config name when none is on the line (rollback, generations).
+    # The default config name when none is on the line (tidy, rollback, generations).
     (tmp_path / "llamanix.toml").write_text(config.read_text())
-    assert complete("llamanix rollback --host ", tmp_path) == ["gpu1", "gpu2"]
+    assert complete("llamanix tidy --host ", tmp_path) == ["gpu1", "gpu2"]
     # A broken config completes nothing, and says nothing.
     config.write_text("[hosts\n")
     assert complete("llamanix argv two.toml ", tmp_path) == []
@@ -242,3 +243,93 @@ def test_the_readme_command_tables_are_the_help_listing() -> None:
         elif line.startswith("| `") and title is not None:
             tables[title].append(line[3:].split("`")[0].split()[0])
     assert tables == {title: list(names) for title, names in COMMAND_GROUPS.items()}
+
+
+# --- the command tree: at most 21 top-level commands, old names kept for a release ----------
+
+
+def test_at_most_21_top_level_commands_hidden_ones_included() -> None:
+    from llamanix.cli import COMMANDS, MOVED
+
+    assert len(COMMANDS) <= 21
+    assert not set(MOVED) & set(COMMANDS)
+
+
+def _after_usage(text: str) -> str:
+    return text.split("\n", 1)[1]
+
+
+@pytest.mark.parametrize("old", sorted(__import__("llamanix.cli").cli.MOVED))
+def test_an_old_command_name_runs_the_new_command_after_one_line(old: str) -> None:
+    from llamanix.cli import MOVED, MOVED_QUIETLY
+    from llamanix.cli.variant import OLD_GRAMMAR
+
+    ran = CliRunner().invoke(main, [old, "--help"], terminal_width=200, prog_name="llamanix")
+    assert ran.exit_code == 0, ran.output
+    note = [] if old in MOVED_QUIETLY else [f"llamanix: {old} is `llamanix {MOVED[old]}` now"]
+    assert ran.stderr.splitlines() == note
+    assert ran.stdout.startswith(f"Usage: llamanix {old} ")
+    if old in OLD_GRAMMAR:  # its arguments in their old order, the same command behind them
+        assert ran.stdout.startswith(f"Usage: llamanix {old} [OPTIONS] VARIANT "), ran.stdout
+        return
+    words = [w for w in MOVED[old].split() if not w.startswith("-")]
+    new = CliRunner().invoke(main, [*words, "--help"], terminal_width=200, prog_name="llamanix")
+    assert new.exit_code == 0 and new.stderr == ""
+    assert _after_usage(ran.stdout) == _after_usage(new.stdout)
+
+
+def test_argv_is_plan_argv(tmp_path: Path) -> None:
+    config = str(ROOT / "examples/rtx5090-qwen27b-draft.toml")
+    old = CliRunner().invoke(main, ["argv", config, "qwen27b", "--variant", "ik"])
+    new = CliRunner().invoke(main, ["plan", config, "qwen27b", "--argv", "--variant", "ik"])
+    assert old.exit_code == new.exit_code == 0, old.output
+    assert old.stdout == new.stdout and json.loads(new.stdout)[0].endswith("llama-server")
+    assert old.stderr.splitlines() == ["llamanix: argv is `llamanix plan --argv` now"]
+
+
+def test_pin_in_its_old_grammar_is_variant_pin(tmp_path: Path) -> None:
+    (tmp_path / "flake.nix").write_text("{ }\n")
+    flake = ["--flake", str(tmp_path)]
+    old = CliRunner().invoke(main, ["pin", "nixpkgs", "--latest", "--dry-run", *flake])
+    config = str(tmp_path / "llamanix.toml")
+    new = CliRunner().invoke(main, ["variant", "pin", config, "nixpkgs", "--latest", "--dry-run"])
+    assert old.exit_code == new.exit_code == 0, (old.output, new.output)
+    assert old.stdout == new.stdout
+    assert old.stdout.startswith(f"(cd {tmp_path} && nix flake update nixpkgs)\n")
+    assert old.stderr.splitlines() == ["llamanix: pin is `llamanix variant pin` now"]
+
+
+@pytest.mark.parametrize(
+    ("command", "old", "note"),
+    [
+        (
+            ["generations", "{config}", "--json"],
+            ["--hosts", "box"],
+            "llamanix: --hosts is --host now (--host A,B)",
+        ),
+        (
+            ["switch", "{config}", "--set", "instances.a.port=8081", "--dry-run"],
+            ["--all-hosts"],
+            "llamanix: --all-hosts is --host now (--host all)",
+        ),
+        (
+            ["switch", "{config}", "--set", "instances.a.port=8081", "--dry-run"],
+            ["--hosts", "box"],
+            "llamanix: --hosts is --host now (--host A,B)",
+        ),
+    ],
+)
+def test_old_host_flags_run_as_host_after_one_line(
+    tmp_path: Path, command: list[str], old: list[str], note: str
+) -> None:
+    config = tmp_path / "llamanix.toml"
+    config.write_text(
+        '[hosts.box]\nkind = "systemd"\nbinaries = { upstream = "/usr/bin/llama-server" }\n'
+        '[instances.a]\nmodel = "/m/a.gguf"\n'
+    )
+    argv = [str(config) if word == "{config}" else word for word in command]
+    before = CliRunner().invoke(main, [*argv, *old])
+    now = CliRunner().invoke(main, [*argv, "--host", "all"])
+    assert before.exit_code == now.exit_code == 0, before.output
+    assert before.stdout == now.stdout
+    assert before.stderr.splitlines() == [note, *now.stderr.splitlines()]

@@ -61,7 +61,15 @@ def demo_run(
     keep = tmp_path_factory.mktemp("demo")
     out = keep / "figures.json"
     result = llamanix(
-        *("demo", "--binary", str(llama_server_bin), "--keep", str(keep), "--synthetic-gate"),
+        *(
+            "testbed",
+            "demo",
+            "--binary",
+            str(llama_server_bin),
+            "--keep",
+            str(keep),
+            "--synthetic-gate",
+        ),
         *("--tokens", "16", "--runs", "1", "--json", "-o", str(out)),
     )
     assert result.returncode == 0, result.stderr
@@ -197,7 +205,7 @@ def test_target_costs_the_designed_multiple_of_the_draft(demo_run: DemoRun) -> N
 def test_table_without_the_gate(llama_server_bin: Path, tmp_path: Path) -> None:
     env = {**os.environ, "COLUMNS": "200"}
     result = llamanix(
-        *("demo", "--binary", str(llama_server_bin), "--keep", str(tmp_path)),
+        *("testbed", "demo", "--binary", str(llama_server_bin), "--keep", str(tmp_path)),
         *("--tokens", "16", "--runs", "1", "--no-gate", "--no-real"),
         env=env,
     )
@@ -220,7 +228,9 @@ def test_table_without_the_gate(llama_server_bin: Path, tmp_path: Path) -> None:
 
 
 def test_bad_binary_is_one_line_exit_2(tmp_path: Path) -> None:
-    result = llamanix("demo", "--binary", str(tmp_path / "nope"), "--keep", str(tmp_path / "k"))
+    result = llamanix(
+        "testbed", "demo", "--binary", str(tmp_path / "nope"), "--keep", str(tmp_path / "k")
+    )
     assert result.returncode == 2
     assert result.stderr == (
         f"llamanix demo: --binary: {tmp_path / 'nope'} is not an executable file "

@@ -303,7 +303,7 @@ def test_rollback_on_nixos_runs_nixos_rebuild_rollback(tmp_path: Path, recorder:
 )
 def test_pin(tmp_path: Path, recorder: Path, args: list[str], expected: list[str]) -> None:
     (tmp_path / "flake.nix").write_text("{ }\n")
-    result = cli("pin", *args, "--flake", str(tmp_path))
+    result = cli("variant", "pin", str(tmp_path / "llamanix.toml"), *args, "--flake", str(tmp_path))
     assert result.exit_code == 0, result.output
     assert recorded(recorder) == [{"argv": expected, "cwd": str(tmp_path)}]
 
@@ -313,7 +313,8 @@ def test_pin_refuses_an_input_pinned_by_url(
     tmp_path: Path, recorder: Path, args: list[str]
 ) -> None:
     (tmp_path / "flake.nix").write_text("{ }\n")
-    result = CliRunner().invoke(main, ["pin", *args, "--flake", str(tmp_path)])
+    config = str(tmp_path / "llamanix.toml")
+    result = CliRunner().invoke(main, ["variant", "pin", config, *args, "--flake", str(tmp_path)])
     assert result.exit_code == 2
     assert result.output == (
         "llamanix pin: VARIANT: mtp is pinned by URL in flake.nix "

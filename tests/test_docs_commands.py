@@ -58,9 +58,11 @@ def runnable(block: Block) -> bool:
 RUNNABLE = [b for b in COMMAND_BLOCKS if runnable(b)]
 SYNOPSES = [b for b in COMMAND_BLOCKS if b.marker("synopsis")]
 # Blocks whose commands need the test bed's llama-server or real model in the cache first.
-_NEEDS_SERVER = re.compile(r"\bllamanix (build-server|demo|smoke)\b|(^|\n)\s*llama-server\b")
-_NEEDS_MODEL = re.compile(r"\bllamanix fetch-model\b")
-_NEEDS_VOCAB = re.compile(r"\bllamanix synth-model\b.*--vocab")
+_NEEDS_SERVER = re.compile(
+    r"\bllamanix (?:testbed |check )?(build-server|demo|smoke)\b|(^|\n)\s*llama-server\b"
+)
+_NEEDS_MODEL = re.compile(r"\bllamanix (?:testbed )?fetch-model\b")
+_NEEDS_VOCAB = re.compile(r"\bllamanix (?:testbed )?synth-model\b.*--vocab")
 
 
 def test_every_block_names_its_language() -> None:

@@ -250,7 +250,7 @@ def test_pin_dry_run_prints_the_drift_and_fails_on_a_refusal(
     (tmp_path / "flake.nix").write_text("{ }\n")
     config = tmp_path / "llamanix.toml"
     config.write_text(BEE_CONFIG)
-    args = ["pin", "beellama", "--latest", "--flake", str(tmp_path), "--config", str(config)]
+    args = ["variant", "pin", str(config), "beellama", "--latest", "--flake", str(tmp_path)]
     args += ["--previous", str(probes["bee03"]), "--capabilities", str(probes["bee-after"])]
     dry = run(*args, "--dry-run")
     assert dry.exit_code == 1, dry.output
@@ -280,13 +280,13 @@ def test_pin_moves_when_nothing_is_refused(
 ) -> None:
     (tmp_path / "flake.nix").write_text("{ }\n")
     result = run(
+        "variant",
         "pin",
+        str(ROOT / "tests/data/configs/two-hosts-defaults.toml"),
         "nixpkgs",
         "--latest",
         "--flake",
         str(tmp_path),
-        "--config",
-        str(ROOT / "tests/data/configs/two-hosts-defaults.toml"),
         "--previous",
         str(probes["b8770"]),
         "--capabilities",
@@ -301,7 +301,10 @@ def test_pin_moves_when_nothing_is_refused(
 
 def test_pin_dry_run_without_probes_says_how_to_make_them(tmp_path: Path, recorder: Path) -> None:
     (tmp_path / "flake.nix").write_text("{ }\n")
-    result = run("pin", "beellama", "--latest", "--dry-run", "--flake", str(tmp_path))
+    config = str(tmp_path / "llamanix.toml")
+    result = run(
+        "variant", "pin", config, "beellama", "--latest", "--dry-run", "--flake", str(tmp_path)
+    )
     assert result.exit_code == 0, result.output
     assert result.stdout.splitlines() == [
         f"(cd {tmp_path} && nix flake update beellama-cpp)",
@@ -326,7 +329,7 @@ def test_pin_dry_run_without_probes_says_how_to_make_them(tmp_path: Path, record
             "(--capabilities))",
         ),
         (
-            ["--config", "{config}", "--previous", "{bee03}", "--capabilities", "{bee03}"],
+            ["--previous", "{bee03}", "--capabilities", "{bee03}"],
             "{config}: instances: no instance runs variant ik, so moving its pin changes no flag "
             "here (pin a variant your instances use (beellama))",
         ),
@@ -340,7 +343,17 @@ def test_pin_drift_refusals_are_one_line(
     config.write_text(BEE_CONFIG)
     subst = {"{bee03}": str(probes["bee03"]), "{config}": str(config)}
     args = [subst.get(a, a) for a in extra]
-    result = run("pin", "ik", "--latest", "--dry-run", "--flake", str(tmp_path), *args)
+    result = run(
+        "variant",
+        "pin",
+        str(config),
+        "ik",
+        "--latest",
+        "--dry-run",
+        "--flake",
+        str(tmp_path),
+        *args,
+    )
     assert result.exit_code == 2
     assert result.stdout == ""
     assert result.stderr.strip().splitlines() == [expected.replace("{config}", str(config))]

@@ -125,11 +125,11 @@ def test_synthetic_model(synth_models: SynthModels) -> None:
 
 
 def test_inspect_cli_table_and_json(synth_models: SynthModels) -> None:
-    code, out, err = run("inspect", str(synth_models.target))
+    code, out, err = run("model", "inspect", str(synth_models.target))
     assert code == 0, err
     for text in ("llama", "32000", "KV bytes / token", "q8_0", "MTP (nextn) layers"):
         assert text in out
-    code, out, _ = run("inspect", str(synth_models.target), "--json")
+    code, out, _ = run("model", "inspect", str(synth_models.target), "--json")
     data = json.loads(out)
     for key in (
         "architecture",
@@ -165,7 +165,7 @@ def test_vocab_files(vocab_dir: Path, name: str, size: int, model: str) -> None:
     assert info.vocab_size == size
     assert info.tokenizer_model == model
     assert info.tensor_bytes == 0 and info.parameter_count == 0
-    code, out, _ = run("inspect", str(vocab_dir / name), "--json")
+    code, out, _ = run("model", "inspect", str(vocab_dir / name), "--json")
     assert code == 0 and json.loads(out)["vocab_size"] == size
 
 
@@ -198,14 +198,14 @@ def test_hybrid_mtp_moe(tmp_path: Path) -> None:
     assert (info.expert_count, info.expert_used_count) == (4, 1)
     dense = info.tensor_bytes - info.token_embd_bytes - info.expert_tensor_bytes
     assert info.weight_bytes_per_token() == dense + info.expert_tensor_bytes / 4
-    code, out, _ = run("inspect", str(tmp_path / "qwen35.gguf"))
+    code, out, _ = run("model", "inspect", str(tmp_path / "qwen35.gguf"))
     assert code == 0 and "hybrid" in out and "1 MTP" in out and "1 of 4" in out
 
 
 def test_not_a_model(tmp_path: Path) -> None:
     (tmp_path / "x.gguf").write_bytes(b"GGUF\x03\x00")
     for path in (tmp_path / "x.gguf", tmp_path / "missing.gguf"):
-        code, out, err = run("inspect", str(path))
+        code, out, err = run("model", "inspect", str(path))
         assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
 
 

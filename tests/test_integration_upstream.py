@@ -294,7 +294,7 @@ def test_md_without_spec_type_loads_the_draft_and_never_drafts(
 
 @pytest.fixture(scope="module")
 def probe_json(llama_server_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    result = CliRunner().invoke(main, ["probe", str(llama_server_bin), "--json"])
+    result = CliRunner().invoke(main, ["variant", "probe", str(llama_server_bin), "--json"])
     assert result.exit_code == 0, result.output
     path = tmp_path_factory.mktemp("probe") / "upstream.json"
     path.write_text(result.output)

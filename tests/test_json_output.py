@@ -111,9 +111,9 @@ CASES: dict[str, tuple[list[str] | None, list[str], int, str]] = {
         2,
         "WORK/missing.toml: no such file",
     ),
-    "probe": (
-        ["probe", "WORK/bin/llama-server"],
-        ["probe", "WORK/not.gguf"],
+    "variant probe": (
+        ["variant", "probe", "WORK/bin/llama-server"],
+        ["variant", "probe", "WORK/not.gguf"],
         2,
         "WORK/not.gguf: cannot run",
     ),
@@ -136,10 +136,15 @@ CASES: dict[str, tuple[list[str] | None, list[str], int, str]] = {
         2,
         "llamanix top: --json: needs --once",
     ),
-    "inspect": (["inspect", "WORK/model.gguf"], ["inspect", "WORK/not.gguf"], 2, "WORK/not.gguf"),
-    "ceiling": (
-        ["ceiling", "--bandwidth", "936", "--bytes", "16e9"],
-        ["ceiling", "--gpu", "rtx9999", "--bytes", "16e9"],
+    "model inspect": (
+        ["model", "inspect", "WORK/model.gguf"],
+        ["model", "inspect", "WORK/not.gguf"],
+        2,
+        "WORK/not.gguf",
+    ),
+    "model ceiling": (
+        ["model", "ceiling", "--bandwidth", "936", "--bytes", "16e9"],
+        ["model", "ceiling", "--gpu", "rtx9999", "--bytes", "16e9"],
         2,
         "llamanix ceiling: --gpu: unknown GPU 'rtx9999'",
     ),
@@ -168,15 +173,25 @@ CASES: dict[str, tuple[list[str] | None, list[str], int, str]] = {
         2,
         "WORK/missing.toml: no such file",
     ),
-    "lossless": (
+    "check lossless": (
         None,
-        ["lossless", "http://127.0.0.1:1", "http://127.0.0.1:1"],
+        ["check", "lossless", "http://127.0.0.1:1", "http://127.0.0.1:1"],
         2,
         "http://127.0.0.1:1: URL_A: cannot connect",
     ),
-    "smoke": (None, ["smoke", "--binary", "WORK/missing"], 2, "WORK/missing: --binary"),
+    "check smoke": (
+        None,
+        ["check", "smoke", "--binary", "WORK/missing"],
+        2,
+        "WORK/missing: --binary",
+    ),
     # Its good input (the whole demo) is tests/test_demo.py's `demo --json` run.
-    "demo": (None, ["demo", "--binary", "WORK/missing"], 2, "llamanix demo: --binary"),
+    "testbed demo": (
+        None,
+        ["testbed", "demo", "--binary", "WORK/missing"],
+        2,
+        "llamanix demo: --binary",
+    ),
 }
 
 
@@ -247,8 +262,8 @@ def test_json_of_the_commands_that_talk_to_a_server(
         ["bench", "run", "--url", url, *short, "-o", str(bench_b)],
         ["bench", "compare", str(bench_a), str(bench_b)],
         ["bench", "synthetic", "0.5", "--config", str(cfg), "--instance", "chat", *short],
-        ["lossless", url, url, "--max-tokens", "8", "--runs", "1"],
-        ["smoke", "--binary", str(llama_server_bin), "--tokens", "8"],
+        ["check", "lossless", url, url, "--max-tokens", "8", "--runs", "1"],
+        ["check", "smoke", "--binary", str(llama_server_bin), "--tokens", "8"],
     ):
         proc = run(*args, "--json")
         assert proc.returncode == 0, (args, proc.stderr[-2000:])

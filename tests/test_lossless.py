@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def lossless(*args: str) -> Result:
-    return CliRunner().invoke(main, ["lossless", *args])
+    return CliRunner().invoke(main, ["check", "lossless", *args])
 
 
 def call(name: str, arguments: Any) -> ToolCall:

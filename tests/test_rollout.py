@@ -385,7 +385,7 @@ def test_host_flags_are_one_at_a_time(tmp_path: Path, recorder: Path) -> None:
 def test_generations_of_several_hosts(tmp_path: Path, recorder: Path) -> None:
     config = mixed_config(tmp_path)
     cli("switch", str(config), "--hosts", "a", "--timeout", "1")
-    listed = cli("generations", str(config), "--hosts", "a,b", "--json")
+    listed = cli("generations", str(config), "--host", "a,b", "--json")
     assert listed.exit_code == 0, listed.output
     by_host = json.loads(listed.output)
     assert list(by_host) == ["a", "b"]

@@ -166,12 +166,12 @@ def test_override_wins_and_builds_nothing(
     assert sb.find_llama_server() == llama_server_bin
     assert not (tmp_path / "cache").exists()
 
-    result = CliRunner().invoke(main, ["build-server"])
+    result = CliRunner().invoke(main, ["testbed", "build-server"])
     assert result.exit_code == 0, result.output
     path_line, version_line = result.output.strip().splitlines()
     assert path_line == str(llama_server_bin)
     assert version_line.startswith("version: ")
-    printed = CliRunner().invoke(main, ["build-server", "--print-path"])
+    printed = CliRunner().invoke(main, ["testbed", "build-server", "--print-path"])
     assert printed.output == f"{llama_server_bin}\n"
     # llama-quantize next to an overriding llama-server is taken from there.
     quantize = sb.ensure_llama_quantize()
@@ -188,7 +188,7 @@ def test_bad_override_is_one_line_exit_2(
     monkeypatch.setenv(sb.SERVER_ENV, str(tmp_path / "nope"))
     with pytest.raises(UserError):
         sb.ensure_llama_server()
-    result = CliRunner().invoke(main, ["build-server"])
+    result = CliRunner().invoke(main, ["testbed", "build-server"])
     assert result.exit_code == 2
     assert result.output == (
         f"LLAMANIX_LLAMA_SERVER: {tmp_path / 'nope'} is not an executable file "
@@ -497,7 +497,7 @@ def test_failed_build_shows_the_log_tail_and_its_path(
     layout = sb.default_layout()
     _fake_source(layout.src, broken=True)
     result = subprocess.run(
-        [sys.executable, "-m", "llamanix", "build-server"],
+        [sys.executable, "-m", "llamanix", "testbed", "build-server"],
         capture_output=True,
         text=True,
         timeout=300,

@@ -83,7 +83,17 @@ def test_a_server_that_dies_of_sigill_is_named_not_waited_for(
 def test_smoke_names_the_sigill(sigill_server: Path, tmp_path: Path) -> None:
     out = tmp_path / "smoke.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "llamanix", "smoke", "--binary", str(sigill_server), "-o", str(out)],
+        [
+            sys.executable,
+            "-m",
+            "llamanix",
+            "check",
+            "smoke",
+            "--binary",
+            str(sigill_server),
+            "-o",
+            str(out),
+        ],
         capture_output=True,
         text=True,
         timeout=600,

@@ -128,9 +128,18 @@ def small_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def command_argv(command: str, binary: Path, model: Path, work: Path) -> list[str]:
     if command == "smoke":
         # Long answers, so the server is still serving when the signal comes.
-        return ["smoke", "--binary", str(binary), "--model", str(model), "--tokens", "4096"]
+        return [
+            "check",
+            "smoke",
+            "--binary",
+            str(binary),
+            "--model",
+            str(model),
+            "--tokens",
+            "4096",
+        ]
     if command == "demo":
-        return ["demo", "--binary", str(binary), "--tokens", "2", "--runs", "1"]
+        return ["testbed", "demo", "--binary", str(binary), "--tokens", "2", "--runs", "1"]
     (work / "llamanix.toml").write_text(
         f'[hosts.dev]\nkind = "systemd"\nbinaries = {{ upstream = "{binary}" }}\n'
         "\n[instances.chat]\n"

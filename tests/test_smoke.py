@@ -51,7 +51,7 @@ TOKENS = "16"
 def smoke_process(*args: str) -> subprocess.CompletedProcess[str]:
     """The real command, as CI and the Nix GPU test run it."""
     return subprocess.run(
-        [sys.executable, "-m", "llamanix", "smoke", *args],
+        [sys.executable, "-m", "llamanix", "check", "smoke", *args],
         capture_output=True,
         text=True,
         timeout=600,
@@ -175,7 +175,7 @@ def test_speculation_that_never_drafts_fails(
 
 
 def smoke_cli(*args: str) -> Result:
-    return CliRunner().invoke(main, ["smoke", *args])
+    return CliRunner().invoke(main, ["check", "smoke", *args])
 
 
 def test_mtp_without_a_model_is_refused(tmp_path: Path) -> None:

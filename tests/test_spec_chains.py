@@ -273,6 +273,8 @@ def test_validate_prints_the_fallback_warning_once(tmp_path: Path) -> None:
         '[instances.a]\nmodel = "/m/t.gguf"\nvariant = "beellama"\ncache_type_v = "kvarn5"\n'
         'flash_attn = "on"\n'
     )
-    result = CliRunner().invoke(main, ["argv", str(config), "a", "--capabilities", str(probe)])
+    result = CliRunner().invoke(
+        main, ["plan", str(config), "a", "--argv", "--capabilities", str(probe)]
+    )
     assert result.exit_code == 0, result.output
     assert "kvarn5" in result.output

@@ -113,7 +113,7 @@ def test_q8_0_weights(tmp_path: Path) -> None:
 
 def test_cli_writes_the_same_bytes_as_the_api(tmp_path: Path) -> None:
     result = CliRunner().invoke(
-        main, ["synth-model", str(tmp_path / "cli.gguf"), "--layers", "1", "--seed", "5"]
+        main, ["testbed", "synth-model", str(tmp_path / "cli.gguf"), "--layers", "1", "--seed", "5"]
     )
     assert result.exit_code == 0, result.output
     api = synth_model(SynthSpec(layers=1, seed=5), tmp_path / "api.gguf")
@@ -137,7 +137,7 @@ def test_bad_arguments_one_line_exit_2_nothing_written(
     tmp_path: Path, args: list[str], field: str
 ) -> None:
     out = tmp_path / "m.gguf"
-    result = CliRunner().invoke(main, ["synth-model", str(out), *args])
+    result = CliRunner().invoke(main, ["testbed", "synth-model", str(out), *args])
     assert result.exit_code == 2, result.output
     lines = result.output.strip().splitlines()
     assert len(lines) == 1, result.output
@@ -151,7 +151,7 @@ def test_not_a_gguf_vocab_is_a_user_error(tmp_path: Path) -> None:
     bogus = tmp_path / "vocab.gguf"
     bogus.write_bytes(b"not a gguf file at all")
     result = CliRunner().invoke(
-        main, ["synth-model", str(tmp_path / "m.gguf"), "--vocab", str(bogus)]
+        main, ["testbed", "synth-model", str(tmp_path / "m.gguf"), "--vocab", str(bogus)]
     )
     assert result.exit_code == 2, result.output
     assert result.output.startswith("llamanix synth-model: --vocab: ")
@@ -196,7 +196,7 @@ def test_passthrough_target_holds_the_draft_and_zeroed_blocks(tmp_path: Path) ->
 def test_cli_passthrough_and_f32(tmp_path: Path) -> None:
     args = ["--layers", "1", "--embd", "128", "--ff", "512", "--seed", "3", "--type", "f32"]
     result = CliRunner().invoke(
-        main, ["synth-model", str(tmp_path / "t.gguf"), *args, "--passthrough", "5"]
+        main, ["testbed", "synth-model", str(tmp_path / "t.gguf"), *args, "--passthrough", "5"]
     )
     assert result.exit_code == 0, result.output
     api = synth_model(SMALL_TARGET, tmp_path / "api.gguf")

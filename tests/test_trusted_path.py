@@ -64,7 +64,11 @@ def test_a_binary_another_user_owns_is_never_run(tmp_path: Path, command: str) -
     binary = evil_binary(tmp_path / "bin" / "llama-server", marker)
     os.chown(binary, USER, USER)
     cfg = config(tmp_path / "etc", binary)
-    args = ["switch", "--dry-run", str(cfg)] if command == "switch" else ["probe", str(binary)]
+    args = (
+        ["switch", "--dry-run", str(cfg)]
+        if command == "switch"
+        else ["variant", "probe", str(binary)]
+    )
     done = llamanix(*args, cwd=tmp_path)
     refused(done, f"{binary} belongs to uid {USER}", "root", "chown root")
     assert not marker.exists()

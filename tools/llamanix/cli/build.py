@@ -1,37 +1,53 @@
-"""llamanix CLI command: build (a flake variant built by Nix on a Debian/Ubuntu host)."""
+"""llamanix CLI command: ``variant build`` (a flake variant built by Nix on a Debian/Ubuntu
+host); the group is in variant.py."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 
 from llamanix.cli.host_flag import host_flag
-from llamanix.cli.options import DIRECTORY, config_argument, host_option
+from llamanix.cli.options import DIRECTORY, config_argument, dry_run_flag, host_option
 from llamanix.config.model import load_config
 from llamanix.plan.variant_build import driver_fix, plan_build, run_build
 
+Command = Callable[..., Any]
+
+
+def _build_options(f: Command) -> Command:
+    for option in reversed(_OPTIONS):
+        f = option(f)
+    return f
+
+
+_OPTIONS = (
+    host_option(),
+    click.option(
+        "--flake",
+        "flake_dir",
+        type=DIRECTORY,
+        help="Your llamanix checkout, whose flake.lock pins the source (default: beside CONFIG).",
+    ),
+    click.option(
+        "--roots",
+        type=DIRECTORY,
+        help="Where the build's garbage-collector root goes (default: /var/lib/llamanix/builds, "
+        "~/.local/state/llamanix/builds for a systemd-user host).",
+    ),
+    dry_run_flag("Print the nix command; build and write nothing."),
+)
+
 
 @click.command("build")
-@click.argument("variant")
 @config_argument()
-@host_option("The host (of this machine) to build for; may be left out when the config has one.")
-@click.option(
-    "--flake",
-    "flake_dir",
-    type=DIRECTORY,
-    help="Your llamanix checkout, whose flake.lock pins the source (default: beside CONFIG).",
-)
-@click.option(
-    "--roots",
-    type=DIRECTORY,
-    help="Where the build's garbage-collector root goes (default: /var/lib/llamanix/builds, "
-    "~/.local/state/llamanix/builds for a systemd-user host).",
-)
-@click.option("--dry-run", is_flag=True, help="Print the nix command; build and write nothing.")
+@click.argument("variant")
+@_build_options
 def build_cmd(
-    variant: str,
     config: Path,
+    variant: str,
     host: str | None,
     flake_dir: Path | None,
     roots: Path | None,
@@ -45,6 +61,34 @@ def build_cmd(
     binary is probed, then written into CONFIG as hosts.NAME.binaries.VARIANT, which a switch
     to the variant runs. Needs Nix with flakes (Debian: apt-get install nix-bin).
     """
+    _build(config, variant, host, flake_dir, roots, dry_run)
+
+
+@click.command("build", hidden=True)
+@click.argument("variant")
+@config_argument()
+@_build_options
+def build_before_variant(
+    variant: str,
+    config: Path,
+    host: str | None,
+    flake_dir: Path | None,
+    roots: Path | None,
+    dry_run: bool,
+) -> None:
+    """`llamanix build VARIANT CONFIG`: `variant build` before it took CONFIG first
+    (cli.MOVED)."""
+    _build(config, variant, host, flake_dir, roots, dry_run)
+
+
+def _build(
+    config: Path,
+    variant: str,
+    host: str | None,
+    flake_dir: Path | None,
+    roots: Path | None,
+    dry_run: bool,
+) -> None:
     cfg = load_config(config)
     with host_flag(host):
         plan = plan_build(cfg, host, variant, flake_dir, roots)
@@ -57,7 +101,3 @@ def build_cmd(
             f"next: llamanix switch {config} --set instances.NAME.variant={variant} "
             "(each instance to run it)"
         )
-
-
-def register(group: click.Group) -> None:
-    group.add_command(build_cmd)

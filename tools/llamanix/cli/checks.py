@@ -1,4 +1,6 @@
-"""llamanix CLI commands: checks of a built binary (smoke)."""
+"""llamanix CLI: ``check``, checks that need no config: ``check smoke`` (does a built binary
+serve, on the GPU) and ``check lossless`` (diagnose.py: does speculation answer as the baseline
+does)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from llamanix.cli.console import console as make_console
+from llamanix.cli.diagnose import lossless_cmd
 from llamanix.cli.options import DIRECTORY, FILE, OneOf, exit_with, json_flag, output_option
 from llamanix.core.variants import variant_names
 from llamanix.diagnose import smoke as smoke_module
@@ -142,6 +145,15 @@ def smoke(
         exit_with(1)
 
 
+@click.group("check")
+def check_group() -> None:
+    """Does a build serve on the GPU (smoke)? Does speculation answer alike (lossless)?"""
+
+
+check_group.add_command(smoke)
+check_group.add_command(lossless_cmd)
+
+
 def register(group: click.Group) -> None:
-    """Add this module's commands to the main group."""
-    group.add_command(smoke)
+    """Add this module's command to the main group."""
+    group.add_command(check_group)

@@ -48,7 +48,9 @@ def complete_hosts(
     ctx: click.Context, param: click.Parameter, incomplete: str
 ) -> list[CompletionItem]:
     hosts = _table(ctx, "hosts")
-    names = [*hosts, "all"] if param.name == "host" and ctx.command.name == "switch" else hosts
+    # --host of a command that takes several hosts (options.hosts_option) also takes "all".
+    several = param.metavar == "NAME|A,B|all"
+    names = [*hosts, "all"] if several else hosts
     return [CompletionItem(name) for name in names if name.startswith(incomplete)]
 
 

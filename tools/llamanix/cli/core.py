@@ -1,4 +1,5 @@
-"""llamanix CLI commands: validate, argv, plan, render, probe, schema."""
+"""llamanix CLI commands: validate, plan (and --argv), render, schema; probe, which `variant`
+holds."""
 
 from __future__ import annotations
 
@@ -13,9 +14,11 @@ from llamanix.cli.host_flag import host_flag
 from llamanix.cli.options import (
     DIRECTORY,
     FILE,
+    Hosts,
     config_argument,
     exit_with,
     host_option,
+    hosts_option,
     instance_argument,
     json_flag,
 )
@@ -37,13 +40,15 @@ from llamanix.render.host_render import render_host
 from llamanix.render.observability import observability_files
 from llamanix.render.paths import open_key_files
 from llamanix.render.units import CapabilityMap, write_render
+from llamanix.switch.request import parse_hosts
 
 FC = TypeVar("FC", bound=Callable[..., Any])
 
 
 def _capability_option(multiple: bool) -> Callable[[FC], FC]:
     help_text = (
-        "A saved probe (llamanix probe BINARY --json > FILE): every rendered flag must exist in "
+        "A saved probe (llamanix variant probe BINARY --json > FILE): every rendered flag must "
+        "exist in "
         "that binary."
     )
     if multiple:
@@ -178,25 +183,10 @@ def _left_out_gpu(cfg: Config, host: str, gpu: bool) -> list[Problem]:
     return [Problem(cfg.source, f"hosts.{host}.cuda_archs", mismatch.message, mismatch.fix)]
 
 
-@click.command("argv")
-@config_argument()
-@instance_argument()
-@click.option("--variant", help="Render for this variant instead (preview a flip).")
-@_capability_option(multiple=False)
-def argv_cmd(config: Path, instance: str, variant: str | None, capabilities: str | None) -> None:
-    """Print INSTANCE's exact llama-server argv as a JSON list, program first."""
-    caps = _load_caps(capabilities)
-    cfg = load_config(config)
-    argv = instance_argv(cfg, instance, variant, caps.get("*"))
-    warning = dialect_warning(cfg, instance, variant, caps.get("*"))
-    if warning:
-        click.echo(f"warning: {warning}", err=True)
-    click.echo(json.dumps(argv))
-
-
 @click.command()
 @config_argument()
-@host_option("Only this host.")
+@instance_argument(required=False)
+@hosts_option()
 @_capability_option(multiple=True)
 @click.option("--no-security", is_flag=True, help="Skip the systemd-analyze exposure score.")
 @click.option(
@@ -215,21 +205,43 @@ def argv_cmd(config: Path, instance: str, variant: str | None, capabilities: str
     "rendered), and warns when that build drops something (see probe --diff).",
 )
 @json_flag
+@click.option(
+    "--argv",
+    "argv",
+    is_flag=True,
+    help="Print only INSTANCE's exact llama-server argv, as a JSON list, program first.",
+)
+@click.option("--variant", help="With --argv: render for this variant instead (preview a flip).")
 def plan(
     config: Path,
-    host: str | None,
+    instance: str | None,
+    host: Hosts,
     capabilities: tuple[str, ...],
     no_security: bool,
     flake_dir: Path | None,
     previous: tuple[str, ...],
     as_json: bool,
+    argv: bool,
+    variant: str | None,
 ) -> None:
-    """Per host: each instance's variant, address, speculation and command line."""
+    """Per host: each instance's variant, address, speculation and command line.
+
+    With INSTANCE and --argv, only that instance's llama-server argv, as JSON (what `argv`
+    printed before it moved here): a plain --capabilities FILE checks it against that probe.
+    """
+    if argv or instance is not None or variant is not None:
+        given: dict[str, object] = {"--host": host.name or host.several, "--previous": previous}
+        given |= {"--json": as_json, "--flake": flake_dir, "--no-security": no_security}
+        _print_argv(config, instance, argv, variant, capabilities, given)
+        return
     cfg = load_config(config)
+    hosts: str | tuple[str, ...] | None = host.name
+    if host.names is not None:
+        hosts = parse_hosts(host.names, tuple(cfg.hosts), str(config))
     result = plan_config(
         cfg,
         _load_caps(capabilities),
-        host,
+        hosts,
         security=not no_security,
         flake_dir=flake_dir,
         previous=_load_caps(previous),
@@ -238,6 +250,36 @@ def plan(
         _echo_json(result.to_json())
         return
     print_plan(result)
+
+
+def _print_argv(
+    config: Path,
+    instance: str | None,
+    argv: bool,
+    variant: str | None,
+    capabilities: tuple[str, ...],
+    given: dict[str, object],
+) -> None:
+    """``plan CONFIG INSTANCE --argv``: INSTANCE's argv as a JSON list, program first."""
+    if not argv:
+        name = "INSTANCE" if instance is not None else "--variant"
+        fix = "add --argv to print INSTANCE's argv, or leave it out"
+        raise UserError(Problem("llamanix plan", name, "only taken with --argv", fix))
+    if instance is None:
+        fix = "name the instance whose argv to print: llamanix plan CONFIG INSTANCE --argv"
+        raise UserError(Problem("llamanix plan", "INSTANCE", "missing", fix))
+    for name, value in given.items():
+        if value:
+            fix = f"leave {name} out: --argv prints one instance's argv"
+            raise UserError(Problem("llamanix plan", name, "not taken with --argv", fix))
+    assert instance is not None
+    caps = _load_caps(capabilities)
+    cfg = load_config(config)
+    argv_words = instance_argv(cfg, instance, variant, caps.get("*"))
+    warning = dialect_warning(cfg, instance, variant, caps.get("*"))
+    if warning:
+        click.echo(f"warning: {warning}", err=True)
+    click.echo(json.dumps(argv_words))
 
 
 @click.command()
@@ -249,7 +291,7 @@ def plan(
     type=DIRECTORY,
     help="Directory for the units, argv files and manifest.json.",
 )
-@host_option("Host to render (may be left out when the config has one).")
+@host_option()
 @click.option("--user", is_flag=True, help="Render systemd --user units.")
 @_capability_option(multiple=True)
 def render(
@@ -351,5 +393,5 @@ def _probe_diff(a: Path, b: Path, as_json: bool) -> None:
 
 
 def register(group: click.Group) -> None:
-    for command in (validate, argv_cmd, plan, render, probe, schema_cmd):
+    for command in (validate, plan, render, schema_cmd):
         group.add_command(command)

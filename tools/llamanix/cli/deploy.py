@@ -1,28 +1,35 @@
-"""llamanix CLI commands: deploy (up, switch, rollback, tidy, generations, pin)."""
+"""llamanix CLI commands: deploy (up, switch, rollback, tidy, generations; pin, which `variant`
+holds)."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import click
 from click.core import ParameterSource
 from rich.table import Table
 
 from llamanix.cli.console import console
-from llamanix.cli.fleet import EXIT_INTERRUPTED, one_of_host_flags, print_rollout
+from llamanix.cli.fleet import EXIT_INTERRUPTED, print_rollout
 from llamanix.cli.host_flag import host_flag
 from llamanix.cli.options import (
     DIRECTORY,
     FILE,
+    Hosts,
     OneOf,
     config_argument,
     config_option,
     deprecated,
+    dry_run_flag,
     exit_with,
     fail,
     hidden_alias,
     host_option,
+    hosts_option,
     json_flag,
     timeout_option,
 )
@@ -44,8 +51,10 @@ from llamanix.plan import pin as pin_module
 from llamanix.render.host_render import render_host, with_source_revisions
 from llamanix.state.generations import GenerationRecord, HostState
 from llamanix.state.host_lock import units_lock
-from llamanix.switch.request import ALL_HOSTS, parse_hosts
+from llamanix.switch.request import parse_hosts
 from llamanix.switch.switch_records import DEFAULT_TIMEOUT_S, RollbackOptions, SwitchOptions
+
+Command = Callable[..., Any]
 
 
 def _echo(line: str) -> None:
@@ -59,7 +68,7 @@ def _echo_err(line: str) -> None:
 
 @click.command()
 @config_argument()
-@host_option("Host to run (may be left out when the config has one).")
+@host_option()
 @click.option(
     "--units-dir",
     type=DIRECTORY,
@@ -106,31 +115,9 @@ def up(
     supervisor.run()
 
 
-_HOSTS = click.option(
-    "--hosts",
-    metavar="A,B,...",
-    help="A rolling switch of these hosts, in this order: the first is the canary.",
-)
-_ROLLBACK_HOSTS = click.option(
-    "--hosts",
-    metavar="A,B,...",
-    help="Roll back each of these hosts, in this order, stopping at the first that fails.",
-)
-_GENERATIONS_HOSTS = click.option(
-    "--hosts",
-    metavar="A,B,...",
-    help="List the generations of each of these hosts, in this order.",
-)
-_ALL_HOSTS = click.option(
-    "--all-hosts", is_flag=True, help="A rolling switch of every host, in config order."
-)
-
-
 @click.command()
 @config_argument()
-@host_option("Host to switch, or 'all' (in config order); may be left out when the config has one.")
-@_HOSTS
-@_ALL_HOSTS
+@hosts_option(old=("--hosts", "--all-hosts"))
 @click.option(
     "--batch",
     type=click.IntRange(min=1),
@@ -157,14 +144,12 @@ _ALL_HOSTS = click.option(
     help="Rolling switch: follow a run that still goes on on a remote host this long at most "
     "before that host is refused (and no host switched).",
 )
-@click.option("--dry-run", is_flag=True, help="Print the commands a real run would execute.")
+@dry_run_flag("Print the commands a real run would execute.")
 @json_flag
 @switch_options
 def switch(
     config: Path,
-    host: str | None,
-    hosts: str | None,
-    all_hosts: bool,
+    host: Hosts,
     batch: int,
     on_failure: OnFailure,
     preflight_timeout_s: float,
@@ -174,9 +159,10 @@ def switch(
 ) -> None:
     """Change what a host runs, gate it, and roll back when the gate fails (exit 1).
 
-    With --hosts or --all-hosts, a rolling switch: the first host is the canary, then
-    --batch hosts at a time, each gated; the first failure stops the rollout (that host rolls
-    itself back, the hosts not reached stay untouched) and exits 1. Remote plain-systemd hosts
+    --host A,B (or all, every host in config order): A rolling switch of these hosts, in this
+    order: the first is the canary. Then --batch hosts at a time, each gated; the first
+    failure stops the rollout (that host rolls itself back, the hosts not reached stay
+    untouched) and exits 1. Remote plain-systemd hosts
     (a `target`) run their own llamanix over ssh. It ends with one table: host, generation
     before -> after, verdict, time out of service. Ctrl-C between hosts stops cleanly.
 
@@ -186,20 +172,19 @@ def switch(
     """
     echo = _echo_err if as_json else _echo
     runner = Runner(dry_run=dry_run, echo=echo)
-    if hosts is not None or all_hosts or host == ALL_HOSTS:
-        # --host all: a rollout of every host in config order, one at a time, stopping at
-        # the first failure (its own --batch and --on-failure apply).
-        one_of_host_flags(host, hosts, all_hosts)
+    if host.several:
+        # --host A,B or all: a rollout, the first host the canary, stopping at the first
+        # failure (its own --batch and --on-failure apply).
         rollout_opts = RolloutOptions(batch, on_failure, preflight_timeout_s)
-        rollout = commands.rolling_switch(config, hosts, opts, rollout_opts, runner, echo)
+        rollout = commands.rolling_switch(config, host.names, opts, rollout_opts, runner, echo)
         print_rollout(rollout, as_json)
         if rollout.aborted:
             exit_with(EXIT_INTERRUPTED)
         if not rollout.ok:
             exit_with(1)
         return
-    with host_flag(host):
-        outcome = commands.switch(config, host, opts, runner, echo)
+    with host_flag(host.name):
+        outcome = commands.switch(config, host.name, opts, runner, echo)
     if as_json:
         click.echo(json.dumps([outcome.to_json()], indent=2))
     if not outcome.ok:
@@ -208,23 +193,20 @@ def switch(
 
 @click.command()
 @config_argument(default="llamanix.toml")
-@host_option("Host to roll back (may be left out when the config has one).")
-@_ROLLBACK_HOSTS
-@click.option("--dry-run", is_flag=True, help="Print the commands a real run would execute.")
+@hosts_option(old=("--hosts",))
+@dry_run_flag("Print the commands a real run would execute.")
 @rollback_options
-def rollback(
-    config: Path, host: str | None, hosts: str | None, dry_run: bool, opts: RollbackOptions
-) -> None:
+def rollback(config: Path, host: Hosts, dry_run: bool, opts: RollbackOptions) -> None:
     """Serve an earlier generation again (and put its config back).
 
-    With --hosts A,B each of those hosts, in that order, stopping at the first that fails
-    (exit 1); remote plain-systemd hosts roll back with their own llamanix over ssh.
+    --host A,B (or all, every host in config order): Roll back each of these hosts, in this
+    order, stopping at the first that fails (exit 1); remote plain-systemd hosts roll back
+    with their own llamanix over ssh.
     """
     _default_config_exists(config, "rollback")
-    if hosts is not None:
-        one_of_host_flags(host, hosts, False)
+    if host.several:
         outcomes = commands.fleet_rollback(
-            config, hosts, opts, Runner(dry_run=dry_run, echo=_echo), _echo
+            config, host.names, opts, Runner(dry_run=dry_run, echo=_echo), _echo
         )
         for o in outcomes:
             now = f"generation {o.generation}" if o.generation is not None else "unknown"
@@ -232,15 +214,16 @@ def rollback(
         if not all(o.ok for o in outcomes):
             exit_with(1)
         return
-    with host_flag(host):
-        number = commands.rollback(config, host, opts, Runner(dry_run=dry_run, echo=_echo), _echo)
+    with host_flag(host.name):
+        runner = Runner(dry_run=dry_run, echo=_echo)
+        number = commands.rollback(config, host.name, opts, runner, _echo)
     if number is not None and not dry_run:
         click.echo(f"now serving generation {number}")
 
 
 @click.command()
 @config_argument(default="llamanix.toml")
-@host_option("Host to tidy (may be left out when the config has one).")
+@host_option()
 @timeout_option(DEFAULT_TIMEOUT_S, "Seconds each restarted instance may take to serve.")
 @WAIT
 def tidy(config: Path, host: str | None, timeout_s: float, wait_s: float) -> None:
@@ -262,23 +245,24 @@ def tidy(config: Path, host: str | None, timeout_s: float, wait_s: float) -> Non
 
 @click.command()
 @config_argument(default="llamanix.toml")
-@host_option()
-@_GENERATIONS_HOSTS
+@hosts_option(old=("--hosts",))
 @json_flag
-def generations(config: Path, host: str | None, hosts: str | None, as_json: bool) -> None:
+def generations(config: Path, host: Hosts, as_json: bool) -> None:
     """List a host's generations: date, variant and source revision per instance, gate.
 
     A remote plain-systemd host (a `target`) keeps its generations itself: they are asked of
-    its llamanix over ssh. With --hosts A,B, each of them in turn (--json: an object by host).
+    its llamanix over ssh. --host A,B (or all, every host in config order): List the
+    generations of each of these hosts, in this order. --json: an object by host.
     """
     _default_config_exists(config, "generations")
     cfg = load_config(config)
-    one_of_host_flags(host, hosts, False)
-    if hosts is not None:
-        names = parse_hosts(hosts, tuple(cfg.hosts), str(config))
+    if host.names is not None:
+        names = parse_hosts(host.names, tuple(cfg.hosts), str(config))
+    elif host.several:
+        names = tuple(cfg.hosts)
     else:
-        with host_flag(host):
-            names = (pick_host(cfg, host),)
+        with host_flag(host.name):
+            names = (pick_host(cfg, host.name),)
     found: dict[str, list[listing.GenerationRow]] = {}
     for name in names:
         rh = remote.remote_host(cfg, name)
@@ -288,7 +272,7 @@ def generations(config: Path, host: str | None, hosts: str | None, as_json: bool
         else:
             found[name] = listing.generation_rows(cfg, HostState.beside(config, name))
     if as_json:
-        if hosts is None:
+        if not host.several:
             click.echo(json.dumps([r.to_json() for r in found[names[0]]], indent=2))
         else:
             by_host = {n: [r.to_json() for r in rows] for n, rows in found.items()}
@@ -369,57 +353,111 @@ def _verdict_cell(record: GenerationRecord, not_serving: dict[str, str]) -> str:
     return verdict
 
 
-@click.command()
+_PIN_OPTIONS = (
+    click.option("--latest", is_flag=True, help="Lock the input's newest commit."),
+    PIN_WAIT,
+    dry_run_flag("Print the command instead of running it."),
+    click.option(
+        "--previous",
+        type=FILE,
+        metavar="FILE",
+        help="Probe of the build VARIANT runs now (llamanix variant probe BINARY --json).",
+    ),
+    click.option(
+        "--capabilities",
+        type=FILE,
+        metavar="FILE",
+        help="Probe of the build the pin would bring: with --previous, list each field of "
+        "CONFIG whose flag is respelled, refused (with the fix) or no longer rendered.",
+    ),
+)
+
+
+def _pin_options(f: Command) -> Command:
+    for option in reversed(_PIN_OPTIONS):
+        f = option(f)
+    return f
+
+
+@click.command("pin")
+@config_argument()
 @click.argument("variant")
 @click.argument("rev", required=False)
-@click.option("--latest", is_flag=True, help="Lock the input's newest commit.")
 @click.option(
     "--flake",
     "flake_dir",
     type=DIRECTORY,
-    default=".",
-    show_default=True,
-    help="The llamanix flake (with flake.lock).",
+    help="The llamanix flake (with flake.lock; default: CONFIG's directory).",
 )
-@PIN_WAIT
-@click.option("--dry-run", is_flag=True, help="Print the command instead of running it.")
-@config_option("Config whose instances of VARIANT the drift report covers.")
-@click.option(
-    "--previous",
-    type=FILE,
-    metavar="FILE",
-    help="Probe of the build VARIANT runs now (llamanix probe BINARY --json).",
-)
-@click.option(
-    "--capabilities",
-    type=FILE,
-    metavar="FILE",
-    help="Probe of the build the pin would bring: with --config and --previous, list each "
-    "field whose flag is respelled, refused (with the fix) or no longer rendered.",
-)
+@_pin_options
 def pin(
+    config: Path,
     variant: str,
     rev: str | None,
+    flake_dir: Path | None,
     latest: bool,
-    flake_dir: Path,
     wait_s: float,
     dry_run: bool,
-    config: Path | None,
     previous: Path | None,
     capabilities: Path | None,
 ) -> None:
     """Pin a variant's flake input to REV (or --latest); `plan` shows the pins.
 
-    Before moving a pin, --dry-run with --config, --previous and --capabilities prints the flag
-    drift: what the new build spells differently, refuses or no longer renders, field by field.
-    Without --capabilities, --dry-run says how to build and probe the new build first. Exit 1
-    when the new build refuses a field (and then, without --dry-run, the pin does not move).
+    Before moving a pin, --dry-run with --previous and --capabilities prints the flag drift
+    of CONFIG: what the new build spells differently, refuses or no longer renders, field by
+    field. Without --capabilities, --dry-run says how to build and probe the new build first.
+    Exit 1 when the new build refuses a field (and then, without --dry-run, the pin does not
+    move).
     """
-    report = None
-    if capabilities is not None or previous is not None:
-        if config is None or capabilities is None or previous is None:
-            from llamanix.core.errors import Problem, UserError
+    flake = flake_dir if flake_dir is not None else config.parent
+    _pin(Pin(variant, rev, latest, flake, wait_s, dry_run, config, previous, capabilities))
 
+
+@click.command("pin", hidden=True)
+@click.argument("variant")
+@click.argument("rev", required=False)
+@click.option("--flake", "flake_dir", type=DIRECTORY, default=".")
+@config_option("Config whose instances of VARIANT the drift report covers.", hidden=True)
+@_pin_options
+def pin_before_variant(
+    variant: str,
+    rev: str | None,
+    flake_dir: Path,
+    config: Path | None,
+    latest: bool,
+    wait_s: float,
+    dry_run: bool,
+    previous: Path | None,
+    capabilities: Path | None,
+) -> None:
+    """`llamanix pin VARIANT [REV] [--config CONFIG]`: `variant pin` before it took CONFIG
+    first (cli.MOVED), with the flake in the working directory by default."""
+    asked = Pin(variant, rev, latest, flake_dir, wait_s, dry_run, config, previous, capabilities)
+    _pin(asked, hint_config=str(config) if config else None)
+
+
+@dataclass(frozen=True)
+class Pin:
+    """What a pin was asked, whichever grammar asked it."""
+
+    variant: str
+    rev: str | None
+    latest: bool
+    flake_dir: Path
+    wait_s: float
+    dry_run: bool
+    config: Path | None
+    previous: Path | None
+    capabilities: Path | None
+
+
+def _pin(asked: Pin, hint_config: str | None = None) -> None:
+    """The pin, with its drift report where both probes are given. ``hint_config``: the
+    config the hint for a dry run without probes names (CONFIG where none was given)."""
+    report = None
+    variant, rev, config, dry_run = asked.variant, asked.rev, asked.config, asked.dry_run
+    if asked.capabilities is not None or asked.previous is not None:
+        if config is None or asked.capabilities is None or asked.previous is None:
             raise UserError(
                 Problem(
                     "llamanix pin",
@@ -433,8 +471,8 @@ def pin(
         report = pin_module.pin_drift(
             load_config(config),
             variant,
-            load_capabilities(previous),
-            load_capabilities(capabilities),
+            load_capabilities(asked.previous),
+            load_capabilities(asked.capabilities),
         )
     if report is not None:
         for line in report.lines():
@@ -445,21 +483,21 @@ def pin(
                 "of the config (above); fix them first, or pin without --capabilities",
                 1,
             )
-    flake_input = pin_module.pin(
-        variant, rev, latest, flake_dir, Runner(dry_run=dry_run, echo=_echo), wait_s
-    )
+    runner = Runner(dry_run=dry_run, echo=_echo)
+    flake_input = pin_module.pin(variant, rev, asked.latest, asked.flake_dir, runner, asked.wait_s)
     if report is None and dry_run:
-        for line in pin_module.probe_hint(variant, rev, str(config) if config else None):
+        for line in pin_module.probe_hint(variant, rev, hint_config):
             click.echo(line)
     if not dry_run:
         from llamanix.external.nix import locked_revisions
 
-        click.echo(f"{variant}: {flake_input} = {locked_revisions(flake_dir).get(flake_input)}")
+        revision = locked_revisions(asked.flake_dir).get(flake_input)
+        click.echo(f"{variant}: {flake_input} = {revision}")
     if report is not None and report.refused:
         exit_with(1)  # a dry run that shows refusals fails, so a script can gate on it
 
 
 def register(group: click.Group) -> None:
     """Add this module's commands to the main group."""
-    for command in (up, switch, rollback, tidy, generations, pin):
+    for command in (up, switch, rollback, tidy, generations):
         group.add_command(command)

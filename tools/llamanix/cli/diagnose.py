@@ -245,6 +245,5 @@ def no_findings_line(report: Report) -> str:
 
 
 def register(group: click.Group) -> None:
-    """Add this module's commands to the main group."""
-    group.add_command(lossless_cmd)
+    """Add this module's command to the main group (lossless is under `check`, checks.py)."""
     group.add_command(doctor_cmd)

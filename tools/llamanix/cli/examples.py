@@ -15,14 +15,13 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "llamanix init /etc/llamanix/llamanix.toml --models /srv/models",
         "llamanix init new.toml --binary /opt/ik/bin/llama-server --host box --instance chat",
     ),
-    "build": (
-        "llamanix build ik /etc/llamanix/llamanix.toml --flake ~/llamanix",
-        "llamanix build beellama llamanix.toml --dry-run",
-    ),
     "plan": (
         "llamanix plan llamanix.toml",
         "llamanix plan examples/rtx5090-qwen27b-draft.toml --json",
         "llamanix plan llamanix.toml --previous qwen=upstream.json --capabilities qwen=ik.json",
+        "llamanix plan fleet.toml --host gpu1,gpu2",
+        "llamanix plan llamanix.toml qwen --argv",
+        "llamanix plan llamanix.toml qwen --argv --variant ik --capabilities caps.json",
     ),
     "validate": (
         "llamanix validate llamanix.toml",
@@ -32,16 +31,6 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "render": (
         "llamanix render llamanix.toml --out ./units",
         "llamanix render llamanix.toml --host gpu1 --out ./units --capabilities caps.json",
-    ),
-    "argv": (
-        "llamanix argv llamanix.toml qwen",
-        "llamanix argv llamanix.toml qwen --variant ik",
-        "llamanix argv llamanix.toml qwen --variant nixpkgs --capabilities caps.json",
-    ),
-    "probe": (
-        "llamanix probe /opt/llama.cpp/bin/llama-server",
-        "llamanix probe ./result/bin/llama-server --json > caps.json",
-        "llamanix probe --diff upstream.json beellama.json",
     ),
     "schema": (
         "llamanix schema --json > tools/llamanix/data/schema.json",
@@ -53,11 +42,13 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "--max-regression 5",
         "llamanix switch llamanix.toml --set instances.gemma.speculative.type=ngram-mod "
         "--gate bench --max-regression 5 --gate-prompts realtext:edit",
+        "llamanix switch fleet.toml --host gpu1,gpu2 --set instances.qwen.parallel=2",
         "llamanix switch llamanix.toml --host all --dry-run",
     ),
     "rollback": (
         "llamanix rollback",
         "llamanix rollback llamanix.toml --host gpu1 --to 3",
+        "llamanix rollback fleet.toml --host gpu1,gpu2",
     ),
     "tidy": (
         "llamanix tidy",
@@ -66,12 +57,27 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "generations": (
         "llamanix generations",
         "llamanix generations llamanix.toml --host gpu1 --json",
+        "llamanix generations fleet.toml --host all",
     ),
-    "pin": (
-        "llamanix pin upstream --latest",
-        "llamanix pin ik 8337e4cd --flake ~/src/llamanix --dry-run",
-        "llamanix pin beellama --latest --dry-run --config llamanix.toml --previous old.json "
+    "variant": (
+        "llamanix variant pin llamanix.toml upstream --latest",
+        "llamanix variant build llamanix.toml ik",
+        "llamanix variant probe ./result/bin/llama-server --json > caps.json",
+    ),
+    "variant pin": (
+        "llamanix variant pin llamanix.toml upstream --latest",
+        "llamanix variant pin llamanix.toml ik 8337e4cd --flake ~/src/llamanix --dry-run",
+        "llamanix variant pin llamanix.toml beellama --latest --dry-run --previous old.json "
         "--capabilities new.json",
+    ),
+    "variant build": (
+        "llamanix variant build /etc/llamanix/llamanix.toml ik --flake ~/llamanix",
+        "llamanix variant build llamanix.toml beellama --dry-run",
+    ),
+    "variant probe": (
+        "llamanix variant probe /opt/llama.cpp/bin/llama-server",
+        "llamanix variant probe ./result/bin/llama-server --json > caps.json",
+        "llamanix variant probe --diff upstream.json beellama.json",
     ),
     "up": (
         "llamanix up llamanix.toml",
@@ -85,6 +91,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "top": (
         "llamanix top llamanix.toml",
         "llamanix top llamanix.toml --host gpu1 --interval 1",
+        "llamanix top fleet.toml --host gpu1,gpu2",
         "llamanix top llamanix.toml --once --json --window 5",
     ),
     "readiness": (
@@ -116,21 +123,34 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "llamanix bench synthetic 0.5,0.9 --config c.toml --instance agent "
         "--prompts builtin:fibonacci --max-tokens 128 --runs 5 -o sweep.json",
     ),
-    "lossless": (
-        "llamanix lossless http://127.0.0.1:8080 http://127.0.0.1:8081",
-        "llamanix lossless http://127.0.0.1:8080 http://127.0.0.1:8081 --prompts mine.json "
+    "check lossless": (
+        "llamanix check lossless http://127.0.0.1:8080 http://127.0.0.1:8081",
+        "llamanix check lossless http://127.0.0.1:8080 http://127.0.0.1:8081 --prompts mine.json "
         "--runs 5 --strict -o lossless.json",
-        "llamanix lossless http://127.0.0.1:8080 http://127.0.0.1:8081 --prompts realtext "
+        "llamanix check lossless http://127.0.0.1:8080 http://127.0.0.1:8081 --prompts realtext "
         "--max-tokens 64 --runs 1 --concurrency 4",
     ),
-    "ceiling": (
-        "llamanix ceiling --bandwidth 1792 --bytes 15.3GB",
-        "llamanix ceiling --gpu rtx3090 --model /srv/models/qwen.gguf",
-        "llamanix ceiling --list",
+    "model ceiling": (
+        "llamanix model ceiling --bandwidth 1792 --bytes 15.3GB",
+        "llamanix model ceiling --gpu rtx3090 --model /srv/models/qwen.gguf",
+        "llamanix model ceiling --list",
     ),
-    "inspect": (
-        "llamanix inspect /srv/models/Qwen3.6-27B-Q4_K_M.gguf",
-        "llamanix inspect draft.gguf --json",
+    "model inspect": (
+        "llamanix model inspect /srv/models/Qwen3.6-27B-Q4_K_M.gguf",
+        "llamanix model inspect draft.gguf --json",
+    ),
+    "model": (
+        "llamanix model inspect /srv/models/Qwen3.6-27B-Q4_K_M.gguf",
+        "llamanix model ceiling --gpu rtx3090 --model /srv/models/qwen.gguf",
+    ),
+    "check": (
+        "llamanix check smoke --binary ./result/bin/llama-server",
+        "llamanix check lossless http://127.0.0.1:8080 http://127.0.0.1:8081",
+    ),
+    "testbed": (
+        "llamanix testbed build-server",
+        "llamanix testbed fetch-model",
+        "llamanix testbed demo",
     ),
     "doctor": (
         "llamanix doctor llamanix.toml",
@@ -141,35 +161,35 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "llamanix doctor llamanix.toml gemma --url http://127.0.0.1:8081 --prompts realtext "
         "--baseline-url http://127.0.0.1:8080",
     ),
-    "smoke": (
-        "llamanix smoke --binary ./result/bin/llama-server",
-        "llamanix smoke --binary ./result/bin/llama-server --spec draft -o smoke.json",
+    "check smoke": (
+        "llamanix check smoke --binary ./result/bin/llama-server",
+        "llamanix check smoke --binary ./result/bin/llama-server --spec draft -o smoke.json",
     ),
-    "build-server": (
-        "llamanix build-server",
-        "llamanix build-server --print-path",
+    "testbed build-server": (
+        "llamanix testbed build-server",
+        "llamanix testbed build-server --print-path",
     ),
-    "fetch-model": (
-        "llamanix fetch-model",
-        "llamanix fetch-model --print-path",
+    "testbed fetch-model": (
+        "llamanix testbed fetch-model",
+        "llamanix testbed fetch-model --print-path",
     ),
-    "synth-model": (
-        "llamanix synth-model tiny.gguf",
-        "llamanix synth-model target.gguf --layers 8 --embd 512 --seed 1",
-        "llamanix synth-model draft.gguf --layers 1 --embd 512 --ff 2048 --type f32",
-        "llamanix synth-model target.gguf --layers 1 --passthrough 11 --embd 512 --ff 2048 "
+    "testbed synth-model": (
+        "llamanix testbed synth-model tiny.gguf",
+        "llamanix testbed synth-model target.gguf --layers 8 --embd 512 --seed 1",
+        "llamanix testbed synth-model draft.gguf --layers 1 --embd 512 --ff 2048 --type f32",
+        "llamanix testbed synth-model target.gguf --layers 1 --passthrough 11 --embd 512 --ff 2048 "
         "--type f32",
     ),
-    "host-shell": (
-        "llamanix host-shell debian12",
-        "llamanix host-shell debian13 --bare",
+    "testbed host-shell": (
+        "llamanix testbed host-shell debian12",
+        "llamanix testbed host-shell debian13 --bare",
     ),
-    "demo": (
-        "llamanix demo",
-        "llamanix demo --json",
-        "llamanix demo --keep ./demo --runs 5",
-        "llamanix demo --no-gate --tokens 32 --runs 3",
-        "llamanix demo --no-real --synthetic-gate",
+    "testbed demo": (
+        "llamanix testbed demo",
+        "llamanix testbed demo --json",
+        "llamanix testbed demo --keep ./demo --runs 5",
+        "llamanix testbed demo --no-gate --tokens 32 --runs 3",
+        "llamanix testbed demo --no-real --synthetic-gate",
     ),
 }
 

@@ -6,27 +6,12 @@ import json
 
 import click
 
-from llamanix.core.errors import Problem, UserError
 from llamanix.core.text_table import box_table, print_lines
 from llamanix.fleet.rollout import Rollout
 
 # A rollout ended at once by a second stop signal (as a shell reports a command killed by
 # SIGINT).
 EXIT_INTERRUPTED = 130
-
-
-def one_of_host_flags(host: str | None, hosts: str | None, all_hosts: bool) -> None:
-    """--host, --hosts and --all-hosts name the hosts three ways: one at a time."""
-    given = [f for f, v in (("--host", host), ("--hosts", hosts), ("--all-hosts", all_hosts)) if v]
-    if len(given) > 1:
-        raise UserError(
-            Problem(
-                "llamanix",
-                given[1],
-                f"and {given[0]} both name hosts",
-                "use --host for one host, --hosts A,B or --all-hosts for a rolling switch",
-            )
-        )
 
 
 def _seconds(value: float | None) -> str:
@@ -45,4 +30,4 @@ def print_rollout(rollout: Rollout, as_json: bool) -> None:
     print_lines(box_table("rolling switch", headers, cells))
 
 
-__all__ = ["EXIT_INTERRUPTED", "one_of_host_flags", "print_rollout"]
+__all__ = ["EXIT_INTERRUPTED", "print_rollout"]

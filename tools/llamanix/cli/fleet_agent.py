@@ -22,7 +22,7 @@ from typing import Literal
 
 import click
 
-from llamanix.cli.options import exit_with
+from llamanix.cli.options import Hosts, exit_with
 from llamanix.core import file_reader
 from llamanix.core.errors import Problem, UserError
 from llamanix.core.json_value import JsonObject, JsonValue
@@ -289,7 +289,9 @@ def top(ctx: click.Context) -> None:
             )
         )
     window = request.window_s or 0.0
-    code = run_top(found[0], request.host, once=True, as_json=True, interval=0.0, window=window)
+    code = run_top(
+        found[0], Hosts(name=request.host), once=True, as_json=True, interval=0.0, window=window
+    )
     if code:
         exit_with(code)
 

@@ -1,5 +1,6 @@
-"""llamanix CLI: ``gateway-exec`` and ``gateway-ready``, hidden: what the gateway's unit runs
-(hosts/gateway_start.py), not a person."""
+"""llamanix CLI: ``gateway exec`` and ``gateway ready``, hidden: what the gateway's unit runs
+(hosts/gateway_start.py), not a person. Units rendered before they moved run ``gateway-exec``
+and ``gateway-ready`` (cli.MOVED)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,13 @@ import click
 from llamanix.cli.options import fail
 
 
-@click.command(
-    "gateway-exec",
-    hidden=True,
+@click.group("gateway", hidden=True)
+def gateway_group() -> None:
+    """The gateway unit's side: start its LiteLLM (exec), wait until it answers (ready)."""
+
+
+@gateway_group.command(
+    "exec",
     # LiteLLM's argv begins at its program: an option of its own is never taken for ours.
     context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
 )
@@ -36,7 +41,7 @@ def gateway_exec(pairs: tuple[str, ...], argv: tuple[str, ...]) -> None:
         fail(f"llamanix gateway-exec: cannot run {argv[0]}: {err.strerror}")
 
 
-@click.command("gateway-ready", hidden=True)
+@gateway_group.command("ready")
 @click.option("--url", required=True, help="LiteLLM's liveliness endpoint.")
 @click.option("--pid", type=int, help="LiteLLM's pid ($MAINPID): stop waiting once it exits.")
 @click.option("--timeout", "timeout_s", type=float, default=180.0, show_default=True)
@@ -50,6 +55,5 @@ def gateway_ready(url: str, pid: int | None, timeout_s: float) -> None:
 
 
 def register(group: click.Group) -> None:
-    """Add this module's commands to the main group."""
-    group.add_command(gateway_exec)
-    group.add_command(gateway_ready)
+    """Add this module's command to the main group."""
+    group.add_command(gateway_group)

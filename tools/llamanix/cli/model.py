@@ -1,5 +1,5 @@
-"""llamanix CLI: figures of a model file and a GPU, no server needed: inspect (what a GGUF
-holds) and ceiling (the decode roofline)."""
+"""llamanix CLI: ``model``, figures of a model file and a GPU, no server needed: ``model
+inspect`` (what a GGUF holds) and ``model ceiling`` (the decode roofline)."""
 
 from __future__ import annotations
 
@@ -195,7 +195,15 @@ def ceiling_cmd(
     )
 
 
+@click.group("model")
+def model_group() -> None:
+    """What a GGUF holds (inspect), and the decode roofline it allows on a GPU (ceiling)."""
+
+
+model_group.add_command(inspect_cmd)
+model_group.add_command(ceiling_cmd)
+
+
 def register(group: click.Group) -> None:
-    """Add this module's commands to the main group."""
-    group.add_command(inspect_cmd)
-    group.add_command(ceiling_cmd)
+    """Add this module's command to the main group."""
+    group.add_command(model_group)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from llamanix.cli.options import FILE, exit_with, host_option, json_flag
+from llamanix.cli.options import FILE, Hosts, exit_with, host_option, hosts_option, json_flag
 from llamanix.config.model import Metrics, load_config, remote_exporter_refusal
 from llamanix.core.address import is_loopback
 from llamanix.core.errors import Problem, UserError
@@ -26,7 +26,7 @@ def _metrics_settings(config: Path) -> Metrics:
 
 @click.command("metrics")
 @click.argument("config", type=CONFIG)
-@host_option("The host whose instances to read (may be left out when the config has one).")
+@host_option()
 @click.option("--listen", help="Address to serve /metrics on (default: [metrics] listen).")
 @click.option("--port", type=int, help="Port to serve /metrics on (default: [metrics] port).")
 @click.option(
@@ -105,7 +105,7 @@ def metrics_cmd(
 
 @click.command("top")
 @click.argument("config", type=FILE)
-@host_option("Only this host (default: every host of the config).")
+@hosts_option()
 @click.option("--once", is_flag=True, help="Print the figures once instead of a live view.")
 @json_flag
 @click.option(
@@ -125,7 +125,7 @@ def metrics_cmd(
 )
 def top_cmd(
     config: Path,
-    host: str | None,
+    host: Hosts,
     once: bool,
     as_json: bool,
     interval: float,

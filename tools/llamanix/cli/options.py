@@ -9,8 +9,10 @@ module imports this one, and ``llamanix --help`` must stay quick.
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
@@ -24,7 +26,13 @@ F = TypeVar("F", bound=Callable[..., Any])
 FILE = click.Path(path_type=Path, dir_okay=False)
 DIRECTORY = click.Path(path_type=Path, file_okay=False)
 
-HOST_HELP = "Host (may be left out when the config has one)."
+HOST_HELP = "The host (may be left out when the config has one)."
+HOSTS_HELP = (
+    "A host NAME, several A,B (in that order) or all (in config order); may be left out when "
+    "the config has one host (plan and top: every host)."
+)
+# --host's value that names every host of the config, in config order.
+ALL_HOSTS = "all"
 
 
 def _complete_hosts(
@@ -57,9 +65,96 @@ def config_option(help: str, *, hidden: bool = False) -> Callable[[F], F]:
     return click.option("--config", "config", type=FILE, hidden=hidden, help=help)
 
 
-def host_option(help: str = HOST_HELP) -> Callable[[F], F]:
-    """``--host NAME``, completed from the config's hosts."""
-    return click.option("--host", shell_complete=_complete_hosts, help=help)
+def host_option(help: str | None = None) -> Callable[[F], F]:
+    """``--host NAME``: one host, completed from the config's hosts. ``help``: only for a
+    command where the host is not a selector (init: the name to write)."""
+    return click.option(
+        "--host", metavar="NAME", shell_complete=_complete_hosts, help=help or HOST_HELP
+    )
+
+
+@dataclass(frozen=True)
+class Hosts:
+    """What ``--host`` named on a command that takes several: one host (``name``; None: the
+    config's only host, or every host where the command says so), or ``several`` hosts:
+    ``names`` (``A,B`` as given, checked against the config by the command) or, None, every
+    host in config order (``all``)."""
+
+    name: str | None = None
+    names: str | None = None
+    several: bool = False
+
+    @staticmethod
+    def of(text: str | None) -> Hosts:
+        """``NAME``, ``A,B`` or ``all``."""
+        if text is None:
+            return Hosts()
+        if text == ALL_HOSTS:
+            return Hosts(several=True)
+        if "," in text:
+            return Hosts(names=text, several=True)
+        return Hosts(name=text)
+
+
+def hosts_option(*, old: tuple[str, ...] = ()) -> Callable[[F], F]:
+    """``--host NAME|A,B|all``: one host, several in that order, or every host; the command
+    gets ``host: Hosts``. ``old``: the spellings it took before (``--hosts A,B``,
+    ``--all-hosts``), still taken for a release, hidden, each with one line on stderr."""
+
+    def decorate(f: F) -> F:
+        @functools.wraps(f)
+        def with_hosts(*args: Any, **kwargs: Any) -> Any:
+            text = kwargs.pop("host")
+            listed = kwargs.pop("old_hosts", None)
+            every = kwargs.pop("old_all_hosts", False)
+            kwargs["host"] = _hosts_given(text, listed, every)
+            return f(*args, **kwargs)
+
+        decorated: Any = with_hosts
+        if "--all-hosts" in old:
+            decorated = click.option("--all-hosts", "old_all_hosts", is_flag=True, hidden=True)(
+                decorated
+            )
+        if "--hosts" in old:
+            decorated = click.option("--hosts", "old_hosts", hidden=True)(decorated)
+        decorated = click.option(
+            "--host",
+            metavar="NAME|A,B|all",
+            shell_complete=_complete_hosts,
+            help=HOSTS_HELP,
+        )(decorated)
+        return decorated  # type: ignore[no-any-return]
+
+    return decorate
+
+
+def _hosts_given(text: str | None, listed: str | None, every: bool) -> Hosts:
+    """--host's value, or what an old spelling gave (one line on stderr naming --host)."""
+    given = [o for o, v in (("--host", text), ("--hosts", listed), ("--all-hosts", every)) if v]
+    if len(given) > 1:
+        from llamanix.core.errors import Problem, UserError
+
+        raise UserError(
+            Problem(
+                "llamanix",
+                given[1],
+                f"and {given[0]} both name hosts",
+                "name them once: --host NAME, --host A,B or --host all",
+            )
+        )
+    if listed is not None:
+        moved_note("--hosts", "--host", "--host A,B")
+        # --hosts A named a rollout of one host: still one.
+        return Hosts(names=listed, several=True)
+    if every:
+        moved_note("--all-hosts", "--host", "--host all")
+        return Hosts(several=True)
+    return Hosts.of(text)
+
+
+def dry_run_flag(help: str) -> Callable[[F], F]:
+    """``--dry-run``: say what a real run would do, and change nothing."""
+    return click.option("--dry-run", is_flag=True, help=help)
 
 
 def instance_argument(*, required: bool = True) -> Callable[[F], F]:
@@ -148,6 +243,12 @@ def deprecated(new_value: Any, old_value: Any, old: str, new: str) -> Any:
 def deprecation_note(old: str, new: str) -> None:
     """The one line an old spelling prints on stderr, naming the new one."""
     click.echo(f"llamanix: {old} is deprecated, use {new}", err=True)
+
+
+def moved_note(old: str, new: str, example: str) -> None:
+    """The one line a moved option or command prints on stderr: ``llamanix: --hosts is --host
+    now (--host A,B)``."""
+    click.echo(f"llamanix: {old} is {new} now ({example})", err=True)
 
 
 def exit_with(code: int) -> NoReturn:

@@ -288,10 +288,15 @@ def host_shell(name: str, project: Path | None, bare: bool, workdir: Path | None
     exit_with(code)
 
 
+@click.group("testbed")
+def testbed_group() -> None:
+    """The test bed: the CPU llama-server, the real and synthetic models, the demo, test hosts."""
+
+
+for _command in (build_server, fetch_model, synth_model_command, demo, host_shell):
+    testbed_group.add_command(_command)
+
+
 def register(group: click.Group) -> None:
-    """Add this module's commands to the main group."""
-    group.add_command(build_server)
-    group.add_command(fetch_model)
-    group.add_command(synth_model_command)
-    group.add_command(demo)
-    group.add_command(host_shell)
+    """Add this module's command to the main group."""
+    group.add_command(testbed_group)

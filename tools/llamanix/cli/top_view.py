@@ -17,21 +17,27 @@ from rich.table import Table
 from rich.text import Text
 
 from llamanix.cli.console import console as make_console
+from llamanix.cli.options import Hosts
 from llamanix.config.host_choice import pick_host
 from llamanix.config.model import Config, load_config
 from llamanix.external import interrupt
 from llamanix.external.process import Runner
 from llamanix.observe.host_reading import HostReader
 from llamanix.observe.top_rows import TopHost, TopRow, is_remote, remote_top, top_host, top_json
+from llamanix.switch.request import parse_hosts
 
 # In the live view, the window over which a remote host's own llamanix takes its rates (it reads
 # its instances twice, this far apart, for each redraw its row gets).
 REMOTE_WINDOW_S = 1.0
 
 
-def _hosts(config: Config, host: str | None) -> list[str]:
-    if host is not None:
-        return [pick_host(config, host)]
+def _hosts(config: Config, host: Hosts) -> list[str]:
+    """--host's hosts: one, several in the order given, or (all, or left out) every host that
+    runs an instance."""
+    if host.names is not None:
+        return list(parse_hosts(host.names, tuple(config.hosts), config.source))
+    if host.name is not None:
+        return [pick_host(config, host.name)]
     return [name for name in config.hosts if config.instances_on(name)]
 
 
@@ -83,7 +89,7 @@ class _Fleet:
 
 def run_top(
     path: Path,
-    host: str | None,
+    host: Hosts,
     *,
     once: bool,
     as_json: bool,

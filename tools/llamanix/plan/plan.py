@@ -226,10 +226,11 @@ def _router_plan(config: Config, host: str) -> RouterPlan | None:
     )
 
 
-def _gateway_plan(config: Config, host: str | None) -> GatewayPlan | None:
-    """The gateway, when the config has one and the plan is not of another host alone."""
+def _gateway_plan(config: Config, chosen: tuple[str, ...] | None) -> GatewayPlan | None:
+    """The gateway, when the config has one and the plan is not of other hosts alone
+    (``chosen``: the hosts named, None when none was)."""
     gateway = config.gateway
-    if gateway is None or (host is not None and pick_host(config, host) != gateway.host):
+    if gateway is None or (chosen is not None and gateway.host not in chosen):
         return None
     from llamanix.render.gateway import deployments
 
@@ -286,15 +287,20 @@ def _refuse_drift(
 def plan_config(
     config: Config,
     caps: CapabilityMap,
-    host: str | None = None,
+    host: str | tuple[str, ...] | None = None,
     security: bool = True,
     flake_dir: Path | None = None,
     previous: CapabilityMap | None = None,
 ) -> Plan:
-    """``flake_dir`` holds the flake.lock whose pins are shown (default: beside the config)."""
-    hosts = (
-        [pick_host(config, host)] if host else [h for h in config.hosts if config.instances_on(h)]
-    )
+    """``flake_dir`` holds the flake.lock whose pins are shown (default: beside the config).
+    ``host``: one host, several (names of the config's hosts, in that order) or None (every
+    host that runs an instance)."""
+    if isinstance(host, tuple):
+        hosts = list(host)
+    elif host:
+        hosts = [pick_host(config, host)]
+    else:
+        hosts = [h for h in config.hosts if config.instances_on(h)]
     refuse_unstated_nixos(config, hosts)
     if previous:
         _refuse_drift(
@@ -343,4 +349,4 @@ def plan_config(
                     router=_router_plan(config, name),
                 )
             )
-    return Plan(config.source, tuple(plans), _gateway_plan(config, host))
+    return Plan(config.source, tuple(plans), _gateway_plan(config, tuple(hosts) if host else None))
