@@ -16,9 +16,11 @@ import sys
 import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import pytest
+from cli_run import run_llamanix
 from standins import recorded, stand_in
 
 from llamanix.state.generations import GenerationRecord, HostState, ManagerRecord
@@ -45,16 +47,7 @@ JSON_CONFIG = """\
 NOT_UTF8 = b'{"instances": {"caf\xe9": {}}}\n'
 
 
-def llamanix(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "llamanix", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        errors="replace",
-        timeout=LIMIT_S,
-        check=False,
-    )
+llamanix = partial(run_llamanix, timeout=LIMIT_S, errors="replace")
 
 
 def tree(root: Path) -> dict[str, tuple[str, int, int]]:

@@ -6,15 +6,16 @@ import csv
 import importlib.util
 import json
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
-from click.testing import CliRunner, Result
+from cli_run import invoke, server_argv
+from click.testing import Result
 
 from llamanix.bench.bench_results import load_result
 from llamanix.bench.prompts import builtin_prompts, parse_prompts
-from llamanix.cli import main
 from llamanix.core.errors import UserError
 from llamanix.core.gpus import load_gpus
 from llamanix.model.gguf_info import read_gguf
@@ -25,8 +26,7 @@ HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-def bench(*args: str) -> Result:
-    return CliRunner().invoke(main, ["bench", *args])
+bench = partial(invoke, "bench")
 
 
 # --- without a server ------------------------------------------------------------------------
@@ -187,18 +187,7 @@ def base_server(
     llama_server_bin: Path, slower_model: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[LlamaServer]:
     log = tmp_path_factory.mktemp("bench-server") / "server.log"
-    argv = [
-        str(llama_server_bin),
-        "-m",
-        str(slower_model),
-        "-c",
-        "4096",
-        "-np",
-        "2",
-        "-t",
-        "1",
-        "--metrics",
-    ]
+    argv = server_argv(llama_server_bin, slower_model, "--metrics", ctx=4096, parallel=2, threads=1)
     with LlamaServer(argv, log) as server:
         yield server
 
@@ -341,16 +330,9 @@ def test_compare_and_plot_real_results(
 ) -> None:
     """A speculative configuration (the model as its own draft) against the baseline."""
     _, out = base_run
-    argv = [
-        str(llama_server_bin),
-        "-m",
-        str(slower_model),
-        "-c",
-        "4096",
-        "-np",
-        "1",
-        "-t",
-        "1",
+    argv = server_argv(
+        llama_server_bin,
+        slower_model,
         "--metrics",
         "--spec-type",
         "draft-simple",
@@ -358,7 +340,10 @@ def test_compare_and_plot_real_results(
         str(slower_model),
         "--spec-draft-n-max",
         "4",
-    ]
+        ctx=4096,
+        parallel=1,
+        threads=1,
+    )
     with LlamaServer(argv, tmp_path / "spec.log") as server:
         result = bench(
             "--url",

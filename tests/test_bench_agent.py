@@ -5,17 +5,18 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from click.testing import CliRunner, Result
+from cli_run import invoke, server_argv
+from click.testing import Result
 
 from llamanix.bench.bench import planned_steps, run_bench
 from llamanix.bench.bench_results import BenchSettings, load_result
 from llamanix.bench.prompts import agent_messages, agent_prompt, load_prompts, parse_prompts
 from llamanix.bench.streaming import ThinkingClock
-from llamanix.cli import main
 from llamanix.core.errors import UserError
 from llamanix.server.server_process import LlamaServer
 
@@ -25,8 +26,7 @@ if TYPE_CHECKING:
 PREFIX = 2000
 
 
-def bench(*args: str) -> Result:
-    return CliRunner().invoke(main, ["bench", *args])
+bench = partial(invoke, "bench")
 
 
 # --- without a server ------------------------------------------------------------------------
@@ -93,8 +93,8 @@ def agent_server(
     llama_server_bin: Path, synth_models: SynthModels, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[LlamaServer]:
     log = tmp_path_factory.mktemp("agent-server") / "server.log"
-    argv = [str(llama_server_bin), "-m", str(synth_models.target), "-c", "8192", "-np", "2"]
-    with LlamaServer([*argv, "-t", "1"], log) as server:
+    argv = server_argv(llama_server_bin, synth_models.target, ctx=8192, parallel=2, threads=1)
+    with LlamaServer(argv, log) as server:
         yield server
 
 

@@ -6,10 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
+from cli_run import invoke
 from standins import stand_in
 
-from llamanix.cli import main
 from llamanix.core.projects import PROJECTS
 from llamanix.core.variants import DIALECTS
 
@@ -43,9 +42,7 @@ def ik_build(tmp_path: Path) -> Path:
 
 
 def switch(cfg: Path, units: Path, *args: str) -> tuple[int, str]:
-    result = CliRunner().invoke(
-        main, ["switch", str(cfg), "--units-dir", str(units), "--timeout", "5", *args]
-    )
+    result = invoke("switch", str(cfg), "--units-dir", str(units), "--timeout", "5", *args)
     return result.exit_code, result.stderr.strip()
 
 

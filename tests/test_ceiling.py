@@ -10,9 +10,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from click.testing import CliRunner
+from cli_run import invoke
 
-from llamanix.cli import main
 from llamanix.core.errors import UserError
 from llamanix.core.gpus import load_gpus
 from llamanix.model.ceiling import (
@@ -32,7 +31,7 @@ if TYPE_CHECKING:
 
 
 def run(*args: str) -> tuple[int, str, str]:
-    result = CliRunner().invoke(main, list(args))
+    result = invoke(*args)
     return result.exit_code, result.stdout, result.stderr
 
 

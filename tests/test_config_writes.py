@@ -18,12 +18,14 @@ import stat
 import tempfile
 import threading
 from collections.abc import Iterator
+from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
-from click.testing import CliRunner, Result
+from cli_run import invoke
+from click.testing import CliRunner
 from standins import recorded, stand_in
 
 from llamanix.cli import main
@@ -70,8 +72,7 @@ def serving() -> Iterator[ThreadingHTTPServer]:
     server.server_close()
 
 
-def cli(*args: str) -> Result:
-    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+cli = partial(invoke, catch_exceptions=False)
 
 
 def _config(tmp_path: Path, port: int) -> tuple[Path, Path]:
@@ -190,12 +191,12 @@ def test_validate_and_doctor_warn_of_a_key_file_any_user_can_read(
     )
 
     def validate(*extra: str) -> list[str]:
-        done = CliRunner().invoke(main, ["validate", str(config), "--remote", *extra])
+        done = invoke("validate", str(config), "--remote", *extra)
         assert done.exit_code == 0, done.output
         return [line for line in done.output.splitlines() if line.startswith("warning:")]
 
     def doctor() -> dict[str, Any]:
-        done = CliRunner().invoke(main, ["doctor", str(config), "chat", "--json"])
+        done = invoke("doctor", str(config), "chat", "--json")
         data: dict[str, Any] = json.loads(done.output[done.output.index("{") :])
         return data
 

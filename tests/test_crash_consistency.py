@@ -13,7 +13,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from typing import Any
 
 import httpx
 import pytest
+from cli_run import run_llamanix
 
 from llamanix.server.server_process import free_port
 from llamanix.state.crash_point import CRASH_ENV, CRASH_POINTS, RESTART_POINTS, CrashPoint
@@ -42,15 +42,7 @@ def llamanix(
     env.pop(CRASH_ENV, None)
     if crash_at is not None:
         env[CRASH_ENV] = crash_at
-    return subprocess.run(
-        [sys.executable, "-m", "llamanix", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    return run_llamanix(*args, cwd=cwd, env=env, timeout=300)
 
 
 def switch(cwd: Path, *extra: str, crash_at: CrashPoint | None = None) -> Any:

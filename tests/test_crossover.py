@@ -6,14 +6,14 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from click.testing import CliRunner, Result
+from cli_run import invoke, server_argv
 
 from llamanix.bench.crossover import Line, crossover, fit_line
-from llamanix.cli import main
 from llamanix.server.server_process import LlamaServer
 
 if TYPE_CHECKING:
@@ -23,8 +23,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 LENGTHS = (32, 256, 1024)
 
 
-def bench(*args: str) -> Result:
-    return CliRunner().invoke(main, ["bench", *args])
+bench = partial(invoke, "bench")
 
 
 # --- the arithmetic -------------------------------------------------------------------------
@@ -71,8 +70,10 @@ def sweep(
     nearly every drafted token is kept (faster decode)."""
     out = tmp_path_factory.mktemp("sweep")
     for label, extra in (("base", []), ("ngram", ["--spec-type", "ngram-simple"])):
-        argv = [str(llama_server_bin), "-m", str(synth_models.target), "-c", "4096", "-np", "1"]
-        with LlamaServer([*argv, "-t", "1", *extra], out / f"{label}.log") as server:
+        argv = server_argv(
+            llama_server_bin, synth_models.target, *extra, ctx=4096, parallel=1, threads=1
+        )
+        with LlamaServer(argv, out / f"{label}.log") as server:
             result = bench(
                 "--url",
                 server.url,

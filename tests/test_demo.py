@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import gguf
 import pytest
+from cli_run import run_llamanix
 from rich.console import Console
 
 from llamanix.bench.interval import RatioInterval
@@ -27,15 +27,7 @@ from llamanix.testbed import demo, real_text
 pytestmark = pytest.mark.server
 
 
-def llamanix(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "llamanix", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-        check=False,
-    )
+llamanix = partial(run_llamanix, timeout=600)
 
 
 def matmul_weights(path: Path) -> int:

@@ -13,10 +13,12 @@ import json
 import os
 import re
 import tomllib
+from functools import partial
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner, Result
+from cli_run import invoke
+from click.testing import CliRunner
 from standins import recorded, stand_in
 
 from llamanix.cli import main
@@ -42,8 +44,7 @@ def argvs(record: Path) -> list[list[str]]:
     return [list(r["argv"]) for r in recorded(record)]  # type: ignore[call-overload]
 
 
-def cli(*args: str) -> Result:
-    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+cli = partial(invoke, catch_exceptions=False)
 
 
 def write_config(

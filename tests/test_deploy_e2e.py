@@ -9,14 +9,15 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from cli_run import llamanix_argv, run_llamanix
 
 from llamanix.server.server_process import free_port
 from llamanix.state.up_status import UpInstance
@@ -27,15 +28,7 @@ DEADLINE_S = 120.0
 pytestmark = pytest.mark.server
 
 
-def llamanix(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "llamanix", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+llamanix = partial(run_llamanix, timeout=300)
 
 
 def n_ctx(url: str) -> int:
@@ -208,7 +201,7 @@ def test_up_restarts_a_crashed_instance(deploy_dir: Path, up: subprocess.Popen[s
 
 def start_switch(deploy_dir: Path, *extra: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "llamanix", "switch", "llamanix.toml", "--manager", "up", *extra],
+        llamanix_argv("switch", "llamanix.toml", "--manager", "up", *extra),
         cwd=deploy_dir,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -10,11 +10,13 @@ from __future__ import annotations
 import json
 import os
 import time
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
+from cli_run import invoke, server_argv
 from click.testing import CliRunner, Result
 from standins import recorded_argv, stand_in
 from test_inspect import qwen35_like
@@ -60,8 +62,7 @@ def write_config(
     return path
 
 
-def doctor(*args: str, env: dict[str, str] | None = None) -> Result:
-    return CliRunner(env=env).invoke(main, ["doctor", *args])
+doctor = partial(invoke, "doctor")
 
 
 def findings(result: Result) -> dict[str, dict[str, Any]]:
@@ -312,19 +313,9 @@ def test_quantized_v_without_flash_attention_from_the_log(
 ) -> None:
     """The real server refuses to start; its log is what doctor reads."""
     log = tmp_path / "server.log"
-    argv = [
-        str(llama_server_bin),
-        "-m",
-        str(synth_models.target),
-        "-c",
-        "512",
-        "-t",
-        "1",
-        "-ctv",
-        "q4_0",
-        "-fa",
-        "off",
-    ]
+    argv = server_argv(
+        llama_server_bin, synth_models.target, "-ctv", "q4_0", "-fa", "off", ctx=512, threads=1
+    )
     with pytest.raises(ServerStartError):
         LlamaServer(argv, log, start_timeout_s=60).start()
     config = write_config(tmp_path / "c.toml", None, None, model=str(synth_models.target))
@@ -357,18 +348,9 @@ def test_speculative_bench_slower_than_baseline(
             ],
         ),
     ):
-        argv = [
-            str(llama_server_bin),
-            "-m",
-            str(synth_models.target),
-            "-c",
-            "1024",
-            "-np",
-            "1",
-            "-t",
-            "1",
-            *extra,
-        ]
+        argv = server_argv(
+            llama_server_bin, synth_models.target, *extra, ctx=1024, parallel=1, threads=1
+        )
         with LlamaServer(argv, tmp_path / f"{label}.log") as server:
             out = tmp_path / f"{label}.json"
             bench = CliRunner().invoke(

@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
+from cli_run import server_argv
 
 from llamanix.server.drain import AnswerWatch, Drained, Endpoint, drain, gap_of, in_flight
 from llamanix.testbed.synth import SynthSpec, synth_model
@@ -23,11 +24,14 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return synth_model(SynthSpec(seed=1), tmp_path_factory.mktemp("drain") / "tiny.gguf")
 
 
-def _start(server_factory: Any, model: Path, llama_server_bin: Path, *port: str) -> Any:
+def _start(
+    server_factory: Any, model: Path, llama_server_bin: Path, port: int | None = None
+) -> Any:
     return server_factory(
-        [str(llama_server_bin), "-m", str(model), "-c", "16384", "-t", "1", "-np", "2", "--metrics",
-         *(["--port", *port] if port else [])]
-    )  # fmt: skip
+        server_argv(
+            llama_server_bin, model, "--metrics", ctx=16384, parallel=2, threads=1, port=port
+        )
+    )
 
 
 def test_the_drain_waits_for_the_answer_in_flight_and_no_longer(
@@ -108,7 +112,7 @@ def test_the_watch_sees_the_answers_of_a_restart(
         stopped = time.monotonic()
         time.sleep(0.3)
         started = time.monotonic()
-        _start(server_factory, model, llama_server_bin, str(server.port))
+        _start(server_factory, model, llama_server_bin, server.port)
         deadline = time.monotonic() + 30
         while not any(t >= started for t in watch.answers()) and time.monotonic() < deadline:
             time.sleep(0.01)

@@ -11,13 +11,12 @@ import os
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner, Result
+from cli_run import invoke
 from recorded_help import B8770, BEE03, IK_NEW, IK_PIN, UPSTREAM, bee_after_v03, recorded
 from recorded_help import write_probe as write_caps
 from standins import recorded as recorded_calls
 from standins import stand_in
 
-from llamanix.cli import main
 from llamanix.config.drift import FieldDrift, drift_report
 from llamanix.config.model import Config, load_config
 
@@ -164,8 +163,7 @@ def recorder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return record
 
 
-def run(*args: str) -> Result:
-    return CliRunner().invoke(main, list(args))
+run = invoke
 
 
 def test_plan_json_lists_the_drift(probes: dict[str, Path]) -> None:

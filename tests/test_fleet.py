@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from cli_run import llamanix_argv
 from conftest import HOST_FIGURES, REPO
 from hostbed import slow_script, tiny_fleet
 
@@ -104,8 +105,7 @@ CONTROLLER_ENV = {"PYTHONPATH": str(REPO / "tools")}
 
 
 def llamanix(bed: Fleet, *args: str, timeout_s: float = 600) -> tuple[int, str, str]:
-    argv = [sys.executable, "-m", "llamanix", *args]
-    done = bed.controller(argv, timeout_s=timeout_s, env=CONTROLLER_ENV)
+    done = bed.controller(llamanix_argv(*args), timeout_s=timeout_s, env=CONTROLLER_ENV)
     return done.returncode, done.stdout, done.stderr
 
 

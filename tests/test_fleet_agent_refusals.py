@@ -15,9 +15,9 @@ import stat
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner, Result
+from cli_run import invoke
+from click.testing import Result
 
-from llamanix.cli import main
 from llamanix.core.errors import UserError
 from llamanix.fleet import agent
 from llamanix.fleet.protocol import PROTOCOL, AgentRequest, RunReport, SwitchOrder
@@ -49,9 +49,10 @@ def config(*names: str, other: str | None = None) -> str:
 def run_agent(
     fleet: Path, command: str, request: str = "", *args: str, env: dict[str, str] | None = None
 ) -> Result:
-    return CliRunner().invoke(
-        main,
-        ["fleet-agent", command, *args],
+    return invoke(
+        "fleet-agent",
+        command,
+        *args,
         input=request,
         env={agent.DIR_ENV: str(fleet), **(env or {})},
         catch_exceptions=False,

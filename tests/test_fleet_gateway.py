@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from cli_run import llamanix_argv
 from conftest import HOST_FIGURES, REPO
 from hostbed import new_key, tiny_fleet
 
@@ -105,8 +106,7 @@ def write_config(bed: Bed, text: str) -> None:
 
 
 def llamanix(bed: Bed, *args: str, timeout_s: float = 900) -> tuple[int, str, str]:
-    argv = [sys.executable, "-m", "llamanix", *args]
-    done = bed.fleet.controller(argv, timeout_s=timeout_s, env=CONTROLLER_ENV)
+    done = bed.fleet.controller(llamanix_argv(*args), timeout_s=timeout_s, env=CONTROLLER_ENV)
     return done.returncode, done.stdout, done.stderr
 
 

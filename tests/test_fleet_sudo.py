@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import json
 import shlex
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from cli_run import llamanix_argv
 from conftest import HOST_FIGURES, REPO
 from hostbed import tiny_fleet
 
@@ -106,8 +106,7 @@ def the_documented_line(bed: Fleet) -> Iterator[None]:
 
 
 def llamanix(bed: Fleet, *args: str, timeout_s: float = 600) -> Finished:
-    argv = [sys.executable, "-m", "llamanix", *args]
-    return bed.controller(argv, timeout_s=timeout_s, env=CONTROLLER_ENV)
+    return bed.controller(llamanix_argv(*args), timeout_s=timeout_s, env=CONTROLLER_ENV)
 
 
 def as_admin(bed: Fleet, name: str, argv: list[str], stdin: str | None = None) -> Finished:

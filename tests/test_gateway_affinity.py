@@ -26,6 +26,7 @@ from typing import Any
 
 import httpx
 import pytest
+from cli_run import server_argv
 from conftest import REPO
 
 from llamanix.config.model import load_config
@@ -72,8 +73,14 @@ def bed(
     proc = None
     try:
         for name in REPLICAS:
-            argv = [str(llama_server_bin), "-m", str(synth_models.target), "-c", "4096"]
-            argv += ["-np", "2", "-t", "1", "--port", str(free_port())]
+            argv = server_argv(
+                llama_server_bin,
+                synth_models.target,
+                ctx=4096,
+                parallel=2,
+                threads=1,
+                port=free_port(),
+            )
             servers[name] = LlamaServer(argv, tmp / f"{name}.log").start()
         key = os.urandom(12).hex()
         key_file = tmp / "gateway.key"

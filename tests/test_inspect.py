@@ -9,9 +9,8 @@ from typing import TYPE_CHECKING, Any
 import gguf
 import numpy as np
 import pytest
-from click.testing import CliRunner
+from cli_run import invoke, server_argv
 
-from llamanix.cli import main
 from llamanix.model.gguf_info import read_gguf, read_vocab, vocab_mismatch
 from llamanix.server.server_log import parse_server_log
 from llamanix.testbed.synth import SynthSpec, tokenizer_from
@@ -93,7 +92,7 @@ def qwen35_like(path: Path, vocab: Path | None = None) -> Path:
 
 
 def run(*args: str) -> tuple[int, str, str]:
-    result = CliRunner().invoke(main, list(args))
+    result = invoke(*args)
     return result.exit_code, result.stdout, result.stderr
 
 
@@ -221,16 +220,9 @@ def test_kv_bytes_match_the_server(
     context = 2048
     info = read_gguf(synth_models.target)
     server = server_factory(
-        [
-            str(llama_server_bin),
-            "-m",
-            str(synth_models.target),
-            "-c",
-            str(context),
-            "-np",
-            "1",
-            "-t",
-            "1",
+        server_argv(
+            llama_server_bin,
+            synth_models.target,
             "-lv",
             "4",
             "-fa",
@@ -239,7 +231,10 @@ def test_kv_bytes_match_the_server(
             cache_type,
             "-ctv",
             cache_type,
-        ]
+            ctx=context,
+            parallel=1,
+            threads=1,
+        )
     )
     log = parse_server_log(server.log_text())
     expected_mib = info.kv_bytes_per_token(cache_type, cache_type) * context / 2**20

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
+from cli_run import server_argv
 from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -134,17 +135,7 @@ def replay_prompt(
 ) -> list[int]:
     """T + T[:REPLAY] as token ids, T the target's greedy continuation of SEED_PROMPT."""
     log = tmp_path_factory.mktemp("replay") / "server.log"
-    argv = [
-        str(llama_server_bin),
-        "-m",
-        str(synth_models.target),
-        "-c",
-        "2048",
-        "-np",
-        "1",
-        "-t",
-        "2",
-    ]
+    argv = server_argv(llama_server_bin, synth_models.target, ctx=2048, parallel=1, threads=2)
     with LlamaServer(argv, log) as server:
         text: list[int] = complete(server.url, SEED_PROMPT, 160)["tokens"]
         prompt = text + text[:REPLAY]
@@ -268,20 +259,9 @@ def test_md_without_spec_type_loads_the_draft_and_never_drafts(
     """
     model = str(synth_models.target)
     server = server_factory(
-        [
-            str(llama_server_bin),
-            "-m",
-            model,
-            "-md",
-            model,
-            "-c",
-            "2048",
-            "-np",
-            "1",
-            "-t",
-            "2",
-            "--metrics",
-        ]
+        server_argv(
+            llama_server_bin, model, "-md", model, "--metrics", ctx=2048, parallel=1, threads=2
+        )
     )
     timings = complete(server.url, replay_prompt, 64)["timings"]
     assert "loading draft model" in server.log_text()

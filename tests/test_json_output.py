@@ -8,12 +8,13 @@ import json
 import os
 import shutil
 import subprocess
-import sys
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import click
 import pytest
+from cli_run import run_llamanix, server_argv
 from standins import stand_in
 
 from llamanix.cli import load_all, main
@@ -34,16 +35,7 @@ port = PORT
 """
 
 
-def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "llamanix", *args],
-        capture_output=True,
-        text=True,
-        env=ENV,
-        cwd=cwd,
-        timeout=300,
-        check=False,
-    )
+run = partial(run_llamanix, env=ENV, timeout=300)
 
 
 def json_commands() -> set[str]:
@@ -243,9 +235,8 @@ def test_json_of_the_commands_that_talk_to_a_server(
 
     port = free_port()
     server_factory(
-        [str(llama_server_bin), "-m", str(work / "model.gguf"), "--port", str(port),
-         "-c", "4096", "--metrics"]
-    )  # fmt: skip
+        server_argv(llama_server_bin, work / "model.gguf", "--metrics", ctx=4096, port=port)
+    )
     url = f"http://127.0.0.1:{port}"
     short = ["--max-tokens", "8", "--runs", "1", "--warmup", "0"]
     bench_a, bench_b = tmp_path / "a.json", tmp_path / "b.json"

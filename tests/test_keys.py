@@ -14,12 +14,12 @@ import json
 import os
 import secrets
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from cli_run import run_llamanix, server_argv
 
 from llamanix.core.api_key import read_api_key
 from llamanix.core.errors import UserError
@@ -96,18 +96,15 @@ def test_every_reader_uses_the_first_key_and_prints_none(
     key_file.write_text(f"# the clients' keys\n\n{first}\n{second}\n# retired: {commented}\n")
     key_file.chmod(0o600)
     server = server_factory(
-        [
-            str(llama_server_bin),
-            "-m",
-            str(synth_models.target),
-            "-c",
-            "1024",
-            "-t",
-            "1",
+        server_argv(
+            llama_server_bin,
+            synth_models.target,
             "--metrics",
             "--api-key-file",
             str(key_file),
-        ]
+            ctx=1024,
+            threads=1,
+        )
     )
     # The server took both keys and neither comment: llamanix's reading agrees with it.
     for key, status in ((first, 200), (second, 200), (commented, 401), (None, 401)):
@@ -128,15 +125,8 @@ def test_every_reader_uses_the_first_key_and_prints_none(
     def llamanix(
         *args: str, env: dict[str, str] | None = None, stdin: str = ""
     ) -> subprocess.CompletedProcess[str]:
-        proc = subprocess.run(
-            [sys.executable, "-m", "llamanix", *args],
-            input=stdin,
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-            env={**os.environ, **(env or {})},
+        proc = run_llamanix(
+            *args, input=stdin, cwd=tmp_path, timeout=300, env={**os.environ, **(env or {})}
         )
         outputs[" ".join(args)] = proc.stdout + proc.stderr
         return proc

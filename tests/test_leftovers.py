@@ -15,9 +15,11 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
+from cli_run import run_llamanix
 from standins import stand_in
 
 from llamanix.config.model import load_config
@@ -30,16 +32,7 @@ from llamanix.render.host_render import render_host
 from llamanix.state.generations import GateRecord, GenerationRecord, HostState, ManagerRecord
 from llamanix.state.host_lock import units_lock_path
 
-
-def llamanix(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "llamanix", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+llamanix = partial(run_llamanix, timeout=120)
 
 
 # --- a tool that fails says nothing of what is there ------------------------------------------

@@ -16,14 +16,15 @@ import pty
 import subprocess
 import sys
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from click.testing import CliRunner, Result
+from cli_run import invoke, server_argv
+from click.testing import Result
 
 from llamanix.bench.prompts import parse_prompts
-from llamanix.cli import main
 from llamanix.core.errors import UserError
 from llamanix.diagnose.lossless import ToolCall, compare_tool_calls, first_difference, json_shape
 from llamanix.server.server_process import LlamaServer, free_port
@@ -34,8 +35,7 @@ if TYPE_CHECKING:
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def lossless(*args: str) -> Result:
-    return CliRunner().invoke(main, ["check", "lossless", *args])
+lossless = partial(invoke, "check", "lossless")
 
 
 def call(name: str, arguments: Any) -> ToolCall:
@@ -172,9 +172,9 @@ def test_bad_prompts_file_names_file_field_and_fix(tmp_path: Path) -> None:
 # --- against real servers ---------------------------------------------------------------------
 
 
-def serve(binary: Path, log: Path, *args: str) -> LlamaServer:
+def serve(binary: Path, log: Path, model: str, *extra: str) -> LlamaServer:
     # One thread, one slot: the machine is small and one request runs at a time anyway.
-    argv = [str(binary), "-c", "4096", "-np", "1", "-t", "1", *args]
+    argv = server_argv(binary, model, *extra, ctx=4096, parallel=1, threads=1)
     return LlamaServer(argv, log).start()
 
 
@@ -186,11 +186,10 @@ def servers(
     started: dict[str, LlamaServer] = {}
     target = str(synth_models.target)
     try:
-        started["base"] = serve(llama_server_bin, logs / "base.log", "-m", target)
+        started["base"] = serve(llama_server_bin, logs / "base.log", target)
         started["self-draft"] = serve(
             llama_server_bin,
             logs / "self-draft.log",
-            "-m",
             target,
             "--spec-type",
             "draft-simple",
@@ -198,7 +197,7 @@ def servers(
             target,
         )
         started["other"] = serve(
-            llama_server_bin, logs / "other.log", "-m", str(synth_models.unrelated_draft)
+            llama_server_bin, logs / "other.log", str(synth_models.unrelated_draft)
         )
         yield started
     finally:

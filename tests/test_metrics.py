@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from cli_run import server_argv
 
 from llamanix.server.client import LlamaClient
 from llamanix.server.metrics import MetricsSnapshot, metrics_delta, parse_metrics
@@ -47,18 +48,9 @@ def test_live_delta_matches_the_request(
     llama_server_bin: Path, synth_models: SynthModels, server_factory: ServerFactory
 ) -> None:
     server = server_factory(
-        [
-            str(llama_server_bin),
-            "-m",
-            str(synth_models.target),
-            "-c",
-            "1024",
-            "-np",
-            "1",
-            "-t",
-            "1",
-            "--metrics",
-        ]
+        server_argv(
+            llama_server_bin, synth_models.target, "--metrics", ctx=1024, parallel=1, threads=1
+        )
     )
     body = {
         "messages": [{"role": "user", "content": "hello"}],
@@ -87,7 +79,7 @@ def test_no_metrics_flag_means_none(
     llama_server_bin: Path, synth_models: SynthModels, server_factory: ServerFactory
 ) -> None:
     server = server_factory(
-        [str(llama_server_bin), "-m", str(synth_models.target), "-c", "512", "-np", "1", "-t", "1"]
+        server_argv(llama_server_bin, synth_models.target, ctx=512, parallel=1, threads=1)
     )
     with LlamaClient(server.url, timeout_s=30) as client:
         assert client.metrics() is None

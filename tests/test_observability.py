@@ -27,6 +27,7 @@ from typing import Any
 
 import httpx
 import pytest
+from cli_run import llamanix_argv
 
 from llamanix.bench.bench import run_bench
 from llamanix.bench.bench_results import BenchResult, BenchSettings
@@ -59,7 +60,7 @@ JUNK = b"<html><body>It works!</body></html>\n"
 
 
 def llamanix(*args: str, timeout_s: float = 120) -> tuple[int, str, str]:
-    done = run_captured([sys.executable, "-m", "llamanix", *args], timeout_s=timeout_s)
+    done = run_captured(llamanix_argv(*args), timeout_s=timeout_s)
     return done.returncode, done.stdout, done.stderr
 
 

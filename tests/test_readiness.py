@@ -15,10 +15,12 @@ import subprocess
 import sys
 import threading
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_run import run_llamanix, server_argv
 
 from llamanix.core.address import connect_url
 from llamanix.core.readiness import BASE_S, PER_GIB_S, deadline_s, start_timeout_s
@@ -29,14 +31,7 @@ from llamanix.server.server_process import free_port
 pytestmark = pytest.mark.server
 
 
-def readiness(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "llamanix", "readiness", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+readiness = partial(run_llamanix, "readiness", timeout=120)
 
 
 def test_deadline_grows_with_the_model_size(tmp_path: Path) -> None:
@@ -60,9 +55,7 @@ def test_readiness_url_reaches_the_server_on_loopback() -> None:
 def test_a_serving_server_is_ready(
     server_factory: Any, synth_models: Any, llama_server_bin: Path
 ) -> None:
-    server = server_factory(
-        [str(llama_server_bin), "-m", str(synth_models.target), "-c", "256", "-t", "1"]
-    )
+    server = server_factory(server_argv(llama_server_bin, synth_models.target, ctx=256, threads=1))
     proc = readiness(
         "--url", server.url, "--model", str(synth_models.target), "--pid", str(server.pid)
     )
@@ -102,17 +95,9 @@ def test_a_wrong_api_key_is_one_line(
     key = tmp_path / "key"
     key.write_text("s3cret-key-for-test\n")
     server = server_factory(
-        [
-            str(llama_server_bin),
-            "-m",
-            str(synth_models.target),
-            "-c",
-            "256",
-            "-t",
-            "1",
-            "--api-key-file",
-            str(key),
-        ]
+        server_argv(
+            llama_server_bin, synth_models.target, "--api-key-file", str(key), ctx=256, threads=1
+        )
     )
     assert readiness("--url", server.url, "--api-key-file", str(key)).returncode == 0
     wrong = tmp_path / "wrong"

@@ -13,12 +13,13 @@ import json
 import math
 import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import pytest
+from cli_run import run_llamanix
 
 from llamanix.bench.prompts import load_prompts
 from llamanix.server.server_process import LlamaServer
@@ -28,17 +29,7 @@ from llamanix.testbed import real_text, real_text_study, server_build
 REPO = Path(__file__).resolve().parent.parent
 
 
-def llamanix(
-    *args: str, env: dict[str, str] | None = None, timeout: float = 900
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "llamanix", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=timeout,
-        check=False,
-    )
+llamanix = partial(run_llamanix, timeout=900)
 
 
 def one_line(done: subprocess.CompletedProcess[str]) -> str:

@@ -21,13 +21,14 @@ import sys
 import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner, Result
+from cli_run import invoke
+from click.testing import Result
 
 from llamanix import __version__
-from llamanix.cli import main
 from llamanix.config.model import load_config
 from llamanix.core.address import parse_target
 from llamanix.core.errors import UserError
@@ -126,8 +127,7 @@ def write_config(d: Path, kind: str = KIND, target: str = "admin@box2", port: in
     return path
 
 
-def cli(*args: str) -> Result:
-    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+cli = partial(invoke, catch_exceptions=False)
 
 
 def outcome_line(result: str = "passed", generation: int = 3, run: str = "r1") -> str:

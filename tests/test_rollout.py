@@ -13,13 +13,13 @@ import re
 import signal
 import threading
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner, Result
+from cli_run import invoke
 from standins import recorded, stand_in
 
-from llamanix.cli import main
 from llamanix.core.errors import Problem, UserError
 from llamanix.fleet.rollout import Lost, RolloutOptions, Unreachable, plan_batches, run_rollout
 from llamanix.server.server_process import free_port
@@ -332,8 +332,7 @@ def mixed_config(d: Path) -> Path:
     return config
 
 
-def cli(*args: str) -> Result:
-    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+cli = partial(invoke, catch_exceptions=False)
 
 
 def test_a_failing_canary_rolls_itself_back_and_nothing_else_runs(

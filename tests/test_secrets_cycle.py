@@ -10,12 +10,12 @@ from __future__ import annotations
 import json
 import secrets
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from cli_run import run_llamanix
 
 from llamanix.server.server_process import free_port
 from llamanix.testbed.up_process import start_up, stop_up, wait_running
@@ -58,14 +58,7 @@ def test_api_key_never_leaks(tmp_path: Path, llama_server_bin: Path, synth_model
     outputs: dict[str, str] = {}
 
     def llamanix(*args: str) -> subprocess.CompletedProcess[str]:
-        proc = subprocess.run(
-            [sys.executable, "-m", "llamanix", *args],
-            cwd=work,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
+        proc = run_llamanix(*args, cwd=work, timeout=300)
         outputs[" ".join(args)] = proc.stdout + proc.stderr
         return proc
 

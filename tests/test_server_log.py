@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import httpx
 import pytest
+from cli_run import server_argv
 
 from llamanix.server.server_log import parse_server_log
 
@@ -121,23 +122,19 @@ def test_live_log_matches_the_response_timings(
     llama_server_bin: Path, synth_models: SynthModels, server_factory: ServerFactory
 ) -> None:
     server = server_factory(
-        [
-            str(llama_server_bin),
-            "-m",
-            str(synth_models.target),
-            "-c",
-            "1024",
-            "-np",
-            "1",
-            "-t",
-            "1",
+        server_argv(
+            llama_server_bin,
+            synth_models.target,
             "--spec-type",
             "draft-simple",
             "--spec-draft-model",
             str(synth_models.target),
             "--spec-draft-n-max",
             "4",
-        ]
+            ctx=1024,
+            parallel=1,
+            threads=1,
+        )
     )
     body = {
         "messages": [{"role": "user", "content": "hello"}],

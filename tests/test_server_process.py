@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import httpx
 import pytest
+from cli_run import server_argv
 
 from llamanix.external.llama_server import ServerStartError
 from llamanix.external.process import alive
@@ -47,17 +48,7 @@ def test_free_port_is_bindable() -> None:
 def test_starts_answers_and_stops(
     llama_server_bin: Path, synth_models: SynthModels, tmp_path: Path
 ) -> None:
-    argv = [
-        str(llama_server_bin),
-        "-m",
-        str(synth_models.target),
-        "-c",
-        "1024",
-        "-np",
-        "1",
-        "-t",
-        "2",
-    ]
+    argv = server_argv(llama_server_bin, synth_models.target, ctx=1024, parallel=1, threads=2)
     server = LlamaServer(argv, tmp_path / "server.log")
     with server:
         assert server.url == f"http://127.0.0.1:{server.port}"
@@ -86,19 +77,9 @@ def test_explicit_port_is_used(
 ) -> None:
     port = free_port()
     server = server_factory(
-        [
-            str(llama_server_bin),
-            "-m",
-            str(synth_models.target),
-            "-c",
-            "512",
-            "-np",
-            "1",
-            "-t",
-            "2",
-            "--port",
-            str(port),
-        ]
+        server_argv(
+            llama_server_bin, synth_models.target, ctx=512, parallel=1, threads=2, port=port
+        )
     )
     assert server.url == f"http://127.0.0.1:{port}"
     assert httpx.get(f"{server.url}/health", timeout=10).status_code == 200
@@ -109,7 +90,7 @@ def test_stopped_even_when_the_block_raises(
     llama_server_bin: Path, synth_models: SynthModels, tmp_path: Path
 ) -> None:
     server = LlamaServer(
-        [str(llama_server_bin), "-m", str(synth_models.target), "-c", "512", "-np", "1", "-t", "2"],
+        server_argv(llama_server_bin, synth_models.target, ctx=512, parallel=1, threads=2),
         tmp_path / "server.log",
     )
     with pytest.raises(RuntimeError, match="test body failed"), server:
@@ -141,7 +122,7 @@ def test_not_healthy_by_the_deadline_is_stopped(
 ) -> None:
     # Loading takes far longer than a millisecond, so the deadline passes first.
     server = LlamaServer(
-        [str(llama_server_bin), "-m", str(synth_models.target), "-c", "512", "-t", "2"],
+        server_argv(llama_server_bin, synth_models.target, ctx=512, threads=2),
         tmp_path / "server.log",
         start_timeout_s=0.001,
     )

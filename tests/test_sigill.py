@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from cli_run import server_argv
 from click.testing import CliRunner
 from standins import build_sigill_server
 
@@ -68,7 +69,7 @@ def test_a_server_that_dies_of_sigill_is_named_not_waited_for(
     sigill_server: Path, synth_models: SynthModels, tmp_path: Path
 ) -> None:
     server = LlamaServer(
-        [str(sigill_server), "-m", str(synth_models.target), "-c", "512", "-t", "2"],
+        server_argv(sigill_server, synth_models.target, ctx=512, threads=2),
         tmp_path / "server.log",
         start_timeout_s=120,
     )

@@ -12,16 +12,16 @@ from __future__ import annotations
 import json
 import os
 import stat
-import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from click.testing import CliRunner, Result
+from cli_run import invoke, run_llamanix
+from click.testing import Result
 from standins import recorded_argv, stand_in
 
-from llamanix.cli import main
 from llamanix.diagnose.cuda_check import (
     JIT_MIN_EXTRA_S,
     SassArch,
@@ -48,15 +48,8 @@ SERVED_CHECKS = ("start", "health", "chat", "metrics", "decode")
 TOKENS = "16"
 
 
-def smoke_process(*args: str) -> subprocess.CompletedProcess[str]:
-    """The real command, as CI and the Nix GPU test run it."""
-    return subprocess.run(
-        [sys.executable, "-m", "llamanix", "check", "smoke", *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+# The real command, as CI and the Nix GPU test run it.
+smoke_process = partial(run_llamanix, "check", "smoke", timeout=600)
 
 
 def by_name(report: dict[str, Any]) -> dict[str, dict[str, str]]:
@@ -174,8 +167,7 @@ def test_speculation_that_never_drafts_fails(
 # --- refusals: one line, exit 2, nothing written ----------------------------------------------
 
 
-def smoke_cli(*args: str) -> Result:
-    return CliRunner().invoke(main, ["check", "smoke", *args])
+smoke_cli = partial(invoke, "check", "smoke")
 
 
 def test_mtp_without_a_model_is_refused(tmp_path: Path) -> None:

@@ -18,11 +18,13 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
-from click.testing import CliRunner, Result
+from cli_run import invoke
+from click.testing import CliRunner
 from standins import recorded, stand_in
 
 from llamanix.cli import main
@@ -120,8 +122,7 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[Path], Counts
     yield start
 
 
-def cli(*args: str) -> Result:
-    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+cli = partial(invoke, catch_exceptions=False)
 
 
 def test_one_switch_and_one_rollback_each_read_and_parse_the_config_once(

@@ -9,6 +9,7 @@ import gguf
 import httpx
 import numpy as np
 import pytest
+from cli_run import server_argv
 from click.testing import CliRunner
 
 from llamanix.cli import main
@@ -211,11 +212,15 @@ def test_passthrough_target_accepts_what_its_draft_drafts(
     draft = synth_model(SMALL_DRAFT, tmp_path / "draft.gguf")
     target = synth_model(SMALL_TARGET, tmp_path / "target.gguf")
     server = server_factory(
-        [
-            *(str(llama_server_bin), "-m", str(target), "-c", "1024", "-np", "1", "-t", "2"),
+        server_argv(
+            llama_server_bin,
+            target,
             *("--spec-type", "draft-simple", "--spec-draft-model", str(draft)),
             *("--spec-draft-n-max", "8", "--spec-draft-p-min", "0.6"),
-        ]
+            ctx=1024,
+            parallel=1,
+            threads=2,
+        )
     )
     reply = httpx.post(
         f"{server.url}/completion",
@@ -234,23 +239,14 @@ def test_default_shape_serves_with_quantized_kv_cache(
 ) -> None:
     """head_dim 64 divides the q8_0/q4_0 block size, so quantized caches load."""
     server = server_factory(
-        [
-            str(llama_server_bin),
-            "-m",
-            str(synth_models.target),
-            "-c",
-            "1024",
-            "-np",
-            "1",
-            "-t",
-            "2",
-            "-fa",
-            "on",
-            "-ctk",
-            "q8_0",
-            "-ctv",
-            "q4_0",
-        ]
+        server_argv(
+            llama_server_bin,
+            synth_models.target,
+            *("-fa", "on", "-ctk", "q8_0", "-ctv", "q4_0"),
+            ctx=1024,
+            parallel=1,
+            threads=2,
+        )
     )
     reply = httpx.post(
         f"{server.url}/completion",
@@ -265,17 +261,7 @@ def test_builtin_vocab_model_serves(
     llama_server_bin: Path, synth_models: SynthModels, server_factory: ServerFactory
 ) -> None:
     server = server_factory(
-        [
-            str(llama_server_bin),
-            "-m",
-            str(synth_models.builtin_vocab),
-            "-c",
-            "512",
-            "-np",
-            "1",
-            "-t",
-            "2",
-        ]
+        server_argv(llama_server_bin, synth_models.builtin_vocab, ctx=512, parallel=1, threads=2)
     )
     tokens = httpx.post(
         f"{server.url}/tokenize", json={"content": "hello world"}, timeout=30
@@ -297,7 +283,7 @@ def test_q8_0_model_serves(
     # --no-repack: this upstream build's AMX q8_0 kernel crashes on tiny matrices
     # (SIGSEGV in ggml_backend_amx_mul_mat on AMX CPUs); plain kernels are fine.
     server = server_factory(
-        [str(llama_server_bin), "-m", str(model), "-c", "512", "-np", "1", "-t", "2", "--no-repack"]
+        server_argv(llama_server_bin, model, "--no-repack", ctx=512, parallel=1, threads=2)
     )
     reply = httpx.post(
         f"{server.url}/completion", json={"prompt": "hi", "n_predict": 4}, timeout=60

@@ -10,10 +10,12 @@ from __future__ import annotations
 import json
 import re
 import stat
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from cli_run import invoke
 from click.testing import CliRunner, Result
 
 from llamanix.bench import synthetic_acceptance as synth
@@ -35,8 +37,7 @@ DEPRECATION = (
 )
 
 
-def bench(*args: str) -> Result:
-    return CliRunner().invoke(main, ["bench", *args])
+bench = partial(invoke, "bench")
 
 
 def sweep(config: Path, instance: str, rates: str, *args: str) -> Result:

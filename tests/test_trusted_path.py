@@ -8,10 +8,11 @@ from __future__ import annotations
 import os
 import stat
 import subprocess
-import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
+from cli_run import run_llamanix
 
 from llamanix.core.trusted_path import untrusted
 
@@ -20,15 +21,7 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="root's view: run as r
 USER = 1000
 
 
-def llamanix(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "llamanix", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+llamanix = partial(run_llamanix, timeout=60)
 
 
 def evil_binary(path: Path, marker: Path) -> Path:

@@ -8,7 +8,10 @@ import json
 import os
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
+
+from cli_run import run_llamanix
 
 from llamanix.state.up_status import STATUS, UpInstance, UpStatus, read_status, write_status
 from llamanix.testbed.up_process import instance_state, up_units
@@ -19,15 +22,7 @@ RUNNING = UpInstance("k1", "running", 4242, "http://127.0.0.1:9001", 2, None)
 FAILED = UpInstance("k2", "failed", None, None, 5, "exit status 1")
 
 
-def llamanix(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "llamanix", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+llamanix = partial(run_llamanix, timeout=120)
 
 
 def host_config(tmp_path: Path) -> Path:
@@ -81,7 +76,7 @@ def test_a_second_up_for_the_directory_is_refused(tmp_path: Path) -> None:
     units = up_units(config, "dev")
     units.mkdir(parents=True)
     write_status(units, UpStatus(os.getpid(), None, {}))
-    done = llamanix(tmp_path, "up", "llamanix.toml", "--host", "dev")
+    done = llamanix("up", "llamanix.toml", "--host", "dev", cwd=tmp_path)
     assert done.returncode == 2, done.stdout + done.stderr
     assert done.stderr.splitlines() == [
         f"{units}: llamanix up (pid {os.getpid()}) already manages this directory "
@@ -104,6 +99,6 @@ def test_a_live_status_this_version_cannot_read_is_one_line(tmp_path: Path) -> N
     ]
     # The supervisor's claim, and the managers' reader behind `plan`.
     for args in (("up", "llamanix.toml", "--host", "dev"), ("plan", "llamanix.toml")):
-        done = llamanix(tmp_path, *args)
+        done = llamanix(*args, cwd=tmp_path)
         assert done.returncode == 2, done.stdout + done.stderr
         assert done.stderr.splitlines() == expected, args

@@ -34,6 +34,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from cli_run import run_llamanix
 from recorded_help import UPSTREAM, probe_of, recorded, write_probe
 
 from llamanix.config.model import load_config
@@ -371,12 +372,7 @@ def module_config(
 
 
 def instance_argv(config: Path, instance: str, *options: str) -> list[str]:
-    proc = subprocess.run(
-        [sys.executable, "-m", "llamanix", "argv", str(config), instance, *options],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    proc = run_llamanix("argv", str(config), instance, *options, timeout=None)
     assert proc.returncode == 0, proc.stderr
     argv: list[str] = json.loads(proc.stdout)
     return argv

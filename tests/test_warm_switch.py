@@ -13,15 +13,15 @@ a file that holds fewer tokens than were saved are reported, never taken for a r
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from cli_run import run_llamanix, server_argv
 from conftest import ServerFactory
 from recorded_help import B8770, BEE03, IK_NEW, IK_PIN, UPSTREAM, recorded
 
@@ -55,15 +55,7 @@ def config_text(model: Path, binary: Path, port: int, *, warm: bool = True) -> s
     )
 
 
-def llamanix(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "llamanix", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+llamanix = partial(run_llamanix, timeout=600)
 
 
 def complete(url: str, prompt: str, n: int = 24) -> dict[str, Any]:
@@ -100,8 +92,8 @@ def test_a_warm_switch_restores_the_cache_on_the_real_model(deploy: Path) -> Non
     held = again["tokens_cached"]
 
     switched = llamanix(
-        deploy, "switch", "llamanix.toml", "--host", "dev", "--manager", "up",
-        "--set", f"instances.{INSTANCE}.threads=1", "--json",
+        "switch", "llamanix.toml", "--host", "dev", "--manager", "up",
+        "--set", f"instances.{INSTANCE}.threads=1", "--json", cwd=deploy,
     )  # fmt: skip
     assert switched.returncode == 0, switched.stderr[-3000:]
     (row,) = json.loads(switched.stdout)
@@ -123,8 +115,8 @@ def test_a_warm_switch_restores_the_cache_on_the_real_model(deploy: Path) -> Non
 
     # A switch that changes the context layout cannot keep the cache: it is cold, and says why.
     cold = llamanix(
-        deploy, "switch", "llamanix.toml", "--host", "dev", "--manager", "up",
-        "--set", f"instances.{INSTANCE}.context=4096", "--json",
+        "switch", "llamanix.toml", "--host", "dev", "--manager", "up",
+        "--set", f"instances.{INSTANCE}.context=4096", "--json", cwd=deploy,
     )  # fmt: skip
     assert cold.returncode == 0, cold.stderr[-3000:]
     (row,) = json.loads(cold.stdout)
@@ -183,8 +175,16 @@ def test_a_restore_that_did_not_bring_the_cache_back_is_reported(
     slots.mkdir()
 
     def server() -> Endpoint:
-        argv = [str(llama_server_bin), "-m", str(synth_models.target), "-c", "512", "-np", "1"]
-        started = server_factory([*argv, "--slot-save-path", str(slots), "-t", "1"])
+        argv = server_argv(
+            llama_server_bin,
+            synth_models.target,
+            "--slot-save-path",
+            str(slots),
+            ctx=512,
+            parallel=1,
+            threads=1,
+        )
+        started = server_factory(argv)
         return Endpoint(started.url)
 
     old, new = server(), server()
@@ -290,8 +290,16 @@ def test_a_slot_file_from_another_build_is_refused(
     slots.mkdir()
 
     def server() -> Endpoint:
-        argv = [str(llama_server_bin), "-m", str(synth_models.target), "-c", "512", "-np", "1"]
-        return Endpoint(server_factory([*argv, "--slot-save-path", str(slots), "-t", "1"]).url)
+        argv = server_argv(
+            llama_server_bin,
+            synth_models.target,
+            "--slot-save-path",
+            str(slots),
+            ctx=512,
+            parallel=1,
+            threads=1,
+        )
+        return Endpoint(server_factory(argv).url)
 
     old, new = server(), server()
     build = httpx.get(f"{new.url}/props", timeout=30).json()["build_info"]
