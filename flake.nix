@@ -98,18 +98,18 @@
               (llamanixLib.cudaLicensePredicate lib.licenses)
             );
 
-          # A tiny GGUF made at build time (`llamanix synth-model`): the model of the VM test and
+          # A tiny GGUF made at build time (`llamanix testbed synth-model`): the model of the VM test and
           # the GPU smoke checks, which may download nothing.
           syntheticModel = pkgs.callPackage ./pkgs/synthetic-model.nix { };
 
-          # `llamanix smoke` of every CUDA package on the builder's GPU. Not in `checks`: they need
+          # `llamanix check smoke` of every CUDA package on the builder's GPU. Not in `checks`: they need
           # the `cuda` system feature (docs/nixos.md, "Checking the builds").
           gpuChecks = pkgs.callPackage ./tests/gpu-smoke.nix {
             packages = pkgs.llamanixPackages.variants;
             model = syntheticModel;
           };
 
-          # `nix run .#smoke -- VARIANT [sm120|sm86|cpu] [llamanix smoke options]`: builds that
+          # `nix run .#smoke -- VARIANT [sm120|sm86|cpu] [llamanix check smoke options]`: builds that
           # package of this flake and smokes it outside the sandbox, on this machine's GPU.
           smokeApp = pkgs.writeShellApplication {
             name = "llamanix-smoke";
@@ -119,7 +119,7 @@
             ];
             # Nix is the caller's own (its settings, its daemon), so it is not an input.
             text = ''
-              usage="usage: nix run .#smoke -- VARIANT [${lib.concatStringsSep "|" llamanixLib.smokeArchs}] [llamanix smoke options]; VARIANT is one of: ${lib.concatStringsSep " " llamanixLib.variants}"
+              usage="usage: nix run .#smoke -- VARIANT [${lib.concatStringsSep "|" llamanixLib.smokeArchs}] [llamanix check smoke options]; VARIANT is one of: ${lib.concatStringsSep " " llamanixLib.variants}"
               if [ "$#" -lt 1 ]; then
                 echo "$usage" >&2
                 exit 2
@@ -129,7 +129,7 @@
               case "$variant" in
                 ${lib.concatStringsSep "|" llamanixLib.variants}) ;;
                 *)
-                  echo "llamanix smoke: unknown variant '$variant'; $usage" >&2
+                  echo "llamanix check smoke: unknown variant '$variant'; $usage" >&2
                   exit 2
                   ;;
               esac
@@ -146,7 +146,7 @@
               # The out link keeps the build from being garbage-collected while it is smoked.
               nix --extra-experimental-features "nix-command flakes" build \
                 --out-link "$work/result" "path:${self}#$attr"
-              llamanix smoke --binary "$work/result/bin/llama-server" --variant "$variant" "$@"
+              llamanix check smoke --binary "$work/result/bin/llama-server" --variant "$variant" "$@"
             '';
           };
 
@@ -268,7 +268,7 @@
         smoke = {
           type = "app";
           program = lib.getExe systems.${system}.smokeApp;
-          meta.description = "build one llama.cpp package of this flake and run `llamanix smoke` on it";
+          meta.description = "build one llama.cpp package of this flake and run `llamanix check smoke` on it";
         };
       });
 

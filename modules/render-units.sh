@@ -5,7 +5,7 @@
 #   render-units.sh CONFIG_JSON HOST OUT [INSTANCE=CAPABILITIES_JSON ...]
 #
 # CONFIG_JSON has llamanix.toml's shape; each INSTANCE=FILE is the probe of that instance's
-# llama-server (`llamanix probe BINARY --json`), which every rendered flag is checked against.
+# llama-server (`llamanix variant probe BINARY --json`), which every rendered flag is checked against.
 # Writes OUT/lib/systemd/system/llamanix-*.service and OUT/share/llamanix/{manifest.json,
 # NAME.argv.json} (and prometheus/, grafana/ with a [metrics] table). A config mistake exits 2 with llamanix's one-line message and writes nothing.
 set -euo pipefail

@@ -1,4 +1,4 @@
-# What a llama-server build accepts, as `llamanix probe --json` reports it (its --version and
+# What a llama-server build accepts, as `llamanix variant probe --json` reports it (its --version and
 # --help, parsed): the NixOS module renders every instance against the probe of its own binary,
 # so a flag the pinned commit does not know fails the build instead of the service.
 #
@@ -26,10 +26,10 @@ in
 runCommand "${llama-cpp.name}-capabilities.json"
   {
     nativeBuildInputs = [ llamanix ];
-    meta.description = "llamanix probe of ${llama-cpp.name}'s llama-server";
+    meta.description = "llamanix variant probe of ${llama-cpp.name}'s llama-server";
   }
   ''
     export HOME=$TMPDIR
     ${lib.optionalString cudaSupport "export LD_LIBRARY_PATH=${cudaStub}"}
-    llamanix probe ${lib.getExe' llama-cpp "llama-server"} --json > $out
+    llamanix variant probe ${lib.getExe' llama-cpp "llama-server"} --json > $out
   ''

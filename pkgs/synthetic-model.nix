@@ -1,4 +1,4 @@
-# A tiny synthetic GGUF model, made at build time by `llamanix synth-model` (written with
+# A tiny synthetic GGUF model, made at build time by `llamanix testbed synth-model` (written with
 # nixpkgs' gguf Python package, which the llamanix package depends on), for tests that need a
 # model but may download nothing: the NixOS VM test and the GPU smoke checks.
 #
@@ -18,11 +18,11 @@
 runCommand name
   {
     nativeBuildInputs = [ llamanix ];
-    meta.description = "A synthetic llama-architecture GGUF made by `llamanix synth-model`";
+    meta.description = "A synthetic llama-architecture GGUF made by `llamanix testbed synth-model`";
   }
   ''
     export HOME=$TMPDIR
     # Written next to itself first (synth-model writes atomically), then moved to $out.
-    llamanix synth-model "$TMPDIR/model.gguf" ${lib.escapeShellArgs args}
+    llamanix testbed synth-model "$TMPDIR/model.gguf" ${lib.escapeShellArgs args}
     mv "$TMPDIR/model.gguf" "$out"
   ''

@@ -1,4 +1,4 @@
-# GPU smoke checks: `llamanix smoke` on every CUDA package of the flake, inside the Nix sandbox,
+# GPU smoke checks: `llamanix check smoke` on every CUDA package of the flake, inside the Nix sandbox,
 # on the builder's real GPU.
 #
 #   callPackage ./tests/gpu-smoke.nix { packages = <packages.<system>>; model = <a GGUF>; }
@@ -10,7 +10,7 @@
 # `nix flake check` must pass there. The flake exposes them as legacyPackages.<system>.gpuChecks.
 #
 # A check runs the binary twice on the synthetic model with all layers offloaded: once plain and
-# once drafting for itself (--spec draft). `llamanix smoke` checks /health, two chat
+# once drafting for itself (--spec draft). `llamanix check smoke` checks /health, two chat
 # completions, /metrics, decode speed, drafting, and for a CUDA build the GPU device and offload
 # lines of the log, SASS for the GPU's compute capability (cuobjdump --list-elf) and the first
 # against the second request (a PTX JIT tell). Any failed check fails the build; the reports are
@@ -40,13 +40,13 @@ let
       server = lib.getExe' llama-cpp "llama-server";
       run =
         spec:
-        "llamanix smoke --binary ${server} --variant ${variant} --model ${model} --spec ${spec} -o $out/${spec}.json || failed=1";
+        "llamanix check smoke --binary ${server} --variant ${variant} --model ${model} --spec ${spec} -o $out/${spec}.json || failed=1";
     in
     runCommand "llamanix-${name}"
       {
         nativeBuildInputs = [
           llamanix
-          # `llamanix smoke` reads the SASS list of the CUDA library with it.
+          # `llamanix check smoke` reads the SASS list of the CUDA library with it.
           (lib.getBin cudaPackages.cuda_cuobjdump)
         ];
         requiredSystemFeatures = [ "cuda" ];
@@ -54,7 +54,7 @@ let
           inherit variant cudaArchs;
           package = llama-cpp;
         };
-        meta.description = "llamanix smoke of ${llama-cpp.name} on the builder's NVIDIA GPU (needs the cuda system feature)";
+        meta.description = "llamanix check smoke of ${llama-cpp.name} on the builder's NVIDIA GPU (needs the cuda system feature)";
       }
       ''
         export HOME=$TMPDIR

@@ -58,7 +58,7 @@ pkgs.testers.runNixOSTest {
       };
       expected = variant: {
         out = "${build variant}";
-        # The build's `llamanix probe --json` (its version and commit, read from --version).
+        # The build's `llamanix variant probe --json` (its version and commit, read from --version).
         capabilities = "${(build variant).passthru.capabilities}";
       };
     in
