@@ -121,11 +121,14 @@ def json_default(
 class JsonShape:
     """A class's keys beyond its fields (``json_shape: ClassVar[JsonShape]``), for writing:
     ``constants`` (first unless ``order`` says), ``computed`` from the record (last unless
-    ``order`` says), and ``order``, every key written in the order written."""
+    ``order`` says), and ``order``, every key written in the order written; ``omit_none``:
+    the computed keys left out when None."""
 
     constants: Mapping[str, JsonValue] = dataclasses.field(default_factory=dict)
     computed: Mapping[str, Callable[[Any], object]] = dataclasses.field(default_factory=dict)
     order: tuple[str, ...] | None = None
+    # Computed keys left out when None (a note only some records carry).
+    omit_none: tuple[str, ...] = ()
 
 
 def json_key(key: str, *, omit_none: bool = False) -> Mapping[str, object]:
@@ -135,15 +138,16 @@ def json_key(key: str, *, omit_none: bool = False) -> Mapping[str, object]:
 
 def json_via(
     write: Callable[[Any], JsonValue] | None,
-    read: Callable[[object], object],
+    read: Callable[[object], object] | None = None,
     *,
     key: str | None = None,
     omit_none: bool = False,
 ) -> Mapping[str, object]:
     """Field metadata: the field's JSON is ``write(value)``, read back by ``read(raw)`` (which
     raises ValueError when ``raw`` is not one); for a field whose JSON has another shape than
-    its type. ``write`` None: written as any other field. ``key``: the JSON key when it is not
-    the field's name; ``omit_none`` as ``OMIT_NONE``."""
+    its type. ``write`` None: written as any other field; ``read`` None: read as any other
+    (a record only ever written). ``key``: the JSON key when it is not the field's name;
+    ``omit_none`` as ``OMIT_NONE``."""
     found: dict[str, object] = {_WRITE: write, _READ: read, _OMIT_NONE: omit_none}
     if key is not None:
         found[_KEY] = key
@@ -272,7 +276,9 @@ def to_json(record: object) -> JsonObject:
         out[f.key] = f.write(value) if f.write is not None else _value_json(value)
     if shape is not None:
         for key, compute in shape.computed.items():
-            out[key] = _value_json(compute(record))
+            value = compute(record)
+            if value is not None or key not in shape.omit_none:
+                out[key] = _value_json(value)
         if shape.order is not None:
             return {k: out[k] for k in shape.order if k in out}
     return out
