@@ -14,6 +14,7 @@ from recorded_help import UPSTREAM, recorded
 
 from llamanix.core import json_codec
 from llamanix.core.json_codec import OMIT_NONE, JsonRecord, JsonShape, json_key, json_via
+from llamanix.core.json_value import JsonObject
 from llamanix.core.probe import Capabilities
 from llamanix.render.manifest import Manifest, ManifestInstance, unit_name
 
@@ -384,3 +385,14 @@ def test_a_field_read_by_its_own_function_is_written_as_any_other() -> None:
     assert Runs((1, 2.5)).to_json() == {"samples": [1, 2.5]}
     assert json_codec.from_json_lenient(Runs, {"samples": [3, 4.5]}) == Runs((3, 4.5))
     assert json_codec.from_json_or_none(Runs, {"samples": []}) is None
+
+
+@dataclass(frozen=True)
+class Free(JsonRecord):
+    """A field typed with the JSON alias (a string that names itself) resolves."""
+
+    gpu: JsonObject = field(default_factory=dict)
+
+
+def test_a_field_of_free_json_is_written_as_it_is() -> None:
+    assert Free({"name": "g", "l": [1, None]}).to_json() == {"gpu": {"name": "g", "l": [1, None]}}

@@ -191,8 +191,13 @@ def _fields(cls: type) -> tuple[_Field, ...]:
     return found
 
 
+# The JSON aliases are strings (they name themselves): a field typed with one resolves only
+# where they are known.
+_ALIASES = {"JsonValue": JsonValue, "JsonObject": JsonObject}
+
+
 def _resolve(cls: type) -> tuple[_Field, ...]:
-    hints = typing.get_type_hints(cls)
+    hints = typing.get_type_hints(cls, localns=_ALIASES)
     found = tuple(
         _Field(
             name=f.name,
