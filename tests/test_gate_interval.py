@@ -20,6 +20,7 @@ import pytest
 from test_deploy_e2e import DEADLINE_S, llamanix, serving, settled_files
 
 from llamanix.bench.interval import MIN_SAMPLES, RatioInterval, decide, ratio_interval, threshold_of
+from llamanix.core.json_codec import from_json_lenient
 from llamanix.server.server_process import free_port
 from llamanix.state.gate_records import Baseline, BaselineRecord, BenchVerdict
 from llamanix.switch.gate import BASELINE_RUNS, BENCH_RUNS, confirm_regression, resolve
@@ -102,7 +103,7 @@ def test_too_few_or_bad_samples_are_refused(
 
 
 def stored(data: dict[str, Any]) -> Baseline | None:
-    return Baseline.stored(BaselineRecord.from_json(data))
+    return Baseline.stored(from_json_lenient(BaselineRecord, data))
 
 
 def test_stored_baselines() -> None:

@@ -326,7 +326,7 @@ def test_the_manifest_round_trips_the_gateway() -> None:
     from llamanix.render.manifest import Manifest
 
     render = render_host(load_config(EXAMPLE), "box3")
-    back = Manifest.from_json(render.manifest().text())
+    back = Manifest.parse(render.manifest().text())
     assert back == render.manifest()
     assert back.gateway is not None and back.gateway.version == LITELLM_VERSION
 

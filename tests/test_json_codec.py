@@ -7,13 +7,14 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 import pytest
 from recorded_help import UPSTREAM, recorded
 
 from llamanix.core import json_codec
-from llamanix.core.json_codec import OMIT_NONE, JsonRecord, json_key, json_via
+from llamanix.core.json_codec import OMIT_NONE, JsonRecord, JsonShape, json_key, json_via
+from llamanix.core.json_value import JsonObject
 from llamanix.core.probe import Capabilities
 from llamanix.render.manifest import Manifest, ManifestInstance, unit_name
 
@@ -157,16 +158,20 @@ def test_an_older_probe_file_reads_with_the_newer_fields_at_their_defaults() -> 
         for k, v in written.items()
         if k not in ("dialect", "dialect_guess", "cache_types_v", "spec_chain")
     }
-    found = Capabilities.from_json(json.loads(json.dumps(older)), "old.json")
+    found = json_codec.from_json_lenient(
+        Capabilities, json.loads(json.dumps(older)), "old.json", source="old.json"
+    )
     assert found.source == "old.json" and found.flags == probed.flags
     assert found.dialect is None and found.cache_types_v == [] and found.spec_chain is None
-    assert Capabilities.from_json(json.loads(json.dumps(written))).to_json() == written
+    again = json_codec.from_json_lenient(Capabilities, json.loads(json.dumps(written)))
+    assert again.to_json() == written
 
 
 def test_a_manifest_entry_reads_leniently_and_writes_back_as_it_was() -> None:
-    entry = ManifestInstance.from_json_entry(
-        "chat", {"argv": ["llama-server", 7], "port": "8080", "gpu": True, "environment": []}
-    )
+    data = {"argv": ["llama-server", 7], "port": "8080", "gpu": True, "environment": []}
+    entry = Manifest.parse(json.dumps({"kind": "systemd", "instances": {"chat": data}})).instances[
+        "chat"
+    ]
     assert entry == ManifestInstance(unit=unit_name("chat"), argv=("llama-server",), gpu=True)
     text = json.dumps(
         {
@@ -177,7 +182,7 @@ def test_a_manifest_entry_reads_leniently_and_writes_back_as_it_was() -> None:
         },
         indent=2,
     )
-    assert Manifest.from_json(text).text() == text + "\n"
+    assert Manifest.parse(text).text() == text + "\n"
 
 
 def _named_json(points: tuple[Point, ...]) -> dict[str, object]:
@@ -216,3 +221,178 @@ def test_a_path_and_a_field_with_its_own_shape_go_round() -> None:
     # Leniently, a field its reader refuses takes its default.
     lenient = json_codec.from_json_lenient(Drawing, {"where": "/x", "by_label": [1]})
     assert lenient == Drawing(Path("/x"))
+
+
+# --- the extensions: shapes beyond one key per field ------------------------------------------
+
+
+@dataclass(frozen=True)
+class Run(JsonRecord):
+    """A record with keys no field holds: a constant first, a computed key placed by order."""
+
+    samples: tuple[float, ...]
+    label: str = field(default="", metadata=json_codec.OMIT_EMPTY)
+    tags: tuple[str, ...] = field(default=(), metadata=json_codec.OMIT_EMPTY)
+    source: str = field(default="", metadata=json_codec.JSON_SKIP)
+
+    json_shape: ClassVar[JsonShape] = JsonShape(
+        constants={"format": 2},
+        computed={"total": lambda r: sum(r.samples)},
+        order=("format", "total", "samples", "label", "tags"),
+    )
+
+
+def test_constant_and_computed_keys_are_written_in_order_and_never_read() -> None:
+    run = Run((1.0, 2.5), "x", source="a.json")
+    assert list(run.to_json().items()) == [
+        ("format", 2),
+        ("total", 3.5),
+        ("samples", [1.0, 2.5]),
+        ("label", "x"),
+    ]
+    # Read back: the constant and the computed key are not fields; the skipped field is given.
+    back = json_codec.from_json(Run, {**run.to_json(), "total": 99}, "run", source="a.json")
+    assert back == run
+    assert Run.from_json(run.to_json(), "run").source == ""
+    # Without an order: constants first, then the fields, then the computed keys.
+
+    @dataclass(frozen=True)
+    class Loose(JsonRecord):
+        n: int
+        json_shape: ClassVar[JsonShape] = JsonShape(
+            constants={"format": 1}, computed={"twice": lambda r: 2 * r.n}
+        )
+
+    assert list(Loose(3).to_json()) == ["format", "n", "twice"]
+
+
+def test_an_order_that_leaves_out_a_key_is_refused() -> None:
+    @dataclass(frozen=True)
+    class Bad(JsonRecord):
+        a: int
+        b: int
+        json_shape: ClassVar[JsonShape] = JsonShape(order=("a",))
+
+    with pytest.raises(TypeError, match="must name"):
+        Bad(1, 2).to_json()
+
+
+def test_omit_empty_leaves_out_empty_values_only() -> None:
+    assert Run((1.0,)).to_json() == {"format": 2, "total": 1.0, "samples": [1.0]}
+    assert Run((1.0,), tags=("t",)).to_json()["tags"] == ["t"]
+
+
+@dataclass(frozen=True)
+class Entry(JsonRecord):
+    # Named for the key the entry sits under, where the entry does not say (or says "").
+    unit: str = field(
+        metadata=json_codec.json_default(of_key=lambda k: f"{k}.service", if_empty=True)
+    )
+    listen: str = field(metadata=json_codec.json_default("127.0.0.1"))
+    ok: bool = field(metadata=json_codec.json_default(True))
+    port: int | None = None
+
+
+@dataclass(frozen=True)
+class Table(JsonRecord):
+    kind: Literal["a", "b"]
+    entries: Mapping[str, Entry] = field(metadata=json_codec.MUST_READ)
+    extra: Entry | None = field(default=None, metadata={**OMIT_NONE, **json_codec.MUST_READ})
+    loose: Mapping[str, Entry] = field(default_factory=dict)
+
+
+def test_reading_defaults_match_what_is_missing_or_wrong() -> None:
+    found = json_codec.from_json_lenient(
+        Table,
+        {
+            "kind": "a",
+            "entries": {"x": {}, "y": {"unit": "", "listen": 3, "ok": "no"}, "z": {"unit": "u"}},
+        },
+    )
+    assert found.entries == {
+        "x": Entry("x.service", "127.0.0.1", True),
+        "y": Entry("y.service", "127.0.0.1", True),
+        "z": Entry("u", "127.0.0.1", True),
+    }
+    # Strictly, a wrong type is still an error; a missing value takes the reading default.
+    with pytest.raises(ValueError, match=r"^t\.entries\.y\.ok: expected true or false$"):
+        Table.from_json({"kind": "a", "entries": {"y": {"ok": "no"}}}, "t")
+    assert Table.from_json({"kind": "b", "entries": {"y": {}}}, "t").entries["y"].ok is True
+
+
+def test_what_must_read_is_refused_even_leniently() -> None:
+    def lenient(data: object) -> Table:
+        return json_codec.from_json_lenient(Table, data, "t")
+
+    # A table keeps no entry silently out, and a present record must be one.
+    with pytest.raises(ValueError, match=r"^t\.entries\.x: expected an object$"):
+        lenient({"kind": "a", "entries": {"x": 1}})
+    with pytest.raises(ValueError, match=r"^t\.entries: expected an object$"):
+        lenient({"kind": "a", "entries": []})
+    with pytest.raises(ValueError, match=r"^t\.extra: expected an object$"):
+        lenient({"kind": "a", "entries": {}, "extra": "x"})
+    # Absent or null, it is None; a field without MUST_READ stays lenient.
+    assert lenient({"kind": "a", "entries": {}, "extra": None, "loose": {"x": 1}}) == Table("a", {})
+
+
+def test_from_json_or_none_answers_none_for_a_record_that_says_too_little() -> None:
+    assert json_codec.from_json_or_none(Table, {"kind": "c", "entries": {}}) is None
+    assert json_codec.from_json_or_none(Table, None) is None
+    assert json_codec.from_json_or_none(Table, {"kind": "a", "entries": {}}) == Table("a", {})
+
+
+@dataclass(frozen=True)
+class Inner(JsonRecord):
+    date: str | None = None
+    note: str | None = field(default=None, metadata=OMIT_NONE)
+
+
+@dataclass(frozen=True)
+class Row:
+    number: int
+    # Its keys sit beside the row's own.
+    inner: Inner = field(metadata=json_codec.JSON_INLINE)
+    hand: Point | None = None
+
+
+class HandWritten(Point):
+    def to_json(self) -> dict[str, object]:  # type: ignore[override]
+        return {"by": "hand"}
+
+
+def test_an_inline_record_and_a_nested_record_that_writes_itself() -> None:
+    row = Row(2, Inner("d", "n"), HandWritten(1, 2.0))
+    assert list(json_codec.to_json(row).items()) == [
+        ("number", 2),
+        ("date", "d"),
+        ("note", "n"),
+        ("hand", {"by": "hand"}),
+    ]
+    back = json_codec.from_json_lenient(Row, {"number": 2, "date": "d", "hand": {"x": 1, "y": 2}})
+    assert back == Row(2, Inner("d"), Point(1, 2.0))
+
+
+def test_a_field_read_by_its_own_function_is_written_as_any_other() -> None:
+    def runs(raw: object) -> tuple[float, ...]:
+        if not isinstance(raw, list) or not raw:
+            raise ValueError("expected runs")
+        return tuple(raw)
+
+    @dataclass(frozen=True)
+    class Runs(JsonRecord):
+        samples: tuple[float, ...] = field(metadata=json_via(None, runs))
+
+    assert Runs((1, 2.5)).to_json() == {"samples": [1, 2.5]}
+    assert json_codec.from_json_lenient(Runs, {"samples": [3, 4.5]}) == Runs((3, 4.5))
+    assert json_codec.from_json_or_none(Runs, {"samples": []}) is None
+
+
+@dataclass(frozen=True)
+class Free(JsonRecord):
+    """A field typed with the JSON alias (a string that names itself) resolves."""
+
+    gpu: JsonObject = field(default_factory=dict)
+
+
+def test_a_field_of_free_json_is_written_as_it_is() -> None:
+    assert Free({"name": "g", "l": [1, None]}).to_json() == {"gpu": {"name": "g", "l": [1, None]}}

@@ -20,6 +20,7 @@ import pytest
 
 from llamanix.config.model import Metrics, load_config
 from llamanix.core.errors import UserError
+from llamanix.core.json_codec import from_json_or_none
 from llamanix.observe.live_figures import Counters, figures
 from llamanix.observe.scrape import Endpoint, build_commit, http_client, parse_families, scrape
 from llamanix.observe.switch_figures import switch_figures
@@ -282,7 +283,7 @@ def test_switch_figures_from_the_records(tmp_path: Path) -> None:
 
 def test_the_gate_acceptance_reads_back_and_old_records_read_without_it() -> None:
     result = GateResult("chat", "smoke", True, "draft_n 12", acceptance=0.75)
-    assert GateResult.from_json("chat", result.to_json()) == result
+    assert from_json_or_none(GateResult, result.to_json(), name="chat") == result
     assert "acceptance" not in GateResult("chat", "health", True, "ok").to_json()
 
 

@@ -16,6 +16,7 @@ from click.testing import CliRunner
 
 from llamanix.bench.interval import RatioInterval
 from llamanix.cli import main
+from llamanix.core.json_codec import from_json_lenient, from_json_or_none
 from llamanix.render.manifest import Manifest, ManifestInstance, Render, RenderedInstance
 from llamanix.state.gate_records import Baseline, BaselineRecord, BenchVerdict, GateResult
 from llamanix.state.generations import (
@@ -116,20 +117,22 @@ FAILED = {
 
 @pytest.mark.parametrize("data", [PASSED, FOUND, FAILED], ids=["passed", "found", "failed"])
 def test_a_generation_record_reads_back_as_written(data: dict[str, Any]) -> None:
-    record = GenerationRecord.read(data)
+    record = from_json_lenient(GenerationRecord, data)
     assert stored(record.to_json()) == data
-    assert stored(GenerationRecord.read(stored(record.to_json())).to_json()) == data
+    assert stored(from_json_lenient(GenerationRecord, stored(record.to_json())).to_json()) == data
 
 
 def test_a_generation_record_is_typed() -> None:
-    record = GenerationRecord.read(PASSED)
+    record = from_json_lenient(GenerationRecord, PASSED)
     assert record.outcome == "passed" and record.gate is not None
     assert record.instances["chat"] == InstanceSummary("upstream", "abc123", 8080)
     assert record.manager == ManagerRecord("up", units_dir="/srv/up")
     chat = (record.gate.instances or {})["chat"]
     assert chat.passed and chat.bench is not None and chat.bench.decision == "pass"
     assert chat.bench.interval == RatioInterval(0.98, 1.01, 1.05)
-    assert GenerationRecord.read(FAILED).rollback == RollbackRecord(serving_again=True)
+    assert from_json_lenient(GenerationRecord, FAILED).rollback == RollbackRecord(
+        serving_again=True
+    )
 
 
 def test_what_the_gate_writes_is_what_a_generation_reads() -> None:
@@ -164,7 +167,7 @@ def test_what_the_gate_writes_is_what_a_generation_reads() -> None:
     ],
 )
 def test_an_unreadable_record_reads_as_what_it_holds(data: object) -> None:
-    record = GenerationRecord.read(data)
+    record = from_json_or_none(GenerationRecord, data) or GenerationRecord()
     assert record.outcome in (None, "passed")
     assert record.number is None and record.instances == {}
     assert record.gate is None or record.gate.instances == {}
@@ -172,17 +175,17 @@ def test_an_unreadable_record_reads_as_what_it_holds(data: object) -> None:
 
 def test_a_gate_result_from_before_bench_verdicts_reads() -> None:
     old = {"detail": "health ok", "gate": "health", "passed": True, "tok_s": None}
-    result = GateResult.from_json("chat", old)
+    result = from_json_or_none(GateResult, old, name="chat")
     assert result == GateResult("chat", "health", True, "health ok")
 
 
 def test_manager_records() -> None:
-    assert ManagerRecord.read({"manager": "up", "units_dir": "x"}) == ManagerRecord(
+    assert from_json_or_none(ManagerRecord, {"manager": "up", "units_dir": "x"}) == ManagerRecord(
         "up", units_dir="x"
     )
     assert ManagerRecord("nixos", flake="/f").to_json() == {"manager": "nixos", "flake": "/f"}
-    assert ManagerRecord.read({"manager": "docker"}) is None
-    assert ManagerRecord.read(None) is None
+    assert from_json_or_none(ManagerRecord, {"manager": "docker"}) is None
+    assert from_json_or_none(ManagerRecord, None) is None
 
 
 def test_baseline_records(tmp_path: Path) -> None:
@@ -194,7 +197,7 @@ def test_baseline_records(tmp_path: Path) -> None:
         "tok_s": 41.0,
         "variant": "upstream",
     }
-    state.save_baseline("chat", BaselineRecord.from_json(written))
+    state.save_baseline("chat", from_json_lenient(BaselineRecord, written))
     assert json.loads((tmp_path / "bench" / "chat.json").read_text()) == written
     assert state.baseline("chat") == BaselineRecord((41.0, 42.0, 40.5), 41.0, 2, "upstream", "d")
     assert state.baseline("other") is None
@@ -245,12 +248,12 @@ def test_the_manifest_reads_back_as_written() -> None:
             }
         },
     }
-    assert Manifest.from_json(text).text() == text
-    assert Manifest.from_json(text) == render().manifest()
+    assert Manifest.parse(text).text() == text
+    assert Manifest.parse(text) == render().manifest()
 
 
 def test_a_manifest_entry_without_a_unit_names_the_default_one() -> None:
-    found = Manifest.from_json('{"kind": "nixos", "instances": {"a": {}}}')
+    found = Manifest.parse('{"kind": "nixos", "instances": {"a": {}}}')
     assert found.instances == {"a": ManifestInstance("llamanix-a.service")}
 
 
@@ -266,7 +269,7 @@ def test_a_manifest_entry_without_a_unit_names_the_default_one() -> None:
 )
 def test_what_is_not_a_manifest_is_refused(text: str) -> None:
     with pytest.raises(ValueError):
-        Manifest.from_json(text)
+        Manifest.parse(text)
 
 
 def test_generations_lists_the_records_as_they_are_on_disk(tmp_path: Path) -> None:

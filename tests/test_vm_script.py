@@ -38,6 +38,7 @@ from cli_run import run_llamanix
 from recorded_help import UPSTREAM, probe_of, recorded, write_probe
 
 from llamanix.config.model import load_config
+from llamanix.core.json_codec import from_json_lenient
 from llamanix.core.probe import Capabilities
 from llamanix.render.units import render_host
 from llamanix.server.server_process import LlamaServer, free_port
@@ -535,7 +536,7 @@ def start_vm_router(
     config = module_config(tmp_path, vm_config, binary, free_port(), router_port=free_port())
     cfg = load_config(config)
     rendered = render_host(
-        cfg, "machine", {"*": Capabilities.from_json(json.loads(capabilities.read_text()))}
+        cfg, "machine", {"*": from_json_lenient(Capabilities, json.loads(capabilities.read_text()))}
     )
     router = rendered.router
     assert router is not None and router.config_name is not None and router.config_text

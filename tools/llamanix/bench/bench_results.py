@@ -12,13 +12,12 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 from llamanix.bench.prompts import read_user_json
 from llamanix.core import json_codec
 from llamanix.core.errors import Problem, UserError
-from llamanix.core.json_codec import OMIT_NONE, JsonRecord
-from llamanix.core.json_value import JsonObject
+from llamanix.core.json_codec import OMIT_NONE, JsonRecord, JsonShape
 from llamanix.model.ceiling import Ceiling
 
 DEFAULT_MAX_TOKENS = (100, 500, 1000, 2000)
@@ -206,7 +205,7 @@ class BenchMeta(JsonRecord):
 
 
 @dataclass(frozen=True)
-class BenchResult:
+class BenchResult(JsonRecord):
     """Everything one ``llamanix bench`` produced: what --json writes and compare reads. The
     file's keys are in field order, after ``format``."""
 
@@ -216,9 +215,7 @@ class BenchResult:
     summaries: tuple[Summary, ...]
     runs: tuple[RunResult, ...]
 
-    # Hand-written: the file's format comes first, before the codec's fields.
-    def to_json(self) -> JsonObject:
-        return {"format": RESULT_FORMAT, **json_codec.to_json(self)}
+    json_shape: ClassVar[JsonShape] = JsonShape(constants={"format": RESULT_FORMAT})
 
 
 def load_result(path: Path) -> BenchResult:

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import ClassVar, Literal
 
 from llamanix.bench.bench_results import BenchResult
-from llamanix.core.json_value import JsonObject
+from llamanix.core.json_codec import JSON_INLINE, JsonRecord, JsonShape, json_key
 
 # always: the candidate wins at every length; never: at none; above/below: from/up to ``tokens``;
 # same: the two lines coincide.
@@ -28,12 +28,18 @@ Outcome = Literal["always", "never", "above", "below", "same"]
 
 
 @dataclass(frozen=True)
-class Line:
-    """``wall_s = intercept_s + slope_s_per_token * output_tokens``."""
+class Line(JsonRecord):
+    """``wall_s = intercept_s + slope_s_per_token * output_tokens``; written with the decode
+    rate that follows from the slope."""
 
     intercept_s: float
     slope_s_per_token: float
     points: int
+
+    json_shape: ClassVar[JsonShape] = JsonShape(
+        computed={"decode_tok_s": lambda line: line.decode_tok_s},
+        order=("intercept_s", "slope_s_per_token", "decode_tok_s", "points"),
+    )
 
     @property
     def decode_tok_s(self) -> float | None:
@@ -41,15 +47,6 @@ class Line:
 
     def at(self, tokens: float) -> float:
         return self.intercept_s + self.slope_s_per_token * tokens
-
-    # Hand-written: decode_tok_s follows from the slope.
-    def to_json(self) -> JsonObject:
-        return {
-            "intercept_s": self.intercept_s,
-            "slope_s_per_token": self.slope_s_per_token,
-            "decode_tok_s": self.decode_tok_s,
-            "points": self.points,
-        }
 
 
 def fit_line(points: Sequence[tuple[float, float]]) -> Line | None:
@@ -65,7 +62,7 @@ def fit_line(points: Sequence[tuple[float, float]]) -> Line | None:
 
 
 @dataclass(frozen=True)
-class Crossover:
+class Crossover(JsonRecord):
     """The candidate's line against the baseline's."""
 
     outcome: Outcome
@@ -94,16 +91,6 @@ class Crossover:
                 f"({self.prefill_tax_s:+.3f} s) and slower decode ({rates})"
             )
         return f"{candidate} and {baseline} take the same time at every output length"
-
-    # Hand-written: baseline and candidate are Lines with their computed decode rate.
-    def to_json(self) -> JsonObject:
-        return {
-            "outcome": self.outcome,
-            "tokens": self.tokens,
-            "prefill_tax_s": self.prefill_tax_s,
-            "baseline": self.baseline.to_json(),
-            "candidate": self.candidate.to_json(),
-        }
 
 
 def _rates(c: Crossover) -> str:
@@ -154,23 +141,15 @@ def wall_points(result: BenchResult, prompt: str) -> list[tuple[float, float]]:
 
 
 @dataclass(frozen=True)
-class PromptCrossover:
+class PromptCrossover(JsonRecord):
     prompt: str
-    baseline: str
-    candidate: str
-    crossover: Crossover
+    baseline: str = field(metadata=json_key("baseline_label"))
+    candidate: str = field(metadata=json_key("candidate_label"))
+    # Its keys sit beside the labels, not under a key.
+    crossover: Crossover = field(metadata=JSON_INLINE)
 
     def sentence(self) -> str:
         return f"{self.prompt}: " + self.crossover.sentence(self.candidate, self.baseline)
-
-    # Hand-written: the crossover's keys sit beside the labels, not under a key.
-    def to_json(self) -> JsonObject:
-        return {
-            "prompt": self.prompt,
-            "baseline_label": self.baseline,
-            "candidate_label": self.candidate,
-            **self.crossover.to_json(),
-        }
 
 
 def prompt_crossovers(

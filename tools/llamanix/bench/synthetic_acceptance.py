@@ -29,7 +29,7 @@ import math
 import re
 import statistics
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from rich.table import Table
@@ -41,6 +41,7 @@ from llamanix.bench.prompts import Prompt
 from llamanix.config.argv import Arg, flatten, instance_arg_pieces
 from llamanix.config.model import Config
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
+from llamanix.core.json_codec import JSON_SKIP, JsonRecord
 from llamanix.core.json_value import JsonObject
 from llamanix.core.readiness import deadline_s, files_size
 from llamanix.external.llama_server import ServerStartError, probe_binary
@@ -195,11 +196,11 @@ def plan_sweep(config: Config, name: str) -> SweepPlan:
         )
     pieces = instance_arg_pieces(config, name, capabilities=caps)
     models = [inst.model, *([spec.draft_model] if spec.draft_model else [])]
-    for field, path in zip(("model", "speculative.draft_model"), models, strict=False):
+    for key, path in zip(("model", "speculative.draft_model"), models, strict=False):
         if not Path(path).is_file():
             raise _refuse(
                 config,
-                f"{where}.{field}",
+                f"{where}.{key}",
                 f"{path} is not a file on this machine",
                 f"{SOURCE} starts the server here: run it on the host that holds the model",
             )
@@ -225,16 +226,16 @@ def plan_sweep(config: Config, name: str) -> SweepPlan:
 
 
 @dataclass(frozen=True)
-class DecodeFigures:
+class DecodeFigures(JsonRecord):
     """Decode tok/s over every measured request that decoded (the server's clock, the client's
-    where the server sent no timings)."""
+    where the server sent no timings); the runs (samples) are not written."""
 
     n: int
     mean: float
     median: float
     min: float
     max: float
-    samples: tuple[float, ...]
+    samples: tuple[float, ...] = field(metadata=JSON_SKIP)
 
     @staticmethod
     def of(result: BenchResult) -> DecodeFigures | None:
@@ -256,16 +257,6 @@ class DecodeFigures:
             max=max(samples),
             samples=tuple(samples),
         )
-
-    # Hand-written: the runs (samples) are left out.
-    def to_json(self) -> JsonObject:
-        return {
-            "n": self.n,
-            "mean": self.mean,
-            "median": self.median,
-            "min": self.min,
-            "max": self.max,
-        }
 
 
 @dataclass(frozen=True)

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 from llamanix.bench.bench import run_bench
 from llamanix.bench.bench_results import BenchSettings, RunResult
 from llamanix.bench.interval import RatioInterval, paired_speedup
 from llamanix.bench.prompts import Prompt, warmup_prompt
-from llamanix.core.json_value import JsonObject
+from llamanix.core.json_codec import JsonRecord, JsonShape
 
 DEFAULT_TOKENS = 64
 DRAFTED = "spec_decode_num_draft_tokens_total"
@@ -32,8 +32,9 @@ Verdict = Literal["pays", "costs", "unclear"]
 
 
 @dataclass(frozen=True)
-class WorkloadFigures:
-    """One workload on one server, and on its baseline when there is one."""
+class WorkloadFigures(JsonRecord):
+    """One workload on one server, and on its baseline when there is one; written with the
+    acceptance, speedup and verdict that follow from the fields."""
 
     workload: str
     prompts: tuple[str, ...]
@@ -41,6 +42,25 @@ class WorkloadFigures:
     accepted: int | None
     decode_tok_s: tuple[float | None, ...]  # per prompt, llama-server's clock
     baseline_tok_s: tuple[float | None, ...] | None = None
+
+    json_shape: ClassVar[JsonShape] = JsonShape(
+        computed={
+            "acceptance": lambda w: w.acceptance,
+            "speedup": lambda w: w.speedup,
+            "verdict": lambda w: w.verdict,
+        },
+        order=(
+            "workload",
+            "prompts",
+            "drafted",
+            "accepted",
+            "acceptance",
+            "decode_tok_s",
+            "baseline_tok_s",
+            "speedup",
+            "verdict",
+        ),
+    )
 
     @property
     def acceptance(self) -> float | None:
@@ -81,21 +101,6 @@ class WorkloadFigures:
         return (
             head + f", {1 - rate:.0%} of drafts rejected ({self.accepted} of {self.drafted} kept)"
         )
-
-    # Hand-written: acceptance and the verdict follow from the fields.
-    def to_json(self) -> JsonObject:
-        interval = self.speedup
-        return {
-            "workload": self.workload,
-            "prompts": list(self.prompts),
-            "drafted": self.drafted,
-            "accepted": self.accepted,
-            "acceptance": self.acceptance,
-            "decode_tok_s": list(self.decode_tok_s),
-            "baseline_tok_s": None if self.baseline_tok_s is None else list(self.baseline_tok_s),
-            "speedup": interval.to_json() if interval is not None else None,
-            "verdict": self.verdict,
-        }
 
 
 def workload_of(prompt: Prompt) -> str:

@@ -37,6 +37,7 @@ from llamanix.cli.switch_options import PIN_WAIT, WAIT, rollback_options, switch
 from llamanix.config.host_choice import pick_host
 from llamanix.config.model import load_config
 from llamanix.core.errors import Problem, UserError
+from llamanix.core.json_codec import from_json_or_none
 from llamanix.external.process import Runner
 from llamanix.fleet import commands, remote
 from llamanix.fleet.rollout import (
@@ -268,7 +269,8 @@ def generations(config: Path, host: Hosts, as_json: bool) -> None:
         rh = remote.remote_host(cfg, name)
         if rh is not None:
             listed = remote.remote_generations(rh, Runner(echo=_echo_err))
-            found[name] = [r for r in map(listing.GenerationRow.from_json, listed) if r]
+            read = (from_json_or_none(listing.GenerationRow, r) for r in listed)
+            found[name] = [r for r in read if r]
         else:
             found[name] = listing.generation_rows(cfg, HostState.beside(config, name))
     if as_json:

@@ -10,12 +10,14 @@ stop being rendered, or become possible. That is the list a user needed before B
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 from llamanix.config.argv import Arg, dialect_warning, instance_arg_pieces
 from llamanix.config.model import Config
 from llamanix.core.errors import Problem, UserError
+from llamanix.core.json_codec import JSON_SKIP, JsonRecord, JsonShape, json_via
 from llamanix.core.json_value import JsonObject
 from llamanix.core.probe import Capabilities
 
@@ -26,8 +28,8 @@ _NOTHING_TO_DO = "none: llamanix renders the new spelling"
 
 
 @dataclass(frozen=True)
-class FieldDrift:
-    """One config field whose flags differ between the two builds."""
+class FieldDrift(JsonRecord):
+    """One config field whose flags differ between the two builds; written with its line."""
 
     instance: str
     field: str
@@ -47,36 +49,34 @@ class FieldDrift:
             return f"{head} ({self.message})"
         return f"{head} ({self.fix})" if self.fix else head
 
-    # Hand-written: the line follows from the fields.
-    def to_json(self) -> JsonObject:
-        return {
-            "instance": self.instance,
-            "field": self.field,
-            "change": self.change,
-            "old": list(self.old),
-            "new": list(self.new),
-            "message": self.message,
-            "fix": self.fix,
-            "line": self.line(),
-        }
+    json_shape: ClassVar[JsonShape] = JsonShape(computed={"line": lambda f: f.line()})
 
 
 @dataclass(frozen=True)
-class InstanceDrift:
-    instance: str
+class InstanceDrift(JsonRecord):
+    """One instance's drift; its name is the key it is kept under."""
+
+    instance: str = dataclasses.field(metadata=JSON_SKIP)
     fields: tuple[FieldDrift, ...]
     warning: str | None  # NEW's dialect warning (a build llamanix has no recording of)
+
+    json_shape: ClassVar[JsonShape] = JsonShape(order=("warning", "fields"))
 
     @property
     def refused(self) -> bool:
         return any(f.change == "refused" for f in self.fields)
 
 
+def _by_instance(instances: tuple[InstanceDrift, ...]) -> JsonObject:
+    return {i.instance: i.to_json() for i in instances}
+
+
 @dataclass(frozen=True)
-class DriftReport:
+class DriftReport(JsonRecord):
     old: str  # each build as its probe describes it
     new: str
-    instances: tuple[InstanceDrift, ...]
+    # Written as an object by instance name.
+    instances: tuple[InstanceDrift, ...] = dataclasses.field(metadata=json_via(_by_instance))
 
     @property
     def refused(self) -> tuple[FieldDrift, ...]:
@@ -91,20 +91,6 @@ class DriftReport:
             if not inst.fields and not inst.warning:
                 out.append(f"  {inst.instance}: renders the same")
         return out
-
-    # Hand-written: the instances are an object by name.
-    def to_json(self) -> JsonObject:
-        return {
-            "old": self.old,
-            "new": self.new,
-            "instances": {
-                i.instance: {
-                    "warning": i.warning,
-                    "fields": [f.to_json() for f in i.fields],
-                }
-                for i in self.instances
-            },
-        }
 
 
 @dataclass(frozen=True)

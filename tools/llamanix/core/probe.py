@@ -8,13 +8,12 @@ binary's own word. Flags whose help says they were removed are left out: upstrea
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from llamanix.core import file_reader, json_codec
+from llamanix.core import file_reader
 from llamanix.core.errors import Problem, UserError
-from llamanix.core.json_value import JsonObject
+from llamanix.core.json_codec import JSON_SKIP, JsonRecord, from_json_lenient
 
 # An option line: optional small indent, then "-x, --long-name VALUE_HINT    help".
 # ik indents a long-only option by nine spaces (aligned under "-x,   --long"); continuation
@@ -29,7 +28,11 @@ _CUDA_MARKERS = ("ggml_cuda_init", "CUDA0", "built with CUDA", "GGML_CUDA")
 
 
 @dataclass
-class Capabilities:
+class Capabilities(JsonRecord):
+    """What a binary accepts. A probe file (``llamanix probe --json``) is read leniently
+    (``from_json_lenient(Capabilities, data, where, source=where)``): one an older version
+    wrote lacks the newer fields, which take their defaults."""
+
     binary: str
     version: str | None = None
     build: int | None = None
@@ -51,18 +54,8 @@ class Capabilities:
     # How --spec-type takes a chain: "comma" (one comma-separated value), "repeat" (one flag
     # per stage), "single"; None when the binary has no --spec-type.
     spec_chain: str | None = None
-    source: str = ""  # the probe file, for messages
-
-    def to_json(self) -> JsonObject:
-        out = json_codec.to_json(self)
-        del out["source"]  # where this record was read from, not part of it
-        return out
-
-    @staticmethod
-    def from_json(data: Mapping[str, object], source: str = "") -> Capabilities:
-        """A probe file (``llamanix probe --json``), read leniently: one an older version
-        wrote lacks the newer fields, which take their defaults."""
-        return replace(json_codec.from_json_lenient(Capabilities, data, source), source=source)
+    # The probe file, for messages: where this record was read from, not part of it.
+    source: str = field(default="", metadata=JSON_SKIP)
 
     def all_cache_types(self) -> list[str]:
         return [*dict.fromkeys([*self.cache_types, *self.cache_types_v])]
@@ -236,4 +229,4 @@ def load_capabilities(path: Path) -> Capabilities:
                 "make one with: llamanix probe BINARY --json > FILE",
             )
         )
-    return Capabilities.from_json(data, source)
+    return from_json_lenient(Capabilities, data, source, source=source)

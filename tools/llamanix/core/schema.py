@@ -8,9 +8,17 @@ in docs/configuration.md are all made from the tables below.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal, get_args
 
+from llamanix.core.json_codec import (
+    JSON_SKIP,
+    OMIT_EMPTY,
+    OMIT_NONE,
+    JsonRecord,
+    JsonShape,
+    json_key,
+)
 from llamanix.core.json_value import JsonObject
 from llamanix.core.types import TYPES, TextKind, types_json
 
@@ -28,20 +36,39 @@ DICT_STR = "dict_str"
 
 
 @dataclass(frozen=True)
-class Field:
-    name: str
-    kind: str
+class Field(JsonRecord):
+    """One config field as schema.json describes it: a key is written only where the field
+    says something (its name is the key it is kept under)."""
+
+    name: str = field(metadata=JSON_SKIP)
+    kind: str = field(metadata=json_key("type"))
     doc: str
     default: Any = None  # None: absent, the binary's own default applies
-    values: tuple[str, ...] = ()
-    required: bool = False
-    example: Any = None
-    minimum: float | None = None
-    maximum: float | None = None
+    values: tuple[str, ...] = field(default=(), metadata=OMIT_EMPTY)
+    required: bool = field(default=False, metadata=OMIT_EMPTY)
+    example: Any = field(default=None, metadata=OMIT_NONE)
+    minimum: float | None = field(default=None, metadata=OMIT_NONE)
+    maximum: float | None = field(default=None, metadata=OMIT_NONE)
     # The declared type (core.types) of a string field's value, of each item of a list of
     # strings, of each value of a table of strings; a path is always of type "path".
-    text: TextKind | None = None
-    keys: TextKind | None = None  # a table of strings: the type of its keys
+    text: TextKind | None = field(default=None, metadata=OMIT_NONE)
+    # A table of strings: the type of its keys.
+    keys: TextKind | None = field(default=None, metadata=OMIT_NONE)
+
+    json_shape: ClassVar[JsonShape] = JsonShape(
+        order=(
+            "type",
+            "doc",
+            "default",
+            "text",
+            "keys",
+            "values",
+            "required",
+            "example",
+            "minimum",
+            "maximum",
+        )
+    )
 
     def __post_init__(self) -> None:
         if self.kind == PATH and self.text is None:
@@ -52,25 +79,6 @@ class Field:
             raise AssertionError(f"schema field {self.name!r} has no declared text type")
         if self.kind == DICT_STR and self.keys is None:
             raise AssertionError(f"schema field {self.name!r} has no declared key type")
-
-    # Hand-written: a key is written only where the field says something.
-    def to_json(self) -> JsonObject:
-        out: JsonObject = {"type": self.kind, "doc": self.doc, "default": self.default}
-        if self.text is not None:
-            out["text"] = self.text
-        if self.keys is not None:
-            out["keys"] = self.keys
-        if self.values:
-            out["values"] = [*self.values]
-        if self.required:
-            out["required"] = True
-        if self.example is not None:
-            out["example"] = self.example
-        if self.minimum is not None:
-            out["minimum"] = self.minimum
-        if self.maximum is not None:
-            out["maximum"] = self.maximum
-        return out
 
 
 HostKind = Literal["nixos", "systemd", "systemd-user"]

@@ -19,11 +19,12 @@ what reaches them, it does not replace them.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from typing import Literal, get_args
 
 from llamanix.core.errors import one_line
+from llamanix.core.json_codec import JSON_SKIP, JsonRecord, json_via
 from llamanix.core.json_value import JsonObject
 
 TextKind = Literal[
@@ -72,27 +73,29 @@ _DNS_NAME = f"({_LABEL}\\.)*{_TOP_LABEL}\\.?"
 _NOT_NORMAL = ".*(//|/[.][.]?/).*|.*/[.][.]?"
 
 
-@dataclass(frozen=True)
-class TextType:
-    """What one kind of config string may hold."""
+def _pattern(forbidden: tuple[str, str]) -> str:
+    return forbidden[0]
 
-    kind: TextKind
+
+@dataclass(frozen=True)
+class TextType(JsonRecord):
+    """What one kind of config string may hold; its JSON (in schema.json) is what a value
+    must match."""
+
+    kind: TextKind = field(metadata=JSON_SKIP)
     doc: str  # what it is, for the config reference and the NixOS option's description
     pattern: str  # the whole value, in the shared regex subset (see the module's doc)
     max_length: int
-    fix: str  # what to write instead, for the one line validate prints
-    # A pattern (same subset) of whole values refused although they match, and what it is.
-    forbidden: tuple[str, str] | None = None
+    fix: str = field(metadata=JSON_SKIP)  # what to write instead, for the one line validate prints
+    # A pattern (same subset) of whole values refused although they match, and what it is
+    # (written: the pattern).
+    forbidden: tuple[str, str] | None = field(
+        default=None, metadata=json_via(_pattern, omit_none=True)
+    )
     # Good and bad values: the reference shows the good ones, and the test that runs Python's
     # and Nix's engines side by side starts from both.
-    good: tuple[str, ...] = ()
-    bad: tuple[str, ...] = ()
-
-    def to_json(self) -> JsonObject:
-        out: JsonObject = {"doc": self.doc, "pattern": self.pattern, "max_length": self.max_length}
-        if self.forbidden:
-            out["forbidden"] = self.forbidden[0]
-        return out
+    good: tuple[str, ...] = field(default=(), metadata=JSON_SKIP)
+    bad: tuple[str, ...] = field(default=(), metadata=JSON_SKIP)
 
 
 TYPES: dict[TextKind, TextType] = {

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 import httpx
 
@@ -23,7 +23,7 @@ from llamanix.config.argv import instance_argv
 from llamanix.config.model import Config, Host, Instance
 from llamanix.core.errors import Problem, UserError
 from llamanix.core.gpus import Gpu, arch_mismatch
-from llamanix.core.json_codec import JsonRecord
+from llamanix.core.json_codec import JSON_SKIP, JsonRecord, JsonShape, json_via
 from llamanix.core.json_value import JsonObject
 from llamanix.core.process_end import FAULT_SIGNALS, died_of
 from llamanix.core.schema import SPEC_DRAFTERS
@@ -121,13 +121,29 @@ class CheckResult:
         return f"skipped: {self.why}" if self.outcome == "skipped" else self.outcome
 
 
-@dataclass
-class Report:
-    """Built up check by check: what was found, and what was looked at."""
+def _checks_json(checks: dict[CheckName, CheckResult]) -> JsonObject:
+    return {name: c.text() for name, c in checks.items()}
 
-    instances: tuple[str, ...] = ()
+
+@dataclass
+class Report(JsonRecord):
+    """Built up check by check: what was found, and what was looked at. Written with the
+    counts and verdict that follow from the findings, and each check as its text."""
+
+    instances: tuple[str, ...] = field(default=(), metadata=JSON_SKIP)
     findings: list[Finding] = field(default_factory=list)
-    checks: dict[CheckName, CheckResult] = field(default_factory=dict)
+    checks: dict[CheckName, CheckResult] = field(
+        default_factory=dict, metadata=json_via(_checks_json)
+    )
+
+    json_shape: ClassVar[JsonShape] = JsonShape(
+        computed={
+            "ok": lambda r: not r.has_errors,
+            "errors": lambda r: sum(f.severity == "error" for f in r.findings),
+            "warnings": lambda r: sum(f.severity == "warning" for f in r.findings),
+        },
+        order=("ok", "errors", "warnings", "findings", "checks"),
+    )
 
     @property
     def has_errors(self) -> bool:
@@ -161,16 +177,6 @@ class Report:
 
     def skipped(self, check: CheckName, why: str) -> None:
         self._record(check, CheckResult("skipped", why))
-
-    # Hand-written: the counts and ok follow from the findings; checks as text.
-    def to_json(self) -> JsonObject:
-        return {
-            "ok": not self.has_errors,
-            "errors": sum(f.severity == "error" for f in self.findings),
-            "warnings": sum(f.severity == "warning" for f in self.findings),
-            "findings": [f.to_json() for f in self.findings],
-            "checks": {name: c.text() for name, c in self.checks.items()},
-        }
 
 
 # --- external commands: one function each ---------------------------------------------------

@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import httpx
 from rapidfuzz.distance import Levenshtein
@@ -42,7 +42,7 @@ from llamanix.bench.streaming import is_raw
 from llamanix.core import json_codec
 from llamanix.core import json_fields as jf
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
-from llamanix.core.json_codec import JsonRecord
+from llamanix.core.json_codec import JsonRecord, JsonShape
 from llamanix.core.json_value import JsonObject
 from llamanix.server.client import LlamaClient, error_message
 
@@ -465,10 +465,19 @@ def summarise_workloads(prompts: Sequence[PromptComparison]) -> list[WorkloadSum
 
 
 @dataclass
-class LosslessResult:
+class LosslessResult(JsonRecord):
+    """What ``lossless --json`` writes: its format and the version first, then each workload's
+    own shape and the figures that follow from them."""
+
     settings: LosslessSettings
     workloads: list[PromptComparison]
     date: str
+
+    json_shape: ClassVar[JsonShape] = JsonShape(
+        constants={"format": RESULT_FORMAT, "llamanix": __version__},
+        computed={"failed": lambda r: r.failed, "by_workload": lambda r: r.by_workload},
+        order=("format", "llamanix", "date", "settings", "failed", "by_workload", "workloads"),
+    )
 
     @property
     def failed(self) -> list[str]:
@@ -477,18 +486,6 @@ class LosslessResult:
     @property
     def by_workload(self) -> list[WorkloadSummary]:
         return summarise_workloads(self.workloads)
-
-    # Hand-written: it adds the format and the version, and each workload's own shape.
-    def to_json(self) -> JsonObject:
-        return {
-            "format": RESULT_FORMAT,
-            "llamanix": __version__,
-            "date": self.date,
-            "settings": json_codec.to_json(self.settings),
-            "failed": [*self.failed],
-            "by_workload": [w.to_json() for w in self.by_workload],
-            "workloads": [w.to_json() for w in self.workloads],
-        }
 
 
 def planned_steps(settings: LosslessSettings, prompts: Sequence[Prompt]) -> int:

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import ClassVar
 
 import httpx
 
@@ -27,6 +28,7 @@ from llamanix.bench.streaming import request_body, stream_completion
 from llamanix.config.argv import instance_argv
 from llamanix.config.model import Config, parse_config
 from llamanix.core.errors import ExternalCommandError, Problem, UserError
+from llamanix.core.json_codec import JsonRecord, JsonShape
 from llamanix.core.json_value import JsonObject
 from llamanix.core.probe import Capabilities
 from llamanix.core.projects import other_project, variant_of
@@ -95,8 +97,9 @@ class SmokeSettings:
 
 
 @dataclass
-class SmokeReport:
-    """Everything one smoke run saw; ``--json`` writes ``to_json()``."""
+class SmokeReport(JsonRecord):
+    """Everything one smoke run saw; ``--json`` writes ``to_json()``: its format first and
+    whether it passed."""
 
     binary: str
     variant: str
@@ -111,6 +114,27 @@ class SmokeReport:
     log_tail: list[str] = field(default_factory=list)
     log: str | None = None  # the server's log, when --keep kept it
 
+    json_shape: ClassVar[JsonShape] = JsonShape(
+        constants={"format": FORMAT},
+        computed={"ok": lambda r: r.ok},
+        order=(
+            "format",
+            "ok",
+            "binary",
+            "variant",
+            "spec",
+            "model",
+            "synthetic_model",
+            "cuda",
+            "argv",
+            "checks",
+            "figures",
+            "gpu",
+            "log",
+            "log_tail",
+        ),
+    )
+
     @property
     def ok(self) -> bool:
         return not any(c.status == "fail" for c in self.checks)
@@ -121,25 +145,6 @@ class SmokeReport:
 
     def check(self, name: str) -> Check | None:
         return next((c for c in self.checks if c.name == name), None)
-
-    # Hand-written: it writes its format and ok, which no field holds.
-    def to_json(self) -> JsonObject:
-        return {
-            "format": FORMAT,
-            "ok": self.ok,
-            "binary": self.binary,
-            "variant": self.variant,
-            "spec": self.spec,
-            "model": self.model,
-            "synthetic_model": self.synthetic_model,
-            "cuda": self.cuda,
-            "argv": [*self.argv],
-            "checks": [c.to_json() for c in self.checks],
-            "figures": {**self.figures},
-            "gpu": self.gpu,
-            "log": self.log,
-            "log_tail": [*self.log_tail],
-        }
 
 
 # --- inputs -----------------------------------------------------------------------------------

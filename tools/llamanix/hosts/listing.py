@@ -2,16 +2,17 @@
 what systemd says now of the current one's units that do not serve.
 
 The same rows come back from a remote host's agent as JSON (``generations --json``), so
-``to_json`` and ``from_json`` are each other's inverse and the table is drawn from either.
+``to_json`` and the codec's reading (``from_json_or_none(GenerationRow, data)``) are each
+other's inverse and the table is drawn from either.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from llamanix.config.model import Config
-from llamanix.core import json_fields as jf
+from llamanix.core.json_codec import JSON_INLINE, json_default
 from llamanix.core.json_value import JsonObject
 from llamanix.hosts.managers import not_serving_now
 from llamanix.state.generations import GenerationRecord, HostState
@@ -19,11 +20,14 @@ from llamanix.state.generations import GenerationRecord, HostState
 
 @dataclass(frozen=True)
 class GenerationRow:
+    """One generation's row; read back without a generation number, it is none."""
+
     number: int
-    current: bool
-    record: GenerationRecord
+    current: bool = field(metadata=json_default(False))
+    # The record's parts sit beside the row's own keys.
+    record: GenerationRecord = field(metadata=JSON_INLINE)
     # For the current generation: {instance: why} of its units that do not serve now.
-    not_serving_now: dict[str, str]
+    not_serving_now: dict[str, str] = field(metadata=json_default({}))
 
     # Hand-written: the record's parts sit beside the row's own keys, sorted as on disk.
     def to_json(self) -> JsonObject:
@@ -53,21 +57,6 @@ class GenerationRow:
             "warm": found["warm"],
             "not_serving_now": dict(self.not_serving_now),
         }
-
-    @staticmethod
-    def from_json(data: object) -> GenerationRow | None:
-        """A row as ``to_json`` wrote it; None without a generation number."""
-        found = jf.table(data)
-        number = jf.integer(found.get("number"))
-        if number is None:
-            return None
-        not_serving = jf.table(found.get("not_serving_now"))
-        return GenerationRow(
-            number,
-            jf.flag(found.get("current")) is True,
-            GenerationRecord.read(found),
-            {str(k): v for k, v in not_serving.items() if isinstance(v, str)},
-        )
 
 
 def generation_rows(config: Config | None, state: HostState) -> list[GenerationRow]:

@@ -206,7 +206,7 @@ def load_specs(units_dir: Path) -> dict[str, ServiceSpec]:
             )
         )
     try:
-        manifest = Manifest.from_json(text)
+        manifest = Manifest.parse(text)
     except ValueError as err:
         raise UserError(
             Problem(str(manifest_path), "", f"not a llamanix manifest: {err}")

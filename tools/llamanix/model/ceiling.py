@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import ClassVar
 
-from llamanix.core import json_codec
 from llamanix.core.errors import Problem, UserError
 from llamanix.core.gpus import Gpu, load_gpus
-from llamanix.core.json_codec import JsonRecord
-from llamanix.core.json_value import JsonObject
+from llamanix.core.json_codec import JsonRecord, JsonShape
 from llamanix.model.gguf_info import GgufInfo
 
 GB = 1_000_000_000
@@ -127,8 +126,8 @@ def ceiling_for(
 
 
 @dataclass(frozen=True)
-class VramBudget:
-    """What llama-server allocates on the GPU, by part, in bytes."""
+class VramBudget(JsonRecord):
+    """What llama-server allocates on the GPU, by part, in bytes; written with their total."""
 
     weights: int
     draft_weights: int
@@ -148,9 +147,7 @@ class VramBudget:
             + self.compute_margin
         )
 
-    # Hand-written: the total follows from the parts.
-    def to_json(self) -> JsonObject:
-        return {**json_codec.to_json(self), "total": self.total}
+    json_shape: ClassVar[JsonShape] = JsonShape(computed={"total": lambda b: b.total})
 
 
 def vram_breakdown(

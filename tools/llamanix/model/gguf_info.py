@@ -12,14 +12,14 @@ import errno
 import hashlib
 import os
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from llamanix.core import file_reader
 from llamanix.core.errors import Problem, UserError
-from llamanix.core.json_value import JsonObject
+from llamanix.core.json_codec import JSON_SKIP, JsonRecord, JsonShape
 
 if TYPE_CHECKING:
     # gguf brings numpy: imported where a file is read, so importing this module stays cheap.
@@ -96,8 +96,9 @@ class TensorTypeShare:
 
 
 @dataclass(frozen=True)
-class GgufInfo:
-    """The facts about one GGUF that inspect prints and sizing uses."""
+class GgufInfo(JsonRecord):
+    """The facts about one GGUF that inspect prints and sizing uses; written with the figures
+    that follow from the fields, and without the per-layer KV widths."""
 
     path: str
     architecture: str
@@ -126,7 +127,17 @@ class GgufInfo:
     output_tied: bool
     recurrent_state_bytes: int
     # Per-layer K and V widths (kv heads x head dim) of the blocks that hold a KV cache.
-    kv_widths: tuple[tuple[int, int], ...] = field(repr=False)
+    kv_widths: tuple[tuple[int, int], ...] = field(repr=False, metadata=JSON_SKIP)
+
+    json_shape: ClassVar[JsonShape] = JsonShape(
+        computed={
+            "has_mtp": lambda g: g.has_mtp,
+            "is_hybrid": lambda g: g.is_hybrid,
+            "is_recurrent": lambda g: g.is_recurrent,
+            "kv_bytes_per_token": lambda g: {t: g.kv_bytes_per_token(t, t) for t in CACHE_TYPES},
+            "weight_bytes_per_token": lambda g: g.weight_bytes_per_token(),
+        }
+    )
 
     @property
     def has_mtp(self) -> bool:
@@ -163,17 +174,6 @@ class GgufInfo:
             dense = base - self.expert_tensor_bytes
             return dense + self.expert_tensor_bytes * self.expert_used_count / self.expert_count
         return base
-
-    # Hand-written: it adds the figures that follow from the fields, and leaves kv_widths out.
-    def to_json(self) -> JsonObject:
-        out = asdict(self)
-        del out["kv_widths"]
-        out["has_mtp"] = self.has_mtp
-        out["is_hybrid"] = self.is_hybrid
-        out["is_recurrent"] = self.is_recurrent
-        out["kv_bytes_per_token"] = {t: self.kv_bytes_per_token(t, t) for t in CACHE_TYPES}
-        out["weight_bytes_per_token"] = self.weight_bytes_per_token()
-        return out
 
 
 @dataclass(frozen=True)

@@ -70,7 +70,7 @@ def serving_builds(state: HostState) -> dict[str, str]:
     if text is None:
         return {}
     try:
-        manifest = Manifest.from_json(text)
+        manifest = Manifest.parse(text)
     except ValueError:
         return {}
     return {

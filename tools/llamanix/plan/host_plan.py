@@ -7,11 +7,11 @@ from __future__ import annotations
 import shlex
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import TextIO
+from dataclasses import dataclass, field
+from typing import ClassVar, TextIO
 
 from llamanix.config.drift import FieldDrift
-from llamanix.core.json_codec import JsonRecord
+from llamanix.core.json_codec import JSON_SKIP, JsonRecord, JsonShape, json_key, json_via
 from llamanix.core.json_value import JsonObject
 from llamanix.core.schema import GatewayKind, HostKind, RouterKind
 from llamanix.core.text_table import box_table, print_lines, style, styled
@@ -24,7 +24,7 @@ USER_UNITS_NOTE = "user units are scored as if they ran as root (systemd-analyze
 
 
 @dataclass(frozen=True)
-class VramFit:
+class VramFit(JsonRecord):
     """What the instance needs of the host's GPU, and the decode speed the GPU's memory
     bandwidth allows at most."""
 
@@ -42,15 +42,11 @@ class VramFit:
         verdict = "fits" if self.fits else "DOES NOT FIT"
         return f"{verdict} {used:.1f}/{total:.0f} GiB, <= {self.ceiling_tok_s:.0f} tok/s"
 
-    # Hand-written: fits follows from the fields.
-    def to_json(self) -> JsonObject:
-        return {
-            "gpu": self.gpu,
-            "vram_bytes": self.vram_bytes,
-            "gpu_memory_bytes": self.gpu_memory_bytes,
-            "fits": self.fits,
-            "ceiling_tok_s": self.ceiling_tok_s,
-        }
+    # ``fits`` follows from the fields.
+    json_shape: ClassVar[JsonShape] = JsonShape(
+        computed={"fits": lambda f: f.fits},
+        order=("gpu", "vram_bytes", "gpu_memory_bytes", "fits", "ceiling_tok_s"),
+    )
 
 
 @dataclass(frozen=True)
@@ -68,8 +64,9 @@ Fit = VramFit | UnreadableModel
 
 
 @dataclass(frozen=True)
-class InstanceRow:
-    """One instance as the host would run it."""
+class InstanceRow(JsonRecord):
+    """One instance as the host would run it. The fit is written twice: as its figures
+    (``vram``) and as its one line (``fit``)."""
 
     name: str
     variant: str
@@ -83,26 +80,11 @@ class InstanceRow:
     security_exposure: float | None  # systemd-analyze's score; None when not measured
     warnings: tuple[str, ...]
     drift: tuple[FieldDrift, ...] | None  # from the --previous build; None without both probes
-    fit: Fit | None  # None when the host names no GPU
+    fit: Fit | None = field(metadata=json_key("vram"))  # None when the host names no GPU
 
-    # Hand-written: the fit is written twice, as its figures (vram) and its one line (fit).
-    def to_json(self) -> JsonObject:
-        return {
-            "name": self.name,
-            "variant": self.variant,
-            "pinned_revision": self.pinned_revision,
-            "address": self.address,
-            "speculative": self.speculative,
-            "speculative_types": list(self.speculative_types),
-            "argv": list(self.argv),
-            "unit": self.unit,
-            "gpu": self.gpu,
-            "security_exposure": self.security_exposure,
-            "warnings": list(self.warnings),
-            "drift": None if self.drift is None else [d.to_json() for d in self.drift],
-            "vram": None if self.fit is None else self.fit.to_json(),
-            "fit": None if self.fit is None else self.fit.summary(),
-        }
+    json_shape: ClassVar[JsonShape] = JsonShape(
+        computed={"fit": lambda r: None if r.fit is None else r.fit.summary()}
+    )
 
 
 @dataclass(frozen=True)
@@ -121,19 +103,16 @@ class RouterPlan(JsonRecord):
 
 
 @dataclass(frozen=True)
-class Replica:
+class Replica(JsonRecord):
     """One instance as the gateway reaches it."""
 
     instance: str
     host: str
     api_base: str
 
-    def to_json(self) -> JsonObject:
-        return {"instance": self.instance, "host": self.host, "api_base": self.api_base}
-
 
 @dataclass(frozen=True)
-class GatewayPlan:
+class GatewayPlan(JsonRecord):
     """The one endpoint in front of every host: where it runs and listens, how it routes, and
     each model group (the name clients ask for) with its replicas."""
 
@@ -145,18 +124,6 @@ class GatewayPlan:
     retries: int
     health_check_interval: int
     groups: Mapping[str, tuple[Replica, ...]]
-
-    def to_json(self) -> JsonObject:
-        return {
-            "kind": self.kind,
-            "host": self.host,
-            "address": self.address,
-            "version": self.version,
-            "routing_strategy": self.routing_strategy,
-            "retries": self.retries,
-            "health_check_interval": self.health_check_interval,
-            "groups": {g: [r.to_json() for r in rs] for g, rs in self.groups.items()},
-        }
 
     def lines(self) -> list[str]:
         out = [
@@ -170,9 +137,16 @@ class GatewayPlan:
         return out
 
 
+def _hosts_json(hosts: tuple[HostPlan, ...]) -> JsonObject:
+    return {h.name: h.to_json() for h in hosts}
+
+
 @dataclass(frozen=True)
-class HostPlan:
-    name: str
+class HostPlan(JsonRecord):
+    """One host's plan; its name is the key its plan is kept under, and its note follows from
+    its kind."""
+
+    name: str = field(metadata=JSON_SKIP)
     kind: HostKind
     instances: tuple[InstanceRow, ...]
     unseen_paths: tuple[str, ...]  # what validate refuses; a plan shows them as warnings
@@ -182,32 +156,17 @@ class HostPlan:
     def security_note(self) -> str | None:
         return USER_UNITS_NOTE if self.kind == "systemd-user" else None
 
-    # Hand-written: the name is the key its plan is kept under; the note follows from the kind.
-    def to_json(self) -> JsonObject:
-        out: JsonObject = {
-            "kind": self.kind,
-            "instances": [row.to_json() for row in self.instances],
-            "unseen_paths": list(self.unseen_paths),
-            "router": None if self.router is None else self.router.to_json(),
-        }
-        if self.security_note is not None:
-            out["security_note"] = self.security_note
-        return out
+    json_shape: ClassVar[JsonShape] = JsonShape(
+        computed={"security_note": lambda h: h.security_note}, omit_none=("security_note",)
+    )
 
 
 @dataclass(frozen=True)
-class Plan:
+class Plan(JsonRecord):
     config: str  # the config file, as given
-    hosts: tuple[HostPlan, ...]
+    # Written as an object by host name.
+    hosts: tuple[HostPlan, ...] = field(metadata=json_via(_hosts_json))
     gateway: GatewayPlan | None = None  # None: no gateway, or not on the host asked for
-
-    # Hand-written: the hosts are an object by name.
-    def to_json(self) -> JsonObject:
-        return {
-            "config": self.config,
-            "hosts": {h.name: h.to_json() for h in self.hosts},
-            "gateway": None if self.gateway is None else self.gateway.to_json(),
-        }
 
 
 def print_plan(plan: Plan, out: TextIO | None = None) -> None:

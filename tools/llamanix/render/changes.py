@@ -30,7 +30,7 @@ def manifest_instances(files: Mapping[str, str]) -> dict[str, ManifestInstance]:
             for n in files
             if n.startswith("llamanix-") and n.endswith(".service")
         }
-    return dict(Manifest.from_json(files[MANIFEST]).instances)
+    return dict(Manifest.parse(files[MANIFEST]).instances)
 
 
 def routed_members(files: Mapping[str, str]) -> tuple[str, dict[str, str]] | None:
@@ -101,7 +101,7 @@ def manifest_router(files: Mapping[str, str]) -> ManifestRouter | None:
     read: ``check_manifest``)."""
     if MANIFEST not in files:
         return None
-    return Manifest.from_json(files[MANIFEST]).router
+    return Manifest.parse(files[MANIFEST]).router
 
 
 def gateway_changes(

@@ -9,12 +9,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from llamanix.core import file_reader, json_codec
-from llamanix.core import json_fields as jf
+from llamanix.core import file_reader
 from llamanix.core.errors import Problem, UserError
-from llamanix.core.json_codec import OMIT_NONE, from_json_lenient
-from llamanix.core.json_value import JsonObject
-from llamanix.core.schema import HOST_KINDS, HostKind
+from llamanix.core.json_codec import (
+    MUST_READ,
+    OMIT_NONE,
+    JsonRecord,
+    from_json_lenient,
+    json_default,
+)
+from llamanix.core.schema import HostKind
 
 MANIFEST = "manifest.json"
 
@@ -70,11 +74,12 @@ class RenderedInstance:
 
 
 @dataclass(frozen=True)
-class ManifestInstance:
+class ManifestInstance(JsonRecord):
     """One instance's entry in the manifest. Read back, only ``unit`` is sure to be there: a
-    set of installed units without a manifest has nothing else to say."""
+    set of installed units without a manifest has nothing else to say (a field missing or of
+    the wrong type takes its default; the unit, the instance's own)."""
 
-    unit: str
+    unit: str = field(metadata=json_default(of_key=unit_name, if_empty=True))
     variant: str | None = None
     source_revision: str | None = None
     version: str | None = None
@@ -100,26 +105,23 @@ class ManifestInstance:
             gpu=r.gpu,
         )
 
-    @staticmethod
-    def from_json_entry(name: str, data: object) -> ManifestInstance:
-        """The entry for instance ``name``, read leniently (a field missing or of the wrong type
-        takes its default; the unit, the instance's own)."""
-        if not isinstance(data, dict):
-            raise ValueError(f"instance {name!r} is not a table")
-        unit = jf.text(data.get("unit")) or unit_name(name)
-        return from_json_lenient(ManifestInstance, {**data, "unit": unit}, f"instances.{name}")
+
+# What a router's or gateway's entry read back takes where a field is missing: the defaults of
+# its kind of unit (only the port has none).
+_LISTEN = json_default("127.0.0.1", if_empty=True)
 
 
 @dataclass(frozen=True)
-class ManifestRouter:
+class ManifestRouter(JsonRecord):
     """The router's entry: its unit, kind and endpoint, and the members behind it."""
 
-    unit: str
-    kind: str
-    argv: tuple[str, ...]
-    listen: str
+    unit: str = field(metadata=json_default(unit_name("router"), if_empty=True))
+    kind: str = field(metadata=json_default(""))
+    argv: tuple[str, ...] = field(metadata=json_default(()))
+    listen: str = field(metadata=_LISTEN)
     port: int
-    served: Mapping[str, str]  # member instance -> the model name clients ask for
+    # member instance -> the model name clients ask for
+    served: Mapping[str, str] = field(metadata=json_default({}))
     config_name: str | None = None
     variants: Mapping[str, str] = field(default_factory=dict)  # member -> its variant
 
@@ -136,37 +138,15 @@ class ManifestRouter:
             dict(r.member_variants),
         )
 
-    # Hand-written: a router's unit, listen and kind take a router's defaults.
-    @staticmethod
-    def from_json_entry(data: object) -> ManifestRouter:
-        """The router's entry, read leniently, with the defaults of a router's unit."""
-        if not isinstance(data, dict):
-            raise ValueError("router is not a table")
-        served = jf.table(data.get("served"))
-        variants = jf.table(data.get("variants"))
-        port = jf.integer(data.get("port"))
-        if port is None:
-            raise ValueError("router has no port")
-        return ManifestRouter(
-            unit=jf.text(data.get("unit")) or unit_name("router"),
-            kind=jf.text(data.get("kind")) or "",
-            argv=jf.texts(data.get("argv")),
-            listen=jf.text(data.get("listen")) or "127.0.0.1",
-            port=port,
-            served={k: v for k, v in served.items() if isinstance(v, str)},
-            config_name=jf.text(data.get("config_name")),
-            variants={k: v for k, v in variants.items() if isinstance(v, str)},
-        )
-
 
 @dataclass(frozen=True)
-class ManifestGateway:
+class ManifestGateway(JsonRecord):
     """The gateway's entry: its unit, the LiteLLM release it runs and its endpoint."""
 
-    unit: str
-    version: str
-    argv: tuple[str, ...]
-    listen: str
+    unit: str = field(metadata=json_default(unit_name("gateway"), if_empty=True))
+    version: str = field(metadata=json_default(""))
+    argv: tuple[str, ...] = field(metadata=json_default(()))
+    listen: str = field(metadata=_LISTEN)
     port: int
     config_name: str | None = None
 
@@ -174,73 +154,32 @@ class ManifestGateway:
     def of(r: RenderedInstance) -> ManifestGateway:
         return ManifestGateway(r.unit, r.version or "", r.argv, r.listen, r.port, r.config_name)
 
-    # Hand-written: the gateway's unit and listen take a gateway's defaults.
-    @staticmethod
-    def from_json_entry(data: object) -> ManifestGateway:
-        if not isinstance(data, dict):
-            raise ValueError("gateway is not a table")
-        port = jf.integer(data.get("port"))
-        if port is None:
-            raise ValueError("gateway has no port")
-        return ManifestGateway(
-            unit=jf.text(data.get("unit")) or unit_name("gateway"),
-            version=jf.text(data.get("version")) or "",
-            argv=jf.texts(data.get("argv")),
-            listen=jf.text(data.get("listen")) or "127.0.0.1",
-            port=port,
-            config_name=jf.text(data.get("config_name")),
-        )
-
 
 @dataclass(frozen=True)
-class Manifest:
+class Manifest(JsonRecord):
     """``manifest.json``: which instances a render holds, and what each runs (a host without a
-    router has no ``router`` key)."""
+    router has no ``router`` key). Read leniently (``parse``): each entry takes the defaults of
+    its own kind of unit; a kind this version does not know, an entry that is not a table or
+    a router or gateway without a port is no manifest."""
 
-    config_hash: str
-    host: str
+    config_hash: str = field(metadata=json_default(""))
+    host: str = field(metadata=json_default(""))
     kind: HostKind
-    instances: Mapping[str, ManifestInstance]
-    router: ManifestRouter | None = field(default=None, metadata=OMIT_NONE)
-    gateway: ManifestGateway | None = field(default=None, metadata=OMIT_NONE)
-
-    def to_json(self) -> JsonObject:
-        return json_codec.to_json(self)
+    instances: Mapping[str, ManifestInstance] = field(metadata=MUST_READ)
+    router: ManifestRouter | None = field(default=None, metadata={**OMIT_NONE, **MUST_READ})
+    gateway: ManifestGateway | None = field(default=None, metadata={**OMIT_NONE, **MUST_READ})
 
     def text(self) -> str:
         return json.dumps(self.to_json(), indent=2) + "\n"
 
-    # Hand-written reader: each entry takes the defaults of its own kind of unit.
     @staticmethod
-    def from_json(text: str) -> Manifest:
+    def parse(text: str) -> Manifest:
         """The manifest in ``text``; ValueError when it is not one."""
         try:
             data = file_reader.parse_json(text, MANIFEST)
         except file_reader.FileRefused as err:
             raise ValueError(err.problems[0].message) from None
-        if not isinstance(data, dict):
-            raise ValueError("not a JSON object")
-        instances = data.get("instances")
-        if not isinstance(instances, dict):
-            raise ValueError("no instances table")
-        kind = jf.choice(data.get("kind"), HOST_KINDS)
-        if kind is None:
-            raise ValueError(f"unknown host kind {data.get('kind')!r}")
-        return Manifest(
-            config_hash=jf.text(data.get("config_hash")) or "",
-            host=jf.text(data.get("host")) or "",
-            kind=kind,
-            instances={
-                str(name): ManifestInstance.from_json_entry(str(name), entry)
-                for name, entry in instances.items()
-            },
-            router=None
-            if data.get("router") is None
-            else ManifestRouter.from_json_entry(data["router"]),
-            gateway=None
-            if data.get("gateway") is None
-            else ManifestGateway.from_json_entry(data["gateway"]),
-        )
+        return from_json_lenient(Manifest, data)
 
     @staticmethod
     def load(out: Path) -> Manifest:
@@ -254,7 +193,7 @@ class Manifest:
                 )
             )
         try:
-            return Manifest.from_json(text)
+            return Manifest.parse(text)
         except ValueError as err:
             raise UserError(Problem(str(path), "", f"not a llamanix manifest: {err}")) from None
 

@@ -16,13 +16,14 @@ the two equal).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import ClassVar, Literal
 
 from llamanix.config.model import Config, Metrics
 from llamanix.core import observability as obs
 from llamanix.core.address import connect_host, is_loopback, remote_host, url_host
 from llamanix.core.errors import Problem, UserError
+from llamanix.core.json_codec import JSON_SKIP, JsonRecord, JsonShape, json_via
 from llamanix.core.json_value import JsonObject
 
 CONFIG_FILE = "prometheus.yml"
@@ -101,9 +102,18 @@ def prometheus_config(config: Config) -> JsonObject:
     }
 
 
+def _duration(seconds: int) -> str:
+    return f"{seconds}s"
+
+
+def _labels(severity: Severity) -> JsonObject:
+    return {"severity": severity}
+
+
 @dataclass(frozen=True)
-class AlertRule:
-    """One alert: its rule, and what docs/observability.md says of it.
+class AlertRule(JsonRecord):
+    """One alert: its rule (its JSON, in Prometheus' rule format), and what
+    docs/observability.md says of it.
 
     ``probe`` is the alert's expression without its condition: on a deployment that serves,
     it returns a series for every instance the alert watches, while the alert itself stays
@@ -111,21 +121,16 @@ class AlertRule:
 
     alert: str
     expr: str
-    for_s: int
-    severity: Severity
-    summary: str
-    means: str
-    action: str
-    probe: str
+    for_s: int = field(metadata=json_via(_duration, key="for"))
+    severity: Severity = field(metadata=json_via(_labels, key="labels"))
+    summary: str = field(metadata=JSON_SKIP)
+    means: str = field(metadata=JSON_SKIP)
+    action: str = field(metadata=JSON_SKIP)
+    probe: str = field(metadata=JSON_SKIP)
 
-    def to_json(self) -> JsonObject:
-        return {
-            "alert": self.alert,
-            "expr": self.expr,
-            "for": f"{self.for_s}s",
-            "labels": {"severity": self.severity},
-            "annotations": {"summary": self.summary, "description": self.action},
-        }
+    json_shape: ClassVar[JsonShape] = JsonShape(
+        computed={"annotations": lambda r: {"summary": r.summary, "description": r.action}}
+    )
 
 
 def _for(metrics: Metrics, scrapes: int, floor_s: int) -> int:

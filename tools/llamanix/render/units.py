@@ -586,7 +586,7 @@ def _inside(out: Path, name: str) -> Path:
 def _rendered_files(out: Path) -> list[str]:
     try:
         text = file_reader.text_if_present(out / MANIFEST)
-        found = Manifest.from_json(text) if text is not None else None
+        found = Manifest.parse(text) if text is not None else None
     except (UserError, ValueError):
         found = None
     if found is None:

@@ -8,9 +8,10 @@ its own prefix in front, so nothing is anchored at the start of a line.
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
+from typing import ClassVar
 
-from llamanix.core.json_value import JsonObject
+from llamanix.core.json_codec import JsonRecord, JsonShape
 
 _NUM = r"([0-9]+(?:\.[0-9]+)?)"
 _SLOT = re.compile(r"id\s+(\d+)\s*\|\s*task\s+(-?\d+)\s*\|")
@@ -98,8 +99,9 @@ class CudaDevice:
 
 
 @dataclass
-class ServerLog:
-    """Everything recognised in one log."""
+class ServerLog(JsonRecord):
+    """Everything recognised in one log; written with the acceptance figures that follow from
+    the fields."""
 
     prompt_timings: list[Timing] = field(default_factory=list)
     eval_timings: list[Timing] = field(default_factory=list)
@@ -122,6 +124,14 @@ class ServerLog:
     killed_by: int | None = None
     lines: int = 0
 
+    json_shape: ClassVar[JsonShape] = JsonShape(
+        computed={
+            "draft_loaded": lambda log: log.draft_loaded,
+            "drafted": lambda log: log.drafted,
+            "overall_acceptance": lambda log: log.overall_acceptance(),
+        }
+    )
+
     @property
     def draft_loaded(self) -> bool:
         return self.draft_model is not None
@@ -138,14 +148,6 @@ class ServerLog:
             generated = self.spec_generated_tokens
             accepted = self.spec_accepted_tokens or 0
         return accepted / generated if generated else None
-
-    # Hand-written: it adds the acceptance figures that follow from the fields.
-    def to_json(self) -> JsonObject:
-        out = asdict(self)
-        out["draft_loaded"] = self.draft_loaded
-        out["drafted"] = self.drafted
-        out["overall_acceptance"] = self.overall_acceptance()
-        return out
 
 
 def _slot(line: str) -> tuple[int | None, int | None]:

@@ -8,19 +8,19 @@ These are records only: reading and writing them (``state.generations``, ``plan`
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
-from typing import Literal, get_args
+from dataclasses import dataclass, field
+from typing import ClassVar, Literal, get_args
 
-from llamanix.bench.interval import (
-    CONFIDENCE,
-    DECISIONS,
-    MIN_SAMPLES,
-    RESAMPLES,
-    SEED,
-    Decision,
-    RatioInterval,
-)
+from llamanix.bench.interval import MIN_SAMPLES, Decision, RatioInterval
 from llamanix.core import json_fields as jf
+from llamanix.core.json_codec import (
+    JSON_SKIP,
+    OMIT_NONE,
+    JsonRecord,
+    JsonShape,
+    json_default,
+    json_via,
+)
 from llamanix.core.json_value import JsonObject
 from llamanix.external.clock import now
 
@@ -39,14 +39,38 @@ BaselineSource = Literal["fresh", "stored"]
 BASELINE_SOURCES: tuple[BaselineSource, ...] = get_args(BaselineSource)
 
 
-@dataclass(frozen=True)
-class Baseline:
-    """The runs a candidate is compared with (decode tok/s, one per run)."""
+def _numbers(raw: object) -> tuple[float, ...]:
+    """Recorded runs: a list that holds anything but numbers is no runs at all (where the
+    codec would keep the numbers in it), and an int stays an int, written back as it was."""
+    found = jf.numbers(raw)
+    if found is None:
+        raise ValueError("expected a list of numbers")
+    return found
 
-    samples: tuple[float, ...]
+
+def _runs(raw: object) -> tuple[float, ...]:
+    """Recorded runs of a verdict or baseline: none at all is no verdict or baseline."""
+    found = _numbers(raw)
+    if not found:
+        raise ValueError("expected a list of numbers")
+    return found
+
+
+@dataclass(frozen=True)
+class Baseline(JsonRecord):
+    """The runs a candidate is compared with (decode tok/s, one per run); written with their
+    median, which is not read back. Read with ``from_json_or_none``: a record without runs or
+    source is none."""
+
+    samples: tuple[float, ...] = field(metadata=json_via(None, _runs))
     source: BaselineSource
     generation: int | None = None
     date: str | None = None
+
+    json_shape: ClassVar[JsonShape] = JsonShape(
+        computed={"median": lambda b: statistics.median(b.samples)},
+        order=("source", "samples", "median", "generation", "date"),
+    )
 
     @staticmethod
     def stored(
@@ -65,43 +89,27 @@ class Baseline:
             return None
         return Baseline(tuple(float(v) for v in samples), "stored", record.generation, record.date)
 
-    # Hand-written: it writes its median beside the runs, which no field holds.
-    def to_json(self) -> JsonObject:
-        return {
-            "source": self.source,
-            "samples": list(self.samples),
-            "median": statistics.median(self.samples),
-            "generation": self.generation,
-            "date": self.date,
-        }
-
-    @staticmethod
-    def from_json(data: object) -> Baseline | None:
-        """The baseline of a recorded bench verdict (``to_json``); None when unreadable."""
-        found = jf.table(data)
-        source = jf.choice(found.get("source"), BASELINE_SOURCES)
-        samples = jf.numbers(found.get("samples"))
-        if source is None or not samples:
-            return None
-        return Baseline(
-            samples, source, jf.integer(found.get("generation")), jf.text(found.get("date"))
-        )
-
 
 @dataclass(frozen=True)
-class BaselineRecord:
+class BaselineRecord(JsonRecord):
     """``bench/NAME.json``: the runs of an instance's last passing bench, the baseline of its
-    next ``--max-regression`` switch when it does not answer to be measured fresh.
+    next ``--max-regression`` switch when it does not answer to be measured fresh. Read with
+    ``from_json_lenient``.
 
     ``samples`` is None in a record written before runs were kept (it holds only ``tok_s``,
     their median) or one that does not hold numbers."""
 
-    samples: tuple[float, ...] | None
+    samples: tuple[float, ...] | None = field(metadata=json_via(None, _numbers, omit_none=True))
     tok_s: float | None
     generation: int | None
     variant: str | None
     date: str | None
-    prompts: str | None = None  # the prompts measured; None in records before --gate-prompts
+    # The prompts measured; None in records before --gate-prompts.
+    prompts: str | None = field(default=None, metadata=OMIT_NONE)
+
+    json_shape: ClassVar[JsonShape] = JsonShape(
+        order=("date", "tok_s", "generation", "variant", "samples", "prompts")
+    )
 
     @staticmethod
     def of(verdict: BenchVerdict, generation: int, variant: str) -> BaselineRecord:
@@ -109,44 +117,19 @@ class BaselineRecord:
             verdict.samples, verdict.median, generation, variant, now(), verdict.prompts
         )
 
-    # Hand-written: a list that holds anything but numbers reads as no runs at all (None),
-    # where the codec would keep the numbers in it.
-    def to_json(self) -> JsonObject:
-        found: JsonObject = {
-            "date": self.date,
-            "tok_s": self.tok_s,
-            "generation": self.generation,
-            "variant": self.variant,
-        }
-        if self.samples is not None:
-            found["samples"] = list(self.samples)
-        if self.prompts is not None:
-            found["prompts"] = self.prompts
-        return found
-
-    @staticmethod
-    def from_json(data: object) -> BaselineRecord:
-        found = jf.table(data)
-        return BaselineRecord(
-            samples=jf.numbers(found.get("samples")),
-            tok_s=jf.number(found.get("tok_s")),
-            generation=jf.integer(found.get("generation")),
-            variant=jf.text(found.get("variant")),
-            date=jf.text(found.get("date")),
-            prompts=jf.text(found.get("prompts")),
-        )
-
 
 @dataclass(frozen=True)
-class BenchVerdict:
-    """What the bench gate measured and concluded.
+class BenchVerdict(JsonRecord):
+    """What the bench gate measured and concluded. Read with ``from_json_or_none`` (without
+    runs or action it is none); ``note`` is not recorded (the gate's detail carries it), and
+    ``runs``, ``median`` and ``max_tokens`` follow from the rest, so they are not read.
 
     ``decision`` is the comparison with the baseline; None when there was none to make (no
     ``--max-regression``, or no baseline yet). ``action`` is what happens to the generation."""
 
-    samples: tuple[float, ...]
+    samples: tuple[float, ...] = field(metadata=json_via(None, _runs))
     action: Action
-    note: str
+    note: str = field(metadata={**JSON_SKIP, **json_default("")})
     decision: Decision | None = None
     interval: RatioInterval | None = None
     threshold: float | None = None
@@ -209,92 +192,20 @@ class BenchVerdict:
             ),
         }
 
-    @staticmethod
-    def from_json(data: object) -> BenchVerdict | None:
-        """A verdict as ``to_json`` recorded it (``note`` is not recorded: the gate's detail
-        carries it); None when unreadable. ``runs``, ``median`` and ``max_tokens`` follow from
-        the rest, so they are not read."""
-        found = jf.table(data)
-        samples = jf.numbers(found.get("samples"))
-        action = jf.choice(found.get("action"), ACTIONS)
-        if not samples or action is None:
-            return None
-        baseline = found.get("baseline")
-        after = found.get("baseline_after")
-        return BenchVerdict(
-            samples=samples,
-            action=action,
-            note="",
-            decision=jf.choice(found.get("decision"), DECISIONS),
-            interval=_interval_from_json(found.get("interval")),
-            threshold=jf.number(found.get("threshold")),
-            max_regression_pct=jf.number(found.get("max_regression_pct")),
-            baseline=Baseline.from_json(baseline) if baseline is not None else None,
-            prompts=jf.text(found.get("prompts")),
-            baseline_after=Baseline.from_json(after) if after is not None else None,
-            confirmation=_interval_from_json(found.get("confirmation")),
-            baseline_moved_pct=jf.number(found.get("baseline_moved_pct")),
-        )
-
-
-def _interval_from_json(data: object) -> RatioInterval | None:
-    """A recorded interval (``RatioInterval.to_json``; its ``method`` is a constant)."""
-    found = jf.table(data)
-    low, ratio, high = (jf.number(found.get(k)) for k in ("low", "ratio", "high"))
-    if low is None or ratio is None or high is None:
-        return None
-    confidence = jf.number(found.get("confidence"))
-    resamples, seed = jf.integer(found.get("resamples")), jf.integer(found.get("seed"))
-    return RatioInterval(
-        low,
-        ratio,
-        high,
-        CONFIDENCE if confidence is None else confidence,
-        RESAMPLES if resamples is None else resamples,
-        SEED if seed is None else seed,
-    )
-
 
 @dataclass
-class GateResult:
-    name: str
+class GateResult(JsonRecord):
+    """One instance's gate result. Its name is the key the result is kept under, not part of
+    its JSON: read with ``from_json_or_none(GateResult, data, name=...)`` (without a gate
+    this version knows it is none)."""
+
+    name: str = field(metadata=JSON_SKIP)
     gate: GateKind
-    passed: bool
-    detail: str
+    # An entry without a verdict says nothing against the instance.
+    passed: bool = field(metadata=json_default(True))
+    detail: str = field(metadata=json_default(""))
     tok_s: float | None = None
     bench: BenchVerdict | None = None
     # Accepted / drafted tokens over a bench gate's runs of a speculative instance: what the
     # exporter's acceptance alert compares the serving acceptance with.
-    acceptance: float | None = None
-
-    # Hand-written: the instance's name is the key its result is kept under, not a field of
-    # its JSON.
-    def to_json(self) -> JsonObject:
-        found: JsonObject = {
-            "gate": self.gate,
-            "passed": self.passed,
-            "detail": self.detail,
-            "tok_s": self.tok_s,
-            "bench": self.bench.to_json() if self.bench else None,
-        }
-        if self.acceptance is not None:
-            found["acceptance"] = self.acceptance
-        return found
-
-    @staticmethod
-    def from_json(name: str, data: object) -> GateResult | None:
-        """A result as a generation's record holds it (``to_json``); None when unreadable."""
-        found = jf.table(data)
-        gate = jf.choice(found.get("gate"), GATES)
-        if gate is None:
-            return None
-        return GateResult(
-            name,
-            gate,
-            # An entry without a verdict says nothing against the instance.
-            jf.flag(found.get("passed")) is not False,
-            jf.text(found.get("detail")) or "",
-            jf.number(found.get("tok_s")),
-            BenchVerdict.from_json(found.get("bench")) if found.get("bench") else None,
-            jf.number(found.get("acceptance")),
-        )
+    acceptance: float | None = field(default=None, metadata=OMIT_NONE)

@@ -40,6 +40,7 @@ from llamanix.core.json_codec import (
     OMIT_NONE,
     JsonRecord,
     from_json_lenient,
+    from_json_or_none,
     json_via,
 )
 from llamanix.core.json_value import JsonObject
@@ -100,7 +101,7 @@ def check_manifest(files: Mapping[str, str], folder: Path) -> None:
     if MANIFEST not in files:
         return
     try:
-        Manifest.from_json(files[MANIFEST])
+        Manifest.parse(files[MANIFEST])
     except ValueError as err:
         raise UserError(
             Problem(
@@ -132,14 +133,6 @@ class ManagerRecord(JsonRecord):
     units_dir: str | None = field(default=None, metadata=OMIT_NONE)  # systemd, user, up
     flake: str | None = field(default=None, metadata=OMIT_NONE)  # nixos
 
-    @staticmethod
-    def read(data: object) -> ManagerRecord | None:
-        """None when the record names no manager this version knows."""
-        try:
-            return from_json_lenient(ManagerRecord, data)
-        except ValueError:
-            return None
-
 
 @dataclass(frozen=True)
 class InstanceSummary(JsonRecord):
@@ -163,7 +156,7 @@ def _results_from_json(data: object) -> dict[str, GateResult]:
     those this version cannot read are left out."""
     if not isinstance(data, dict):
         raise ValueError("expected an object")
-    read = {str(n): GateResult.from_json(str(n), r) for n, r in data.items()}
+    read = {str(n): from_json_or_none(GateResult, r, name=str(n)) for n, r in data.items()}
     return {n: r for n, r in read.items() if r is not None}
 
 
@@ -214,14 +207,6 @@ class GenerationRecord(JsonRecord):
     def outcome(self) -> GateOutcome | None:
         return self.gate.result if self.gate else None
 
-    @staticmethod
-    def read(data: object) -> GenerationRecord:
-        return (
-            from_json_lenient(GenerationRecord, data)
-            if isinstance(data, dict)
-            else GenerationRecord()
-        )
-
 
 @dataclass(frozen=True)
 class Generation:
@@ -230,7 +215,9 @@ class Generation:
 
     @property
     def record(self) -> GenerationRecord:
-        return GenerationRecord.read(_read_json(self.path / RESULT, _GENERATION_FIX))
+        data = _read_json(self.path / RESULT, _GENERATION_FIX)
+        # Every field has a default: only what is not an object at all reads as None.
+        return from_json_or_none(GenerationRecord, data) or GenerationRecord()
 
     @property
     def outcome(self) -> GateOutcome | None:
@@ -418,7 +405,10 @@ class HostState:
     # -- how the host was switched --------------------------------------------------------
 
     def manager(self) -> ManagerRecord | None:
-        return ManagerRecord.read(_read_json(self.root / "manager.json", _MANAGER_FIX))
+        # None when the record names no manager this version knows.
+        return from_json_or_none(
+            ManagerRecord, _read_json(self.root / "manager.json", _MANAGER_FIX)
+        )
 
     def set_manager(self, record: ManagerRecord) -> None:
         _write_json(self.root / "manager.json", record.to_json())
@@ -427,7 +417,7 @@ class HostState:
 
     def baseline(self, instance: str) -> BaselineRecord | None:
         data = _read_json(self.root / "bench" / f"{instance}.json", _BASELINE_FIX)
-        return BaselineRecord.from_json(data) if isinstance(data, dict) else None
+        return from_json_lenient(BaselineRecord, data) if isinstance(data, dict) else None
 
     def save_baseline(self, instance: str, record: BaselineRecord) -> None:
         _write_json(self.root / "bench" / f"{instance}.json", record.to_json())

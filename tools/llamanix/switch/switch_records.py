@@ -15,7 +15,7 @@ from typing import Literal, get_args
 from llamanix.config.model import suggest
 from llamanix.core import json_fields as jf
 from llamanix.core.errors import Problem, UserError
-from llamanix.core.json_codec import OMIT_NONE, JsonRecord, json_via
+from llamanix.core.json_codec import OMIT_NONE, JsonRecord, from_json_or_none, json_via
 from llamanix.core.json_value import JsonObject
 from llamanix.state.gap_records import GapRecord
 from llamanix.state.gate_records import ACTIONS, GATES, Action, Baseline, GateKind, GateResult
@@ -198,7 +198,7 @@ def _gates_json(gates: list[GateResult]) -> JsonObject:
 def _gates_from_json(data: object) -> list[GateResult]:
     """The results keyed by instance, as ``_gates_json`` wrote them; those this version cannot
     read are left out."""
-    found = [GateResult.from_json(str(n), r) for n, r in jf.table(data).items()]
+    found = [from_json_or_none(GateResult, r, name=str(n)) for n, r in jf.table(data).items()]
     return [g for g in found if g is not None]
 
 

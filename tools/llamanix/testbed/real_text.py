@@ -26,6 +26,7 @@ import tomllib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 from rapidfuzz.distance import Levenshtein
 
@@ -35,7 +36,7 @@ from llamanix.bench.prompts import Prompt, load_prompts
 from llamanix.bench.workloads import run_interleaved as interleaved
 from llamanix.config.model import Config, parse_config
 from llamanix.core.errors import UserError
-from llamanix.core.json_value import JsonObject
+from llamanix.core.json_codec import JsonRecord, JsonShape
 from llamanix.render.host_render import render_host
 from llamanix.server.server_process import LlamaServer, free_port
 
@@ -191,8 +192,9 @@ def serving_all(
 
 
 @dataclass(frozen=True)
-class WorkloadRow:
-    """One speculation on one workload, against plain on the same prompts."""
+class WorkloadRow(JsonRecord):
+    """One speculation on one workload, against plain on the same prompts; written with the
+    acceptance that follows from the counts."""
 
     speculation: str
     workload: str
@@ -203,23 +205,24 @@ class WorkloadRow:
     identical: int
     edit_distances: tuple[int, ...]  # of the prompts whose text differs from plain's
 
+    json_shape: ClassVar[JsonShape] = JsonShape(
+        computed={"acceptance": lambda r: r.acceptance},
+        order=(
+            "speculation",
+            "workload",
+            "prompts",
+            "speedup",
+            "drafted",
+            "accepted",
+            "acceptance",
+            "identical",
+            "edit_distances",
+        ),
+    )
+
     @property
     def acceptance(self) -> float | None:
         return self.accepted / self.drafted if self.drafted else None
-
-    # Hand-written: acceptance follows from the counts.
-    def to_json(self) -> JsonObject:
-        return {
-            "speculation": self.speculation,
-            "workload": self.workload,
-            "prompts": self.prompts,
-            "speedup": self.speedup.to_json() if self.speedup else None,
-            "drafted": self.drafted,
-            "accepted": self.accepted,
-            "acceptance": self.acceptance,
-            "identical": self.identical,
-            "edit_distances": list(self.edit_distances),
-        }
 
 
 def compare(

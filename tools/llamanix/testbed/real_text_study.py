@@ -9,7 +9,7 @@ two cores and slow each other), and returns typed figures; nothing here asserts 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from llamanix.bench.bench import run_bench
@@ -18,7 +18,7 @@ from llamanix.bench.interval import RatioInterval
 from llamanix.bench.prompts import Prompt
 from llamanix.bench.synthetic_acceptance import SweepRequest, mean_length, plan_sweep, run_sweep
 from llamanix.config.model import Config
-from llamanix.core.json_value import JsonObject
+from llamanix.core.json_codec import JSON_INLINE, JsonRecord
 from llamanix.diagnose.lossless import (
     Answer,
     LosslessSettings,
@@ -47,16 +47,13 @@ from llamanix.testbed.real_text import (
 
 
 @dataclass(frozen=True)
-class LosslessRow:
+class LosslessRow(JsonRecord):
     """One comparison at one slot count, per workload: B's texts against plain's."""
 
     slots: int
     compared: str  # "ngram-mod" or "plain (control)"
-    summary: WorkloadSummary
-
-    # Hand-written: the summary's keys sit beside the counts.
-    def to_json(self) -> JsonObject:
-        return {"slots": self.slots, "compared": self.compared, **self.summary.to_json()}
+    # Its keys sit beside the counts.
+    summary: WorkloadSummary = field(metadata=JSON_INLINE)
 
 
 CONTROL = "plain (control)"
