@@ -338,7 +338,9 @@ def probe(binary: Path | None, diff: tuple[Path, Path] | None, as_json: bool) ->
         return
     if binary is None:
         raise UserError(
-            Problem("llamanix probe", "BINARY", "missing", "give a llama-server, or --diff A B")
+            Problem(
+                "llamanix variant probe", "BINARY", "missing", "give a llama-server, or --diff A B"
+            )
         )
     caps = probe_binary(binary)
     if as_json:

@@ -60,7 +60,7 @@ class Capabilities:
 
     @staticmethod
     def from_json(data: Mapping[str, object], source: str = "") -> Capabilities:
-        """A probe file (``llamanix probe --json``), read leniently: one an older version
+        """A probe file (``llamanix variant probe --json``), read leniently: one an older version
         wrote lacks the newer fields, which take their defaults."""
         return replace(json_codec.from_json_lenient(Capabilities, data, source), source=source)
 
@@ -218,7 +218,7 @@ def commit_of(version_line: str) -> str | None:
 
 def load_capabilities(path: Path) -> Capabilities:
     source = str(path)
-    make = "make one with: llamanix probe BINARY --json > FILE"
+    make = "make one with: llamanix variant probe BINARY --json > FILE"
     text = file_reader.text_if_present(path, source=source)
     if text is None:
         raise UserError(Problem(source, "", "no such probe file", make))
@@ -233,7 +233,7 @@ def load_capabilities(path: Path) -> Capabilities:
                 source,
                 "flags",
                 "missing; this is not a llamanix probe",
-                "make one with: llamanix probe BINARY --json > FILE",
+                "make one with: llamanix variant probe BINARY --json > FILE",
             )
         )
     return Capabilities.from_json(data, source)
