@@ -202,7 +202,7 @@ def _left_out_gpu(cfg: Config, host: str, gpu: bool) -> list[Problem]:
     metavar="[NAME=]FILE",
     help="The probe of the build an instance runs now: plan lists, field by field, how its flags "
     "change on the build of --capabilities (respelled, refused with the fix, no longer "
-    "rendered), and warns when that build drops something (see probe --diff).",
+    "rendered), and warns when that build drops something (see variant probe --diff).",
 )
 @json_flag
 @click.option(
