@@ -225,7 +225,7 @@ def test_bad_binary_is_one_line_exit_2(tmp_path: Path) -> None:
     )
     assert result.returncode == 2
     assert result.stderr == (
-        f"llamanix demo: --binary: {tmp_path / 'nope'} is not an executable file "
+        f"llamanix testbed demo: --binary: {tmp_path / 'nope'} is not an executable file "
         "(give the path of a llama-server binary)\n"
     )
     assert not (tmp_path / "k").exists()

@@ -318,7 +318,7 @@ def test_pin_refuses_an_input_pinned_by_url(
     result = CliRunner().invoke(main, ["variant", "pin", config, *args, "--flake", str(tmp_path)])
     assert result.exit_code == 2
     assert result.output == (
-        "llamanix pin: VARIANT: mtp is pinned by URL in flake.nix "
+        "llamanix variant pin: VARIANT: mtp is pinned by URL in flake.nix "
         "(github:ggml-org/llama.cpp/255582687b8dd211fdbc582e43ab842491554e94) "
         "(edit that URL to move it, or pin variant upstream, which carries the same code)\n"
     )

@@ -267,7 +267,7 @@ def test_pin_dry_run_prints_the_drift_and_fails_on_a_refusal(
     real = run(*args)
     assert real.exit_code == 1
     assert real.stderr.strip().splitlines() == [
-        "llamanix pin: not moved: the new build refuses 2 field(s) of the config (above); "
+        "llamanix variant pin: not moved: the new build refuses 2 field(s) of the config (above); "
         "fix them first, or pin without --capabilities"
     ]
     assert recorded_calls(recorder) == []
@@ -309,9 +309,9 @@ def test_pin_dry_run_without_probes_says_how_to_make_them(tmp_path: Path, record
         "to list the flags this move changes for your config, probe both builds:",
         "  nix build '.#llama-cpp-beellama' --override-input beellama-cpp "
         "github:Anbeeld/beellama.cpp --no-write-lock-file -o new-beellama",
-        "  llamanix probe new-beellama/bin/llama-server --json > new.json",
-        "  llamanix probe BINARY-YOU-RUN-NOW --json > old.json",
-        "  llamanix pin beellama --latest --dry-run --config CONFIG --previous old.json "
+        "  llamanix variant probe new-beellama/bin/llama-server --json > new.json",
+        "  llamanix variant probe BINARY-YOU-RUN-NOW --json > old.json",
+        "  llamanix variant pin CONFIG beellama --latest --dry-run --previous old.json "
         "--capabilities new.json",
     ]
     assert recorded_calls(recorder) == []
@@ -322,7 +322,7 @@ def test_pin_dry_run_without_probes_says_how_to_make_them(tmp_path: Path, record
     [
         (
             ["--previous", "{bee03}"],
-            "llamanix pin: --capabilities: the drift report needs --config, --previous and "
+            "llamanix variant pin: --capabilities: the drift report needs --previous and "
             "--capabilities together (probe the build you run now (--previous) and the new one "
             "(--capabilities))",
         ),

@@ -138,7 +138,7 @@ CASES: dict[str, tuple[list[str] | None, list[str], int, str]] = {
         ["model", "ceiling", "--bandwidth", "936", "--bytes", "16e9"],
         ["model", "ceiling", "--gpu", "rtx9999", "--bytes", "16e9"],
         2,
-        "llamanix ceiling: --gpu: unknown GPU 'rtx9999'",
+        "llamanix model ceiling: --gpu: unknown GPU 'rtx9999'",
     ),
     "doctor": (
         ["doctor", "WORK/llamanix.toml"],
@@ -182,7 +182,7 @@ CASES: dict[str, tuple[list[str] | None, list[str], int, str]] = {
         None,
         ["testbed", "demo", "--binary", "WORK/missing"],
         2,
-        "llamanix demo: --binary",
+        "llamanix testbed demo: --binary",
     ),
 }
 

@@ -478,7 +478,8 @@ def test_pins_md_names_every_input_nix_flake_update_moves() -> None:
     assert "beellama-cpp" in moving
     text = " ".join(PINS.read_text().split())
     m = re.search(
-        r"`nix flake update` \(and `llamanix pin VARIANT --latest`\) moves (.+?) to", text
+        r"`nix flake update` \(and `llamanix variant pin CONFIG VARIANT --latest`\) moves (.+?) to",
+        text,
     )
     assert m, "docs/pins.md no longer says what `nix flake update` moves"
     assert set(re.findall(r"`([a-z-]+)`", m.group(1))) == moving

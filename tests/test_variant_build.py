@@ -180,7 +180,8 @@ class _Uname:
             'binaries = { upstream = "/usr/local/bin/llama-server" }\n',
             "ik",
             [],
-            "hosts.box.target: llamanix build builds on this machine, and host 'box' is admin@box "
+            "hosts.box.target: llamanix variant build builds on this machine, and host 'box' is "
+            "admin@box "
             "(run it on that host (ssh admin@box), where its units run the binary)",
         ),
     ],
@@ -205,14 +206,14 @@ def test_build_refuses_an_unknown_variant_and_a_missing_flake(tmp_path: Path, fl
     )
     assert result.exit_code == 2
     assert result.stderr.strip() == (
-        "llamanix build: VARIANT: unknown variant 'ik_llama.cpp' (did you mean 'ik'? variant ik "
-        "is ikawrakow/ik_llama.cpp fork)"
+        "llamanix variant build: VARIANT: unknown variant 'ik_llama.cpp' (did you mean 'ik'? "
+        "variant ik is ikawrakow/ik_llama.cpp fork)"
     )
     result = CliRunner().invoke(main, ["variant", "build", str(cfg), "ik"])
     assert result.exit_code == 2
     assert result.stderr.strip() == (
-        f"llamanix build: --flake: no llamanix flake (flake.nix and flake.lock) in {tmp_path} "
-        f"(beside {cfg}) (name your llamanix checkout: --flake ~/src/llamanix)"
+        f"llamanix variant build: --flake: no llamanix flake (flake.nix and flake.lock) in "
+        f"{tmp_path} (beside {cfg}) (name your llamanix checkout: --flake ~/src/llamanix)"
     )
 
 

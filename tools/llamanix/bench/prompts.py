@@ -44,7 +44,8 @@ class Prompt:
     messages: tuple[JsonObject, ...]
     tools: tuple[JsonObject, ...] | None = None
     max_tokens: int | None = None  # fixed output length (the one-token probe); None: --max-tokens
-    # `llamanix lossless` exits 1 when two servers answer this prompt differently; bench ignores it.
+    # `llamanix check lossless` exits 1 when two servers answer this prompt differently; bench
+    # ignores it.
     must_match: bool = False
     # Agent-shaped: ``messages`` are the shared prefix; each request gets a session marker in
     # front and a new last turn behind (see agent_messages).

@@ -29,7 +29,7 @@ def smoke_table(report: SmokeReport) -> Table:
     build = "CUDA build" if report.cuda else "CPU build (no CUDA backend)"
     model = "synthetic model" if report.synthetic_model else report.model
     table = Table(
-        title=f"llamanix smoke: {report.binary}",
+        title=f"llamanix check smoke: {report.binary}",
         caption=f"{build}; variant {report.variant}; {model}; --spec {report.spec}",
     )
     table.add_column("check", no_wrap=True)
@@ -120,7 +120,7 @@ def smoke(
         make_model=lambda path: synth_model(DEMO_MODEL, path),
     )
     console = Console(stderr=True)
-    with console.status("llamanix smoke") as status:
+    with console.status("llamanix check smoke") as status:
         report = smoke_module.run_smoke(settings, lambda msg: status.update(f"smoke: {msg}"))
     text = json.dumps(report.to_json(), indent=2) + "\n"
     if json_out is not None:

@@ -202,7 +202,7 @@ def _left_out_gpu(cfg: Config, host: str, gpu: bool) -> list[Problem]:
     metavar="[NAME=]FILE",
     help="The probe of the build an instance runs now: plan lists, field by field, how its flags "
     "change on the build of --capabilities (respelled, refused with the fix, no longer "
-    "rendered), and warns when that build drops something (see probe --diff).",
+    "rendered), and warns when that build drops something (see variant probe --diff).",
 )
 @json_flag
 @click.option(
@@ -338,7 +338,9 @@ def probe(binary: Path | None, diff: tuple[Path, Path] | None, as_json: bool) ->
         return
     if binary is None:
         raise UserError(
-            Problem("llamanix probe", "BINARY", "missing", "give a llama-server, or --diff A B")
+            Problem(
+                "llamanix variant probe", "BINARY", "missing", "give a llama-server, or --diff A B"
+            )
         )
     caps = probe_binary(binary)
     if as_json:

@@ -435,7 +435,7 @@ def pin_before_variant(
     """`llamanix pin VARIANT [REV] [--config CONFIG]`: `variant pin` before it took CONFIG
     first (cli.MOVED), with the flake in the working directory by default."""
     asked = Pin(variant, rev, latest, flake_dir, wait_s, dry_run, config, previous, capabilities)
-    _pin(asked, hint_config=str(config) if config else None)
+    _pin(asked, hint_config=str(config) if config else None, config_option=True)
 
 
 @dataclass(frozen=True)
@@ -453,18 +453,21 @@ class Pin:
     capabilities: Path | None
 
 
-def _pin(asked: Pin, hint_config: str | None = None) -> None:
+def _pin(asked: Pin, hint_config: str | None = None, config_option: bool = False) -> None:
     """The pin, with its drift report where both probes are given. ``hint_config``: the
-    config the hint for a dry run without probes names (CONFIG where none was given)."""
+    config the hint for a dry run without probes names (CONFIG where none was given);
+    ``config_option``: the old grammar, where the config is --config, not an argument."""
     report = None
     variant, rev, config, dry_run = asked.variant, asked.rev, asked.config, asked.dry_run
     if asked.capabilities is not None or asked.previous is not None:
         if config is None or asked.capabilities is None or asked.previous is None:
+            needs = "--previous and --capabilities"
+            needs = f"--config, {needs}" if config_option else needs
             raise UserError(
                 Problem(
-                    "llamanix pin",
+                    "llamanix variant pin",
                     "--capabilities",
-                    "the drift report needs --config, --previous and --capabilities together",
+                    f"the drift report needs {needs} together",
                     "probe the build you run now (--previous) and the new one (--capabilities)",
                 )
             )
@@ -481,8 +484,8 @@ def _pin(asked: Pin, hint_config: str | None = None) -> None:
             click.echo(line)
         if report.refused and not dry_run:
             fail(
-                f"llamanix pin: not moved: the new build refuses {len(report.refused)} field(s) "
-                "of the config (above); fix them first, or pin without --capabilities",
+                f"llamanix variant pin: not moved: the new build refuses {len(report.refused)} "
+                "field(s) of the config (above); fix them first, or pin without --capabilities",
                 1,
             )
     runner = Runner(dry_run=dry_run, echo=_echo)

@@ -89,8 +89,8 @@ def lossless_cmd(
     texts first differ, and whether tool calls keep their structure. Exit 1 when a prompt
     marked must_match (or any, with --strict) differs.
     """
-    check_url(url_a, "llamanix lossless", "URL_A")
-    check_url(url_b, "llamanix lossless", "URL_B")
+    check_url(url_a, "llamanix check lossless", "URL_A")
+    check_url(url_b, "llamanix check lossless", "URL_B")
     for name, value in (
         ("--runs", runs),
         ("--max-tokens", max_tokens),
@@ -98,7 +98,9 @@ def lossless_cmd(
     ):
         if value < 1:
             raise UserError(
-                Problem("llamanix lossless", name, "must be at least 1", f"pass {name} 1 or more")
+                Problem(
+                    "llamanix check lossless", name, "must be at least 1", f"pass {name} 1 or more"
+                )
             )
     settings = losslessmod.LosslessSettings(
         url_a=url_a,

@@ -138,7 +138,7 @@ def ceiling_cmd(
     if (gpu is None) == (bandwidth is None):
         raise UserError(
             Problem(
-                "llamanix ceiling",
+                "llamanix model ceiling",
                 "--gpu/--bandwidth",
                 "give exactly one",
                 "pass --gpu NAME (see --list) or --bandwidth GB/s",
@@ -147,7 +147,7 @@ def ceiling_cmd(
     if (model is None) == (bytes_text is None):
         raise UserError(
             Problem(
-                "llamanix ceiling",
+                "llamanix model ceiling",
                 "--model/--bytes",
                 "give exactly one",
                 "pass --model FILE.gguf or --bytes 15.3GB",
@@ -156,7 +156,7 @@ def ceiling_cmd(
     if bandwidth is not None and bandwidth <= 0:
         raise UserError(
             Problem(
-                "llamanix ceiling",
+                "llamanix model ceiling",
                 "--bandwidth",
                 "must be positive",
                 "give the card's memory bandwidth in GB/s",
@@ -165,13 +165,13 @@ def ceiling_cmd(
     if active_fraction is not None and not 0 < active_fraction <= 1:
         raise UserError(
             Problem(
-                "llamanix ceiling",
+                "llamanix model ceiling",
                 "--active-fraction",
                 f"{active_fraction} is not in (0, 1]",
                 "give active/total parameters, e.g. 0.1",
             )
         )
-    table_gpu = find_gpu(gpu, "llamanix ceiling") if gpu else None
+    table_gpu = find_gpu(gpu, "llamanix model ceiling") if gpu else None
     bw = table_gpu.bandwidth_gb_s if table_gpu else float(bandwidth or 0)
     if model is not None:
         info = read_gguf(model)

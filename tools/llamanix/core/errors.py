@@ -15,8 +15,8 @@ class Problem:
 
     ``source`` is where the bad input is, as the user wrote it: a file path (a config, a model,
     a results file), a URL or an environment variable the user set, or, for a command-line
-    argument, the command (``llamanix pin``). ``field`` then names the key, option or argument
-    inside it.
+    argument, the command (``llamanix variant pin``). ``field`` then names the key, option or
+    argument inside it.
     """
 
     source: str

@@ -211,7 +211,7 @@ def commit_of(version_line: str) -> str | None:
 
 def load_capabilities(path: Path) -> Capabilities:
     source = str(path)
-    make = "make one with: llamanix probe BINARY --json > FILE"
+    make = "make one with: llamanix variant probe BINARY --json > FILE"
     text = file_reader.text_if_present(path, source=source)
     if text is None:
         raise UserError(Problem(source, "", "no such probe file", make))
@@ -226,7 +226,7 @@ def load_capabilities(path: Path) -> Capabilities:
                 source,
                 "flags",
                 "missing; this is not a llamanix probe",
-                "make one with: llamanix probe BINARY --json > FILE",
+                "make one with: llamanix variant probe BINARY --json > FILE",
             )
         )
     return from_json_lenient(Capabilities, data, source, source=source)

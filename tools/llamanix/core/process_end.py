@@ -13,7 +13,7 @@ import signal
 SIGILL_CAUSE = "a build for another CPU"
 SIGILL_FIX = (
     "rebuild llama-server for this machine's CPU without -march=native or GGML_NATIVE "
-    "(the test bed's build: llamanix build-server)"
+    "(the test bed's build: llamanix testbed build-server)"
 )
 
 

@@ -184,7 +184,7 @@ HOST_FIELDS: tuple[Field, ...] = (
     Field(
         "gpu",
         STR,
-        "GPU model, a name from the GPU table (`llamanix ceiling --list`).",
+        "GPU model, a name from the GPU table (`llamanix model ceiling --list`).",
         example="rtx5090",
         text="name",
     ),

@@ -1,4 +1,4 @@
-"""``llamanix smoke``: does this llama-server binary really serve, on the GPU, at full speed?
+"""``llamanix check smoke``: does this llama-server binary really serve, on the GPU, at full speed?
 
 It starts the binary the way a unit would (the config goes through ``parse_config`` and
 ``instance_argv``, all layers offloaded) with a synthetic model or the one given, then checks
@@ -47,7 +47,7 @@ from llamanix.server.server_process import LlamaServer, free_port, tail
 FORMAT = "llamanix-smoke/1"
 SPECS = ("none", "draft", "mtp")
 INSTANCE = "smoke"
-SOURCE = "llamanix smoke"
+SOURCE = "llamanix check smoke"
 DEFAULT_TOKENS = 64
 # Enough for the prompt and the answer; a real model's trained context would allocate far more
 # KV cache than a smoke run needs.

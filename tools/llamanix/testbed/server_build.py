@@ -287,7 +287,7 @@ class Reporter(Protocol):
 
 
 class QuietReporter:
-    """progress=False: nothing at all (``build-server --print-path``, library callers)."""
+    """progress=False: nothing at all (``testbed build-server --print-path``, library callers)."""
 
     def begin(self, step: str, log_path: Path) -> None:
         pass
@@ -733,7 +733,7 @@ def vocab_file(name: str, progress: bool = False) -> Path:
     if not path.is_file():
         raise UserError(
             Problem(
-                "llamanix synth-model",
+                "llamanix testbed synth-model",
                 "--vocab",
                 f"no vocab file named {name!r}",
                 f"use a path or one of: {', '.join(vocab_names())}",

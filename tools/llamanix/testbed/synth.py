@@ -82,7 +82,7 @@ class SynthSpec:
 
 
 def _bad(field: str, message: str, fix: str) -> UserError:
-    return UserError(Problem("llamanix synth-model", field, message, fix))
+    return UserError(Problem("llamanix testbed synth-model", field, message, fix))
 
 
 def check_spec(spec: SynthSpec) -> None:
