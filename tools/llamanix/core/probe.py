@@ -29,7 +29,7 @@ _CUDA_MARKERS = ("ggml_cuda_init", "CUDA0", "built with CUDA", "GGML_CUDA")
 
 @dataclass
 class Capabilities(JsonRecord):
-    """What a binary accepts. A probe file (``llamanix probe --json``) is read leniently
+    """What a binary accepts. A probe file (``llamanix variant probe --json``) is read leniently
     (``from_json_lenient(Capabilities, data, where, source=where)``): one an older version
     wrote lacks the newer fields, which take their defaults."""
 
