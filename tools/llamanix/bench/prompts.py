@@ -81,86 +81,100 @@ def parse_prompts(data: Any, source: str) -> list[Prompt]:
     out: list[Prompt] = []
     seen: set[str] = set()
     for i, item in enumerate(items):
-        where = f"prompts[{i}]"
-        if not isinstance(item, dict):
-            raise _prompt_problem(
-                source, where, "must be an object", 'write {"name": ..., "prompt": ...}'
-            )
-        name = item.get("name")
-        if not isinstance(name, str) or not name:
-            raise _prompt_problem(
-                source, f"{where}.name", "missing or not a string", "give every prompt a name"
-            )
-        if name in seen:
-            raise _prompt_problem(
-                source, f"{where}.name", f"duplicate name {name!r}", "names must be unique"
-            )
-        seen.add(name)
-        workload = item.get("workload")
-        if workload is not None and (not isinstance(workload, str) or not workload):
-            raise _prompt_problem(
-                source,
-                f"{where}.workload",
-                "must be a non-empty string",
-                'write e.g. "workload": "edit"',
-            )
-        if "text" in item:
-            out.append(_text_prompt(item, name, workload, source, where))
-            continue
-        agent = item.get("agent", False)
-        if isinstance(agent, int) and not isinstance(agent, bool):
-            if not AGENT_MIN_TOKENS <= agent <= AGENT_MAX_TOKENS:
-                raise _prompt_problem(
-                    source,
-                    f"{where}.agent",
-                    f"{agent} is not a prefix length in tokens",
-                    f"give {AGENT_MIN_TOKENS} to {AGENT_MAX_TOKENS}, or true with your messages",
-                )
-            out.append(agent_prompt(agent, name))
-            continue
-        if not isinstance(agent, bool):
+        out.append(_parse_prompt(i, item, source, seen))
+    return out
+
+
+def _parse_prompt(i: int, item: object, source: str, seen: set[str]) -> Prompt:
+    """The ``i``-th prompt; its name joins ``seen`` (the names before it), which it must not
+    be in."""
+    where = f"prompts[{i}]"
+    if not isinstance(item, dict):
+        raise _prompt_problem(
+            source, where, "must be an object", 'write {"name": ..., "prompt": ...}'
+        )
+    name = item.get("name")
+    if not isinstance(name, str) or not name:
+        raise _prompt_problem(
+            source, f"{where}.name", "missing or not a string", "give every prompt a name"
+        )
+    if name in seen:
+        raise _prompt_problem(
+            source, f"{where}.name", f"duplicate name {name!r}", "names must be unique"
+        )
+    seen.add(name)
+    workload = item.get("workload")
+    if workload is not None and (not isinstance(workload, str) or not workload):
+        raise _prompt_problem(
+            source,
+            f"{where}.workload",
+            "must be a non-empty string",
+            'write e.g. "workload": "edit"',
+        )
+    if "text" in item:
+        return _text_prompt(item, name, workload, source, where)
+    agent = item.get("agent", False)
+    if isinstance(agent, int) and not isinstance(agent, bool):
+        if not AGENT_MIN_TOKENS <= agent <= AGENT_MAX_TOKENS:
             raise _prompt_problem(
                 source,
                 f"{where}.agent",
-                "must be true (messages are the shared prefix) or a prefix length in tokens",
-                'write "agent": true or "agent": 8000',
+                f"{agent} is not a prefix length in tokens",
+                f"give {AGENT_MIN_TOKENS} to {AGENT_MAX_TOKENS}, or true with your messages",
             )
-        messages = item.get("messages")
-        if messages is None and isinstance(item.get("prompt"), str):
-            messages = [{"role": "user", "content": item["prompt"]}]
-        if (
-            not isinstance(messages, list)
-            or not messages
-            or not all(isinstance(m, dict) and "role" in m for m in messages)
-        ):
-            raise _prompt_problem(
-                source,
-                f"{where}.messages",
-                "needs 'prompt' (a string) or 'messages' (chat messages)",
-                'write "prompt": "..." or "messages": [{"role": "user", ...}]',
-            )
-        tools = item.get("tools")
-        if tools is not None and (
-            not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)
-        ):
-            raise _prompt_problem(
-                source,
-                f"{where}.tools",
-                "must be a list of tool objects",
-                "use the OpenAI tools format",
-            )
-        out.append(
-            Prompt(
-                name=name,
-                messages=tuple(messages),
-                tools=tuple(tools) if tools is not None else None,
-                max_tokens=_max_tokens(item, source, where),
-                must_match=_must_match(item, source, where),
-                agent=agent,
-                workload=workload,
-            )
+        return agent_prompt(agent, name)
+    if not isinstance(agent, bool):
+        raise _prompt_problem(
+            source,
+            f"{where}.agent",
+            "must be true (messages are the shared prefix) or a prefix length in tokens",
+            'write "agent": true or "agent": 8000',
         )
-    return out
+    return _chat_prompt(item, name, agent, workload, source, where)
+
+
+def _chat_prompt(
+    item: Mapping[str, object],
+    name: str,
+    agent: bool,
+    workload: str | None,
+    source: str,
+    where: str,
+) -> Prompt:
+    """A prompt of chat messages (or a ``prompt`` string as one user message), with its tools."""
+    messages = item.get("messages")
+    if messages is None and isinstance(item.get("prompt"), str):
+        messages = [{"role": "user", "content": item["prompt"]}]
+    if (
+        not isinstance(messages, list)
+        or not messages
+        or not all(isinstance(m, dict) and "role" in m for m in messages)
+    ):
+        raise _prompt_problem(
+            source,
+            f"{where}.messages",
+            "needs 'prompt' (a string) or 'messages' (chat messages)",
+            'write "prompt": "..." or "messages": [{"role": "user", ...}]',
+        )
+    tools = item.get("tools")
+    if tools is not None and (
+        not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)
+    ):
+        raise _prompt_problem(
+            source,
+            f"{where}.tools",
+            "must be a list of tool objects",
+            "use the OpenAI tools format",
+        )
+    return Prompt(
+        name=name,
+        messages=tuple(messages),
+        tools=tuple(tools) if tools is not None else None,
+        max_tokens=_max_tokens(item, source, where),
+        must_match=_must_match(item, source, where),
+        agent=agent,
+        workload=workload,
+    )
 
 
 def _max_tokens(item: Mapping[str, object], source: str, where: str) -> int | None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 
 from llamanix.bench.bench_results import BenchSettings, RequestResult
 from llamanix.bench.prompts import Prompt, agent_messages, new_session
@@ -116,61 +117,92 @@ def stream_completion(client: LlamaClient, body: JsonObject) -> RequestResult:
     """POST one streaming chat completion and time it."""
     url = client.url
     t0 = time.perf_counter()
-    t_first: float | None = None
-    t_last: float | None = None
-    timings: dict[str, object] = {}
-    usage: dict[str, object] = {}
-    finish: str | None = None
-    chunks = 0
-    thinking = ThinkingClock()
-    text: list[str] = []
     raw = is_raw(body)
     opened = client.stream_complete(body) if raw else client.stream_chat(body)
     with opened as resp:
         if resp.status_code != 200:
             raise _http_error(url, resp.status_code, resp.read().decode(errors="replace"))
-        for event in _sse_events(resp.iter_lines()):
-            now = time.perf_counter()
-            if "error" in event:
-                raise ExternalCommandError(f"{url}: stream error: {event['error']}")
-            if raw:
-                piece, reason, usage_now = _completion_event(event)
-                if usage_now:
-                    usage = usage_now
-                if piece is not None:
-                    chunks += 1
-                    if t_first is None:
-                        t_first = now
-                    t_last = now
-                    text.append(piece)
-                if reason:
-                    finish = reason
-            else:
-                choices = event.get("choices")
-                if isinstance(choices, list) and choices:
-                    chunks += 1
-                    # llama-server sends the first chunk (the assistant role) with the first token.
-                    if t_first is None:
-                        t_first = now
-                    t_last = now
-                    choice = jf.table(choices[0])
-                    delta = choice.get("delta")
-                    if isinstance(delta, dict):
-                        thinking.see(delta, now)
-                        content = delta.get("content")
-                        if isinstance(content, str):
-                            text.append(content)
-                    stopped = choice.get("finish_reason")
-                    if stopped:
-                        finish = str(stopped)
-                sent_usage = event.get("usage")
-                if isinstance(sent_usage, dict):
-                    usage = sent_usage
-            sent_timings = event.get("timings")
-            if isinstance(sent_timings, dict):
-                timings = sent_timings
+        stream = _read_stream(url, resp.iter_lines(), raw)
     t_end = time.perf_counter()
+    return _request_result(stream, t0, t_end)
 
+
+@dataclass
+class _Stream:
+    """What a streamed answer brought, as it came: when its first and last chunks arrived
+    (``time.perf_counter``), the server's timings and token counts, the stop reason, the
+    number of chunks, the reasoning's clock and the text."""
+
+    thinking: ThinkingClock
+    t_first: float | None = None
+    t_last: float | None = None
+    timings: dict[str, object] = field(default_factory=dict)
+    usage: dict[str, object] = field(default_factory=dict)
+    finish: str | None = None
+    chunks: int = 0
+    text: list[str] = field(default_factory=list)
+
+    def _chunk(self, now: float) -> None:
+        self.chunks += 1
+        if self.t_first is None:
+            self.t_first = now
+        self.t_last = now
+
+    def see_completion(self, event: Mapping[str, object], now: float) -> None:
+        """One /completion event."""
+        piece, reason, usage_now = _completion_event(event)
+        if usage_now:
+            self.usage = usage_now
+        if piece is not None:
+            self._chunk(now)
+            self.text.append(piece)
+        if reason:
+            self.finish = reason
+
+    def see_chat(self, event: Mapping[str, object], now: float) -> None:
+        """One chat completion event."""
+        choices = event.get("choices")
+        if isinstance(choices, list) and choices:
+            # llama-server sends the first chunk (the assistant role) with the first token.
+            self._chunk(now)
+            choice = jf.table(choices[0])
+            delta = choice.get("delta")
+            if isinstance(delta, dict):
+                self.thinking.see(delta, now)
+                content = delta.get("content")
+                if isinstance(content, str):
+                    self.text.append(content)
+            stopped = choice.get("finish_reason")
+            if stopped:
+                self.finish = str(stopped)
+        sent_usage = event.get("usage")
+        if isinstance(sent_usage, dict):
+            self.usage = sent_usage
+
+
+def _read_stream(url: str, lines: Iterator[str], raw: bool) -> _Stream:
+    """The server-sent events of one answer, each timed as it arrives; an error event is
+    refused."""
+    stream = _Stream(ThinkingClock())
+    for event in _sse_events(lines):
+        now = time.perf_counter()
+        if "error" in event:
+            raise ExternalCommandError(f"{url}: stream error: {event['error']}")
+        if raw:
+            stream.see_completion(event, now)
+        else:
+            stream.see_chat(event, now)
+        sent_timings = event.get("timings")
+        if isinstance(sent_timings, dict):
+            stream.timings = sent_timings
+    return stream
+
+
+def _request_result(stream: _Stream, t0: float, t_end: float) -> RequestResult:
+    """The request's figures from both clocks: the server's timings (or its token counts) and
+    the client's, from ``t0`` (sent) to ``t_end`` (the stream closed)."""
+    timings, usage = stream.timings, stream.usage
+    t_first, t_last, thinking = stream.t_first, stream.t_last, stream.thinking
     prompt_n = as_int(timings.get("prompt_n"))
     if prompt_n is None:
         prompt_n = as_int(usage.get("prompt_tokens"))
@@ -207,13 +239,13 @@ def stream_completion(client: LlamaClient, body: JsonObject) -> RequestResult:
         draft_n=draft_n,
         draft_n_accepted=draft_acc,
         acceptance=(draft_acc / draft_n) if draft_n and draft_acc is not None else None,
-        finish_reason=finish,
-        chunks=chunks,
+        finish_reason=stream.finish,
+        chunks=stream.chunks,
         prefill_s=prefill_s,
         reasoning_s=reasoning_s,
         decode_s=decode_s,
         reasoning_n=thinking.chunks,
-        text="".join(text),
+        text="".join(stream.text),
     )
 
 

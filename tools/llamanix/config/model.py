@@ -1153,7 +1153,6 @@ def check_instance(
     """Variant-dependent problems of an otherwise well-typed instance: (field, message, fix).
     ``variant``: the one to check against (default: the instance's own, as declared)."""
     variant = variant or VARIANTS[inst.variant]
-    d = variant.dialect
     spec = inst.speculative
     out: list[tuple[str, str, str]] = []
 
@@ -1178,6 +1177,21 @@ def check_instance(
                 f'set hosts.{host.name}.gpu = "rtx3090" (llamanix model ceiling --list) or '
                 f"hosts.{host.name}.cuda_archs, or {key.split('.')[-1]} = 0",
             )
+    out.extend(_speculation_problems(inst, variant))
+    out.extend(_cache_and_layer_problems(inst, variant))
+    return out
+
+
+def _speculation_problems(inst: Instance, variant: Variant) -> list[tuple[str, str, str]]:
+    """Speculation on ``variant``: its types, the chain, a draft model where a type needs one,
+    n_min/n_max, the type's parameters, the drafter's settings and the slots it can serve."""
+    d = variant.dialect
+    spec = inst.speculative
+    out: list[tuple[str, str, str]] = []
+
+    def add(where: str, message: str, fix: str = "") -> None:
+        out.append((where, message, fix))
+
     unsupported = [t for t in spec.types if spec.enabled and variant.spec_spelling(t) is None]
     for t in unsupported:
         add(
@@ -1226,6 +1240,19 @@ def check_instance(
             f"{variant.who} speculates only with one slot, parallel is {inst.parallel}",
             'set parallel = 1 or speculative.type = "none"',
         )
+    return out
+
+
+def _cache_and_layer_problems(inst: Instance, variant: Variant) -> list[tuple[str, str, str]]:
+    """The KV cache types, a quantized V cache without flash attention, the layer words and
+    jinja, as ``variant`` spells them."""
+    d = variant.dialect
+    spec = inst.speculative
+    out: list[tuple[str, str, str]] = []
+
+    def add(where: str, message: str, fix: str = "") -> None:
+        out.append((where, message, fix))
+
     for key in ("cache_type_k", "cache_type_v"):
         value = getattr(inst, key)
         if value is not None and value not in d.cache_types:

@@ -554,101 +554,110 @@ def check_server_exit(report: Report, inst: Instance, log: ServerLog | None) -> 
 
 def check_speculation(report: Report, inst: Instance, inputs: Inputs) -> None:
     requested = inst.speculative.enabled
-    log = inputs.log
-    if log is not None:
-        if log.vocab_incompatible:
-            report.ran("vocab", "finding")
-            report.add(
-                "error",
-                "vocab-mismatch",
-                inst.name,
-                "the log says the target and draft vocabularies are not compatible"
-                + (f" ({log.spec_init_error})" if log.spec_init_error else ""),
-                "use a draft with the target's tokenizer",
-            )
-        elif log.spec_init_error:
-            report.ran("spec-log", "finding")
-            report.add(
-                "error",
-                "spec-init-failed",
-                inst.name,
-                f"speculative decoding failed to start: {log.spec_init_error}",
-                "read the log around that line; fix the draft settings",
-            )
-        if log.spec_refused and (requested or log.draft_loaded):
-            report.ran("spec-log", "finding")
-            report.add(
-                "error",
-                "spec-refused",
-                inst.name,
-                "speculation was requested but the server refused it at start-up "
-                "('speculative decoding not supported by this context'): the draft is "
-                "loaded into memory and never used",
-                "use a variant that checkpoints recurrent models (upstream, mtp, ik) "
-                'or set speculative.type = "none" to free the draft\'s memory',
-            )
-        elif log.draft_loaded and not log.drafted and log.eval_timings:
-            report.ran("spec-log", "finding")
-            report.add(
-                "error",
-                "spec-not-drafting",
-                inst.name,
-                f"the draft model ({log.draft_model}) is loaded but "
-                f"{len(log.eval_timings)} requests drafted nothing",
-                "upstream needs --spec-type draft-simple besides the draft model: set "
-                'speculative.type = "draft" (llamanix renders it), or drop the draft',
-            )
-        else:
-            report.ran("spec-log")
-        rate = log.overall_acceptance()
-        if rate is not None and rate < MIN_ACCEPTANCE:
-            report.ran("acceptance", "finding")
-            report.add(
-                "warning",
-                "spec-low-acceptance",
-                inst.name,
-                f"the log shows draft acceptance {rate:.0%} (below "
-                f"{MIN_ACCEPTANCE:.0%}): drafting costs more than it saves",
-                "use a draft closer to the target (same family, bigger), raise "
-                "speculative.p_min, or turn speculation off",
-            )
-    probe = inputs.probe
-    # A self-speculating type (n-gram, suffix: no drafter) drafts only where the text repeats
-    # something it has seen: a short probe that drafted nothing says nothing against it.
-    self_speculating = not any(t in SPEC_DRAFTERS for t in inst.speculative.types)
-    if probe is not None:
-        if requested and not probe.draft_n and not self_speculating:
-            report.ran("spec-probe", "finding")
-            report.add(
-                "error",
-                "spec-not-drafting",
-                inst.name,
-                f"speculation is configured ({inst.speculative.type}) but a "
-                f"{PROBE_TOKENS}-token completion drafted nothing (no draft_n in timings)",
-                "check the log for a refusal; on upstream the draft needs "
-                "--spec-type (speculative.type); lower speculative.p_min",
-            )
-        else:
-            report.ran("spec-probe")
-        rate = probe.acceptance
-        if rate is not None and rate < MIN_ACCEPTANCE:
-            report.ran("acceptance", "finding")
-            report.add(
-                "warning",
-                "spec-low-acceptance",
-                inst.name,
-                f"a probe completion kept {probe.draft_n_accepted} of {probe.draft_n} "
-                f"drafted tokens ({rate:.0%}, below {MIN_ACCEPTANCE:.0%})",
-                "use a draft closer to the target (same family), raise "
-                "speculative.p_min, or turn speculation off",
-            )
-        elif rate is not None:
-            report.ran("acceptance")
+    if inputs.log is not None:
+        _speculation_from_log(report, inst, inputs.log, requested)
+    if inputs.probe is not None:
+        _speculation_from_probe(report, inst, inputs.probe, requested)
     if inputs.benches:
         check_bench_pays(report, inst, inputs.benches)
         check_crossover(report, inst, inputs.benches, inputs.avg_output_tokens)
     if inputs.workloads:
         check_workloads(report, inst, inputs.workloads)
+
+
+def _speculation_from_log(report: Report, inst: Instance, log: ServerLog, requested: bool) -> None:
+    """What the server's log says of speculation: the vocabularies, a failed start, the draft
+    refused or not drafting, the acceptance over its requests."""
+    if log.vocab_incompatible:
+        report.ran("vocab", "finding")
+        report.add(
+            "error",
+            "vocab-mismatch",
+            inst.name,
+            "the log says the target and draft vocabularies are not compatible"
+            + (f" ({log.spec_init_error})" if log.spec_init_error else ""),
+            "use a draft with the target's tokenizer",
+        )
+    elif log.spec_init_error:
+        report.ran("spec-log", "finding")
+        report.add(
+            "error",
+            "spec-init-failed",
+            inst.name,
+            f"speculative decoding failed to start: {log.spec_init_error}",
+            "read the log around that line; fix the draft settings",
+        )
+    if log.spec_refused and (requested or log.draft_loaded):
+        report.ran("spec-log", "finding")
+        report.add(
+            "error",
+            "spec-refused",
+            inst.name,
+            "speculation was requested but the server refused it at start-up "
+            "('speculative decoding not supported by this context'): the draft is "
+            "loaded into memory and never used",
+            "use a variant that checkpoints recurrent models (upstream, mtp, ik) "
+            'or set speculative.type = "none" to free the draft\'s memory',
+        )
+    elif log.draft_loaded and not log.drafted and log.eval_timings:
+        report.ran("spec-log", "finding")
+        report.add(
+            "error",
+            "spec-not-drafting",
+            inst.name,
+            f"the draft model ({log.draft_model}) is loaded but "
+            f"{len(log.eval_timings)} requests drafted nothing",
+            "upstream needs --spec-type draft-simple besides the draft model: set "
+            'speculative.type = "draft" (llamanix renders it), or drop the draft',
+        )
+    else:
+        report.ran("spec-log")
+    rate = log.overall_acceptance()
+    if rate is not None and rate < MIN_ACCEPTANCE:
+        report.ran("acceptance", "finding")
+        report.add(
+            "warning",
+            "spec-low-acceptance",
+            inst.name,
+            f"the log shows draft acceptance {rate:.0%} (below "
+            f"{MIN_ACCEPTANCE:.0%}): drafting costs more than it saves",
+            "use a draft closer to the target (same family, bigger), raise "
+            "speculative.p_min, or turn speculation off",
+        )
+
+
+def _speculation_from_probe(report: Report, inst: Instance, probe: Probe, requested: bool) -> None:
+    """What a probe completion's timings say of speculation: drafting, and its acceptance."""
+    # A self-speculating type (n-gram, suffix: no drafter) drafts only where the text repeats
+    # something it has seen: a short probe that drafted nothing says nothing against it.
+    self_speculating = not any(t in SPEC_DRAFTERS for t in inst.speculative.types)
+    if requested and not probe.draft_n and not self_speculating:
+        report.ran("spec-probe", "finding")
+        report.add(
+            "error",
+            "spec-not-drafting",
+            inst.name,
+            f"speculation is configured ({inst.speculative.type}) but a "
+            f"{PROBE_TOKENS}-token completion drafted nothing (no draft_n in timings)",
+            "check the log for a refusal; on upstream the draft needs "
+            "--spec-type (speculative.type); lower speculative.p_min",
+        )
+    else:
+        report.ran("spec-probe")
+    rate = probe.acceptance
+    if rate is not None and rate < MIN_ACCEPTANCE:
+        report.ran("acceptance", "finding")
+        report.add(
+            "warning",
+            "spec-low-acceptance",
+            inst.name,
+            f"a probe completion kept {probe.draft_n_accepted} of {probe.draft_n} "
+            f"drafted tokens ({rate:.0%}, below {MIN_ACCEPTANCE:.0%})",
+            "use a draft closer to the target (same family), raise "
+            "speculative.p_min, or turn speculation off",
+        )
+    elif rate is not None:
+        report.ran("acceptance")
 
 
 _WORKLOAD_FINDINGS: dict[str, tuple[Severity, FindingCode, str]] = {

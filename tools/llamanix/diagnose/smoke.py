@@ -304,6 +304,34 @@ def run_smoke(settings: SmokeSettings, progress: Progress | None = None) -> Smok
         )
     settings = replace(settings, variant=smoke_variant(settings, caps))
     extra = VERBOSE_ARGS if VERBOSE_ARGS[0] in caps.flags else ()
+    report, served, log_text = _serve_and_check(settings, caps, extra, say)
+    _judge_served(report, served, settings)
+    ttft = (
+        None
+        if served is None
+        else (
+            served.first.ttft_s if served.first else None,
+            served.second.ttft_s if served.second else None,
+        )
+    )
+    verdict = gpu_checks(binary, caps.cuda, version_text, log_text, ttft)
+    report.cuda, report.gpu = verdict.cuda, verdict.gpu
+    report.checks += verdict.checks
+    order = {name: i for i, name in enumerate(CHECK_ORDER)}
+    report.checks.sort(key=lambda c: order.get(c.name, len(order)))
+    if not report.ok:
+        report.log_tail = tail(log_text, LOG_TAIL_LINES).splitlines()
+    return report
+
+
+def _serve_and_check(
+    settings: SmokeSettings, caps: Capabilities, extra: tuple[str, ...], say: Progress
+) -> tuple[SmokeReport, _Served | None, str]:
+    """In a work directory (``--keep``'s, or a temporary one): the model (given or
+    synthesized), the server started on it, two chat completions, the server stopped. The
+    report with its start check, what the server served (None when it did not start) and
+    its log."""
+    binary = settings.binary
     with work_dir(settings.keep, "llamanix-smoke.") as work:
         if settings.model is None:
             if settings.make_model is None:
@@ -349,23 +377,7 @@ def run_smoke(settings: SmokeSettings, progress: Progress | None = None) -> Smok
         log_text = server.log_text()
         if settings.keep is not None:
             report.log = str(server.log_path.absolute())
-    _judge_served(report, served, settings)
-    ttft = (
-        None
-        if served is None
-        else (
-            served.first.ttft_s if served.first else None,
-            served.second.ttft_s if served.second else None,
-        )
-    )
-    verdict = gpu_checks(binary, caps.cuda, version_text, log_text, ttft)
-    report.cuda, report.gpu = verdict.cuda, verdict.gpu
-    report.checks += verdict.checks
-    order = {name: i for i, name in enumerate(CHECK_ORDER)}
-    report.checks.sort(key=lambda c: order.get(c.name, len(order)))
-    if not report.ok:
-        report.log_tail = tail(log_text, LOG_TAIL_LINES).splitlines()
-    return report
+    return report, served, log_text
 
 
 def _start_failure(err: ServerStartError, log_text: str) -> str:

@@ -170,9 +170,7 @@ class DrainingRestart:
         path = Path(RUNTIME_UNITS) / bridge.unit
         at_bridge = replace(new, url=_with_port(new.url, bridge.port))
         atomic_write(path, bridge.unit_text)
-        drained: Drained | None = None
         started_at = time.monotonic()
-        ok = False
         try:
             crash_point("blue-green:bridge-written")
             # Conntrack follows the port's connections from now: those made while the bridge
@@ -184,70 +182,102 @@ class DrainingRestart:
                 self.bridges = {k: v for k, v in self.bridges.items() if k != name}
                 systemctl.stop(runner, user, [bridge.unit])
                 return self._restart_one(runner, user, unit)
-            steps = {"bridge served": time.monotonic()}
-            crash_point("blue-green:bridge-serving")
-            with AnswerWatch([old, at_bridge]) as watch:
-                handed = time.monotonic()
-                nft.redirect(port, bridge.port)
-                steps["port handed over"] = time.monotonic()
-                crash_point("blue-green:redirected")
-                time.sleep(HANDOVER_GRACE_S)
-                nft.fence(port)
-                fenced = time.monotonic()
-                crash_point("blue-green:fenced")
-                before = systemctl.show(user, unit)
-                drained = drain(
-                    old, self.drain_timeout_s, settle_until=fenced + DRAIN_SETTLE_S, port=port
-                )
-                if before.main_pid is not None:
-                    signals.signal_process(before.main_pid, signal.SIGTERM)
-                crash_point("blue-green:old-stopped")
-                ok = systemctl.restart(runner, user, [unit], check=False)
-                started = systemctl.show(user, unit).main_started
-                steps["unit served"] = time.monotonic()
-                crash_point("blue-green:unit-serving")
-                # Back to the unit's own port: new connections go there, and the bridge's
-                # open ones are refused new requests (its fence) while it drains; those it has
-                # keep their redirect until the table goes, after the bridge has stopped.
-                # The fence first: without the redirect, a new connection would meet it.
-                nft.unfence(port)
-                nft.end_redirect(port)
-                steps["port back"] = time.monotonic()
-                # As at the handover: a connection made to the bridge just before delivers its
-                # request, then the bridge's own fence refuses new ones.
-                time.sleep(HANDOVER_GRACE_S)
-                nft.fence(bridge.port)
-                back = time.monotonic()
-                crash_point("blue-green:port-back")
-                drain(
-                    at_bridge,
-                    self.drain_timeout_s,
-                    settle_until=back + DRAIN_SETTLE_S,
-                    port=bridge.port,
-                )
-                systemctl.stop(runner, user, [bridge.unit])
-                ended = time.monotonic()
-                steps["bridge stopped"] = ended
-                crash_point("blue-green:bridge-stopped")
+            handover = self._hand_over(runner, user, unit, bridge, old, at_bridge, port)
         finally:
             # However it ends (done, an error, Ctrl-C): the bridge goes, with what served it.
             _remove_bridge(runner, user, bridge, port, path)
-        silence = longest_silence(watch.answers(), handed, ended)
+        silence = longest_silence(handover.watch.answers(), handover.handed, handover.ended)
         load = None
-        if started is not None:
-            first = [t for t in watch.answers(0) if t >= started]
-            load = min(first) - started if first else None
+        if handover.started is not None:
+            first = [t for t in handover.watch.answers(0) if t >= handover.started]
+            load = min(first) - handover.started if first else None
+        drained = handover.drained
         self.gaps[name] = GapRecord(
             silence,
             load,
             drained.waited_s,
             drained.idle,
             drained.in_flight,
-            fenced_s=ended - started_at,
+            fenced_s=handover.ended - started_at,
             bridge_port=bridge.port,
-            steps=steps,
+            steps=handover.steps,
         )
-        return ok
+        return handover.ok
+
+    def _hand_over(
+        self,
+        runner: Runner,
+        user: bool,
+        unit: str,
+        bridge: Bridge,
+        old: Endpoint,
+        at_bridge: Endpoint,
+        port: int,
+    ) -> _Handover:
+        """With the bridge serving: the port to the bridge, the old server fenced, drained and
+        stopped, the unit restarted, the port back to it, the bridge fenced, drained and
+        stopped; an ``AnswerWatch`` on both all the while."""
+        steps = {"bridge served": time.monotonic()}
+        crash_point("blue-green:bridge-serving")
+        with AnswerWatch([old, at_bridge]) as watch:
+            handed = time.monotonic()
+            nft.redirect(port, bridge.port)
+            steps["port handed over"] = time.monotonic()
+            crash_point("blue-green:redirected")
+            time.sleep(HANDOVER_GRACE_S)
+            nft.fence(port)
+            fenced = time.monotonic()
+            crash_point("blue-green:fenced")
+            before = systemctl.show(user, unit)
+            drained = drain(
+                old, self.drain_timeout_s, settle_until=fenced + DRAIN_SETTLE_S, port=port
+            )
+            if before.main_pid is not None:
+                signals.signal_process(before.main_pid, signal.SIGTERM)
+            crash_point("blue-green:old-stopped")
+            ok = systemctl.restart(runner, user, [unit], check=False)
+            started = systemctl.show(user, unit).main_started
+            steps["unit served"] = time.monotonic()
+            crash_point("blue-green:unit-serving")
+            # Back to the unit's own port: new connections go there, and the bridge's
+            # open ones are refused new requests (its fence) while it drains; those it has
+            # keep their redirect until the table goes, after the bridge has stopped.
+            # The fence first: without the redirect, a new connection would meet it.
+            nft.unfence(port)
+            nft.end_redirect(port)
+            steps["port back"] = time.monotonic()
+            # As at the handover: a connection made to the bridge just before delivers its
+            # request, then the bridge's own fence refuses new ones.
+            time.sleep(HANDOVER_GRACE_S)
+            nft.fence(bridge.port)
+            back = time.monotonic()
+            crash_point("blue-green:port-back")
+            drain(
+                at_bridge,
+                self.drain_timeout_s,
+                settle_until=back + DRAIN_SETTLE_S,
+                port=bridge.port,
+            )
+            systemctl.stop(runner, user, [bridge.unit])
+            ended = time.monotonic()
+            steps["bridge stopped"] = ended
+            crash_point("blue-green:bridge-stopped")
+        return _Handover(ok, watch, handed, started, ended, drained, steps)
+
+
+@dataclass(frozen=True)
+class _Handover:
+    """What a blue-green handover saw: ``ok`` when the unit started; when (monotonic) the port
+    went to the bridge, the unit started and the bridge stopped; the old server's drain; the
+    time of each named step; the watch on the old server and the bridge."""
+
+    ok: bool
+    watch: AnswerWatch
+    handed: float
+    started: float | None
+    ended: float
+    drained: Drained
+    steps: dict[str, float]
 
 
 def _with_port(url: str, port: int) -> str:

@@ -328,22 +328,21 @@ def _recurrent_state_bytes(f: _Fields, n_recurrent: int) -> int:
     return per_layer * 4 * n_recurrent
 
 
-def read_gguf(path: Path) -> GgufInfo:
-    """Read one GGUF's metadata and tensor table."""
-    reader = _open(path)
-    arch_value = reader.fields.get("general.architecture")
-    if arch_value is None:
-        raise UserError(
-            Problem(
-                str(path),
-                "general.architecture",
-                "missing",
-                "the file is not a llama.cpp model GGUF",
-            )
-        )
-    arch = str(arch_value.contents())
-    f = _Fields(reader, arch)
+@dataclass(frozen=True)
+class _Tensors:
+    """The tensor table's totals: each type's share (largest first), all the tensors' bytes and
+    parameters, the experts' bytes, the token embedding's, and whether an output tensor of its
+    own is there."""
 
+    types: dict[str, TensorTypeShare]
+    tensor_bytes: int
+    parameters: int
+    expert_bytes: int
+    embd_bytes: int
+    has_output: bool
+
+
+def _tensor_totals(reader: GGUFReader) -> _Tensors:
     types: dict[str, list[int]] = {}
     tensor_bytes = params = expert_bytes = embd_bytes = 0
     has_output = False
@@ -361,6 +360,36 @@ def read_gguf(path: Path) -> GgufInfo:
             embd_bytes = int(t.n_bytes)
         if t.name == "output.weight":
             has_output = True
+    return _Tensors(
+        types={
+            k: TensorTypeShare(count=v[0], parameters=v[1], bytes=v[2])
+            for k, v in sorted(types.items(), key=lambda kv: -kv[1][2])
+        },
+        tensor_bytes=tensor_bytes,
+        parameters=params,
+        expert_bytes=expert_bytes,
+        embd_bytes=embd_bytes,
+        has_output=has_output,
+    )
+
+
+def read_gguf(path: Path) -> GgufInfo:
+    """Read one GGUF's metadata and tensor table."""
+    reader = _open(path)
+    arch_value = reader.fields.get("general.architecture")
+    if arch_value is None:
+        raise UserError(
+            Problem(
+                str(path),
+                "general.architecture",
+                "missing",
+                "the file is not a llama.cpp model GGUF",
+            )
+        )
+    arch = str(arch_value.contents())
+    f = _Fields(reader, arch)
+
+    tensors = _tensor_totals(reader)
 
     n_all = f.integer("{arch}.block_count") or 0
     n_nextn = f.integer("{arch}.nextn_predict_layers") or 0
@@ -388,12 +417,9 @@ def read_gguf(path: Path) -> GgufInfo:
         architecture=arch,
         name=None if f.raw("general.name") is None else str(f.raw("general.name")),
         file_bytes=path.stat().st_size,
-        tensor_bytes=tensor_bytes,
-        parameter_count=params,
-        tensor_types={
-            k: TensorTypeShare(count=v[0], parameters=v[1], bytes=v[2])
-            for k, v in sorted(types.items(), key=lambda kv: -kv[1][2])
-        },
+        tensor_bytes=tensors.tensor_bytes,
+        parameter_count=tensors.parameters,
+        tensor_types=tensors.types,
         vocab_size=vocab_size,
         tokenizer_model=None if tok_model is None else str(tok_model),
         context_length=f.integer("{arch}.context_length"),
@@ -409,9 +435,9 @@ def read_gguf(path: Path) -> GgufInfo:
         sliding_window=f.integer("{arch}.attention.sliding_window"),
         expert_count=f.integer("{arch}.expert_count") or 0,
         expert_used_count=f.integer("{arch}.expert_used_count") or 0,
-        expert_tensor_bytes=expert_bytes,
-        token_embd_bytes=embd_bytes,
-        output_tied=bool(embd_bytes) and not has_output,
+        expert_tensor_bytes=tensors.expert_bytes,
+        token_embd_bytes=tensors.embd_bytes,
+        output_tied=bool(tensors.embd_bytes) and not tensors.has_output,
         recurrent_state_bytes=_recurrent_state_bytes(f, n_recurrent),
         kv_widths=kv_widths,
     )

@@ -14,7 +14,7 @@ import os
 import shutil
 import sys
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import llamanix
@@ -33,6 +33,7 @@ from llamanix.core.address import connect_url, is_loopback
 from llamanix.core.errors import Problem, UserError
 from llamanix.core.probe import Capabilities
 from llamanix.core.readiness import start_timeout_s
+from llamanix.core.residency import Residency
 from llamanix.core.types import child_name
 from llamanix.core.visibility import protect_home
 from llamanix.external.files import atomic_write
@@ -369,6 +370,89 @@ def _key_credential(api_key_file: str | None) -> systemd.UnitText | None:
     return None if api_key_file is None else systemd.credential_path(CREDENTIAL, api_key_file)
 
 
+@dataclass(frozen=True)
+class _RouterProgram:
+    """What the router runs, per kind: its config file (name and text), its command line and
+    the environment its members share."""
+
+    config_name: str
+    config_text: str
+    argv: list[str]
+    environment: Mapping[str, str]
+
+
+def _llama_server_router(
+    config: Config,
+    host_name: str,
+    members: list[routing.Member],
+    insts: list[Instance],
+    plan: Residency,
+    key_path: str | None,
+) -> _RouterProgram:
+    """llama-server in router mode: the members as sections of its preset file."""
+    config_name = routing.PRESET_FILE
+    config_text = routing.preset_ini(config, host_name, members)
+    argv = routing.llama_server_router_argv(
+        config, host_name, members, plan, f"%d/{config_name}", key_path
+    )
+    environment_of = insts[0].environment  # equal for all members (config.model checks)
+    return _RouterProgram(config_name, config_text, argv, environment_of)
+
+
+def _llama_swap_router(
+    config: Config,
+    host_name: str,
+    members: list[routing.Member],
+    plan: Residency,
+    model_files: list[str],
+) -> _RouterProgram:
+    """llama-swap: refused without its path or with a key file; the members in its YAML."""
+    host = config.hosts[host_name]
+    router = routing.router_of(config, host_name)
+    where = f"hosts.{host_name}.router"
+    binary = router.binary or ("llama-swap" if host.kind == "nixos" else None)
+    if binary is None:
+        raise UserError(
+            Problem(
+                config.source,
+                f"{where}.binary",
+                "missing: llamanix needs llama-swap's path on this host",
+                'set binary = "/usr/local/bin/llama-swap"',
+            )
+        )
+    if router.api_key_file:
+        raise UserError(
+            Problem(
+                config.source,
+                f"{where}.api_key_file",
+                "a llama-swap router cannot take a key file yet (its apiKeys would put the "
+                "key into its config)",
+                'leave it out and keep the router on loopback, or use kind = "llama-server"',
+            )
+        )
+    config_name = routing.SWAP_FILE
+    config_text = routing.swap_yaml(config, host_name, members, plan, start_timeout_s(model_files))
+    # On NixOS the module names nixpkgs' llama-swap (services.llamanix.router.package).
+    argv = [binary, "--config", f"%d/{config_name}"]
+    argv += ["--listen", f"{router.listen}:{router.port}"]
+    return _RouterProgram(config_name, config_text, argv, {})
+
+
+def _router_program(
+    config: Config,
+    host_name: str,
+    members: list[routing.Member],
+    insts: list[Instance],
+    plan: Residency,
+    model_files: list[str],
+    key_path: str | None,
+) -> _RouterProgram:
+    """The router's program for its kind: llama-server's router mode or llama-swap."""
+    if routing.router_of(config, host_name).kind == "llama-server":
+        return _llama_server_router(config, host_name, members, insts, plan, key_path)
+    return _llama_swap_router(config, host_name, members, plan, model_files)
+
+
 def render_router(
     config: Config,
     host_name: str,
@@ -381,49 +465,14 @@ def render_router(
     its children and its config carried in the unit as a credential."""
     host = config.hosts[host_name]
     router = routing.router_of(config, host_name)
-    where = f"hosts.{host_name}.router"
     members = routing.members(config, host_name, caps)
     insts = [config.instances[m.name] for m in members]
     plan = routing.residency(config, host_name, vram, _gpu_memory(host.gpu))
     model_files = [p for i in insts for p in (i.model, i.speculative.draft_model) if p]
     key_path = _CREDENTIAL_PATH if router.api_key_file else None
-    environment_of: Mapping[str, str] = {}
-    if router.kind == "llama-server":
-        config_name = routing.PRESET_FILE
-        config_text = routing.preset_ini(config, host_name, members)
-        argv = routing.llama_server_router_argv(
-            config, host_name, members, plan, f"%d/{config_name}", key_path
-        )
-        environment_of = insts[0].environment  # equal for all members (config.model checks)
-    else:
-        binary = router.binary or ("llama-swap" if host.kind == "nixos" else None)
-        if binary is None:
-            raise UserError(
-                Problem(
-                    config.source,
-                    f"{where}.binary",
-                    "missing: llamanix needs llama-swap's path on this host",
-                    'set binary = "/usr/local/bin/llama-swap"',
-                )
-            )
-        if router.api_key_file:
-            raise UserError(
-                Problem(
-                    config.source,
-                    f"{where}.api_key_file",
-                    "a llama-swap router cannot take a key file yet (its apiKeys would put the "
-                    "key into its config)",
-                    'leave it out and keep the router on loopback, or use kind = "llama-server"',
-                )
-            )
-        config_name = routing.SWAP_FILE
-        config_text = routing.swap_yaml(
-            config, host_name, members, plan, start_timeout_s(model_files)
-        )
-        # On NixOS the module names nixpkgs' llama-swap (services.llamanix.router.package).
-        argv = [binary, "--config", f"%d/{config_name}"]
-        argv += ["--listen", f"{router.listen}:{router.port}"]
-    environment = _environment_lines("llamanix-router", environment_of)
+    program = _router_program(config, host_name, members, insts, plan, model_files, key_path)
+    argv = program.argv
+    environment = _environment_lines("llamanix-router", program.environment)
     # Decided per member as for an instance of its own: a member whose build's probe says CUDA
     # needs the devices even on a host that names no GPU.
     gpu = any(uses_gpu(host, i, capabilities_for(caps, i.name)) for i in insts)
@@ -463,7 +512,7 @@ def render_router(
         gpu_sandbox=host.gpu_sandbox,
         nvidia_nodes=NVIDIA_NODES,
         wanted_by="default.target" if user else "multi-user.target",
-        credentials=[systemd.credential(config_name, config_text)],
+        credentials=[systemd.credential(program.config_name, program.config_text)],
     )
     return RenderedInstance(
         name=ROUTER,
@@ -473,13 +522,13 @@ def render_router(
         variant=router.kind,
         source_revision=None,
         version=None,
-        environment=dict(environment_of),
+        environment=dict(program.environment),
         listen=router.listen,
         port=router.port,
         alias=None,
         gpu=gpu,
-        config_name=config_name,
-        config_text=config_text,
+        config_name=program.config_name,
+        config_text=program.config_text,
         served={m.name: m.served_as for m in members},
         member_variants={i.name: i.variant for i in insts},
     )

@@ -21,7 +21,7 @@ import json
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import httpx
@@ -102,7 +102,64 @@ def ask(
     return (first if first is not None else time.monotonic() - began), text, usage
 
 
-def main() -> None:
+@dataclass
+class _Conversations:
+    """What the conversations share: where each goes, with which headers and model, what each
+    says, the barrier half-way (``turns // 2``), whether the switch runs now, and the turns
+    answered so far (under ``lock``)."""
+
+    urls: list[str]
+    headers: dict[str, str]
+    model: str
+    plan: list[list[str]]
+    turns: int
+    half: threading.Barrier
+    switching: threading.Event
+    results: list[Turn] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def converse(run: _Conversations, n: int) -> None:
+    """Conversation ``n``, turn by turn, each turn's figures in ``run.results``; waits at the
+    barrier half-way."""
+    url = run.urls[n % len(run.urls)]
+    messages: list[dict[str, str]] = []
+    # A new connection each turn: a server closes an idle kept-alive one after a few
+    # seconds, and a request sent on it then fails ("disconnected without a response").
+    with httpx.Client(timeout=900, headers={**run.headers, "Connection": "close"}) as client:
+        for turn, content in enumerate(run.plan[n]):
+            if turn == run.turns // 2:
+                run.half.wait()
+            messages.append({"role": "user", "content": content})
+            during = run.switching.is_set()
+            began = time.monotonic()
+            try:
+                ttft, answer, usage = ask(client, url, run.model, messages)
+            except (httpx.HTTPError, RuntimeError, ValueError) as err:
+                with run.lock:
+                    run.results.append(Turn(n, turn, False, during_switch=during, why=str(err)))
+                messages.append({"role": "assistant", "content": ""})
+                continue
+            details = usage.get("prompt_tokens_details")
+            cached = details.get("cached_tokens") if isinstance(details, dict) else None
+            prompt = usage.get("prompt_tokens")
+            with run.lock:
+                run.results.append(
+                    Turn(
+                        n,
+                        turn,
+                        True,
+                        ttft,
+                        time.monotonic() - began,
+                        prompt if isinstance(prompt, int) else 0,
+                        cached if isinstance(cached, int) else 0,
+                        during,
+                    )
+                )
+            messages.append({"role": "assistant", "content": answer})
+
+
+def _args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", help="The gateway.")
     parser.add_argument("--direct", help="URL,URL: each conversation to one server itself.")
@@ -113,64 +170,34 @@ def main() -> None:
     parser.add_argument("--switch", help="A command (JSON argv) to run half-way.")
     parser.add_argument("--label", default="run")
     parser.add_argument("--out", type=Path, required=True)
-    opts = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    opts = _args()
     headers = {}
     if opts.key_file is not None:
         headers["Authorization"] = f"Bearer {opts.key_file.read_text().strip()}"
-    urls = opts.direct.split(",") if opts.direct else [opts.url]
-    plan = texts(opts.label, opts.conversations, opts.turns)
-    results: list[Turn] = []
-    half = threading.Barrier(opts.conversations + 1)
-    switching = threading.Event()
-    lock = threading.Lock()
-
-    def converse(n: int) -> None:
-        url = urls[n % len(urls)]
-        messages: list[dict[str, str]] = []
-        # A new connection each turn: a server closes an idle kept-alive one after a few
-        # seconds, and a request sent on it then fails ("disconnected without a response").
-        with httpx.Client(timeout=900, headers={**headers, "Connection": "close"}) as client:
-            for turn, content in enumerate(plan[n]):
-                if turn == opts.turns // 2:
-                    half.wait()
-                messages.append({"role": "user", "content": content})
-                during = switching.is_set()
-                began = time.monotonic()
-                try:
-                    ttft, answer, usage = ask(client, url, opts.model, messages)
-                except (httpx.HTTPError, RuntimeError, ValueError) as err:
-                    with lock:
-                        results.append(Turn(n, turn, False, during_switch=during, why=str(err)))
-                    messages.append({"role": "assistant", "content": ""})
-                    continue
-                details = usage.get("prompt_tokens_details")
-                cached = details.get("cached_tokens") if isinstance(details, dict) else None
-                prompt = usage.get("prompt_tokens")
-                with lock:
-                    results.append(
-                        Turn(
-                            n,
-                            turn,
-                            True,
-                            ttft,
-                            time.monotonic() - began,
-                            prompt if isinstance(prompt, int) else 0,
-                            cached if isinstance(cached, int) else 0,
-                            during,
-                        )
-                    )
-                messages.append({"role": "assistant", "content": answer})
-
-    threads = [threading.Thread(target=converse, args=(n,)) for n in range(opts.conversations)]
+    run = _Conversations(
+        urls=opts.direct.split(",") if opts.direct else [opts.url],
+        headers=headers,
+        model=opts.model,
+        plan=texts(opts.label, opts.conversations, opts.turns),
+        turns=opts.turns,
+        half=threading.Barrier(opts.conversations + 1),
+        switching=threading.Event(),
+    )
+    results = run.results
+    threads = [threading.Thread(target=converse, args=(run, n)) for n in range(opts.conversations)]
     for t in threads:
         t.start()
     switch: dict[str, object] = {}
-    half.wait()
+    run.half.wait()
     if opts.switch:
-        switching.set()
+        run.switching.set()
         began = time.monotonic()
         done = run_captured(json.loads(opts.switch))
-        switching.clear()
+        run.switching.clear()
         switch = {
             "seconds": round(time.monotonic() - began, 1),
             "exit": done.returncode,
