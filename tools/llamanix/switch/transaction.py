@@ -13,6 +13,7 @@ is switched here and which over ssh is fleet's.
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -65,36 +66,27 @@ from llamanix.state.generations import (
 from llamanix.state.warm_records import WarmRecord
 from llamanix.switch.gate import (
     BASELINE_RUNS,
-    GatePrompts,
+    GateTarget,
     confirm_regression,
     measure_baseline,
     run_gate,
 )
 from llamanix.switch.request import SwitchRequest
-from llamanix.switch.serving import check_serving, endpoints, fence_ports, gate_target, router_for
+from llamanix.switch.serving import HostServing, check_serving, gate_targets, router_for
 from llamanix.switch.switch_records import Echo, HostOutcome, Restore, SwitchOptions
 
 
-def _bench_baselines(
-    request: SwitchRequest,
-    host: str,
-    names: list[str],
-    state: HostState,
-    echo: Echo,
-    prompts: GatePrompts | None,
-) -> dict[str, Baseline]:
+def _bench_baselines(sw: _HostSwitch, names: list[str]) -> dict[str, Baseline]:
     """Each changed instance's --max-regression baseline: measured now on the instance still
     serving (same machine, moments before the candidate), else the last good bench's runs
     of the same prompts."""
-    old_config = request.old_config
+    prompts, echo = sw.request.prompts, sw.echo
     found: dict[str, Baseline] = {}
     for name in names:
-        old = old_config.instances.get(name) if old_config else None
-        baseline = None
-        if old_config and old and old.host == host:
-            baseline = measure_baseline(gate_target(old_config, name), prompts)
+        old = sw.old_targets.get(name)  # served on this host before the switch
+        baseline = measure_baseline(old, prompts) if old is not None else None
         baseline = baseline or Baseline.stored(
-            state.baseline(name), prompts.spec if prompts else DEFAULT_GATE_PROMPTS
+            sw.state.baseline(name), prompts.spec if prompts else DEFAULT_GATE_PROMPTS
         )
         if baseline is None:
             echo(f"  baseline {name}: none (not answering, and no stored runs)")
@@ -156,6 +148,27 @@ class _HostSwitch:
     def new_text(self) -> str:
         return self.request.new_text
 
+    # What a restart and the gate use of each side, made once and on first use (the config
+    # before --set is parsed only when one of them needs it).
+    @functools.cached_property
+    def old_serving(self) -> HostServing:
+        return HostServing.of(self.request.old_config, self.host)
+
+    @functools.cached_property
+    def new_serving(self) -> HostServing:
+        return HostServing.of(self.config, self.host)
+
+    @functools.cached_property
+    def old_targets(self) -> dict[str, GateTarget]:
+        """The instances as they served before the switch: their baselines."""
+        return gate_targets(self.request.old_config, self.host)
+
+    @functools.cached_property
+    def targets(self) -> dict[str, GateTarget]:
+        """The instances as the gate asks them, made at the first gate (after activation: a
+        key file the switch installs is read then)."""
+        return gate_targets(self.config, self.host)
+
 
 def switch_host(
     request: SwitchRequest,
@@ -186,14 +199,7 @@ def switch_host(
         return _dry_run(sw)
     baselines: dict[str, Baseline] = {}
     if sw.gate == "bench" and sw.opts.max_regression is not None:
-        baselines = _bench_baselines(
-            request,
-            sw.host,
-            [n for n in sw.changed if n != GATEWAY_UNIT],
-            sw.state,
-            echo,
-            request.prompts,
-        )
+        baselines = _bench_baselines(sw, [n for n in sw.changed if n != GATEWAY_UNIT])
     gen = _stage(sw)
     # After _stage: the units found installed before a first switch are a generation now.
     before = sw.state.current()
@@ -412,8 +418,7 @@ def _gate_changed(
             results.append(GateResult(name, gate, False, f"did not start: {early[unit]}"))
             continue
         limits = sw.opts.thresholds(baselines.get(name), sw.request.prompts)
-        target = gate_target(sw.config, name)
-        results.append(run_gate(gate, target, sw.opts.timeout_s, limits))
+        results.append(run_gate(gate, sw.targets[name], sw.opts.timeout_s, limits))
     return results
 
 
@@ -422,14 +427,14 @@ def _draining_restart(sw: _HostSwitch) -> DrainingRestart | None:
     first (hosts.restarts)."""
     if not isinstance(sw.manager, SystemdManager) or sw.runner.dry_run:
         return None
-    old_config = sw.request.old_config
     bridges, no_bridge = _bridges(sw, sw.manager.user) if sw.opts.blue_green else ({}, {})
+    old, new = sw.old_serving, sw.new_serving
     sw.manager.restarts = DrainingRestart(
-        old=endpoints(old_config, sw.host),
-        new=endpoints(sw.config, sw.host),
+        old=old.endpoints,
+        new=new.endpoints,
         drain_timeout_s=sw.opts.drain_timeout_s,
-        fence_old=fence_ports(old_config, sw.host),
-        fence_new=fence_ports(sw.config, sw.host),
+        fence_old=old.fence,
+        fence_new=new.fence,
         warm=sw.warm,
         bridges=bridges,
         no_bridge=no_bridge,
@@ -461,8 +466,8 @@ def _warm_up(sw: _HostSwitch) -> None:
         sw.echo(f"  not blue-green: the {sw.manager.name} manager restarts the servers itself")
     if isinstance(sw.manager, UpManager) and not sw.runner.dry_run:
         sw.manager.warm = sw.warm
-        sw.manager.old = endpoints(sw.request.old_config, sw.host)
-        sw.manager.new = endpoints(sw.config, sw.host)
+        sw.manager.old = sw.old_serving.endpoints
+        sw.manager.new = sw.new_serving.endpoints
 
 
 def _reverse_restarts(sw: _HostSwitch) -> None:
@@ -593,7 +598,7 @@ def _confirm(
     for r in regressed:
         assert r.bench is not None
         sw.echo(f"  {r.name}: confirming the regression: the baseline measured again")
-        again = measure_baseline(gate_target(old_config, r.name), sw.request.prompts)
+        again = measure_baseline(sw.old_targets[r.name], sw.request.prompts)
         if again is None:
             sw.echo(f"  baseline {r.name}: not answering; the rollback stands")
             return outcome
