@@ -99,7 +99,7 @@ def up(
             Runner(echo=_echo),
             directory,
             render.files(),
-            manager.installed(),
+            manager.installed().files,
             managers.is_render_file,
         )
     click.echo(f"up: {len(render.instances)} instance(s) of host {name} from {directory}")

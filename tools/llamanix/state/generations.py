@@ -46,7 +46,8 @@ from llamanix.core.json_value import JsonObject
 from llamanix.core.state_dir import host_state_root
 from llamanix.external.clock import now
 from llamanix.external.files import WriteFailed, atomic_write
-from llamanix.render.manifest import MANIFEST, Manifest, ManifestInstance
+from llamanix.render.changes import RenderFiles
+from llamanix.render.manifest import ManifestInstance
 from llamanix.state.crash_point import crash_point
 from llamanix.state.gap_records import GapRecord
 from llamanix.state.gate_records import BaselineRecord, GateKind, GateResult
@@ -92,24 +93,6 @@ def _read_json(path: Path, fix: str) -> object:
 
 def _write_json(path: Path, data: object) -> None:
     atomic_write(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
-
-
-def check_manifest(files: Mapping[str, str], folder: Path) -> None:
-    """The manifest among render files read from ``folder`` reads as one; else one line
-    naming it (never a set of units taken for another)."""
-    if MANIFEST not in files:
-        return
-    try:
-        Manifest.from_json(files[MANIFEST])
-    except ValueError as err:
-        raise UserError(
-            Problem(
-                str(folder / MANIFEST),
-                "",
-                f"not a llamanix manifest: {err}",
-                "restore it from a backup, or remove this generation's directory",
-            )
-        ) from None
 
 
 def _fsync_dir(path: Path) -> None:
@@ -237,19 +220,23 @@ class Generation:
         return self.record.outcome
 
     def files(self) -> dict[str, str]:
-        """The render's files as recorded; a manifest among them that does not read is one
-        line naming it (what each switch and rollback compares with must be what it says)."""
+        """The render's files as recorded (``render_files``)."""
+        return self.render_files().files
+
+    def render_files(self) -> RenderFiles:
+        """The render's files as recorded, with their manifest parsed once; a manifest among
+        them that does not read is one line naming it (what each switch and rollback compares
+        with must be what it says)."""
         folder = self.path / FILES
         if not folder.is_dir():
-            return {}
+            return RenderFiles({})
         found: dict[str, str] = {}
         for p in sorted(folder.iterdir()):
             try:
                 found[p.name] = file_reader.read_text(p, source=str(p))
             except file_reader.FileRefused as err:
                 raise _unreadable(err, _GENERATION_FIX) from None
-        check_manifest(found, folder)
-        return found
+        return RenderFiles.read_back(found, folder)
 
     def config_snapshot(self) -> Path | None:
         found = sorted(self.path.glob("config.*"))

@@ -40,7 +40,7 @@ from llamanix.hosts.managers import (
 )
 from llamanix.hosts.restarts import DrainingRestart
 from llamanix.hosts.warm import GIB, WarmCaches, WarmPlan, plan_for, state_directory
-from llamanix.render.changes import manifest_instances, render_changes, served_names
+from llamanix.render.changes import RenderFiles, render_changes
 from llamanix.render.gateway import UNIT_NAME as GATEWAY_UNIT
 from llamanix.render.host_render import with_source_revisions
 from llamanix.render.manifest import Render, unit_name
@@ -113,9 +113,10 @@ class _HostSwitch:
     render: Render  # the new render, typed; new_files is its files, made once
     new_files: dict[str, str]
     # What the current generation records (or, before the first switch, what is installed),
-    # and what is really installed where a killed command left something else.
-    old_files: dict[str, str]
-    activate_from: dict[str, str]
+    # and what is really installed where a killed command left something else: read back
+    # once, each with its manifest.
+    old: RenderFiles
+    installed: RenderFiles
     changed: list[str]
     removed: list[str]
     file_text: str  # the config file as it is now
@@ -127,6 +128,14 @@ class _HostSwitch:
     @property
     def path(self) -> Path:
         return self.request.path
+
+    @property
+    def old_files(self) -> dict[str, str]:
+        return self.old.files
+
+    @property
+    def activate_from(self) -> dict[str, str]:
+        return self.installed.files
 
     @property
     def config(self) -> Config:
@@ -232,13 +241,11 @@ def _prepare(
         refuse_other_dialect(config, host)
     new_files = render.files()
     current = state.current()
-    old_files = current.files() if current else manager.installed()
-    changed, removed = render_changes(render, new_files, old_files)
-    activate_from, drifted = (
-        as_installed(manager, old_files, new_files) if current else (old_files, [])
-    )
+    old = current.render_files() if current else manager.installed()
+    changed, removed = render_changes(render, new_files, old)
+    installed, drifted = as_installed(manager, old, new_files) if current else (old, [])
     changed = sorted(set(changed) | (set(drifted) & set(render.names())))
-    warm = _warm_caches(request, host, manager, activate_from, render, changed)
+    warm = _warm_caches(request, host, manager, installed, render, changed)
     return _HostSwitch(
         request=request,
         host=host,
@@ -249,8 +256,8 @@ def _prepare(
         current=current,
         render=render,
         new_files=new_files,
-        old_files=old_files,
-        activate_from=activate_from,
+        old=old,
+        installed=installed,
         changed=changed,
         removed=removed,
         file_text=file_text,
@@ -262,7 +269,7 @@ def _warm_caches(
     request: SwitchRequest,
     host: str,
     manager: Manager,
-    old_files: dict[str, str],
+    installed: RenderFiles,
     render: Render,
     changed: list[str],
 ) -> WarmCaches | None:
@@ -273,7 +280,7 @@ def _warm_caches(
     old_config = request.old_config if wanted else None
     if old_config is None:
         return None
-    old_argv = {n: e.argv for n, e in manifest_instances(old_files).items()}
+    old_argv = {n: e.argv for n, e in installed.instances().items()}
     new_argv = {r.name: r.argv for r in render.instances}
     units_dir = manager.units_dir if isinstance(manager, UpManager) else None
     limit = int(request.opts.warm_limit_gib * GIB)
@@ -340,7 +347,7 @@ def _stage(sw: _HostSwitch) -> Generation:
         with sw.state.all_or_nothing():
             if sw.current is None and sw.old_files:
                 found = GenerationRecord(
-                    instances=summary_of(sw.old_files),
+                    instances=summary_of(sw.old),
                     gate=GateRecord("unverified"),
                     note="found installed before the first switch",
                 )
@@ -547,7 +554,7 @@ def _restore(
     _reverse_restarts(sw)
     # Only what was installed before can serve again: an instance the failed generation
     # added (every instance, on a first switch) has nothing to wait for.
-    was_installed = served_names(sw.old_files)
+    was_installed = sw.old.served_names()
     to_serve = sorted(n for n in set(sw.changed) | set(sw.removed) if n in was_installed)
     try:
         sw.manager.restore(sw.runner, sw.old_files, sw.new_files, sw.opts.timeout_s)
