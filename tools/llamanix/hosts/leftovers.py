@@ -257,7 +257,7 @@ def tidy_machine(scope: Scope, runner: Runner) -> list[str]:
 
 
 def _temporary_files(state: HostState, config_path: Path) -> list[Path]:
-    folders = [state.root, state.root / "bench", *(g.path for g in state.generations())]
+    folders = [state.root, state.bench_dir, *(g.path for g in state.generations())]
     found = [
         tmp
         for folder in folders

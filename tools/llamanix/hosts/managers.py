@@ -469,7 +469,7 @@ def runs_under_up(config: Config, host: str) -> bool:
     state = HostState.beside(Path(config.source), host)
     recorded = state.manager()
     return (recorded is not None and recorded.manager == "up") or read_status(
-        state.root / "up"
+        state.up_dir
     ) is not None
 
 
@@ -505,7 +505,7 @@ def make_manager(
             )
         )
     if kind == "up":
-        return UpManager(units_dir or state.root / "up")
+        return UpManager(units_dir or state.up_dir)
     if kind == "systemd-user":
         return SystemdManager(units_dir or user_units_dir(), user=True)
     return SystemdManager(units_dir or Path("/etc/systemd/system"), user=False)

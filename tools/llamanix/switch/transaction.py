@@ -20,7 +20,6 @@ from pathlib import Path
 
 from llamanix.config.model import Config
 from llamanix.core.errors import ExternalCommandError, UserError
-from llamanix.core.state_dir import STATE_DIR
 from llamanix.external.files import WriteFailed
 from llamanix.external.process import Runner
 from llamanix.hosts import gateway_venv
@@ -307,7 +306,7 @@ def _dry_run(sw: _HostSwitch) -> HostOutcome:
     writes (marked with ``#``) and runs; nothing is asked, written or run."""
     note = sw.runner.note
     # The host's state as the user named the config (the directory beside it).
-    state = sw.path.parent / STATE_DIR / sw.host
+    state = HostState.as_named(sw.path, sw.host)
     if not sw.manager.runs_flake_packages:
         for line in probe_notes(sw.config, sw.host):
             note(line)
@@ -319,10 +318,10 @@ def _dry_run(sw: _HostSwitch) -> HostOutcome:
             note(
                 f"baseline {name}: 1 warm-up + {BASELINE_RUNS} runs of {BENCH_MAX_TOKENS} tokens "
                 "on the server answering now (else the stored runs of "
-                f"{state / 'bench' / (name + '.json')})"
+                f"{state.baseline_path(name)})"
             )
     number = (sw.current.number + 1) if sw.current else 1
-    note(f"record generation {number} in {state}")
+    note(f"record generation {number} in {state.root}")
     if sw.file_text != sw.new_text:
         note(f"write {sw.path}")
     if isinstance(sw.manager, SystemdManager):
