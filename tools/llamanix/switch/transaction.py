@@ -235,8 +235,9 @@ def _prepare(
     if manager.name == "up":
         refuse_router_under_up(config, host)
     manager.preflight(runner)
-    render = with_source_revisions(request.renders[host], config, manager.runs_flake_packages)
-    if not manager.runs_flake_packages:
+    from_flake = manager.runs_flake_packages
+    render = with_source_revisions(request.renders[host], config, from_flake)
+    if not from_flake:
         refuse_other_dialect(config, host)
     new_files = render.files()
     current = state.current()
@@ -341,6 +342,7 @@ def _stage(sw: _HostSwitch) -> Generation:
     """Record the new generation (gate "pending"), then write the config."""
     suffix = sw.path.suffix or ".toml"
     mode = config_mode(sw.path)
+    how = sw.manager.describe()  # recorded with the generation, and as the host's last
     try:
         # A write that fails (a full disk) undoes the others: nothing is activated yet.
         with sw.state.all_or_nothing():
@@ -357,11 +359,11 @@ def _stage(sw: _HostSwitch) -> Generation:
                 instances=render_summary(sw.render),
                 changed=tuple(sw.changed),
                 removed=tuple(sw.removed),
-                manager=sw.manager.describe(),
+                manager=how,
                 gate=GateRecord("pending", sw.gate),
             )
             gen = sw.state.create(sw.new_files, sw.new_text, suffix, record, mode)
-            sw.state.set_manager(sw.manager.describe())
+            sw.state.set_manager(how)
             crash_point("switch:staged")
             if sw.file_text != sw.new_text:
                 write_config(sw.path, sw.new_text)
