@@ -15,8 +15,7 @@ from pathlib import Path
 import click
 from click.shell_completion import CompletionItem
 
-from llamanix.core import file_reader
-from llamanix.core.errors import UserError
+from llamanix.config.model import config_table
 
 DEFAULT_CONFIG = Path("llamanix.toml")
 
@@ -35,10 +34,8 @@ def _config_path(ctx: click.Context) -> Path:
 
 
 def _table(ctx: click.Context, key: str) -> Mapping[str, object]:
-    config = _config_path(ctx)
-    try:
-        data = file_reader.read_toml(Path(config))
-    except UserError:
+    data = config_table(_config_path(ctx))
+    if data is None:
         return {}  # a TAB says nothing: the command itself will say what is wrong
     table = data.get(key)
     return table if isinstance(table, dict) else {}

@@ -97,7 +97,7 @@ def up(
     with host_flag(host):
         name = pick_host(cfg, host)
     managers.refuse_router_under_up(cfg, name)
-    directory = units_dir or HostState.beside(config, name).root / "up"
+    directory = units_dir or HostState.beside(config, name).up_dir
     timeout_s = deprecated(timeout_s, start_timeout, "--start-timeout", "--timeout")
     supervisor = Supervisor(directory, start_timeout_s=timeout_s, log=_echo)
     render = with_source_revisions(render_host(cfg, name), cfg, from_flake=False)
@@ -109,7 +109,7 @@ def up(
             Runner(echo=_echo),
             directory,
             render.files(),
-            manager.installed(),
+            manager.installed().files,
             managers.is_render_file,
         )
     click.echo(f"up: {len(render.instances)} instance(s) of host {name} from {directory}")

@@ -555,6 +555,16 @@ def load_config(path: Path) -> Config:
     return parse_config(config_data(text, source, path.suffix == ".json"), source)
 
 
+def config_table(path: Path) -> Mapping[str, object] | None:
+    """The config's table as ``load_config`` decodes it, unchecked; None when the file cannot
+    be read or decoded (shell completion: a TAB never fails, the command itself says what is
+    wrong)."""
+    try:
+        return config_data(read_config_text(path), str(path), path.suffix == ".json")
+    except UserError:
+        return None
+
+
 def parse_config(data: Mapping[str, object], source: str) -> Config:
     """Check and type a config; raises UserError listing every problem found."""
     c = _Checker(source)

@@ -4,9 +4,10 @@ order, batches and stopping rules are fleet.rollout's."""
 
 from __future__ import annotations
 
+import functools
 import signal
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
 
@@ -17,7 +18,7 @@ from llamanix.fleet import remote
 from llamanix.fleet.cache_move import CacheMoves
 from llamanix.fleet.dispatch import FleetOps, rollback_one, switch_one
 from llamanix.fleet.rollout import Rollout, RolloutOptions, plan_batches, run_rollout
-from llamanix.switch.request import HostChoice, RollbackRequest, SwitchRequest, read_locked
+from llamanix.switch.request import HostChoice, RollbackRequest, SwitchRequest, locked_run
 from llamanix.switch.rollback import rollback_host
 from llamanix.switch.switch_records import Echo, HostOutcome, RollbackOptions, SwitchOptions
 
@@ -38,17 +39,18 @@ def switch(
     switch, rollback or pin to finish), the config read under it (see ``read_locked``); a dry
     run changes nothing and locks nothing."""
     opts.gate_kind(str(path))  # bad options: one line before anything is read or locked
+    return locked_run(
+        functools.partial(SwitchRequest.read, path, HostChoice(host), opts, new_text),
+        functools.partial(_switch_one_host, runner=runner, echo=echo),
+        dry_run=runner.dry_run,
+        wait_s=opts.wait_s,
+        command="switch",
+        echo=echo,
+    )
 
-    def read() -> SwitchRequest:
-        return SwitchRequest.read(path, HostChoice(host), opts, new_text)
 
-    def run(request: SwitchRequest) -> HostOutcome:
-        return switch_one(request, request.hosts[0], request.old_text, runner, echo)
-
-    if runner.dry_run:
-        return run(read())
-    with ExitStack() as locks:
-        return run(read_locked(read, locks, opts.wait_s, "switch", echo))
+def _switch_one_host(request: SwitchRequest, runner: Runner, echo: Echo) -> HostOutcome:
+    return switch_one(request, request.hosts[0], request.old_text, runner, echo)
 
 
 def rollback(
@@ -57,14 +59,14 @@ def rollback(
     """Serve an earlier generation again (``opts.to``; None: the newest good one before the
     current) and put its config back: the generation now serving (None after a dry run of a
     remote host's)."""
-
-    def read() -> RollbackRequest:
-        return RollbackRequest.read(path, HostChoice(host), opts)
-
-    if runner.dry_run:
-        return rollback_one(read(), runner, echo)
-    with ExitStack() as locks:
-        return rollback_one(read_locked(read, locks, opts.wait_s, "rollback", echo), runner, echo)
+    return locked_run(
+        functools.partial(RollbackRequest.read, path, HostChoice(host), opts),
+        functools.partial(rollback_one, runner=runner, echo=echo),
+        dry_run=runner.dry_run,
+        wait_s=opts.wait_s,
+        command="rollback",
+        echo=echo,
+    )
 
 
 @contextmanager
@@ -101,24 +103,27 @@ def rolling_switch(
 ) -> Rollout:
     """``switch --hosts a,b,c`` (or ``--all-hosts``, hosts None): see fleet.rollout."""
     opts.gate_kind(str(path))
+    return locked_run(
+        functools.partial(SwitchRequest.read, path, HostChoice(hosts=hosts, several=True), opts),
+        functools.partial(_roll_out, rollout_opts=rollout_opts, runner=runner, echo=echo),
+        dry_run=runner.dry_run,
+        wait_s=opts.wait_s,
+        command="switch",
+        echo=echo,
+    )
 
-    def read() -> SwitchRequest:
-        return SwitchRequest.read(path, HostChoice(hosts=hosts, several=True), opts)
 
-    def run(request: SwitchRequest) -> Rollout:
-        moves = None
-        if request.config.gateway is not None:
-            batches = plan_batches(request.order, rollout_opts.batch)
-            old = request.old_config or request.config
-            moves = CacheMoves(old, request.config, batches, runner, echo)
-        ops = FleetOps(request, runner, echo, rollout_opts.preflight_timeout_s, moves)
-        with _stop_between_hosts(echo) as asked:
-            return run_rollout(request.order, rollout_opts, ops, echo, lambda: asked[0])
-
-    if runner.dry_run:
-        return run(read())
-    with ExitStack() as locks:
-        return run(read_locked(read, locks, opts.wait_s, "switch", echo))
+def _roll_out(
+    request: SwitchRequest, rollout_opts: RolloutOptions, runner: Runner, echo: Echo
+) -> Rollout:
+    moves = None
+    if request.config.gateway is not None:
+        batches = plan_batches(request.order, rollout_opts.batch)
+        old = request.old_config or request.config
+        moves = CacheMoves(old, request.config, batches, runner, echo)
+    ops = FleetOps(request, runner, echo, rollout_opts.preflight_timeout_s, moves)
+    with _stop_between_hosts(echo) as asked:
+        return run_rollout(request.order, rollout_opts, ops, echo, lambda: asked[0])
 
 
 def fleet_rollback(
@@ -126,30 +131,31 @@ def fleet_rollback(
 ) -> list[HostOutcome]:
     """``rollback --hosts a,b``: each host back to ``opts.to`` (or its previous good
     generation), in the order given, stopping at the first that fails."""
+    return locked_run(
+        functools.partial(RollbackRequest.read, path, HostChoice(hosts=hosts, several=True), opts),
+        functools.partial(_roll_back_in_order, runner=runner, echo=echo),
+        dry_run=runner.dry_run,
+        wait_s=opts.wait_s,
+        command="rollback",
+        echo=echo,
+    )
 
-    def read() -> RollbackRequest:
-        return RollbackRequest.read(path, HostChoice(hosts=hosts, several=True), opts)
 
-    def run(request: RollbackRequest) -> list[HostOutcome]:
-        outcomes: list[HostOutcome] = []
-        for host in request.order:
-            rh = remote.remote_host(request.config, host)
-            try:
-                if rh is not None:
-                    outcomes.append(remote.remote_rollback(rh, opts, runner, echo))
-                    continue
-                gen = rollback_host(request.of(host), runner, echo)
-                outcomes.append(HostOutcome(host, "passed", gen.number))
-            except (ExternalCommandError, UserError) as err:
-                echo(f"{host}: {err}")
-                outcomes.append(HostOutcome(host, "failed", None, str(err)))
-                break
-        return outcomes
-
-    if runner.dry_run:
-        return run(read())
-    with ExitStack() as locks:
-        return run(read_locked(read, locks, opts.wait_s, "rollback", echo))
+def _roll_back_in_order(request: RollbackRequest, runner: Runner, echo: Echo) -> list[HostOutcome]:
+    outcomes: list[HostOutcome] = []
+    for host in request.order:
+        rh = remote.remote_host(request.config, host)
+        try:
+            if rh is not None:
+                outcomes.append(remote.remote_rollback(rh, request.opts, runner, echo))
+                continue
+            gen = rollback_host(request.of(host), runner, echo)
+            outcomes.append(HostOutcome(host, "passed", gen.number))
+        except (ExternalCommandError, UserError) as err:
+            echo(f"{host}: {err}")
+            outcomes.append(HostOutcome(host, "failed", None, str(err)))
+            break
+    return outcomes
 
 
 __all__ = ["fleet_rollback", "rollback", "rolling_switch", "switch"]

@@ -35,7 +35,7 @@ from llamanix.hosts.blue_green import RUNTIME_UNITS, SUFFIX
 from llamanix.hosts.managers import Manager, NixosManager, SystemdManager, UpManager, make_manager
 from llamanix.hosts.restarts import instance_of
 from llamanix.hosts.warm import FILE_PREFIX
-from llamanix.render.changes import diff_files, manifest_instances, routed_members
+from llamanix.render.changes import RenderFiles, diff_files
 from llamanix.render.manifest import unit_name
 from llamanix.state.generations import Generation, HostState, ManagerKind
 
@@ -257,7 +257,7 @@ def tidy_machine(scope: Scope, runner: Runner) -> list[str]:
 
 
 def _temporary_files(state: HostState, config_path: Path) -> list[Path]:
-    folders = [state.root, state.root / "bench", *(g.path for g in state.generations())]
+    folders = [state.root, state.bench_dir, *(g.path for g in state.generations())]
     found = [
         tmp
         for folder in folders
@@ -270,23 +270,25 @@ def _temporary_files(state: HostState, config_path: Path) -> list[Path]:
     return found
 
 
-def _units_of(files: dict[str, str]) -> list[str]:
-    units = [unit_name(name) for name in manifest_instances(files)]
-    routed = routed_members(files)
+def _units_of(files: RenderFiles) -> list[str]:
+    units = [unit_name(name) for name in files.instances()]
+    routed = files.routed_members()
     if routed is not None:
         units.append(routed[0])
     return units
 
 
-def _unrecorded(state: HostState, current: Generation, installed: dict[str, str]) -> list[str]:
-    """Instances whose unit is installed, which the current generation does not have and a
-    newer one (a switch that did not finish) added."""
-    recorded = set(manifest_instances(current.files()))
+def _unrecorded(
+    state: HostState, current: RenderFiles, number: int, installed: RenderFiles
+) -> list[str]:
+    """Instances whose unit is installed, which the current generation (``current``, number
+    ``number``) does not have and a newer one (a switch that did not finish) added."""
+    recorded = set(current.instances())
     added: set[str] = set()
     for gen in state.generations():
-        if gen.number > current.number:
-            added |= set(manifest_instances(gen.files())) - recorded
-    there = set(manifest_instances(installed))
+        if gen.number > number:
+            added |= set(gen.render_files().instances()) - recorded
+    there = set(installed.instances())
     return sorted(added & there)
 
 
@@ -308,20 +310,20 @@ def look_host(state: HostState, config_path: Path, manager: Manager) -> Look:
     current = state.current()
     if current is None or not manager.reads_installed:
         return look
-    recorded = current.files()
+    recorded = current.render_files()
     installed = manager.installed()
     changed, _ = diff_files(recorded, installed)
     for name in changed:
         unit = unit_name(name)
-        said = "is missing" if unit not in installed else "differs from the generation's"
+        said = "is missing" if unit not in installed.files else "differs from the generation's"
         what = f"{unit} {said} (generation {current.number} is current)"
         look.found.append(Leftover("unit-differs", what, unit, name))
-    for name in _unrecorded(state, current, installed):
+    for name in _unrecorded(state, recorded, current.number, installed):
         unit = unit_name(name)
         what = f"{unit} is installed, and generation {current.number} (current) has no {name}"
         look.found.append(Leftover("unit-differs", what, unit, name))
     if isinstance(manager, SystemdManager):
-        units = [u for u in _units_of(recorded) if u in installed]
+        units = [u for u in _units_of(recorded) if u in installed.files]
         for name, why in sorted(manager.not_serving(units).items()):
             what = f"{unit_name(name)} of generation {current.number} does not run: {why}"
             look.found.append(Leftover("unit-not-running", what, unit_name(name), name))
@@ -361,19 +363,19 @@ def restore_current(
         return Restored(None, (), ("no generation is recorded: nothing to serve",))
     if isinstance(manager, NixosManager) or not manager.reads_installed:
         return Restored(current, (), ("nixos-rebuild keeps the system's units itself",))
-    recorded = current.files()
+    recorded = current.render_files()
     installed = manager.installed()
     changed, _ = diff_files(recorded, installed)
-    added = _unrecorded(state, current, installed)
+    added = _unrecorded(state, recorded, current.number, installed)
     lines: list[str] = []
     if changed or added:
-        mine = set(manifest_instances(recorded)) | set(added)
+        mine = set(recorded.instances()) | set(added)
         if isinstance(manager, SystemdManager):
             # Only this host's units: another config's in the same directory are left alone.
-            old = {u: t for u, t in installed.items() if instance_of(u) in mine}
+            old = {u: t for u, t in installed.files.items() if instance_of(u) in mine}
         else:
-            old = installed
-        failed = manager.activate(runner, recorded, old, timeout_s)
+            old = installed.files
+        failed = manager.activate(runner, recorded.files, old, timeout_s)
         lines.append(
             f"wrote back generation {current.number}'s units: "
             + ", ".join(unit_name(n) for n in [*changed, *added])

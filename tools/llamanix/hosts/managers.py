@@ -23,12 +23,7 @@ from llamanix.external.files import atomic_write
 from llamanix.external.journalctl import read_journal
 from llamanix.external.process import Runner
 from llamanix.hosts.host_kind import refuse_unstated_nixos
-from llamanix.render.changes import (
-    diff_files,
-    manifest_instances,
-    manifest_router,
-    routed_members,
-)
+from llamanix.render.changes import RenderFiles, diff_files
 from llamanix.render.exporter_unit import UNIT as EXPORTER_UNIT
 from llamanix.render.manifest import MANIFEST, Render, same_unit, unit_name
 from llamanix.state.generations import (
@@ -36,7 +31,6 @@ from llamanix.state.generations import (
     InstanceSummary,
     ManagerKind,
     ManagerRecord,
-    check_manifest,
 )
 from llamanix.state.up_status import read_status
 
@@ -60,9 +54,9 @@ def render_summary(render: Render) -> dict[str, InstanceSummary]:
     return out
 
 
-def summary_of(files: dict[str, str]) -> dict[str, InstanceSummary]:
-    out = {name: InstanceSummary.of(e) for name, e in manifest_instances(files).items()}
-    router = manifest_router(files)
+def summary_of(files: RenderFiles) -> dict[str, InstanceSummary]:
+    out = {name: InstanceSummary.of(e) for name, e in files.instances().items()}
+    router = files.router
     if router is not None:
         for name in router.served:
             out[name] = InstanceSummary(router.variants.get(name), None, router.port)
@@ -106,7 +100,9 @@ class Manager(Protocol):
 
     def preflight(self, runner: Runner) -> None: ...
 
-    def installed(self) -> dict[str, str]: ...
+    def installed(self) -> RenderFiles:
+        """What is installed (the render's files, with their manifest where one is)."""
+        ...
 
     def activate(
         self, runner: Runner, new: dict[str, str], old: dict[str, str], timeout_s: float
@@ -199,12 +195,12 @@ class SystemdManager(_InstallsFiles):
     def preflight(self, runner: Runner) -> None:
         pass
 
-    def installed(self) -> dict[str, str]:
+    def installed(self) -> RenderFiles:
         if not self.units_dir.is_dir():
-            return {}
+            return RenderFiles({})
         # The exporter's unit is installed by hand, beside the render's: never the switch's.
         found = sorted(self.units_dir.glob("llamanix-*.service"))
-        return {p.name: _unit_text(p) for p in found if p.name != EXPORTER_UNIT}
+        return RenderFiles({p.name: _unit_text(p) for p in found if p.name != EXPORTER_UNIT})
 
     def activate(
         self, runner: Runner, new: dict[str, str], old: dict[str, str], timeout_s: float
@@ -299,20 +295,19 @@ class UpManager(_InstallsFiles):
                 )
             )
 
-    def installed(self) -> dict[str, str]:
+    def installed(self) -> RenderFiles:
         path = self.units_dir / MANIFEST
         manifest = file_reader.text_if_present(path, source=str(path))
         if manifest is None:
-            return {}
-        files = {MANIFEST: manifest}
-        check_manifest(files, self.units_dir)
-        for name, entry in manifest_instances(files).items():
+            return RenderFiles({})
+        found = RenderFiles.read_back({MANIFEST: manifest}, self.units_dir)
+        for name, entry in found.instances().items():
             for fname in (entry.unit, f"{name}.argv.json"):
                 path = self.units_dir / fname
                 text = file_reader.text_if_present(path, source=str(path))
                 if text is not None:
-                    files[fname] = text
-        return files
+                    found.files[fname] = text
+        return found
 
     def activate(
         self, runner: Runner, new: dict[str, str], old: dict[str, str], timeout_s: float
@@ -414,8 +409,8 @@ class NixosManager:
                 )
             )
 
-    def installed(self) -> dict[str, str]:
-        return {}
+    def installed(self) -> RenderFiles:
+        return RenderFiles({})
 
     def activate(
         self, runner: Runner, new: dict[str, str], old: dict[str, str], timeout_s: float
@@ -432,8 +427,8 @@ class NixosManager:
 
 
 def as_installed(
-    manager: Manager, recorded: dict[str, str], new: dict[str, str]
-) -> tuple[dict[str, str], list[str]]:
+    manager: Manager, recorded: RenderFiles, new: dict[str, str]
+) -> tuple[RenderFiles, list[str]]:
     """What is really installed, in place of the files a generation records, and the
     instances where the two differ.
 
@@ -447,8 +442,12 @@ def as_installed(
     drifted, _ = diff_files(recorded, installed)
     if not drifted:
         return recorded, []
-    keep = set(recorded) | set(new)
-    return {**recorded, **{k: v for k, v in installed.items() if k in keep}}, drifted
+    keep = set(recorded.files) | set(new)
+    files = {**recorded.files, **{k: v for k, v in installed.files.items() if k in keep}}
+    # The manifest among them is the installed one where there is one (the new render's
+    # always has one, so it is kept).
+    manifest = installed.manifest if MANIFEST in installed.files else recorded.manifest
+    return RenderFiles(files, manifest), drifted
 
 
 def _unit_text(path: Path) -> str:
@@ -470,7 +469,7 @@ def runs_under_up(config: Config, host: str) -> bool:
     state = HostState.beside(Path(config.source), host)
     recorded = state.manager()
     return (recorded is not None and recorded.manager == "up") or read_status(
-        state.root / "up"
+        state.up_dir
     ) is not None
 
 
@@ -506,7 +505,7 @@ def make_manager(
             )
         )
     if kind == "up":
-        return UpManager(units_dir or state.root / "up")
+        return UpManager(units_dir or state.up_dir)
     if kind == "systemd-user":
         return SystemdManager(units_dir or user_units_dir(), user=True)
     return SystemdManager(units_dir or Path("/etc/systemd/system"), user=False)
@@ -545,9 +544,9 @@ def not_serving_now(config: Config, host: str, state: HostState) -> dict[str, st
     manager = make_manager(config, host, state, None, None)
     if not isinstance(manager, SystemdManager):
         return {}
-    files = current.files()
-    units = [unit_name(name) for name in manifest_instances(files)]
-    routed = routed_members(files)
+    files = current.render_files()
+    units = [unit_name(name) for name in files.instances()]
+    routed = files.routed_members()
     if routed is not None:
         units.append(routed[0])
     try:

@@ -194,23 +194,7 @@ def _exec_argv(line: str) -> tuple[str, ...]:
 
 def load_specs(units_dir: Path) -> dict[str, ServiceSpec]:
     """The services a render directory describes; UserError when it is not a render."""
-    manifest_path = units_dir / MANIFEST
-    text = file_reader.text_if_present(manifest_path, source=str(manifest_path))
-    if text is None:
-        raise UserError(
-            Problem(
-                str(manifest_path),
-                "",
-                "no render here",
-                "run llamanix up CONFIG or llamanix render first",
-            )
-        )
-    try:
-        manifest = Manifest.parse(text)
-    except ValueError as err:
-        raise UserError(
-            Problem(str(manifest_path), "", f"not a llamanix manifest: {err}")
-        ) from None
+    manifest = Manifest.load(units_dir, "run llamanix up CONFIG or llamanix render first")
     cache = units_dir / "cache"
     specs: dict[str, ServiceSpec] = {}
     for name, entry in manifest.instances.items():

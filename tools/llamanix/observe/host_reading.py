@@ -191,14 +191,7 @@ class HostReader:
 
     def _read_switches(self) -> SwitchFigures:
         """The host's switch figures, read again only when its records changed."""
-        root = self._state(self.host).root
-        stamp = tuple(
-            p.stat().st_mtime_ns for p in (root / "current", root / "generations") if p.exists()
-        )
-        newest = root / "generations"
-        if newest.is_dir():
-            # A record is rewritten in place as its switch goes on (its verdict, its gaps).
-            stamp += tuple(p.stat().st_mtime_ns for p in sorted(newest.glob("*/result.json"))[-3:])
+        stamp = self._state(self.host).records_stamp()
         if stamp != self._records_stamp:
             self._switches = switch_figures(self._state(self.host))
             self._records_stamp = stamp

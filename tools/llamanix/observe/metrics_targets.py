@@ -20,7 +20,6 @@ from llamanix.core.errors import UserError
 from llamanix.core.gpus import load_gpus
 from llamanix.observe.scrape import Endpoint
 from llamanix.render.exporter_unit import ROUTER_KEY, key_credential
-from llamanix.render.manifest import MANIFEST, Manifest
 from llamanix.render.router import served_name
 from llamanix.state.generations import HostState
 
@@ -66,12 +65,8 @@ def serving_builds(state: HostState) -> dict[str, str]:
     current = state.current()
     if current is None:
         return {}
-    text = current.files().get(MANIFEST)
-    if text is None:
-        return {}
-    try:
-        manifest = Manifest.parse(text)
-    except ValueError:
+    manifest = current.render_files().manifest
+    if manifest is None:
         return {}
     return {
         name: entry.source_revision

@@ -11,11 +11,10 @@ from llamanix.config.drift import DriftReport, drift_report
 from llamanix.config.model import Config, suggest
 from llamanix.core.errors import Problem, UserError
 from llamanix.core.probe import Capabilities
-from llamanix.core.state_dir import STATE_DIR
 from llamanix.core.variants import VARIANTS
 from llamanix.external import nix
 from llamanix.external.process import Runner
-from llamanix.state.host_lock import host_lock
+from llamanix.state.host_lock import flake_lock_root, host_lock
 
 _REV = re.compile(r"^[A-Za-z0-9._-]+$")
 _PINNED_BY_URL = re.compile(r"/[0-9a-f]{40}$")
@@ -88,7 +87,9 @@ def pin(
     lock = (
         nullcontext()
         if runner.dry_run
-        else host_lock(flake_dir / STATE_DIR, f"flake {flake_dir}", str(flake_dir), wait_s, "pin")
+        else host_lock(
+            flake_lock_root(flake_dir), f"flake {flake_dir}", str(flake_dir), wait_s, "pin"
+        )
     )
     with lock:
         if latest:

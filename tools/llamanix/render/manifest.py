@@ -182,20 +182,25 @@ class Manifest(JsonRecord):
         return from_json_lenient(Manifest, data)
 
     @staticmethod
-    def load(out: Path) -> Manifest:
-        """The manifest of the render in ``out``; UserError when there is none."""
+    def load(out: Path, fix: str = "run llamanix render CONFIG --out DIR first") -> Manifest:
+        """The manifest of the render in ``out``; UserError when there is none (``fix``: what
+        to do then)."""
         path = out / MANIFEST
         text = file_reader.text_if_present(path, source=str(path))
         if text is None:
-            raise UserError(
-                Problem(
-                    str(path), "", "no render here", "run llamanix render CONFIG --out DIR first"
-                )
-            )
+            raise UserError(Problem(str(path), "", "no render here", fix))
+        return Manifest.read(text, path)
+
+    @staticmethod
+    def read(text: str, path: Path, fix: str = "") -> Manifest:
+        """The manifest ``text`` read from ``path``; UserError naming it when it is not one.
+        The one place a manifest read back is parsed."""
         try:
             return Manifest.parse(text)
         except ValueError as err:
-            raise UserError(Problem(str(path), "", f"not a llamanix manifest: {err}")) from None
+            raise UserError(
+                Problem(str(path), "", f"not a llamanix manifest: {err}", fix)
+            ) from None
 
 
 @dataclass(frozen=True)

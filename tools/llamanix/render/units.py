@@ -28,7 +28,6 @@ from llamanix.config.argv import (
 )
 from llamanix.config.host_choice import pick_host
 from llamanix.config.model import Config, Host, Instance, suggest
-from llamanix.core import file_reader
 from llamanix.core.address import connect_url, is_loopback
 from llamanix.core.errors import Problem, UserError
 from llamanix.core.probe import Capabilities
@@ -634,9 +633,8 @@ def _inside(out: Path, name: str) -> Path:
 
 def _rendered_files(out: Path) -> list[str]:
     try:
-        text = file_reader.text_if_present(out / MANIFEST)
-        found = Manifest.parse(text) if text is not None else None
-    except (UserError, ValueError):
+        found: Manifest | None = Manifest.load(out)
+    except UserError:
         found = None
     if found is None:
         return []

@@ -44,10 +44,11 @@ from llamanix.core.json_codec import (
     json_via,
 )
 from llamanix.core.json_value import JsonObject
-from llamanix.core.state_dir import host_state_root
+from llamanix.core.state_dir import STATE_DIR, host_state_root
 from llamanix.external.clock import now
 from llamanix.external.files import WriteFailed, atomic_write
-from llamanix.render.manifest import MANIFEST, Manifest, ManifestInstance
+from llamanix.render.changes import RenderFiles
+from llamanix.render.manifest import ManifestInstance
 from llamanix.state.crash_point import crash_point
 from llamanix.state.gap_records import GapRecord
 from llamanix.state.gate_records import BaselineRecord, GateKind, GateResult
@@ -93,24 +94,6 @@ def _read_json(path: Path, fix: str) -> object:
 
 def _write_json(path: Path, data: object) -> None:
     atomic_write(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
-
-
-def check_manifest(files: Mapping[str, str], folder: Path) -> None:
-    """The manifest among render files read from ``folder`` reads as one; else one line
-    naming it (never a set of units taken for another)."""
-    if MANIFEST not in files:
-        return
-    try:
-        Manifest.parse(files[MANIFEST])
-    except ValueError as err:
-        raise UserError(
-            Problem(
-                str(folder / MANIFEST),
-                "",
-                f"not a llamanix manifest: {err}",
-                "restore it from a backup, or remove this generation's directory",
-            )
-        ) from None
 
 
 def _fsync_dir(path: Path) -> None:
@@ -224,19 +207,23 @@ class Generation:
         return self.record.outcome
 
     def files(self) -> dict[str, str]:
-        """The render's files as recorded; a manifest among them that does not read is one
-        line naming it (what each switch and rollback compares with must be what it says)."""
+        """The render's files as recorded (``render_files``)."""
+        return self.render_files().files
+
+    def render_files(self) -> RenderFiles:
+        """The render's files as recorded, with their manifest parsed once; a manifest among
+        them that does not read is one line naming it (what each switch and rollback compares
+        with must be what it says)."""
         folder = self.path / FILES
         if not folder.is_dir():
-            return {}
+            return RenderFiles({})
         found: dict[str, str] = {}
         for p in sorted(folder.iterdir()):
             try:
                 found[p.name] = file_reader.read_text(p, source=str(p))
             except file_reader.FileRefused as err:
                 raise _unreadable(err, _GENERATION_FIX) from None
-        check_manifest(found, folder)
-        return found
+        return RenderFiles.read_back(found, folder)
 
     def config_snapshot(self) -> Path | None:
         found = sorted(self.path.glob("config.*"))
@@ -258,9 +245,41 @@ class HostState:
     def beside(config: Path, host: str) -> HostState:
         return HostState(host_state_root(config, host), host)
 
+    @staticmethod
+    def as_named(config: Path, host: str) -> HostState:
+        """The host's state as the user named the config (the directory beside it, neither
+        resolved nor checked): what a dry run names."""
+        return HostState(config.parent / STATE_DIR / host, host)
+
     @property
     def generations_dir(self) -> Path:
         return self.root / "generations"
+
+    @property
+    def up_dir(self) -> Path:
+        """``llamanix up``'s render directory for this host (its manifest, units, status)."""
+        return self.root / "up"
+
+    @property
+    def bench_dir(self) -> Path:
+        return self.root / "bench"
+
+    def baseline_path(self, instance: str) -> Path:
+        """An instance's last good bench (``bench/NAME.json``)."""
+        return self.bench_dir / f"{instance}.json"
+
+    def records_stamp(self) -> tuple[int, ...]:
+        """When the records last changed (``current``, the generations, the newest three
+        results: a record is rewritten in place as its switch goes on, its verdict, its gaps),
+        so that a reader keeping figures of them reads them again only when it changes."""
+        root = self.root
+        stamp = tuple(
+            p.stat().st_mtime_ns for p in (root / "current", self.generations_dir) if p.exists()
+        )
+        if self.generations_dir.is_dir():
+            newest = sorted(self.generations_dir.glob(f"*/{RESULT}"))[-3:]
+            stamp += tuple(p.stat().st_mtime_ns for p in newest)
+        return stamp
 
     def generations(self) -> list[Generation]:
         if not self.generations_dir.is_dir():
@@ -348,7 +367,7 @@ class HostState:
                 shutil.rmtree(staging, ignore_errors=True)
                 notes.append(f"removed {staging.name}, a generation a killed switch never finished")
         generations = self.generations()
-        folders = [self.root, self.root / "bench", *(g.path for g in generations)]
+        folders = [self.root, self.bench_dir, *(g.path for g in generations)]
         for folder in folders:
             # atomic_write's temporary files: ``.NAME.RANDOM.tmp`` beside NAME.
             for tmp in folder.glob(".*.tmp") if folder.is_dir() else ():
@@ -416,8 +435,8 @@ class HostState:
     # -- bench baselines --------------------------------------------------------------------
 
     def baseline(self, instance: str) -> BaselineRecord | None:
-        data = _read_json(self.root / "bench" / f"{instance}.json", _BASELINE_FIX)
+        data = _read_json(self.baseline_path(instance), _BASELINE_FIX)
         return from_json_lenient(BaselineRecord, data) if isinstance(data, dict) else None
 
     def save_baseline(self, instance: str, record: BaselineRecord) -> None:
-        _write_json(self.root / "bench" / f"{instance}.json", record.to_json())
+        _write_json(self.baseline_path(instance), record.to_json())

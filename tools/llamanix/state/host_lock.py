@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llamanix.core.errors import Problem, UserError
+from llamanix.core.state_dir import STATE_DIR
 from llamanix.external.clock import now
 from llamanix.external.process import alive
 
@@ -144,6 +145,11 @@ def _names(path: Path, fd: int) -> bool:
         return False
     mine = os.fstat(fd)
     return (there.st_dev, there.st_ino) == (mine.st_dev, mine.st_ino)
+
+
+def flake_lock_root(flake_dir: Path) -> Path:
+    """Where the lock of a flake's ``flake.lock`` lives (a pin changes it for every host)."""
+    return flake_dir / STATE_DIR
 
 
 @contextmanager

@@ -43,7 +43,7 @@ ALL_HOSTS = "all"
 class SwitchRequest:
     """One switch as read: the config file, the text with --set applied and its parse, the
     hosts it switches (in config order) and the options. Made once, with the hosts' locks held
-    (see ``read_locked``)."""
+    (see ``locked_run``)."""
 
     source: ConfigText  # the file as read: the text a failed gate puts back
     new_text: str
@@ -151,7 +151,7 @@ def parse_hosts(text: str, known: Sequence[str], source: str) -> tuple[str, ...]
 class RollbackRequest:
     """One rollback as read: the config file, its parse, the hosts (in config order; one, but
     for ``rollback --hosts``) and the options. Made once, with the hosts' locks held (see
-    ``read_locked``)."""
+    ``locked_run``)."""
 
     source: ConfigText
     config: Config
@@ -198,7 +198,7 @@ def _recover(state: HostState, echo: Echo) -> None:
 
 
 class _Request(Protocol):
-    """What ``read_locked`` needs of a request: the file as read, and the hosts to lock."""
+    """What ``locked_run`` needs of a request: the file as read, and the hosts to lock."""
 
     @property
     def source(self) -> ConfigText: ...
@@ -210,9 +210,28 @@ class _Request(Protocol):
 
 
 _R = TypeVar("_R", bound=_Request)
+_T = TypeVar("_T")
 
 
-def read_locked(
+def locked_run(
+    read: Callable[[], _R],
+    run: Callable[[_R], _T],
+    *,
+    dry_run: bool,
+    wait_s: float,
+    command: str,
+    echo: Echo,
+) -> _T:
+    """Read the request with its hosts' (and their units') locks held, then run it; a dry
+    run reads and runs without locks. Every command that changes a host (switch, rollback,
+    tidy, one host or several) goes through here."""
+    if dry_run:
+        return run(read())
+    with ExitStack() as locks:
+        return run(_read_locked(read, locks, wait_s, command, echo))
+
+
+def _read_locked(
     read: Callable[[], _R], locks: ExitStack, wait_s: float, command: str, echo: Echo
 ) -> _R:
     """The request, read once, with its hosts' locks and their units' locks held (in

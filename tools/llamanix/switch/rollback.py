@@ -44,9 +44,11 @@ def rollback_host(request: RollbackRequest, runner: Runner, echo: Echo) -> Gener
     target = found
     manager = make_manager(request.config, name, state, opts.manager, opts.units_dir)
     manager.preflight(runner)
-    new_files = target.files()
-    old_files = current.files() if current else manager.installed()
-    old_files, _ = as_installed(manager, old_files, new_files)
+    new = target.render_files()
+    new_files = new.files
+    recorded = current.render_files() if current else manager.installed()
+    old, _ = as_installed(manager, recorded, new_files)
+    old_files = old.files
     snapshot = target.config_snapshot()
     snapshot_text = (
         file_reader.read_text(snapshot, source=str(snapshot)) if snapshot is not None else None
@@ -70,7 +72,7 @@ def rollback_host(request: RollbackRequest, runner: Runner, echo: Echo) -> Gener
         if failed:
             raise ExternalCommandError(f"generation {target.number} did not start: {failed}")
         crash_point("rollback:activated")
-    changed, _ = diff_files(new_files, old_files)
+    changed, _ = diff_files(new, old)
     if runner.dry_run:
         # The steps after the commands, as a real rollback takes them.
         runner.note(f"check {', '.join(changed) or 'nothing'}: serving again (health, one chat)")

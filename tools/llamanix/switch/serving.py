@@ -3,6 +3,8 @@ or its router's and its name there), and the health check a restore or a rollbac
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from llamanix.config.model import Config, Router
 from llamanix.core.address import connect_url, is_loopback, is_wildcard, url_host
 from llamanix.core.api_key import key_if_readable
@@ -104,3 +106,24 @@ def fence_ports(config: Config | None, host: str) -> dict[str, int]:
     if router is not None and not is_loopback(router.listen):
         found[ROUTER] = router.port
     return found
+
+
+@dataclass(frozen=True)
+class HostServing:
+    """One config's servers on a host as a restart sees them, made once per side of a switch
+    (the config before it and after): where each answers on the host (``endpoints``, what
+    the restart drains and watches) and the ports other machines reach (``fence``)."""
+
+    endpoints: dict[str, Endpoint]
+    fence: dict[str, int]
+
+    @staticmethod
+    def of(config: Config | None, host: str) -> HostServing:
+        return HostServing(endpoints(config, host), fence_ports(config, host))
+
+
+def gate_targets(config: Config | None, host: str) -> dict[str, GateTarget]:
+    """The gate's target of each instance of the host (none for no config)."""
+    if config is None:
+        return {}
+    return {inst.name: gate_target(config, inst.name) for inst in config.instances_on(host)}

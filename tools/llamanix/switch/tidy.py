@@ -17,7 +17,7 @@ the next ``switch`` applies (or ``rollback --to N`` puts back); tidy says which.
 
 from __future__ import annotations
 
-from contextlib import ExitStack
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,7 +28,7 @@ from llamanix.hosts.leftovers import Scope, local_scope, restore_current, tidy_h
 from llamanix.hosts.managers import make_manager
 from llamanix.state.config_edit import ConfigText, lenient_parse, parse_text, read_config
 from llamanix.state.generations import HostState
-from llamanix.switch.request import HostChoice, read_locked
+from llamanix.switch.request import HostChoice, locked_run
 from llamanix.switch.serving import check_serving
 from llamanix.switch.switch_records import Echo
 
@@ -77,13 +77,15 @@ def tidy(
     """Tidy one host of this machine (None: the config's only one); whether its current
     generation serves after."""
 
-    def read() -> TidyRequest:
-        return TidyRequest.read(path, HostChoice(host))
-
-    with ExitStack() as locks:
-        # read_locked takes the locks and already tidies the host's state (step 1).
-        request = read_locked(read, locks, wait_s, "tidy", echo)
-        return _tidy_locked(request, timeout_s, runner, echo)
+    # locked_run takes the locks and already tidies the host's state (step 1).
+    return locked_run(
+        functools.partial(TidyRequest.read, path, HostChoice(host)),
+        functools.partial(_tidy_locked, timeout_s=timeout_s, runner=runner, echo=echo),
+        dry_run=False,
+        wait_s=wait_s,
+        command="tidy",
+        echo=echo,
+    )
 
 
 def _tidy_locked(request: TidyRequest, timeout_s: float, runner: Runner, echo: Echo) -> bool:

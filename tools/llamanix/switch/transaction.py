@@ -13,13 +13,13 @@ is switched here and which over ssh is fleet's.
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from llamanix.config.model import Config
 from llamanix.core.errors import ExternalCommandError, UserError
-from llamanix.core.state_dir import STATE_DIR
 from llamanix.external.files import WriteFailed
 from llamanix.external.process import Runner
 from llamanix.hosts import gateway_venv
@@ -39,7 +39,7 @@ from llamanix.hosts.managers import (
 )
 from llamanix.hosts.restarts import DrainingRestart
 from llamanix.hosts.warm import GIB, WarmCaches, WarmPlan, plan_for, state_directory
-from llamanix.render.changes import manifest_instances, render_changes, served_names
+from llamanix.render.changes import RenderFiles, render_changes
 from llamanix.render.gateway import UNIT_NAME as GATEWAY_UNIT
 from llamanix.render.host_render import with_source_revisions
 from llamanix.render.manifest import Render, unit_name
@@ -65,36 +65,27 @@ from llamanix.state.generations import (
 from llamanix.state.warm_records import WarmRecord
 from llamanix.switch.gate import (
     BASELINE_RUNS,
-    GatePrompts,
+    GateTarget,
     confirm_regression,
     measure_baseline,
     run_gate,
 )
 from llamanix.switch.request import SwitchRequest
-from llamanix.switch.serving import check_serving, endpoints, fence_ports, gate_target, router_for
+from llamanix.switch.serving import HostServing, check_serving, gate_targets, router_for
 from llamanix.switch.switch_records import Echo, HostOutcome, Restore, SwitchOptions
 
 
-def _bench_baselines(
-    request: SwitchRequest,
-    host: str,
-    names: list[str],
-    state: HostState,
-    echo: Echo,
-    prompts: GatePrompts | None,
-) -> dict[str, Baseline]:
+def _bench_baselines(sw: _HostSwitch, names: list[str]) -> dict[str, Baseline]:
     """Each changed instance's --max-regression baseline: measured now on the instance still
     serving (same machine, moments before the candidate), else the last good bench's runs
     of the same prompts."""
-    old_config = request.old_config
+    prompts, echo = sw.request.prompts, sw.echo
     found: dict[str, Baseline] = {}
     for name in names:
-        old = old_config.instances.get(name) if old_config else None
-        baseline = None
-        if old_config and old and old.host == host:
-            baseline = measure_baseline(gate_target(old_config, name), prompts)
+        old = sw.old_targets.get(name)  # served on this host before the switch
+        baseline = measure_baseline(old, prompts) if old is not None else None
         baseline = baseline or Baseline.stored(
-            state.baseline(name), prompts.spec if prompts else DEFAULT_GATE_PROMPTS
+            sw.state.baseline(name), prompts.spec if prompts else DEFAULT_GATE_PROMPTS
         )
         if baseline is None:
             echo(f"  baseline {name}: none (not answering, and no stored runs)")
@@ -121,9 +112,10 @@ class _HostSwitch:
     render: Render  # the new render, typed; new_files is its files, made once
     new_files: dict[str, str]
     # What the current generation records (or, before the first switch, what is installed),
-    # and what is really installed where a killed command left something else.
-    old_files: dict[str, str]
-    activate_from: dict[str, str]
+    # and what is really installed where a killed command left something else: read back
+    # once, each with its manifest.
+    old: RenderFiles
+    installed: RenderFiles
     changed: list[str]
     removed: list[str]
     file_text: str  # the config file as it is now
@@ -135,6 +127,14 @@ class _HostSwitch:
     @property
     def path(self) -> Path:
         return self.request.path
+
+    @property
+    def old_files(self) -> dict[str, str]:
+        return self.old.files
+
+    @property
+    def activate_from(self) -> dict[str, str]:
+        return self.installed.files
 
     @property
     def config(self) -> Config:
@@ -155,6 +155,27 @@ class _HostSwitch:
     @property
     def new_text(self) -> str:
         return self.request.new_text
+
+    # What a restart and the gate use of each side, made once and on first use (the config
+    # before --set is parsed only when one of them needs it).
+    @functools.cached_property
+    def old_serving(self) -> HostServing:
+        return HostServing.of(self.request.old_config, self.host)
+
+    @functools.cached_property
+    def new_serving(self) -> HostServing:
+        return HostServing.of(self.config, self.host)
+
+    @functools.cached_property
+    def old_targets(self) -> dict[str, GateTarget]:
+        """The instances as they served before the switch: their baselines."""
+        return gate_targets(self.request.old_config, self.host)
+
+    @functools.cached_property
+    def targets(self) -> dict[str, GateTarget]:
+        """The instances as the gate asks them, made at the first gate (after activation: a
+        key file the switch installs is read then)."""
+        return gate_targets(self.config, self.host)
 
 
 def switch_host(
@@ -186,14 +207,7 @@ def switch_host(
         return _dry_run(sw)
     baselines: dict[str, Baseline] = {}
     if sw.gate == "bench" and sw.opts.max_regression is not None:
-        baselines = _bench_baselines(
-            request,
-            sw.host,
-            [n for n in sw.changed if n != GATEWAY_UNIT],
-            sw.state,
-            echo,
-            request.prompts,
-        )
+        baselines = _bench_baselines(sw, [n for n in sw.changed if n != GATEWAY_UNIT])
     gen = _stage(sw)
     # After _stage: the units found installed before a first switch are a generation now.
     before = sw.state.current()
@@ -221,18 +235,17 @@ def _prepare(
     if manager.name == "up":
         refuse_router_under_up(config, host)
     manager.preflight(runner)
-    render = with_source_revisions(request.renders[host], config, manager.runs_flake_packages)
-    if not manager.runs_flake_packages:
+    from_flake = manager.runs_flake_packages
+    render = with_source_revisions(request.renders[host], config, from_flake)
+    if not from_flake:
         refuse_other_dialect(config, host)
     new_files = render.files()
     current = state.current()
-    old_files = current.files() if current else manager.installed()
-    changed, removed = render_changes(render, new_files, old_files)
-    activate_from, drifted = (
-        as_installed(manager, old_files, new_files) if current else (old_files, [])
-    )
+    old = current.render_files() if current else manager.installed()
+    changed, removed = render_changes(render, new_files, old)
+    installed, drifted = as_installed(manager, old, new_files) if current else (old, [])
     changed = sorted(set(changed) | (set(drifted) & set(render.names())))
-    warm = _warm_caches(request, host, manager, activate_from, render, changed)
+    warm = _warm_caches(request, host, manager, installed, render, changed)
     return _HostSwitch(
         request=request,
         host=host,
@@ -243,8 +256,8 @@ def _prepare(
         current=current,
         render=render,
         new_files=new_files,
-        old_files=old_files,
-        activate_from=activate_from,
+        old=old,
+        installed=installed,
         changed=changed,
         removed=removed,
         file_text=file_text,
@@ -256,7 +269,7 @@ def _warm_caches(
     request: SwitchRequest,
     host: str,
     manager: Manager,
-    old_files: dict[str, str],
+    installed: RenderFiles,
     render: Render,
     changed: list[str],
 ) -> WarmCaches | None:
@@ -267,7 +280,7 @@ def _warm_caches(
     old_config = request.old_config if wanted else None
     if old_config is None:
         return None
-    old_argv = {n: e.argv for n, e in manifest_instances(old_files).items()}
+    old_argv = {n: e.argv for n, e in installed.instances().items()}
     new_argv = {r.name: r.argv for r in render.instances}
     units_dir = manager.units_dir if isinstance(manager, UpManager) else None
     limit = int(request.opts.warm_limit_gib * GIB)
@@ -294,7 +307,7 @@ def _dry_run(sw: _HostSwitch) -> HostOutcome:
     writes (marked with ``#``) and runs; nothing is asked, written or run."""
     note = sw.runner.note
     # The host's state as the user named the config (the directory beside it).
-    state = sw.path.parent / STATE_DIR / sw.host
+    state = HostState.as_named(sw.path, sw.host)
     if not sw.manager.runs_flake_packages:
         for line in probe_notes(sw.config, sw.host):
             note(line)
@@ -306,10 +319,10 @@ def _dry_run(sw: _HostSwitch) -> HostOutcome:
             note(
                 f"baseline {name}: 1 warm-up + {BASELINE_RUNS} runs of {BENCH_MAX_TOKENS} tokens "
                 "on the server answering now (else the stored runs of "
-                f"{state / 'bench' / (name + '.json')})"
+                f"{state.baseline_path(name)})"
             )
     number = (sw.current.number + 1) if sw.current else 1
-    note(f"record generation {number} in {state}")
+    note(f"record generation {number} in {state.root}")
     if sw.file_text != sw.new_text:
         note(f"write {sw.path}")
     if isinstance(sw.manager, SystemdManager):
@@ -329,12 +342,13 @@ def _stage(sw: _HostSwitch) -> Generation:
     """Record the new generation (gate "pending"), then write the config."""
     suffix = sw.path.suffix or ".toml"
     mode = config_mode(sw.path)
+    how = sw.manager.describe()  # recorded with the generation, and as the host's last
     try:
         # A write that fails (a full disk) undoes the others: nothing is activated yet.
         with sw.state.all_or_nothing():
             if sw.current is None and sw.old_files:
                 found = GenerationRecord(
-                    instances=summary_of(sw.old_files),
+                    instances=summary_of(sw.old),
                     gate=GateRecord("unverified"),
                     note="found installed before the first switch",
                 )
@@ -345,11 +359,11 @@ def _stage(sw: _HostSwitch) -> Generation:
                 instances=render_summary(sw.render),
                 changed=tuple(sw.changed),
                 removed=tuple(sw.removed),
-                manager=sw.manager.describe(),
+                manager=how,
                 gate=GateRecord("pending", sw.gate),
             )
             gen = sw.state.create(sw.new_files, sw.new_text, suffix, record, mode)
-            sw.state.set_manager(sw.manager.describe())
+            sw.state.set_manager(how)
             crash_point("switch:staged")
             if sw.file_text != sw.new_text:
                 write_config(sw.path, sw.new_text)
@@ -412,8 +426,7 @@ def _gate_changed(
             results.append(GateResult(name, gate, False, f"did not start: {early[unit]}"))
             continue
         limits = sw.opts.thresholds(baselines.get(name), sw.request.prompts)
-        target = gate_target(sw.config, name)
-        results.append(run_gate(gate, target, sw.opts.timeout_s, limits))
+        results.append(run_gate(gate, sw.targets[name], sw.opts.timeout_s, limits))
     return results
 
 
@@ -422,14 +435,14 @@ def _draining_restart(sw: _HostSwitch) -> DrainingRestart | None:
     first (hosts.restarts)."""
     if not isinstance(sw.manager, SystemdManager) or sw.runner.dry_run:
         return None
-    old_config = sw.request.old_config
     bridges, no_bridge = _bridges(sw, sw.manager.user) if sw.opts.blue_green else ({}, {})
+    old, new = sw.old_serving, sw.new_serving
     sw.manager.restarts = DrainingRestart(
-        old=endpoints(old_config, sw.host),
-        new=endpoints(sw.config, sw.host),
+        old=old.endpoints,
+        new=new.endpoints,
         drain_timeout_s=sw.opts.drain_timeout_s,
-        fence_old=fence_ports(old_config, sw.host),
-        fence_new=fence_ports(sw.config, sw.host),
+        fence_old=old.fence,
+        fence_new=new.fence,
         warm=sw.warm,
         bridges=bridges,
         no_bridge=no_bridge,
@@ -461,8 +474,8 @@ def _warm_up(sw: _HostSwitch) -> None:
         sw.echo(f"  not blue-green: the {sw.manager.name} manager restarts the servers itself")
     if isinstance(sw.manager, UpManager) and not sw.runner.dry_run:
         sw.manager.warm = sw.warm
-        sw.manager.old = endpoints(sw.request.old_config, sw.host)
-        sw.manager.new = endpoints(sw.config, sw.host)
+        sw.manager.old = sw.old_serving.endpoints
+        sw.manager.new = sw.new_serving.endpoints
 
 
 def _reverse_restarts(sw: _HostSwitch) -> None:
@@ -542,7 +555,7 @@ def _restore(
     _reverse_restarts(sw)
     # Only what was installed before can serve again: an instance the failed generation
     # added (every instance, on a first switch) has nothing to wait for.
-    was_installed = served_names(sw.old_files)
+    was_installed = sw.old.served_names()
     to_serve = sorted(n for n in set(sw.changed) | set(sw.removed) if n in was_installed)
     try:
         sw.manager.restore(sw.runner, sw.old_files, sw.new_files, sw.opts.timeout_s)
@@ -593,7 +606,7 @@ def _confirm(
     for r in regressed:
         assert r.bench is not None
         sw.echo(f"  {r.name}: confirming the regression: the baseline measured again")
-        again = measure_baseline(gate_target(old_config, r.name), sw.request.prompts)
+        again = measure_baseline(sw.old_targets[r.name], sw.request.prompts)
         if again is None:
             sw.echo(f"  baseline {r.name}: not answering; the rollback stands")
             return outcome

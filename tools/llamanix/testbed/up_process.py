@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import IO, Any
 
 from llamanix.core.errors import ExternalCommandError
-from llamanix.core.state_dir import host_state_root
 from llamanix.external import interrupt
 from llamanix.external.process import PIPE, TextChild, spawn_text, wait_exit
 from llamanix.external.signals import signal_child, signal_group
+from llamanix.state.generations import HostState
 from llamanix.state.up_status import UpInstance, UpState, read_status
 
 UP_START_S = 180.0
@@ -26,7 +26,7 @@ POLL_S = 0.1
 
 def up_units(config: Path, host: str) -> Path:
     """Where `llamanix up` keeps HOST's manifest and status for CONFIG."""
-    return host_state_root(config, host) / "up"
+    return HostState.beside(config, host).up_dir
 
 
 def instance_status(units: Path, instance: str) -> UpInstance | None:
