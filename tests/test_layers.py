@@ -307,3 +307,22 @@ def test_the_signal_check_lets_handlers_and_other_kills_be(tmp_path: Path) -> No
         "kill = 3\n"
     )
     assert signals_sent(source) == []
+
+
+# A room stays a room: past this many lines of its own modules a folder holds more than one job
+# and is split by job. external/ is many small modules of one kind (one per program), so exempt.
+ROOM_LINES = 5000
+
+
+def test_no_folder_outgrows_a_room() -> None:
+    sizes: dict[str, int] = {}
+    for path in PACKAGE.rglob("*.py"):
+        folder = path.parent.relative_to(PACKAGE).as_posix()
+        sizes[folder] = sizes.get(folder, 0) + len(path.read_text().splitlines())
+    over = {
+        folder: lines
+        for folder, lines in sorted(sizes.items())
+        if lines > ROOM_LINES and folder != "external"
+    }
+    assert sizes.get("cli", 0) > 1000, sizes  # the count sees the package at all
+    assert not over, f"folders over {ROOM_LINES} lines of their own modules: {over}; split by job"
