@@ -60,15 +60,15 @@ def bee_after_v03() -> Capabilities:
 
 
 def write_probe(caps: Capabilities, path: Path) -> Path:
-    """The probe as `llamanix probe BINARY --json` writes it, for the CLI's --capabilities."""
+    """The probe as `llamanix variant probe BINARY --json` writes it, for --capabilities."""
     path.write_text(json.dumps(caps.to_json(), indent=1) + "\n")
     return path
 
 
 def probe_of(binary: Path, path: Path) -> Path:
-    """What `llamanix probe BINARY --json` writes, run for real, as a file at ``path``."""
+    """What `llamanix variant probe BINARY --json` writes, run for real, as a file at ``path``."""
     proc = subprocess.run(
-        [sys.executable, "-m", "llamanix", "probe", str(binary), "--json"],
+        [sys.executable, "-m", "llamanix", "variant", "probe", str(binary), "--json"],
         capture_output=True,
         text=True,
         check=False,

@@ -333,3 +333,61 @@ def test_old_host_flags_run_as_host_after_one_line(
     assert before.exit_code == now.exit_code == 0, before.output
     assert before.stdout == now.stdout
     assert before.stderr.splitlines() == [note, *now.stderr.splitlines()]
+
+
+# --- the boundary after the regrouping (issue 53's red-team) ----------------------------------
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "rtx5090-qwen27b-draft.toml"
+
+
+def test_a_host_named_all_is_refused_since_host_all_means_every_host(tmp_path: Path) -> None:
+    from llamanix.cli.options import ALL_HOSTS
+    from llamanix.config.model import ALL_HOSTS as CONFIG_ALL_HOSTS
+
+    assert ALL_HOSTS == CONFIG_ALL_HOSTS == "all"
+    config = tmp_path / "llamanix.toml"
+    config.write_text(EXAMPLE.read_text().replace("[hosts.gpu1]", "[hosts.all]"))
+    assert "[hosts.all]" in config.read_text()
+    done = CliRunner().invoke(main, ["validate", str(config)])
+    assert done.exit_code == 2, done.output
+    assert f"{config}: hosts.all: 'all' is what --host all means (every host)" in done.output
+
+
+def test_plan_argv_checks_against_a_probe_named_for_its_instance(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.json"
+    probe.write_text(json.dumps({"binary": "llama-server", "flags": []}))
+    lines = []
+    for spec in (str(probe), f"qwen27b={probe}"):
+        done = CliRunner().invoke(
+            main, ["plan", str(EXAMPLE), "qwen27b", "--argv", "--capabilities", spec]
+        )
+        assert done.exit_code == 2, (spec, done.output)
+        lines.append(done.output)
+    assert lines[0] == lines[1], lines  # the named probe is checked, as the plain one is
+    done = CliRunner().invoke(
+        main, ["plan", str(EXAMPLE), "qwen27b", "--argv", "--capabilities", f"chat={probe}"]
+    )
+    assert done.exit_code == 2, done.output
+    assert "--capabilities: a probe of 'chat', not qwen27b" in done.output
+
+
+def test_a_probe_file_without_a_binary_is_one_line(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.json"
+    probe.write_text(json.dumps({"binary": 3, "flags": []}))
+    done = CliRunner().invoke(main, ["variant", "probe", "--diff", str(probe), str(probe)])
+    assert done.exit_code == 2, done.output
+    assert done.output.startswith(f"{probe}: not a probe: "), done.output
+    assert "Traceback" not in done.output and len(done.output.splitlines()) == 1
+
+
+def test_a_closed_set_names_the_command_as_typed_under_its_group() -> None:
+    done = CliRunner().invoke(main, ["check", "smoke", "--spec", "nope"])
+    assert done.exit_code == 2, done.output
+    assert done.output.startswith("llamanix check smoke: --spec: unknown value 'nope'"), done.output
+
+
+def test_several_hosts_are_refused_as_host_not_the_old_spelling(tmp_path: Path) -> None:
+    fleet = EXAMPLE.parent / "fleet-rtx5090-rtx3090-gateway.toml"
+    done = CliRunner().invoke(main, ["generations", str(fleet), "--host", ","])
+    assert done.exit_code == 2, done.output
+    assert ": --host: names no host (e.g. --host gpu1,gpu2)" in done.output, done.output

@@ -120,7 +120,7 @@ def test_the_cli_renders_for_the_probe_and_warns(tmp_path: Path, live: Capabilit
     probe.write_text(json.dumps(live.to_json()))
     proc = subprocess.run(
         [
-            *(sys.executable, "-m", "llamanix", "argv", str(toml), "a"),
+            *(sys.executable, "-m", "llamanix", "plan", str(toml), "a", "--argv"),
             *("--variant", "nixpkgs", "--capabilities", str(probe)),
         ],
         capture_output=True,
@@ -233,7 +233,17 @@ def test_probe_diff_names_what_a_flip_gains_and_loses(tmp_path: Path, live: Capa
     up = write_probe(tmp_path, "upstream", live)
     bee = write_probe(tmp_path, "beellama", recorded(RECORDED["beellama"]))
     proc = subprocess.run(
-        [sys.executable, "-m", "llamanix", "probe", "--diff", str(up), str(bee), "--json"],
+        [
+            sys.executable,
+            "-m",
+            "llamanix",
+            "variant",
+            "probe",
+            "--diff",
+            str(up),
+            str(bee),
+            "--json",
+        ],
         capture_output=True,
         text=True,
         check=False,
@@ -248,7 +258,17 @@ def test_probe_diff_names_what_a_flip_gains_and_loses(tmp_path: Path, live: Capa
     )
     # The other way round, the same items change sides.
     back = subprocess.run(
-        [sys.executable, "-m", "llamanix", "probe", "--diff", str(bee), str(up), "--json"],
+        [
+            sys.executable,
+            "-m",
+            "llamanix",
+            "variant",
+            "probe",
+            "--diff",
+            str(bee),
+            str(up),
+            "--json",
+        ],
         capture_output=True,
         text=True,
         check=False,

@@ -253,11 +253,11 @@ def test_the_unit_carries_no_key_and_loads_each_as_a_credential() -> None:
                  'Environment="LITELLM_LOCAL_MODEL_COST_MAP=True"'):  # fmt: skip
         assert line in text.splitlines(), line
     exec_start = next(x for x in text.splitlines() if x.startswith("ExecStart="))
-    # No shell: llamanix's gateway exec reads each credential into its variable and execs
+    # No shell: llamanix's gateway-exec reads each credential into its variable and execs
     # LiteLLM with an argv, every word of it quoted, %d (the credentials) the one specifier.
     words = shlex.split(exec_start.removeprefix("ExecStart="))
     assert words[1:] == [
-        "gateway", "exec",
+        "gateway-exec",
         "--credential-env", "LITELLM_MASTER_KEY=master-key",
         "--credential-env", "LLAMANIX_KEY_QWEN_B=key-qwen-b",
         "--", f"/var/lib/llamanix/litellm/{LITELLM_VERSION}/bin/litellm",
@@ -266,8 +266,7 @@ def test_the_unit_carries_no_key_and_loads_each_as_a_credential() -> None:
     assert "/bin/sh" not in text
     post = next(x for x in text.splitlines() if x.startswith("ExecStartPost="))
     assert shlex.split(post.removeprefix("ExecStartPost="))[1:] == [
-        "gateway", "ready", "--url", "http://127.0.0.1:4000/health/liveliness", "--pid",
-        "$MAINPID",
+        "gateway-ready", "--url", "http://127.0.0.1:4000/health/liveliness", "--pid", "$MAINPID"
     ]  # fmt: skip
     assert set(render.files()) == {
         "llamanix-gateway.service", "gateway.argv.json", "litellm.yaml", "manifest.json"

@@ -314,7 +314,7 @@ def test_terminal_gets_a_progress_bar(servers: dict[str, LlamaServer]) -> None:
     leader, follower = pty.openpty()
     env = {**os.environ, "PYTHONPATH": str(ROOT / "tools"), "COLUMNS": "160", "TERM": "xterm"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "llamanix", "lossless", servers["base"].url,
+        [sys.executable, "-m", "llamanix", "check", "lossless", servers["base"].url,
          servers["self-draft"].url, "--prompts", "builtin:fibonacci", "--runs", "2",
          "--max-tokens", "32"],
         stdin=follower, stdout=follower, stderr=follower, env=env, close_fds=True,

@@ -373,7 +373,7 @@ def module_config(
 
 
 def instance_argv(config: Path, instance: str, *options: str) -> list[str]:
-    proc = run_llamanix("argv", str(config), instance, *options, timeout=None)
+    proc = run_llamanix("plan", str(config), instance, "--argv", *options, timeout=None)
     assert proc.returncode == 0, proc.stderr
     argv: list[str] = json.loads(proc.stdout)
     return argv

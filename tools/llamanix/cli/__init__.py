@@ -149,8 +149,10 @@ MOVED: dict[str, str] = {
     "gateway-exec": "gateway exec",
     "gateway-ready": "gateway ready",
 }
-# Old names that units rendered by an earlier llamanix run (the gateway's): they say nothing,
-# since nobody reads a unit's stderr to change it, and the next render spells the new name.
+# The names the gateway's unit runs. Units keep rendering them: a unit whose ExecStart= changed
+# counts as changed, so a new spelling would restart the gateway (and drop its requests) on the
+# first switch after an upgrade. They say nothing, since nobody reads a unit's stderr, and stay
+# as long as units render them.
 MOVED_QUIETLY = frozenset({"gateway-exec", "gateway-ready"})
 
 

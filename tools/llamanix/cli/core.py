@@ -274,9 +274,19 @@ def _print_argv(
             raise UserError(Problem("llamanix plan", name, "not taken with --argv", fix))
     assert instance is not None
     caps = _load_caps(capabilities)
+    other = sorted(set(caps) - {"*", instance})
+    if other:
+        # A probe of another instance would check nothing here: said, never skipped silently.
+        fix = f"give --capabilities FILE or {instance}=FILE: --argv prints {instance}'s argv"
+        raise UserError(
+            Problem(
+                "llamanix plan", "--capabilities", f"a probe of '{other[0]}', not {instance}", fix
+            )
+        )
+    probe = caps.get(instance, caps.get("*"))
     cfg = load_config(config)
-    argv_words = instance_argv(cfg, instance, variant, caps.get("*"))
-    warning = dialect_warning(cfg, instance, variant, caps.get("*"))
+    argv_words = instance_argv(cfg, instance, variant, probe)
+    warning = dialect_warning(cfg, instance, variant, probe)
     if warning:
         click.echo(f"warning: {warning}", err=True)
     click.echo(json.dumps(argv_words))

@@ -1,6 +1,6 @@
 """llamanix CLI: ``gateway exec`` and ``gateway ready``, hidden: what the gateway's unit runs
-(hosts/gateway_start.py), not a person. Units rendered before they moved run ``gateway-exec``
-and ``gateway-ready`` (cli.MOVED)."""
+(hosts/gateway_start.py), not a person. The unit itself runs them as ``gateway-exec`` and
+``gateway-ready`` (cli.MOVED_QUIETLY says why)."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def gateway_exec(pairs: tuple[str, ...], argv: tuple[str, ...]) -> None:
     try:
         os.execve(argv[0], list(argv), env)
     except OSError as err:
-        fail(f"llamanix gateway-exec: cannot run {argv[0]}: {err.strerror}")
+        fail(f"llamanix gateway exec: cannot run {argv[0]}: {err.strerror}")
 
 
 @gateway_group.command("ready")

@@ -31,7 +31,9 @@ HOSTS_HELP = (
     "A host NAME, several A,B (in that order) or all (in config order); may be left out when "
     "the config has one host (plan and top: every host)."
 )
-# --host's value that names every host of the config, in config order.
+# --host's value that names every host of the config, in config order: config.model.ALL_HOSTS,
+# which no host may be named (spelled again here so that --help imports no config module; a
+# test holds the two equal).
 ALL_HOSTS = "all"
 
 
@@ -275,7 +277,12 @@ class OneOf(click.Choice):  # type: ignore[type-arg]
             from llamanix.config.model import suggest
             from llamanix.core.errors import Problem, UserError
 
-            where = f"llamanix {ctx.info_name}" if ctx is not None else "llamanix"
+            # The command as typed under its group (llamanix check smoke), the root left out.
+            path: list[str] = []
+            while ctx is not None and ctx.parent is not None:
+                path.insert(0, ctx.info_name or "")
+                ctx = ctx.parent
+            where = " ".join(["llamanix", *path])
             name = param.opts[0] if param is not None and param.opts else "value"
             choices = tuple(str(c) for c in self.choices)
             raise UserError(

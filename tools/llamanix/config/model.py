@@ -40,6 +40,8 @@ IMPLICIT_HOST = "local"
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # llama-swap's config schema: a model's env entries match ^[A-Z_][A-Z0-9_]*=.
 _SWAP_ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
+# The host name --host gives to mean every host of a config, so no host may take it.
+ALL_HOSTS = "all"
 _CUDA_ARCH = re.compile(r"^\d+\.\d+[af]?$")
 # Environment variables through which llama-server would read a key: a key there would end up
 # in the unit text, so it is refused in favour of api_key_file.
@@ -651,6 +653,12 @@ def _parse_hosts(c: _Checker, raw: Mapping[str, object]) -> dict[str, Host]:
     for name, table in raw.items():
         where = f"hosts.{_key(name)}"
         if c.name(where, name) is None:
+            continue
+        if name == ALL_HOSTS:
+            # --host all names every host: a host of that name would be one of two things.
+            c.add(
+                where, "'all' is what --host all means (every host)", "give this host another name"
+            )
             continue
         table = c.table(where, table)
         c.unknown_keys(where, table, known)

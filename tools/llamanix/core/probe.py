@@ -229,4 +229,7 @@ def load_capabilities(path: Path) -> Capabilities:
                 "make one with: llamanix variant probe BINARY --json > FILE",
             )
         )
-    return from_json_lenient(Capabilities, data, source, source=source)
+    try:
+        return from_json_lenient(Capabilities, data, source, source=source)
+    except ValueError as err:  # a field the lenient read must have (MUST_READ), such as binary
+        raise UserError(Problem(source, "", f"not a probe: {err}", make)) from None

@@ -25,7 +25,7 @@ from llamanix.external.process import alive
 _VARIABLE = re.compile(r"[A-Z_][A-Z0-9_]*")
 # A credential's name as the unit loads it: one file name in the credentials directory.
 _CREDENTIAL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
-SOURCE = "llamanix gateway-exec"
+SOURCE = "llamanix gateway exec"
 POLL_S = 0.5
 
 

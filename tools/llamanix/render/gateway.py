@@ -258,12 +258,12 @@ def key_credentials(config: Config) -> list[tuple[str, str]]:
 
 
 def start_argv(config: Config, llamanix: Sequence[str]) -> list[str]:
-    """What the unit runs: llamanix's ``gateway exec`` (``llamanix``: how the unit runs
+    """What the unit runs: llamanix's ``gateway-exec`` (``llamanix``: how the unit runs
     llamanix), which reads each key from its credential into the variable LiteLLM reads it
     from, puts the plugin's directory on LiteLLM's path and execs LiteLLM with its own argv.
     No shell: every config value is one argument of its own."""
     gateway = gateway_of(config)
-    argv = [*llamanix, "gateway", "exec"]
+    argv = [*llamanix, "gateway-exec"]
     for variable, credential in key_credentials(config):
         argv += ["--credential-env", f"{variable}={credential}"]
     argv += ["--", f"{venv_dir(gateway.version)}/bin/litellm", "--config", f"%d/{CONFIG_FILE}"]
@@ -274,13 +274,13 @@ def ready_argv(config: Config, llamanix: Sequence[str]) -> list[str]:
     """Waits until LiteLLM's liveliness endpoint answers, or fails once LiteLLM has exited."""
     gateway = gateway_of(config)
     url = connect_url(gateway.listen, gateway.port) + "/health/liveliness"
-    return [*llamanix, "gateway", "ready", "--url", url, "--pid", "$MAINPID"]
+    return [*llamanix, "gateway-ready", "--url", url, "--pid", "$MAINPID"]
 
 
 def render_unit(config: Config, digest: str, llamanix: Sequence[str]) -> RenderedInstance:
     """``llamanix-gateway.service``: LiteLLM from its own venv, hardened like the servers,
     its config carried in the unit and every key loaded as a credential; ``llamanix``: how
-    the unit runs llamanix (its ``gateway exec`` starts LiteLLM)."""
+    the unit runs llamanix (its ``gateway-exec`` starts LiteLLM)."""
     gateway = gateway_of(config)
     text = config_text(config)
     keys = [systemd.credential_path(MASTER_KEY_CREDENTIAL, gateway.api_key_file)]

@@ -35,9 +35,6 @@ from llamanix.state.host_lock import host_lock, units_lock
 from llamanix.switch.gate import GatePrompts
 from llamanix.switch.switch_records import Echo, RollbackOptions, SwitchOptions
 
-# switch's host that means every host of the config, in config order.
-ALL_HOSTS = "all"
-
 
 @dataclass(frozen=True)
 class SwitchRequest:
@@ -125,16 +122,16 @@ class HostChoice:
 
 
 def parse_hosts(text: str, known: Sequence[str], source: str) -> tuple[str, ...]:
-    """``--hosts a,b,c``: names of the config's hosts, each once, in the order given."""
+    """``--host a,b,c``: names of the config's hosts, each once, in the order given."""
     names = tuple(n.strip() for n in text.split(",") if n.strip())
     if not names:
-        raise UserError(Problem(source, "--hosts", "names no host", "e.g. --hosts gpu1,gpu2"))
+        raise UserError(Problem(source, "--host", "names no host", "e.g. --host gpu1,gpu2"))
     for name in names:
         if name not in known:
             raise UserError(
                 Problem(
                     source,
-                    "--hosts",
+                    "--host",
                     f"no host '{name}' in the config",
                     suggest(name, tuple(known)),
                 )
@@ -142,7 +139,7 @@ def parse_hosts(text: str, known: Sequence[str], source: str) -> tuple[str, ...]
     seen = [n for i, n in enumerate(names) if n in names[:i]]
     if seen:
         raise UserError(
-            Problem(source, "--hosts", f"'{seen[0]}' is named twice", "name each host once")
+            Problem(source, "--host", f"'{seen[0]}' is named twice", "name each host once")
         )
     return names
 
