@@ -173,23 +173,23 @@ def switch(
     """
     echo = _echo_err if as_json else _echo
     runner = Runner(dry_run=dry_run, echo=echo)
-    if host.several:
-        # --host A,B or all: a rollout, the first host the canary, stopping at the first
-        # failure (its own --batch and --on-failure apply).
-        rollout_opts = RolloutOptions(batch, on_failure, preflight_timeout_s)
-        rollout = commands.rolling_switch(config, host.names, opts, rollout_opts, runner, echo)
-        print_rollout(rollout, as_json)
-        if rollout.aborted:
-            exit_with(EXIT_INTERRUPTED)
-        if not rollout.ok:
-            exit_with(1)
+    if not host.several:
+        with host_flag(host.name):
+            outcome = commands.switch_one_host(config, host.name, opts, runner, echo)
+        if as_json:
+            click.echo(json.dumps([outcome.to_json()], indent=2))
+        if not outcome.ok:
+            fail(f"llamanix: switch of {outcome.host} failed: {outcome.detail}")
         return
-    with host_flag(host.name):
-        outcome = commands.switch(config, host.name, opts, runner, echo)
-    if as_json:
-        click.echo(json.dumps([outcome.to_json()], indent=2))
-    if not outcome.ok:
-        fail(f"llamanix: switch of {outcome.host} failed: {outcome.detail}")
+    # --host A,B or all: a rollout, the first host the canary, stopping at the first failure
+    # (its own --batch and --on-failure apply).
+    rollout_opts = RolloutOptions(batch, on_failure, preflight_timeout_s)
+    rollout = commands.rolling_switch(config, host.names, opts, rollout_opts, runner, echo)
+    print_rollout(rollout, as_json)
+    if rollout.aborted:
+        exit_with(EXIT_INTERRUPTED)
+    if not rollout.ok:
+        exit_with(1)
 
 
 @click.command()
@@ -217,7 +217,7 @@ def rollback(config: Path, host: Hosts, dry_run: bool, opts: RollbackOptions) ->
         return
     with host_flag(host.name):
         runner = Runner(dry_run=dry_run, echo=_echo)
-        number = commands.rollback(config, host.name, opts, runner, _echo)
+        number = commands.rollback_one_host(config, host.name, opts, runner, _echo)
     if number is not None and not dry_run:
         click.echo(f"now serving generation {number}")
 

@@ -64,7 +64,7 @@ from llamanix.external.clock import now
 from llamanix.external.files import atomic_write, locked
 from llamanix.external.process import Runner
 from llamanix.external.systemd_run import start_transient
-from llamanix.fleet.commands import rollback, switch
+from llamanix.fleet.commands import rollback_one_host, switch_one_host
 from llamanix.fleet.protocol import (
     FORMATS,
     PROTOCOL,
@@ -734,7 +734,7 @@ def unit_switch(d: FleetDir, echo: Echo) -> HostOutcome:
         try:
             opts = replace(_read_options(d), manager=manager, units_dir=units_dir)
             new_text = read_own(upcoming) if os.path.lexists(upcoming) else None
-            outcome = switch(path, host, opts, Runner(echo=log), log, new_text)
+            outcome = switch_one_host(path, host, opts, Runner(echo=log), log, new_text)
         except (UserError, ExternalCommandError) as err:
             log(f"{host}: {err}")
             outcome = HostOutcome(host, "failed", detail=str(err))
@@ -774,7 +774,7 @@ def unit_rollback(d: FleetDir, echo: Echo) -> HostOutcome:
                 raise UserError(Problem(str(d.root), "", "no config here"))
             kept = _read_rollback_options(d)
             opts = RollbackOptions(kept.to, kept.timeout_s, manager=manager, units_dir=units_dir)
-            number = rollback(path, host, opts, Runner(echo=log), log)
+            number = rollback_one_host(path, host, opts, Runner(echo=log), log)
             # Out of service: the whole rollback, at most (its units restart within it).
             outcome = HostOutcome(
                 host,

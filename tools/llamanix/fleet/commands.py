@@ -4,7 +4,6 @@ order, batches and stopping rules are fleet.rollout's."""
 
 from __future__ import annotations
 
-import functools
 import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,12 +17,12 @@ from llamanix.fleet import remote
 from llamanix.fleet.cache_move import CacheMoves
 from llamanix.fleet.dispatch import FleetOps, rollback_one, switch_one
 from llamanix.fleet.rollout import Rollout, RolloutOptions, plan_batches, run_rollout
-from llamanix.switch.request import HostChoice, RollbackRequest, SwitchRequest, locked_run
+from llamanix.switch.request import HostChoice, RollbackRequest, SwitchRequest, locked
 from llamanix.switch.rollback import rollback_host
 from llamanix.switch.switch_records import Echo, HostOutcome, RollbackOptions, SwitchOptions
 
 
-def switch(
+def switch_one_host(
     path: Path,
     host: str | None,
     opts: SwitchOptions,
@@ -36,37 +35,27 @@ def switch(
     applied.
 
     The host's lock is held for the whole switch (--wait: how long to wait for another
-    switch, rollback or pin to finish), the config read under it (see ``read_locked``); a dry
-    run changes nothing and locks nothing."""
-    opts.gate_kind(str(path))  # bad options: one line before anything is read or locked
-    return locked_run(
-        functools.partial(SwitchRequest.read, path, HostChoice(host), opts, new_text),
-        functools.partial(_switch_one_host, runner=runner, echo=echo),
-        dry_run=runner.dry_run,
-        wait_s=opts.wait_s,
-        command="switch",
-        echo=echo,
-    )
+    switch, rollback or pin to finish); the config is read before it, and again under it only
+    when another command wrote it meanwhile (see ``locked``). A dry run changes nothing and
+    locks nothing."""
+    request = SwitchRequest.read(path, HostChoice(host), opts, new_text)
+    with locked(
+        request, dry_run=runner.dry_run, wait_s=opts.wait_s, command="switch", echo=echo
+    ) as request:
+        return switch_one(request, request.hosts[0], request.old_text, runner, echo)
 
 
-def _switch_one_host(request: SwitchRequest, runner: Runner, echo: Echo) -> HostOutcome:
-    return switch_one(request, request.hosts[0], request.old_text, runner, echo)
-
-
-def rollback(
+def rollback_one_host(
     path: Path, host: str | None, opts: RollbackOptions, runner: Runner, echo: Echo
 ) -> int | None:
     """Serve an earlier generation again (``opts.to``; None: the newest good one before the
     current) and put its config back: the generation now serving (None after a dry run of a
     remote host's)."""
-    return locked_run(
-        functools.partial(RollbackRequest.read, path, HostChoice(host), opts),
-        functools.partial(rollback_one, runner=runner, echo=echo),
-        dry_run=runner.dry_run,
-        wait_s=opts.wait_s,
-        command="rollback",
-        echo=echo,
-    )
+    request = RollbackRequest.read(path, HostChoice(host), opts)
+    with locked(
+        request, dry_run=runner.dry_run, wait_s=opts.wait_s, command="rollback", echo=echo
+    ) as request:
+        return rollback_one(request, runner, echo)
 
 
 @contextmanager
@@ -102,15 +91,11 @@ def rolling_switch(
     echo: Echo,
 ) -> Rollout:
     """``switch --hosts a,b,c`` (or ``--all-hosts``, hosts None): see fleet.rollout."""
-    opts.gate_kind(str(path))
-    return locked_run(
-        functools.partial(SwitchRequest.read, path, HostChoice(hosts=hosts, several=True), opts),
-        functools.partial(_roll_out, rollout_opts=rollout_opts, runner=runner, echo=echo),
-        dry_run=runner.dry_run,
-        wait_s=opts.wait_s,
-        command="switch",
-        echo=echo,
-    )
+    request = SwitchRequest.read(path, HostChoice(hosts=hosts, several=True), opts)
+    with locked(
+        request, dry_run=runner.dry_run, wait_s=opts.wait_s, command="switch", echo=echo
+    ) as request:
+        return _roll_out(request, rollout_opts, runner, echo)
 
 
 def _roll_out(
@@ -131,14 +116,11 @@ def fleet_rollback(
 ) -> list[HostOutcome]:
     """``rollback --hosts a,b``: each host back to ``opts.to`` (or its previous good
     generation), in the order given, stopping at the first that fails."""
-    return locked_run(
-        functools.partial(RollbackRequest.read, path, HostChoice(hosts=hosts, several=True), opts),
-        functools.partial(_roll_back_in_order, runner=runner, echo=echo),
-        dry_run=runner.dry_run,
-        wait_s=opts.wait_s,
-        command="rollback",
-        echo=echo,
-    )
+    request = RollbackRequest.read(path, HostChoice(hosts=hosts, several=True), opts)
+    with locked(
+        request, dry_run=runner.dry_run, wait_s=opts.wait_s, command="rollback", echo=echo
+    ) as request:
+        return _roll_back_in_order(request, runner, echo)
 
 
 def _roll_back_in_order(request: RollbackRequest, runner: Runner, echo: Echo) -> list[HostOutcome]:
@@ -158,4 +140,4 @@ def _roll_back_in_order(request: RollbackRequest, runner: Runner, echo: Echo) ->
     return outcomes
 
 
-__all__ = ["fleet_rollback", "rollback", "rolling_switch", "switch"]
+__all__ = ["fleet_rollback", "rollback_one_host", "rolling_switch", "switch_one_host"]

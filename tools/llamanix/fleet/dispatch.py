@@ -14,7 +14,7 @@ from llamanix.fleet import remote
 from llamanix.fleet.cache_move import CacheMoves
 from llamanix.fleet.rollout import HostOps, Lost, Unreachable
 from llamanix.state.config_edit import write_config
-from llamanix.switch.request import RollbackRequest, SwitchRequest
+from llamanix.switch.request import HostChoice, RollbackRequest, SwitchRequest
 from llamanix.switch.rollback import rollback_host
 from llamanix.switch.switch_records import Echo, HostOutcome, RollbackOptions
 from llamanix.switch.transaction import switch_host
@@ -144,4 +144,4 @@ def rollback_request(request: SwitchRequest, host: str, to: int | None) -> Rollb
     opts = RollbackOptions(
         to, o.timeout_s, o.wait_s, o.manager, o.units_dir, o.run_timeout_s, o.follow_timeout_s
     )
-    return RollbackRequest(request.source, request.config, (host,), (host,), opts)
+    return RollbackRequest(request.source, request.config, (host,), (host,), opts, HostChoice(host))

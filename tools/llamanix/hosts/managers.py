@@ -23,9 +23,9 @@ from llamanix.external.files import atomic_write
 from llamanix.external.journalctl import read_journal
 from llamanix.external.process import Runner
 from llamanix.hosts.host_kind import refuse_unstated_nixos
-from llamanix.render.changes import RenderFiles, diff_files
+from llamanix.render.changes import RenderFiles, diff_files, same_unit
 from llamanix.render.exporter_unit import UNIT as EXPORTER_UNIT
-from llamanix.render.manifest import MANIFEST, Render, same_unit, unit_name
+from llamanix.render.manifest import MANIFEST, Render, unit_name
 from llamanix.state.generations import (
     HostState,
     InstanceSummary,

@@ -23,24 +23,6 @@ from llamanix.core.schema import HostKind
 MANIFEST = "manifest.json"
 
 
-def unit_settings(text: str) -> list[str]:
-    """A unit's lines as systemd reads them: comments (``#``, ``;``) and blank lines out. Each
-    unit's header names the config it came from and that config's hash, so any change to the
-    config changes every unit's text; only a change here is a change to the service."""
-    return [
-        line
-        for line in text.splitlines()
-        if line.strip() and not line.lstrip().startswith(("#", ";"))
-    ]
-
-
-def same_unit(old: str | None, new: str | None) -> bool:
-    """Whether two unit texts configure the same service (comments aside)."""
-    if old is None or new is None:
-        return old is new
-    return unit_settings(old) == unit_settings(new)
-
-
 def unit_name(instance: str) -> str:
     """The systemd unit an instance runs as."""
     return f"llamanix-{instance}.service"

@@ -9,11 +9,11 @@ again.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping, Sequence
-from contextlib import ExitStack
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import Protocol, Self, TypeVar
 
 from llamanix.config.host_choice import pick_host
 from llamanix.config.model import Config, suggest
@@ -40,7 +40,7 @@ from llamanix.switch.switch_records import Echo, RollbackOptions, SwitchOptions
 class SwitchRequest:
     """One switch as read: the config file, the text with --set applied and its parse, the
     hosts it switches (in config order) and the options. Made once, with the hosts' locks held
-    (see ``locked_run``)."""
+    (see ``locked``)."""
 
     source: ConfigText  # the file as read: the text a failed gate puts back
     new_text: str
@@ -53,32 +53,40 @@ class SwitchRequest:
     # its own): a bad value of any host stops the switch before anything is written.
     renders: Mapping[str, Render]
     # The bench gate's prompts (--gate-prompts), loaded once; None: the default.
-    prompts: GatePrompts | None = None
+    prompts: GatePrompts | None
+    # How it was read, so that read_again reads it the same way: the hosts asked for, and the
+    # text given in place of the file's (None: the file's with --set applied).
+    which: HostChoice
+    given_text: str | None
 
     @staticmethod
     def read(
-        path: Path, which: HostChoice, opts: SwitchOptions, new_text: str | None = None
+        path: Path, which: HostChoice, opts: SwitchOptions, given_text: str | None = None
     ) -> SwitchRequest:
         """Read the file, apply --set, parse and render (every value checked before anything
-        is written). ``new_text``: the text to switch to in place of the file's with --set
+        is written). ``given_text``: the text to switch to in place of the file's with --set
         applied (a remote host's agent gets it from the switch that runs there over ssh)."""
+        # Bad options: one line before anything is read or locked.
+        gate, prompts = opts.gate_of(str(path))
         source = read_config(path)
-        if new_text is None:
-            new_text = apply_sets(path, source.text, opts.sets)
+        new_text = apply_sets(path, source.text, opts.sets) if given_text is None else given_text
         config = parse_text(path, new_text)
         if new_text != source.text:
             cannot = rewrite_problem(path)
             if cannot is not None:
                 raise UserError(cannot)
         order = which.hosts_of(config)
-        gate = opts.gate_kind(str(path))
         renders = {
             h: render_known_host(config, h) for h in order if not config.hosts[h].runs_own_switch
         }
         hosts = tuple(h for h in config.hosts if h in order)
         return SwitchRequest(
-            source, new_text, config, hosts, order, opts, gate, renders, opts.bench_prompts()
+            source, new_text, config, hosts, order, opts, gate, renders, prompts, which, given_text
         )
+
+    def read_again(self) -> SwitchRequest:
+        """The request read anew from the file (another command wrote it meanwhile)."""
+        return SwitchRequest.read(self.path, self.which, self.opts, self.given_text)
 
     @property
     def path(self) -> Path:
@@ -148,13 +156,14 @@ def parse_hosts(text: str, known: Sequence[str], source: str) -> tuple[str, ...]
 class RollbackRequest:
     """One rollback as read: the config file, its parse, the hosts (in config order; one, but
     for ``rollback --hosts``) and the options. Made once, with the hosts' locks held (see
-    ``locked_run``)."""
+    ``locked``)."""
 
     source: ConfigText
     config: Config
     hosts: tuple[str, ...]  # in config order: the order their locks are taken in
     order: tuple[str, ...]  # the order they are rolled back in
     opts: RollbackOptions
+    which: HostChoice  # how the hosts were asked for, so that read_again asks the same way
 
     @staticmethod
     def read(path: Path, which: HostChoice, opts: RollbackOptions) -> RollbackRequest:
@@ -162,7 +171,11 @@ class RollbackRequest:
         config = parse_text(path, source.text)
         order = which.hosts_of(config)
         hosts = tuple(h for h in config.hosts if h in order)
-        return RollbackRequest(source, config, hosts, order, opts)
+        return RollbackRequest(source, config, hosts, order, opts, which)
+
+    def read_again(self) -> RollbackRequest:
+        """The request read anew from the file (another command wrote it meanwhile)."""
+        return RollbackRequest.read(self.path, self.which, self.opts)
 
     @property
     def host(self) -> str:
@@ -171,7 +184,7 @@ class RollbackRequest:
 
     def of(self, host: str) -> RollbackRequest:
         """The rollback of ``host`` alone."""
-        return replace(self, hosts=(host,), order=(host,))
+        return replace(self, hosts=(host,), order=(host,), which=HostChoice(host))
 
     @property
     def path(self) -> Path:
@@ -195,7 +208,8 @@ def _recover(state: HostState, echo: Echo) -> None:
 
 
 class _Request(Protocol):
-    """What ``locked_run`` needs of a request: the file as read, and the hosts to lock."""
+    """What ``locked`` needs of a request: the file as read, the hosts to lock, and how to
+    read it again."""
 
     @property
     def source(self) -> ConfigText: ...
@@ -205,34 +219,21 @@ class _Request(Protocol):
 
     def units_scope(self, host: str) -> Scope | None: ...
 
+    def read_again(self) -> Self: ...
+
 
 _R = TypeVar("_R", bound=_Request)
-_T = TypeVar("_T")
 
 
-def locked_run(
-    read: Callable[[], _R],
-    run: Callable[[_R], _T],
-    *,
-    dry_run: bool,
-    wait_s: float,
-    command: str,
-    echo: Echo,
-) -> _T:
-    """Read the request with its hosts' (and their units') locks held, then run it; a dry
-    run reads and runs without locks. Every command that changes a host (switch, rollback,
-    tidy, one host or several) goes through here."""
-    if dry_run:
-        return run(read())
-    with ExitStack() as locks:
-        return run(_read_locked(read, locks, wait_s, command, echo))
+@contextmanager
+def locked(request: _R, *, dry_run: bool, wait_s: float, command: str, echo: Echo) -> Iterator[_R]:
+    """The request with its hosts' (and their units') locks held while the block runs; a dry
+    run changes nothing and takes no lock. Every command that changes a host (switch,
+    rollback, tidy, one host or several) goes through here::
 
-
-def _read_locked(
-    read: Callable[[], _R], locks: ExitStack, wait_s: float, command: str, echo: Echo
-) -> _R:
-    """The request, read once, with its hosts' locks and their units' locks held (in
-    ``locks``) and what a killed command left in the hosts' state tidied.
+        request = SwitchRequest.read(path, HostChoice(host), opts)
+        with locked(request, dry_run=False, wait_s=0, command="switch", echo=echo) as request:
+            ...  # switch it
 
     Which locks to take follows from the config (``all``, or its only host when none is
     named), so the request is read before them: with the locks held, the file's stamp says
@@ -241,25 +242,35 @@ def _read_locked(
     uncontended switch or rollback reads and parses the config once, and none works from a
     text the file no longer holds once the locks are held.
     """
-    request = read()
-    locked: tuple[str, ...] = ()
-    while True:
-        if request.hosts != locked:
-            locks.close()
-            path = request.source.path
-            for name in request.hosts:  # always in config order, so two callers cannot deadlock
-                state = HostState.beside(path, name)
-                locks.enter_context(
-                    host_lock(state.root, f"host {name}", str(path), wait_s, command=command)
-                )
-                _recover(state, echo)
-            # Then the units they change on this machine, whatever config names them (the
-            # fleet agent's copy, a local file): always after the hosts' locks and in one
-            # order, so that nobody waits for a host's lock while holding units.
-            units = {s.units_dir.resolve() for h in request.hosts if (s := request.units_scope(h))}
-            for units_dir in sorted(units):
-                locks.enter_context(units_lock(units_dir, str(path), wait_s, command=command))
-            locked = request.hosts
-        if request.source.unchanged():
-            return request
-        request = read()
+    if dry_run:
+        yield request
+        return
+    with ExitStack() as locks:
+        locked_hosts: tuple[str, ...] = ()
+        while True:
+            if request.hosts != locked_hosts:
+                locks.close()
+                _lock(request, locks, wait_s, command, echo)
+                locked_hosts = request.hosts
+            if request.source.unchanged():
+                break
+            request = request.read_again()
+        yield request
+
+
+def _lock(request: _Request, locks: ExitStack, wait_s: float, command: str, echo: Echo) -> None:
+    """Take the request's hosts' locks and their units' (in ``locks``), and tidy what a killed
+    command left in the hosts' state."""
+    path = request.source.path
+    for name in request.hosts:  # always in config order, so two callers cannot deadlock
+        state = HostState.beside(path, name)
+        locks.enter_context(
+            host_lock(state.root, f"host {name}", str(path), wait_s, command=command)
+        )
+        _recover(state, echo)
+    # Then the units they change on this machine, whatever config names them (the fleet
+    # agent's copy, a local file): always after the hosts' locks and in one order, so that
+    # nobody waits for a host's lock while holding units.
+    units = {s.units_dir.resolve() for h in request.hosts if (s := request.units_scope(h))}
+    for units_dir in sorted(units):
+        locks.enter_context(units_lock(units_dir, str(path), wait_s, command=command))

@@ -81,11 +81,13 @@ class SwitchOptions(JsonRecord):
     def follow_s(self) -> float:
         return follow_deadline(self.run_timeout_s, self.follow_timeout_s)
 
-    def bench_prompts(self) -> GatePrompts | None:
-        """The --gate-prompts' prompts; None for the default (checked in gate_kind)."""
-        return None if self.gate_prompts is None else GatePrompts.load(self.gate_prompts)
-
     def gate_kind(self, source: str) -> GateKind:
+        """The gate these options ask for, every option checked (bad ones: one line)."""
+        return self.gate_of(source)[0]
+
+    def gate_of(self, source: str) -> tuple[GateKind, GatePrompts | None]:
+        """The gate these options ask for and its prompts (--gate-prompts, loaded once; None:
+        the default), every option checked first (bad ones: one line)."""
         wants_bench = self.min_tok_s is not None or self.max_regression is not None
         if self.min_tok_s is not None and self.max_regression is not None:
             raise UserError(
@@ -135,8 +137,8 @@ class SwitchOptions(JsonRecord):
                         "use --gate bench (or leave --gate-prompts out)",
                     )
                 )
-            self.bench_prompts()
-        return gate
+            return gate, GatePrompts.load(self.gate_prompts)
+        return gate, None
 
     def inconclusive_action(self) -> Action:
         return _action("--inconclusive", self.inconclusive)
@@ -145,7 +147,7 @@ class SwitchOptions(JsonRecord):
         return _action("--on-drift", self.on_drift)
 
     def thresholds(self, baseline: Baseline | None, prompts: GatePrompts | None) -> Thresholds:
-        """The bench gate's limits; ``prompts``: the --gate-prompts' (``bench_prompts``),
+        """The bench gate's limits; ``prompts``: the --gate-prompts' (from ``gate_of``),
         loaded once for the whole switch."""
         return Thresholds(
             self.min_tok_s,

@@ -17,7 +17,6 @@ the next ``switch`` applies (or ``rollback --to N`` puts back); tidy says which.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,7 +27,7 @@ from llamanix.hosts.leftovers import Scope, local_scope, restore_current, tidy_h
 from llamanix.hosts.managers import make_manager
 from llamanix.state.config_edit import ConfigText, lenient_parse, parse_text, read_config
 from llamanix.state.generations import HostState
-from llamanix.switch.request import HostChoice, locked_run
+from llamanix.switch.request import HostChoice, locked
 from llamanix.switch.serving import check_serving
 from llamanix.switch.switch_records import Echo
 
@@ -40,6 +39,7 @@ class TidyRequest:
     source: ConfigText
     config: Config
     hosts: tuple[str, ...]
+    which: HostChoice  # how the host was asked for, so that read_again asks the same way
 
     @staticmethod
     def read(path: Path, which: HostChoice) -> TidyRequest:
@@ -57,7 +57,11 @@ class TidyRequest:
                     f"run llamanix tidy on {target.destination}",
                 )
             )
-        return TidyRequest(source, config, hosts)
+        return TidyRequest(source, config, hosts, which)
+
+    def read_again(self) -> TidyRequest:
+        """The request read anew from the file (another command wrote it meanwhile)."""
+        return TidyRequest.read(self.path, self.which)
 
     @property
     def path(self) -> Path:
@@ -77,15 +81,10 @@ def tidy(
     """Tidy one host of this machine (None: the config's only one); whether its current
     generation serves after."""
 
-    # locked_run takes the locks and already tidies the host's state (step 1).
-    return locked_run(
-        functools.partial(TidyRequest.read, path, HostChoice(host)),
-        functools.partial(_tidy_locked, timeout_s=timeout_s, runner=runner, echo=echo),
-        dry_run=False,
-        wait_s=wait_s,
-        command="tidy",
-        echo=echo,
-    )
+    # locked takes the locks and already tidies the host's state (step 1).
+    request = TidyRequest.read(path, HostChoice(host))
+    with locked(request, dry_run=False, wait_s=wait_s, command="tidy", echo=echo) as request:
+        return _tidy_locked(request, timeout_s, runner, echo)
 
 
 def _tidy_locked(request: TidyRequest, timeout_s: float, runner: Runner, echo: Echo) -> bool:
