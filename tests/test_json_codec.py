@@ -396,3 +396,14 @@ class Free(JsonRecord):
 
 def test_a_field_of_free_json_is_written_as_it_is() -> None:
     assert Free({"name": "g", "l": [1, None]}).to_json() == {"gpu": {"name": "g", "l": [1, None]}}
+
+
+def test_a_record_as_one_line_of_text_goes_round_and_bad_text_is_named() -> None:
+    """``to_text``/``from_text``: what the fleet's orders and requests travel as on stdin."""
+    text = SHAPE.to_text()
+    assert "\n" not in text and json.loads(text) == SHAPE.to_json()
+    assert Shape.from_text(text, "stdin") == SHAPE
+    with pytest.raises(ValueError, match=r"^stdin: not JSON: "):
+        Shape.from_text("{not json", "stdin")
+    with pytest.raises(ValueError, match=r"stdin\.colour"):
+        Shape.from_text(json.dumps({**SHAPE.to_json(), "colour": "blue"}), "stdin")

@@ -255,6 +255,27 @@ class _Checker:
             if key not in known:
                 self.add(f"{where}.{key}", "unknown key", suggest(key, known))
 
+    def table_values(
+        self,
+        where: str,
+        raw: object,
+        fields: Mapping[str, Field],
+        missing: Mapping[str, str],
+    ) -> dict[str, FieldValue | None] | None:
+        """A table of ``fields`` (``[gateway]``, a host's router, ``[metrics]``): each value
+        given, checked; a required one not given is named with its fix from ``missing``. None
+        when any is wrong or missing (each named)."""
+        table = self.table(where, raw)
+        self.unknown_keys(where, table, tuple(fields))
+        values: dict[str, FieldValue | None] = {}
+        for key, f in fields.items():
+            if key in table:
+                values[key] = self.value(f"{where}.{key}", f, table[key])
+            elif f.required:
+                self.add(f"{where}.{key}", "missing", missing[key])
+                values[key] = None
+        return None if any(v is None for v in values.values()) else values
+
     def value(
         self, where: str, f: Field, value: object, variants: tuple[str, ...] = ()
     ) -> FieldValue | None:
@@ -745,16 +766,8 @@ TARGET_FIX = (
 
 def _parse_router(c: _Checker, host_where: str, raw: object) -> Router | None:
     where = f"{host_where}.router"
-    table = c.table(where, raw)
-    c.unknown_keys(where, table, tuple(schema.ROUTER))
-    values: dict[str, FieldValue | None] = {}
-    for key, f in schema.ROUTER.items():
-        if key in table:
-            values[key] = c.value(f"{where}.{key}", f, table[key])
-        elif f.required:
-            c.add(f"{where}.{key}", "missing", _ROUTER_MISSING[key])
-            values[key] = None
-    if any(v is None for v in values.values()):
+    values = c.table_values(where, raw, schema.ROUTER, _ROUTER_MISSING)
+    if values is None:
         return None
     members = _texts(values["members"])
     if not members:
@@ -781,16 +794,8 @@ _GATEWAY_MISSING = {
 
 def _parse_gateway(c: _Checker, raw: object, hosts: dict[str, Host]) -> Gateway | None:
     where = "gateway"
-    table = c.table(where, raw)
-    c.unknown_keys(where, table, tuple(schema.GATEWAY))
-    values: dict[str, FieldValue | None] = {}
-    for key, f in schema.GATEWAY.items():
-        if key in table:
-            values[key] = c.value(f"{where}.{key}", f, table[key])
-        elif f.required:
-            c.add(f"{where}.{key}", "missing", _GATEWAY_MISSING[key])
-            values[key] = None
-    if any(v is None for v in values.values()):
+    values = c.table_values(where, raw, schema.GATEWAY, _GATEWAY_MISSING)
+    if values is None:
         return None
     version = _text(values.get("version")) or schema.LITELLM_VERSION
     if version in schema.LITELLM_REFUSED:
@@ -833,14 +838,8 @@ def _parse_metrics(
     gateway: Gateway | None,
 ) -> Metrics | None:
     """``[metrics]``: typed, and its exporter's port free on every host."""
-    table = c.table("metrics", raw)
-    c.unknown_keys("metrics", table, tuple(schema.METRICS))
-    values = {
-        key: c.value(f"metrics.{key}", f, table[key])
-        for key, f in schema.METRICS.items()
-        if key in table
-    }
-    if any(v is None for v in values.values()):
+    values = c.table_values("metrics", raw, schema.METRICS, {})
+    if values is None:
         return None
     metrics = _record(Metrics, values)
     if not is_loopback(metrics.listen) and not metrics.allow_remote:

@@ -61,6 +61,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import enum
+import json
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -246,7 +247,8 @@ def _is_union(tp: object) -> bool:
 
 class JsonRecord:
     """A base for a frozen dataclass that the codec writes and reads: ``record.to_json()`` and
-    ``Record.from_json(value, where)`` (strict), without writing either by hand."""
+    ``Record.from_json(value, where)`` (strict), without writing either by hand; as one line of
+    JSON text, ``record.to_text()`` and ``Record.from_text(text, source)``."""
 
     __slots__ = ()
     json_shape: ClassVar[JsonShape | None] = None
@@ -257,6 +259,20 @@ class JsonRecord:
     @classmethod
     def from_json(cls, value: object, where: str) -> Self:
         return from_json(cls, value, where)
+
+    def to_text(self) -> str:
+        """The record as one line of JSON (what goes over a pipe)."""
+        return json.dumps(self.to_json())
+
+    @classmethod
+    def from_text(cls, text: str, source: str) -> Self:
+        """The record in ``text``, one JSON value read strictly; ValueError naming ``source``
+        and what is wrong."""
+        try:
+            data = json.loads(text)
+        except ValueError as err:
+            raise ValueError(f"{source}: not JSON: {err}") from None
+        return from_json(cls, data, source)
 
 
 # --- writing ---------------------------------------------------------------------------------

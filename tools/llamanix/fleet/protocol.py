@@ -68,16 +68,12 @@ class SwitchOrder(JsonRecord):
     options: SwitchOptions
 
     def text(self) -> str:
-        return json.dumps(self.to_json())
+        return self.to_text()
 
     @staticmethod
     def parse(text: str, source: str) -> SwitchOrder:
         """The order on stdin; ValueError naming what is wrong with it."""
-        try:
-            data = json.loads(text)
-        except ValueError as err:
-            raise ValueError(f"{source}: not JSON: {err}") from None
-        return SwitchOrder.from_json(data, source)
+        return SwitchOrder.from_text(text, source)
 
 
 @dataclass(frozen=True)
@@ -113,7 +109,7 @@ class AgentRequest(JsonRecord):
     cache: CacheStep | None = field(default=None, metadata=OMIT_NONE)
 
     def text(self) -> str:
-        return json.dumps(self.to_json())
+        return self.to_text()
 
     @staticmethod
     def protocol_of(text: str) -> int | None:
@@ -129,11 +125,7 @@ class AgentRequest(JsonRecord):
     @staticmethod
     def parse(text: str, source: str) -> AgentRequest:
         """The request on stdin; ValueError naming what is wrong with it."""
-        try:
-            data = json.loads(text)
-        except ValueError as err:
-            raise ValueError(f"{source}: not JSON: {err}") from None
-        return AgentRequest.from_json(data, source)
+        return AgentRequest.from_text(text, source)
 
 
 @dataclass(frozen=True)

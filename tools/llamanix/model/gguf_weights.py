@@ -3,7 +3,7 @@
 ``gguf_info.read_gguf`` builds the gguf library's view of every field, which takes seconds on a
 262k-token vocabulary (tens of seconds on a busy machine); the exporter and ``llamanix top``
 need only the tensor table and two expert counts. This walks the key/value section with
-``struct`` over a memory map as ``gguf_header`` does, then reads each tensor's shape and type,
+``struct`` over a memory map with ``gguf_header``'s walker, then reads each tensor's shape and type,
 and sizes it with the gguf library's own block sizes. The sum follows
 ``GgufInfo.weight_bytes_per_token`` (a test keeps the two equal).
 """
@@ -18,13 +18,7 @@ from pathlib import Path
 
 from llamanix.core import file_reader
 from llamanix.core.errors import Problem, UserError
-
-_MAGIC = b"GGUF"
-_STRING, _ARRAY = 8, 9
-_UINT32, _UINT64, _INT32, _INT64 = 4, 10, 5, 11
-# Bytes per value of GGUF's fixed-size types (uint8 .. float64, bool).
-_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
-_INTEGERS = {_UINT32: "<I", _INT32: "<i", _UINT64: "<Q", _INT64: "<q"}
+from llamanix.model.gguf_header import string_at, walk_key_values
 
 
 @dataclass(frozen=True)
@@ -62,12 +56,6 @@ def weight_table(path: Path) -> WeightTable:
         ) from None
 
 
-def _string(m: mmap.mmap, offset: int) -> tuple[str, int]:
-    (length,) = struct.unpack_from("<Q", m, offset)
-    start = offset + 8
-    return m[start : start + length].decode("utf-8", errors="replace"), start + length
-
-
 @lru_cache(maxsize=32)
 def _read_cached(path: Path, mtime_ns: int, size: int) -> WeightTable:
     from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
@@ -76,38 +64,13 @@ def _read_cached(path: Path, mtime_ns: int, size: int) -> WeightTable:
         file_reader.open_regular(path, source=str(path), field="model") as fh,
         mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as m,
     ):
-        if m[:4] != _MAGIC:
-            raise ValueError("no GGUF magic")
-        n_tensors, n_kv = struct.unpack_from("<QQ", m, 8)
-        offset = 24
-        integers: dict[str, int] = {}
-        arch = ""
-        for _ in range(n_kv):
-            key, offset = _string(m, offset)
-            (kind,) = struct.unpack_from("<I", m, offset)
-            offset += 4
-            if kind == _STRING:
-                value, offset = _string(m, offset)
-                arch = value if key == "general.architecture" else arch
-            elif kind == _ARRAY:
-                element, count = struct.unpack_from("<IQ", m, offset)
-                offset += 12
-                if element == _STRING:
-                    for _ in range(count):
-                        (length,) = struct.unpack_from("<Q", m, offset)
-                        offset += 8 + length
-                else:
-                    offset += _SIZES[element] * count
-            else:
-                if kind in _INTEGERS:
-                    (integers[key],) = struct.unpack_from(_INTEGERS[kind], m, offset)
-                offset += _SIZES[kind]
-            if offset > size:
-                raise ValueError("truncated")
+        kv = walk_key_values(m, size)
+        arch = kv.strings.get("general.architecture", "")
+        integers, offset = kv.integers, kv.end
         tensor_bytes = embd = experts = 0
         has_output = False
-        for _ in range(n_tensors):
-            name, offset = _string(m, offset)
+        for _ in range(kv.n_tensors):
+            name, offset = string_at(m, offset)
             (n_dims,) = struct.unpack_from("<I", m, offset)
             dims = struct.unpack_from(f"<{n_dims}Q", m, offset + 4)
             offset += 4 + 8 * n_dims
