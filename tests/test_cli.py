@@ -391,3 +391,20 @@ def test_several_hosts_are_refused_as_host_not_the_old_spelling(tmp_path: Path) 
     done = CliRunner().invoke(main, ["generations", str(fleet), "--host", ","])
     assert done.exit_code == 2, done.output
     assert ": --host: names no host (e.g. --host gpu1,gpu2)" in done.output, done.output
+
+
+@pytest.mark.parametrize("command", [["variant", "pin"], ["variant", "build"]])
+def test_variant_and_config_swapped_is_one_line_with_the_order(
+    tmp_path: Path, command: list[str]
+) -> None:
+    """`variant pin|build VARIANT CONFIG`: one line that gives the order, nothing written."""
+    config = tmp_path / "llamanix.toml"
+    config.write_text("# not read\n")
+    result = CliRunner().invoke(main, [*command, "upstream", str(config), "--dry-run"])
+    assert result.exit_code == 2, result.output
+    said = " ".join(command)
+    assert result.stderr.splitlines() == [
+        f"llamanix {said}: CONFIG: 'upstream' is a variant, and the config comes first "
+        f"(llamanix {said} {config} upstream)"
+    ]
+    assert result.stdout == "" and config.read_text() == "# not read\n"

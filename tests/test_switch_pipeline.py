@@ -265,3 +265,29 @@ def test_every_command_renders_a_host_one_way() -> None:
         if by_name or by_module:
             callers.append(str(path.relative_to(package)))
     assert callers == []
+
+
+def test_a_regression_judged_on_stored_runs_is_not_measured_again() -> None:
+    """A regression of an instance that nothing served before the switch (judged against the
+    last good bench's stored runs, the instance having been removed and added back) has no
+    baseline to measure again: the rollback stands, said in one line, and nothing is
+    measured (the confirmation used to look up its old target and fail with a KeyError)."""
+    from types import SimpleNamespace
+
+    from llamanix.state.gate_records import BenchVerdict, GateResult
+    from llamanix.switch import transaction
+    from llamanix.switch.switch_records import HostOutcome
+
+    said: list[str] = []
+    sw = SimpleNamespace(
+        request=SimpleNamespace(old_config=object(), prompts=None),
+        opts=SimpleNamespace(drift_action=lambda: "keep"),
+        old_targets={},
+        echo=said.append,
+    )
+    verdict = BenchVerdict(samples=(1.0,) * 5, action="rollback", note="", decision="regression")
+    results = [GateResult("chat", "bench", False, "slower", 1.0, bench=verdict)]
+    outcome = HostOutcome("box", "failed", 1, restore="serving again")
+    back = transaction._confirm(sw, object(), results, outcome, True)  # type: ignore[arg-type]
+    assert back is outcome
+    assert said == ["  chat: not served before the switch, so not measured again"]

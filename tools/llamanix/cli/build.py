@@ -10,7 +10,13 @@ from typing import Any
 import click
 
 from llamanix.cli.host_flag import host_flag
-from llamanix.cli.options import DIRECTORY, config_argument, dry_run_flag, host_option
+from llamanix.cli.options import (
+    DIRECTORY,
+    config_argument,
+    dry_run_flag,
+    host_option,
+    refuse_swapped,
+)
 from llamanix.config.model import load_config
 from llamanix.plan.variant_build import driver_fix, plan_build, run_build
 
@@ -61,6 +67,7 @@ def build_cmd(
     binary is probed, then written into CONFIG as hosts.NAME.binaries.VARIANT, which a switch
     to the variant runs. Needs Nix with flakes (Debian: apt-get install nix-bin).
     """
+    refuse_swapped("variant build", config, variant)
     _build(config, variant, host, flake_dir, roots, dry_run)
 
 

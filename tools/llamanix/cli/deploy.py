@@ -31,6 +31,7 @@ from llamanix.cli.options import (
     host_option,
     hosts_option,
     json_flag,
+    refuse_swapped,
     timeout_option,
 )
 from llamanix.cli.switch_options import PIN_WAIT, WAIT, rollback_options, switch_options
@@ -411,6 +412,7 @@ def pin(
     Exit 1 when the new build refuses a field (and then, without --dry-run, the pin does not
     move).
     """
+    refuse_swapped("variant pin", config, variant)
     flake = flake_dir if flake_dir is not None else config.parent
     _pin(Pin(variant, rev, latest, flake, wait_s, dry_run, config, previous, capabilities))
 

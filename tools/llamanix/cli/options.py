@@ -54,6 +54,25 @@ def _complete_instances(
     return complete_instances(ctx, param, incomplete)
 
 
+def refuse_swapped(command: str, config: Path, variant: str) -> None:
+    """``llamanix COMMAND VARIANT CONFIG``, the two swapped: one line that gives the order
+    (else it reads as a missing file or an unknown variant)."""
+    import shlex
+
+    from llamanix.core.errors import Problem, UserError
+    from llamanix.core.variants import VARIANTS
+
+    if str(config) in VARIANTS and variant not in VARIANTS and Path(variant).is_file():
+        raise UserError(
+            Problem(
+                f"llamanix {command}",
+                "CONFIG",
+                f"'{config}' is a variant, and the config comes first",
+                f"llamanix {command} {shlex.quote(variant)} {shlex.quote(str(config))}",
+            )
+        )
+
+
 def config_argument(default: str | None = None) -> Callable[[F], F]:
     """``CONFIG``: the llamanix.toml a command reads (``default``: the file taken when left
     out). Its parameter is ``config``, where completion looks for it."""

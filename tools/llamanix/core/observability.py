@@ -1,9 +1,9 @@
 """The series a host's exporter serves: names, labels and meanings, in one place.
 
 The exporter (``observe.exporter``) writes them, the alert rules and the Grafana dashboards
-(``render.alert_rules``, ``render.dashboards``) query them, and docs/observability.md lists
-them; tests check that every query of a rule or a panel names a series listed here or one of
-llama-server's own.
+(``render.prometheus.alert_rules``, ``render.dashboards``) query them, and
+docs/observability.md lists them; tests check that every query of a rule or a panel names a
+series listed here or one of llama-server's own.
 
 llama-server's own series keep their names (``llamacpp:tokens_predicted_total`` ...), so a
 query written for a bare llama-server still works; the exporter adds the labels below to each.

@@ -605,8 +605,14 @@ def _confirm(
     checked: dict[str, GateResult] = {}
     for r in regressed:
         assert r.bench is not None
+        old = sw.old_targets.get(r.name)
+        if old is None:
+            # Judged against the last good bench's stored runs: no instance served it before
+            # this switch, so there is none to measure again.
+            sw.echo(f"  {r.name}: not served before the switch, so not measured again")
+            return outcome
         sw.echo(f"  {r.name}: confirming the regression: the baseline measured again")
-        again = measure_baseline(sw.old_targets[r.name], sw.request.prompts)
+        again = measure_baseline(old, sw.request.prompts)
         if again is None:
             sw.echo(f"  baseline {r.name}: not answering; the rollback stands")
             return outcome
