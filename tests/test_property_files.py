@@ -18,12 +18,14 @@ import json
 import os
 import signal
 import socket
+import struct
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -376,3 +378,27 @@ def test_arbitrary_names_in_the_generations_directory(names: list[str]) -> None:
             found = state.generations()
         assert 1 in [g.number for g in found]
         assert all(g.path.name.isascii() and g.path.name.isdigit() for g in found), found
+
+
+@pytest.mark.parametrize(
+    ("header", "keys_read"),
+    [
+        # a key whose length no file holds
+        (struct.pack("<4sIQQQ", b"GGUF", 3, 0, 1, 2**63), False),
+        # a string value as long
+        (struct.pack("<4sIQQQ1sIQ", b"GGUF", 3, 0, 1, 1, b"k", 8, 2**63 - 1), False),
+        # a tensor of 2**32 - 1 dimensions (the keys, none, read)
+        (struct.pack("<4sIQQQ1sI", b"GGUF", 3, 1, 0, 1, b"t", 2**32 - 1), True),
+    ],
+)
+def test_a_gguf_with_impossible_lengths_is_refused_in_one_line(
+    tmp_path: Path, header: bytes, keys_read: bool
+) -> None:
+    """Lengths and counts no file holds: the header reader answers None where the keys do not
+    read, and the weight table is one line naming the file (they used to overflow a slice, a
+    traceback)."""
+    path = tmp_path / "model.gguf"
+    path.write_bytes(header + bytes(64))
+    assert (read_header(path) is not None) is keys_read
+    with pytest.raises(UserError, match=r"model\.gguf: model: not a readable GGUF"):
+        weight_table(path)

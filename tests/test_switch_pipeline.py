@@ -291,3 +291,49 @@ def test_a_regression_judged_on_stored_runs_is_not_measured_again() -> None:
     back = transaction._confirm(sw, object(), results, outcome, True)  # type: ignore[arg-type]
     assert back is outcome
     assert said == ["  chat: not served before the switch, so not measured again"]
+
+
+def test_a_request_read_again_with_other_units_for_the_same_hosts_locks_those(
+    tmp_path: Path,
+) -> None:
+    """While a command waited for a host's lock, another wrote the config and gave the host
+    other units (its kind, its units_dir): the request read again holds the lock of the units
+    it now changes, not of those it first named."""
+    from dataclasses import dataclass
+
+    from llamanix.core.errors import UserError
+    from llamanix.hosts.leftovers import Scope
+    from llamanix.state.config_edit import ConfigText, read_config
+    from llamanix.state.host_lock import units_lock
+    from llamanix.switch.request import locked
+
+    config = tmp_path / "llamanix.toml"
+    config.write_text("# first\n")
+    first_units, then_units = tmp_path / "units-a", tmp_path / "units-b"
+
+    @dataclass(frozen=True)
+    class Request:
+        source: ConfigText
+        hosts: tuple[str, ...]
+        units: Path
+
+        def units_scope(self, host: str) -> Scope:
+            return Scope(self.units, "user")
+
+        def read_again(self) -> Request:
+            return Request(read_config(config), self.hosts, then_units)
+
+    first = Request(read_config(config), ("box",), first_units)
+    atomic_write(config, "# written meanwhile, other units\n")
+    said: list[str] = []
+    with locked(first, dry_run=False, wait_s=0, command="switch", echo=said.append) as request:
+        assert request.units == then_units and request.source.text.startswith("# written")
+        with (
+            pytest.raises(UserError, match=r"units in .*units-b are being switched"),
+            units_lock(then_units, "test", 0, command="test"),
+        ):
+            pass
+        with units_lock(first_units, "test", 0, command="test"):
+            pass  # released when the request was read again
+    with units_lock(then_units, "test", 0, command="test"):
+        pass  # and released at the end

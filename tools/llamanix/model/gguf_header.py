@@ -121,4 +121,6 @@ def string_at(m: mmap.mmap, offset: int) -> tuple[str, int]:
     """The GGUF string at ``offset`` (its length, then its bytes) and the offset after it."""
     (length,) = struct.unpack_from("<Q", m, offset)
     start = offset + 8
+    if start + length > len(m):  # a length no file holds (a slice that long overflows)
+        raise ValueError("truncated")
     return m[start : start + length].decode("utf-8", errors="replace"), start + length

@@ -20,6 +20,9 @@ from llamanix.core import file_reader
 from llamanix.core.errors import Problem, UserError
 from llamanix.model.gguf_header import string_at, walk_key_values
 
+# ggml's tensors have 4 dimensions at most; far more is a corrupt file, not a shape.
+_MAX_DIMS = 16
+
 
 @dataclass(frozen=True)
 class WeightTable:
@@ -72,6 +75,8 @@ def _read_cached(path: Path, mtime_ns: int, size: int) -> WeightTable:
         for _ in range(kv.n_tensors):
             name, offset = string_at(m, offset)
             (n_dims,) = struct.unpack_from("<I", m, offset)
+            if n_dims > _MAX_DIMS:
+                raise ValueError(f"a tensor of {n_dims} dimensions")
             dims = struct.unpack_from(f"<{n_dims}Q", m, offset + 4)
             offset += 4 + 8 * n_dims
             (ggml_type,) = struct.unpack_from("<I", m, offset)

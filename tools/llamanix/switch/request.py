@@ -245,22 +245,39 @@ def locked(request: _R, *, dry_run: bool, wait_s: float, command: str, echo: Ech
     if dry_run:
         yield request
         return
-    with ExitStack() as locks:
-        locked_hosts: tuple[str, ...] = ()
+    # Units' locks are released first, and taken after the hosts', so nobody waits for a
+    # host's lock while holding units.
+    with ExitStack() as host_locks, ExitStack() as unit_locks:
+        held_hosts: tuple[str, ...] = ()
+        held_units: tuple[Path, ...] = ()
         while True:
-            if request.hosts != locked_hosts:
-                locks.close()
-                _lock(request, locks, wait_s, command, echo)
-                locked_hosts = request.hosts
+            if request.hosts != held_hosts:
+                unit_locks.close()
+                host_locks.close()
+                held_units = ()
+                _lock_hosts(request, host_locks, wait_s, command, echo)
+                held_hosts = request.hosts
+            # The units follow from the config too (a host's kind, its units_dir): a text
+            # written meanwhile may name others for the same hosts.
+            units = _units_dirs(request)
+            if units != held_units:
+                unit_locks.close()
+                for units_dir in units:
+                    unit_locks.enter_context(
+                        units_lock(units_dir, str(request.source.path), wait_s, command=command)
+                    )
+                held_units = units
             if request.source.unchanged():
                 break
             request = request.read_again()
         yield request
 
 
-def _lock(request: _Request, locks: ExitStack, wait_s: float, command: str, echo: Echo) -> None:
-    """Take the request's hosts' locks and their units' (in ``locks``), and tidy what a killed
-    command left in the hosts' state."""
+def _lock_hosts(
+    request: _Request, locks: ExitStack, wait_s: float, command: str, echo: Echo
+) -> None:
+    """Take the request's hosts' locks (in ``locks``), and tidy what a killed command left in
+    the hosts' state."""
     path = request.source.path
     for name in request.hosts:  # always in config order, so two callers cannot deadlock
         state = HostState.beside(path, name)
@@ -268,9 +285,10 @@ def _lock(request: _Request, locks: ExitStack, wait_s: float, command: str, echo
             host_lock(state.root, f"host {name}", str(path), wait_s, command=command)
         )
         _recover(state, echo)
-    # Then the units they change on this machine, whatever config names them (the fleet
-    # agent's copy, a local file): always after the hosts' locks and in one order, so that
-    # nobody waits for a host's lock while holding units.
+
+
+def _units_dirs(request: _Request) -> tuple[Path, ...]:
+    """The units on this machine that the request's hosts change, whatever config names them
+    (the fleet agent's copy, a local file), in one order: the order their locks are taken in."""
     units = {s.units_dir.resolve() for h in request.hosts if (s := request.units_scope(h))}
-    for units_dir in sorted(units):
-        locks.enter_context(units_lock(units_dir, str(path), wait_s, command=command))
+    return tuple(sorted(units))
