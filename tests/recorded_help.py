@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
+
+from cli_run import run_llamanix
 
 from llamanix.core.probe import Capabilities, parse_capabilities
 
@@ -67,12 +67,7 @@ def write_probe(caps: Capabilities, path: Path) -> Path:
 
 def probe_of(binary: Path, path: Path) -> Path:
     """What `llamanix variant probe BINARY --json` writes, run for real, as a file at ``path``."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "llamanix", "variant", "probe", str(binary), "--json"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    proc = run_llamanix("variant", "probe", str(binary), "--json", timeout=None)
     assert proc.returncode == 0, proc.stderr
     path.write_text(proc.stdout)
     return path

@@ -8,12 +8,11 @@ recorded from local CPU builds of b8770's era, ik_llama.cpp and BeeLlama (tests/
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_run import run_llamanix
 
 from llamanix.config.argv import dialect_warning, instance_argv
 from llamanix.config.model import parse_config
@@ -118,14 +117,10 @@ def test_the_cli_renders_for_the_probe_and_warns(tmp_path: Path, live: Capabilit
     )
     probe = tmp_path / "probe.json"
     probe.write_text(json.dumps(live.to_json()))
-    proc = subprocess.run(
-        [
-            *(sys.executable, "-m", "llamanix", "plan", str(toml), "a", "--argv"),
-            *("--variant", "nixpkgs", "--capabilities", str(probe)),
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
+    proc = run_llamanix(
+        *("plan", str(toml), "a", "--argv"),
+        *("--variant", "nixpkgs", "--capabilities", str(probe)),
+        timeout=None,
     )
     assert proc.returncode == 0, proc.stderr
     argv = json.loads(proc.stdout)
@@ -232,22 +227,7 @@ def write_probe(tmp_path: Path, name: str, caps: Capabilities) -> Path:
 def test_probe_diff_names_what_a_flip_gains_and_loses(tmp_path: Path, live: Capabilities) -> None:
     up = write_probe(tmp_path, "upstream", live)
     bee = write_probe(tmp_path, "beellama", recorded(RECORDED["beellama"]))
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "llamanix",
-            "variant",
-            "probe",
-            "--diff",
-            str(up),
-            str(bee),
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    proc = run_llamanix("variant", "probe", "--diff", str(up), str(bee), "--json", timeout=None)
     assert proc.returncode == 0, proc.stderr
     diff = json.loads(proc.stdout)
     assert {"copyspec", "suffix", "recycle"} <= set(diff["gained_spec_types"])
@@ -257,22 +237,7 @@ def test_probe_diff_names_what_a_flip_gains_and_loses(tmp_path: Path, live: Capa
         diff["gained_keys"]
     )
     # The other way round, the same items change sides.
-    back = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "llamanix",
-            "variant",
-            "probe",
-            "--diff",
-            str(bee),
-            str(up),
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    back = run_llamanix("variant", "probe", "--diff", str(bee), str(up), "--json", timeout=None)
     reverse = json.loads(back.stdout)
     assert reverse["lost_spec_types"] == diff["gained_spec_types"]
     assert reverse["gained_cache_types"] == diff["lost_cache_types"]
@@ -288,14 +253,10 @@ def test_plan_warns_before_a_flip_that_drops_something(tmp_path: Path, live: Cap
     bee = write_probe(tmp_path, "beellama", recorded(RECORDED["beellama"]))
 
     def plan_warnings(previous: Path) -> list[str]:
-        proc = subprocess.run(
-            [
-                *(sys.executable, "-m", "llamanix", "plan", str(toml), "--no-security", "--json"),
-                *("--capabilities", f"q={bee}", "--previous", f"q={previous}"),
-            ],
-            capture_output=True,
-            text=True,
-            check=False,
+        proc = run_llamanix(
+            *("plan", str(toml), "--no-security", "--json"),
+            *("--capabilities", f"q={bee}", "--previous", f"q={previous}"),
+            timeout=None,
         )
         assert proc.returncode == 0, proc.stderr
         [row] = json.loads(proc.stdout)["hosts"]["h"]["instances"]

@@ -164,6 +164,22 @@ def test_the_cold_reasons(real_model: Path, llama_server_bin: Path, tmp_path: Pa
     )
 
 
+def _slot_server(
+    server_factory: ServerFactory, llama_server_bin: Path, synth_models: Any, slots: Path
+) -> Endpoint:
+    """A real server of the tiny model whose slots are saved to and restored from ``slots``."""
+    argv = server_argv(
+        llama_server_bin,
+        synth_models.target,
+        "--slot-save-path",
+        str(slots),
+        ctx=512,
+        parallel=1,
+        threads=1,
+    )
+    return Endpoint(server_factory(argv).url)
+
+
 @pytest.mark.server
 def test_a_restore_that_did_not_bring_the_cache_back_is_reported(
     server_factory: ServerFactory, llama_server_bin: Path, synth_models: Any, tmp_path: Path
@@ -173,21 +189,7 @@ def test_a_restore_that_did_not_bring_the_cache_back_is_reported(
     are reported as such."""
     slots = tmp_path / "slots"
     slots.mkdir()
-
-    def server() -> Endpoint:
-        argv = server_argv(
-            llama_server_bin,
-            synth_models.target,
-            "--slot-save-path",
-            str(slots),
-            ctx=512,
-            parallel=1,
-            threads=1,
-        )
-        started = server_factory(argv)
-        return Endpoint(started.url)
-
-    old, new = server(), server()
+    old, new = [_slot_server(server_factory, llama_server_bin, synth_models, slots) for _ in (1, 2)]
     plan = WarmPlan(INSTANCE, None, slots, bytes_per_token=4096.0, limit_bytes=1 << 30)
 
     def fill(words: int) -> None:
@@ -288,20 +290,7 @@ def test_a_slot_file_from_another_build_is_refused(
     refused before the server reads a byte of it, and the switch is cold saying why."""
     slots = tmp_path / "slots"
     slots.mkdir()
-
-    def server() -> Endpoint:
-        argv = server_argv(
-            llama_server_bin,
-            synth_models.target,
-            "--slot-save-path",
-            str(slots),
-            ctx=512,
-            parallel=1,
-            threads=1,
-        )
-        return Endpoint(server_factory(argv).url)
-
-    old, new = server(), server()
+    old, new = [_slot_server(server_factory, llama_server_bin, synth_models, slots) for _ in (1, 2)]
     build = httpx.get(f"{new.url}/props", timeout=30).json()["build_info"]
     layout = {"model": str(synth_models.target), "context": 512, "parallel": 1}
     plan = WarmPlan(INSTANCE, None, slots, 4096.0, 1 << 30, layout)
