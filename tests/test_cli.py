@@ -405,6 +405,25 @@ def test_variant_and_config_swapped_is_one_line_with_the_order(
     said = " ".join(command)
     assert result.stderr.splitlines() == [
         f"llamanix {said}: CONFIG: 'upstream' is a variant, and the config comes first "
-        f"(llamanix {said} {config} upstream)"
+        f"(llamanix {said} {config} upstream, with the rest as you gave it)"
     ]
     assert result.stdout == "" and config.read_text() == "# not read\n"
+
+
+def test_a_swapped_config_named_like_an_option_or_too_long_stays_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The swapped order's fix names a file that starts with "-" as ./NAME (else it pastes as
+    an option); a name too long to look up is no config, and no traceback."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "--dry-run").write_text("# not read\n")
+    result = CliRunner().invoke(main, ["variant", "build", "upstream", "--", "--dry-run"])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.splitlines() == [
+        "llamanix variant build: CONFIG: 'upstream' is a variant, and the config comes first "
+        "(llamanix variant build ./--dry-run upstream, with the rest as you gave it)"
+    ]
+    long = CliRunner().invoke(main, ["variant", "pin", "upstream", "a" * 5000, "--dry-run"])
+    assert long.exit_code == 2, long.output
+    [line] = long.stderr.splitlines()
+    assert line.startswith("llamanix variant pin: VARIANT: unknown variant 'aaaa")

@@ -389,6 +389,12 @@ def test_arbitrary_names_in_the_generations_directory(names: list[str]) -> None:
         (struct.pack("<4sIQQQ1sIQ", b"GGUF", 3, 0, 1, 1, b"k", 8, 2**63 - 1), False),
         # a tensor of 2**32 - 1 dimensions (the keys, none, read)
         (struct.pack("<4sIQQQ1sI", b"GGUF", 3, 1, 0, 1, b"t", 2**32 - 1), True),
+        # an element of a string array as long as no file is
+        (struct.pack("<4sIQQQ1sIIQQ", b"GGUF", 3, 0, 1, 1, b"a", 9, 8, 2, 2**64 - 1), False),
+        # a key longer than GGUF's keys may be (65535 bytes), the file holding it
+        (struct.pack("<4sIQQQ", b"GGUF", 3, 0, 1, 70_000) + b"k" * 70_000, False),
+        # a tensor of 4 dimensions of 2**64 - 1 elements each, in a file of a few bytes
+        (struct.pack("<4sIQQQ1sI4QIQ", b"GGUF", 3, 1, 0, 1, b"t", 4, *[2**64 - 1] * 4, 0, 0), True),
     ],
 )
 def test_a_gguf_with_impossible_lengths_is_refused_in_one_line(

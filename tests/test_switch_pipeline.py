@@ -290,7 +290,9 @@ def test_a_regression_judged_on_stored_runs_is_not_measured_again() -> None:
     outcome = HostOutcome("box", "failed", 1, restore="serving again")
     back = transaction._confirm(sw, object(), results, outcome, True)  # type: ignore[arg-type]
     assert back is outcome
-    assert said == ["  chat: not served before the switch, so not measured again"]
+    assert said == [
+        "  chat: not served before the switch, so not measured again; the rollback stands"
+    ]
 
 
 def test_a_request_read_again_with_other_units_for_the_same_hosts_locks_those(

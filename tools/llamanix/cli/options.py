@@ -62,13 +62,22 @@ def refuse_swapped(command: str, config: Path, variant: str) -> None:
     from llamanix.core.errors import Problem, UserError
     from llamanix.core.variants import VARIANTS
 
-    if str(config) in VARIANTS and variant not in VARIANTS and Path(variant).is_file():
+    if str(config) not in VARIANTS or variant in VARIANTS:
+        return
+    try:
+        swapped = Path(variant).is_file()
+    except OSError:  # a name too long, a folder not ours: not a config either
+        return
+    if swapped:
+        # A file named like an option is given as ./NAME, so the line stays a file.
+        given = variant if not variant.startswith("-") else f"./{variant}"
         raise UserError(
             Problem(
                 f"llamanix {command}",
                 "CONFIG",
                 f"'{config}' is a variant, and the config comes first",
-                f"llamanix {command} {shlex.quote(variant)} {shlex.quote(str(config))}",
+                f"llamanix {command} {shlex.quote(given)} {shlex.quote(str(config))}, "
+                "with the rest as you gave it",
             )
         )
 

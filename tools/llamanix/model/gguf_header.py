@@ -29,6 +29,9 @@ _UINT32, _UINT64, _INT32, _INT64 = 4, 10, 5, 11
 # Bytes per value of GGUF's fixed-size types (uint8 .. float64, bool).
 _SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
 _INTEGERS = {_UINT32: "<I", _INT32: "<i", _UINT64: "<Q", _INT64: "<q"}
+# GGUF's keys (and tensor names, far shorter) are at most 65535 bytes: a longer one is a
+# corrupt file, not a name to copy.
+MAX_NAME = 65535
 
 
 @dataclass(frozen=True)
@@ -83,7 +86,7 @@ def walk_key_values(m: mmap.mmap, size: int) -> KeyValues:
     strings: dict[str, str] = {}
     integers: dict[str, int] = {}
     for _ in range(n_kv):
-        key, offset = string_at(m, offset)
+        key, offset = string_at(m, offset, MAX_NAME)
         (kind,) = struct.unpack_from("<I", m, offset)
         offset += 4
         keys.add(key)
@@ -96,6 +99,8 @@ def walk_key_values(m: mmap.mmap, size: int) -> KeyValues:
                 for _ in range(count):
                     (length,) = struct.unpack_from("<Q", m, offset)
                     offset += 8 + length
+                    if offset > size:  # before the next read: no offset past the file
+                        raise ValueError("truncated")
             else:
                 offset += _SIZES[element] * count
         else:
@@ -117,10 +122,13 @@ def _read_cached(path: Path, mtime_ns: int, size: int) -> GgufHeader:
     return GgufHeader(kv.keys, kv.strings)
 
 
-def string_at(m: mmap.mmap, offset: int) -> tuple[str, int]:
-    """The GGUF string at ``offset`` (its length, then its bytes) and the offset after it."""
+def string_at(m: mmap.mmap, offset: int, most: int | None = None) -> tuple[str, int]:
+    """The GGUF string at ``offset`` (its length, then its bytes) and the offset after it;
+    ValueError when it runs past the file, or is longer than ``most`` bytes."""
     (length,) = struct.unpack_from("<Q", m, offset)
     start = offset + 8
     if start + length > len(m):  # a length no file holds (a slice that long overflows)
         raise ValueError("truncated")
+    if most is not None and length > most:
+        raise ValueError(f"a name of {length} bytes")
     return m[start : start + length].decode("utf-8", errors="replace"), start + length

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from llamanix.core import file_reader
 from llamanix.core.errors import Problem, UserError
-from llamanix.model.gguf_header import string_at, walk_key_values
+from llamanix.model.gguf_header import MAX_NAME, string_at, walk_key_values
 
 # ggml's tensors have 4 dimensions at most; far more is a corrupt file, not a shape.
 _MAX_DIMS = 16
@@ -73,7 +73,7 @@ def _read_cached(path: Path, mtime_ns: int, size: int) -> WeightTable:
         tensor_bytes = embd = experts = 0
         has_output = False
         for _ in range(kv.n_tensors):
-            name, offset = string_at(m, offset)
+            name, offset = string_at(m, offset, MAX_NAME)
             (n_dims,) = struct.unpack_from("<I", m, offset)
             if n_dims > _MAX_DIMS:
                 raise ValueError(f"a tensor of {n_dims} dimensions")
@@ -86,6 +86,8 @@ def _read_cached(path: Path, mtime_ns: int, size: int) -> WeightTable:
                 elements *= d
             block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
             n_bytes = elements // block * type_size
+            if n_bytes > size:  # the tensor's data is in this file
+                raise ValueError(f"tensor {name} of {n_bytes} bytes in a file of {size}")
             tensor_bytes += n_bytes
             if "_exps" in name:
                 experts += n_bytes

@@ -601,18 +601,22 @@ def _confirm(
     old_config = sw.request.old_config
     if old_config is None:
         return outcome
+    # One judged against the last good bench's stored runs may have had no instance serving
+    # it before this switch: none to measure again, so the rollback stands (before any other
+    # is measured for nothing).
+    unserved = [r.name for r in regressed if r.name not in sw.old_targets]
+    if unserved:
+        sw.echo(
+            f"  {unserved[0]}: not served before the switch, so not measured again; "
+            "the rollback stands"
+        )
+        return outcome
     on_drift = sw.opts.drift_action()
     checked: dict[str, GateResult] = {}
     for r in regressed:
         assert r.bench is not None
-        old = sw.old_targets.get(r.name)
-        if old is None:
-            # Judged against the last good bench's stored runs: no instance served it before
-            # this switch, so there is none to measure again.
-            sw.echo(f"  {r.name}: not served before the switch, so not measured again")
-            return outcome
         sw.echo(f"  {r.name}: confirming the regression: the baseline measured again")
-        again = measure_baseline(old, sw.request.prompts)
+        again = measure_baseline(sw.old_targets[r.name], sw.request.prompts)
         if again is None:
             sw.echo(f"  baseline {r.name}: not answering; the rollback stands")
             return outcome
